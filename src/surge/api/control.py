@@ -1,0 +1,135 @@
+"""Ray Serve's module-level functions: start, run, status, delete, shutdown, handles."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from surge.api.deployment import Application, build_app_spec
+from surge.api.instance import connect_or_start, current, disconnect, user_sys_path
+from surge.config import HTTPOptions, from_mapping
+from surge.errors import ConfigError, DeployFailedError, RayServeException
+from surge.model import ApplicationStatus, DeploymentId, ServeStatus
+from surge.router.handle import DeploymentHandle
+from surge.router.runtime import current_runtime
+
+__all__ = ["delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start",
+           "status"]
+
+log = logging.getLogger("surge")
+
+DEFAULT_APP_NAME = "default"
+
+
+def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
+          proxy_location: str | None = None, detached: bool = False,
+          **_ray_only: Any) -> None:
+    """Start surge on this machine, or connect to the instance already running."""
+    options = _http_options(http_options, proxy_location)
+    connect_or_start(options)
+
+
+def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
+                  proxy_location: str | None) -> HTTPOptions:
+    if http_options is None:
+        options = HTTPOptions()
+    elif isinstance(http_options, HTTPOptions):
+        options = http_options
+    else:
+        options = from_mapping(HTTPOptions, dict(http_options), "http_options")
+    if proxy_location is not None:
+        import dataclasses
+
+        options = dataclasses.replace(options, location=str(proxy_location))
+    return options
+
+
+def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str | None = "/",
+        blocking: bool = False, _local_testing_mode: bool = False,
+        **_ray_only: Any) -> DeploymentHandle:
+    """Deploy an application and wait until it runs; returns a handle to its ingress."""
+    if isinstance(target, Application) and route_prefix == "/" and \
+            target.deployment.route_prefix is not None:
+        route_prefix = target.deployment.route_prefix
+    spec = build_app_spec(target, name, route_prefix, user_sys_path())
+    instance = connect_or_start()
+    instance.call("deploy", app=spec)
+    overview = instance.call("wait_app", name=name, timeout_s=None)
+    if overview is None:
+        raise RayServeException(f"application {name!r} was deleted while deploying")
+    if overview.status is ApplicationStatus.DEPLOY_FAILED:
+        raise DeployFailedError(f"application {name!r} failed to deploy: {overview.message}")
+    handle = DeploymentHandle(spec.ingress, name)
+    if blocking:
+        _block_until_interrupted()
+    return handle
+
+
+def _block_until_interrupted() -> None:
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        log.info("interrupted; shutting down")
+        shutdown()
+
+
+def status() -> ServeStatus:
+    result: ServeStatus = _call("status")
+    return result
+
+
+def delete(name: str, _blocking: bool = True) -> None:
+    _call("delete", name=name, timeout_s=60.0 if _blocking else 0.0)
+
+
+def shutdown() -> None:
+    """Stop every application, replica and proxy of the instance."""
+    if current() is None:
+        try:
+            connect_or_start(start=False)
+        except Exception:
+            return  # nothing running: nothing to do, as in Ray Serve
+    disconnect(shutdown=True)
+
+
+def get_app_handle(name: str) -> DeploymentHandle:
+    ingress = _call("ingress", app=name)
+    if ingress is None:
+        raise RayServeException(f"application {name!r} does not exist; serve.status() lists "
+                                "the running applications")
+    return DeploymentHandle(ingress, name)
+
+
+def get_deployment_handle(deployment_name: str, app_name: str | None = None,
+                          **_ray_only: Any) -> DeploymentHandle:
+    if app_name is None:
+        try:
+            from surge.replica.context import get_replica_context
+
+            app_name = get_replica_context().app_name
+        except RayServeException:
+            app_name = DEFAULT_APP_NAME
+    if not _in_runtime_loop() and not _call("has_deployment",
+                                            deployment=DeploymentId(app_name, deployment_name)):
+        raise RayServeException(f"deployment {deployment_name!r} does not exist in "
+                                f"application {app_name!r}")
+    return DeploymentHandle(deployment_name, app_name)
+
+
+def _in_runtime_loop() -> bool:
+    try:
+        return asyncio.get_running_loop() is current_runtime().loop
+    except RuntimeError:
+        return False
+
+
+def _call(method: str, **kwargs: Any) -> Any:
+    runtime = current_runtime()
+    if _in_runtime_loop():
+        raise ConfigError(f"serve.{method}() blocks; call it outside async code")
+    future = asyncio.run_coroutine_threadsafe(runtime.call(method, **kwargs), runtime.loop)
+    return future.result()

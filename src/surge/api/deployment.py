@@ -1,0 +1,154 @@
+"""`@serve.deployment`, `Deployment.options()`, `.bind()` and the application graph.
+
+Decorating validates the options at once (bad input fails where it is written).
+`bind` returns an `Application`; bound applications passed as arguments become
+`DeploymentHandle`s in the replica's constructor.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import cloudpickle
+
+from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
+from surge.errors import ConfigError
+from surge.router.handle import DeploymentHandle
+
+__all__ = ["Application", "Deployment", "build_app_spec", "deployment"]
+
+# Ray Serve options surge accepts; route_prefix on a deployment is Ray's deprecated spelling.
+_OPTION_KEYS = {
+    "name", "num_replicas", "max_ongoing_requests", "max_queued_requests",
+    "autoscaling_config", "user_config", "ray_actor_options", "health_check_period_s",
+    "health_check_timeout_s", "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
+    "route_prefix", "version", "placement_group_bundles", "placement_group_strategy",
+    "max_replicas_per_node", "logging_config", "request_router_config", "max_concurrent_queries",
+}
+_IGNORED = {"version", "placement_group_bundles", "placement_group_strategy",
+            "max_replicas_per_node", "logging_config", "request_router_config"}
+
+
+class Deployment:
+    def __init__(self, func_or_class: Any, options: dict[str, Any]) -> None:
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            import difflib
+
+            key = sorted(unknown)[0]
+            close = difflib.get_close_matches(key, sorted(_OPTION_KEYS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown deployment option {key!r}.{hint}")
+        if "max_concurrent_queries" in options:  # Ray's pre-2.10 name
+            options = dict(options)
+            options.setdefault("max_ongoing_requests", options.pop("max_concurrent_queries"))
+        self.func_or_class = func_or_class
+        self._options = options
+        name = options.get("name") or func_or_class.__name__
+        config_options = {k: v for k, v in options.items()
+                          if k not in _IGNORED and k not in ("name", "route_prefix")}
+        self.config: DeploymentConfig = build_deployment_config(
+            name, config_options, f"deployment {name!r}")
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def route_prefix(self) -> str | None:
+        value = self._options.get("route_prefix")
+        return value if isinstance(value, str) else None
+
+    def __repr__(self) -> str:
+        return f"Deployment(name={self.name!r})"
+
+    def options(self, **options: Any) -> Deployment:
+        return Deployment(self.func_or_class, {**self._options, **options})
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(f"deployment {self.name!r} cannot be called or constructed "
+                          f"directly; use {self.name}.bind(...) and serve.run(...)")
+
+
+class Application:
+    """A bound deployment (and, through its arguments, the graph below it)."""
+
+    def __init__(self, deployment: Deployment, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.deployment = deployment
+        self.args = args
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"Application(ingress={self.deployment.name!r})"
+
+
+def deployment(_func_or_class: Any = None, **options: Any) -> Any:
+    """`@serve.deployment` with or without options, on a class or a function."""
+    def decorate(target: Any) -> Deployment:
+        if not (inspect.isclass(target) or callable(target)):
+            raise ConfigError("@serve.deployment decorates a class or a function")
+        return Deployment(target, options)
+
+    if _func_or_class is not None:
+        return decorate(_func_or_class)
+    return decorate
+
+
+class _Builder:
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self.specs: dict[str, DeploymentSpec] = {}
+        self.seen: dict[int, str] = {}
+
+    def visit(self, app: Application) -> str:
+        if id(app) in self.seen:
+            return self.seen[id(app)]
+        name = self._unique(app.deployment.name)
+        self.seen[id(app)] = name
+        args = tuple(self._replace(a) for a in app.args)
+        kwargs = {k: self._replace(v) for k, v in app.kwargs.items()}
+        config = app.deployment.config
+        if name != config.name:
+            import dataclasses
+
+            config = dataclasses.replace(config, name=name)
+        self.specs[name] = DeploymentSpec(
+            config=config, target_blob=bytes(cloudpickle.dumps(app.deployment.func_or_class)),
+            init_blob=bytes(cloudpickle.dumps((args, kwargs))))
+        return name
+
+    def _unique(self, name: str) -> str:
+        if name not in self.specs and name not in self.seen.values():
+            return name
+        suffix = 1
+        while f"{name}_{suffix}" in self.specs or f"{name}_{suffix}" in self.seen.values():
+            suffix += 1
+        return f"{name}_{suffix}"
+
+    def _replace(self, value: Any) -> Any:
+        if isinstance(value, Application):
+            return DeploymentHandle(self.visit(value), self.app_name)
+        if isinstance(value, list | tuple):
+            return type(value)(self._replace(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._replace(v) for k, v in value.items()}
+        return value
+
+
+def build_app_spec(app: Application, name: str, route_prefix: str | None,
+                   sys_path: tuple[str, ...] = ()) -> AppSpec:
+    if not isinstance(app, Application):
+        hint = (" (call .bind() on it first)" if isinstance(app, Deployment) else "")
+        raise ConfigError(f"serve.run expects an Application, got {type(app).__name__}{hint}")
+    builder = _Builder(name)
+    ingress = builder.visit(app)
+    prefix = route_prefix if route_prefix is not None else None
+    return AppSpec(name=name, route_prefix=prefix, ingress=ingress,
+                   deployments=tuple(builder.specs.values()), sys_path=sys_path)
+
+

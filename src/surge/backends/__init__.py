@@ -1,0 +1,1 @@
+"""Where surge's processes run: `local` (this machine, the default) or `ray` (a cluster)."""

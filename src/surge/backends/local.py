@@ -1,0 +1,134 @@
+"""The local backend: every replica and proxy is a child process of the controller.
+
+Children get the controller's pid so they die with it. GPUs are found from
+CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES
+(fractions share a GPU); CPUs are not reserved (processes may share cores).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from surge.backends.base import Exit, PlacementError, ReplicaLaunch
+
+__all__ = ["LocalBackend", "detect_gpus"]
+
+log = logging.getLogger("surge.backend")
+
+
+def detect_gpus() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
+
+
+class GpuPool:
+    """Whole and fractional GPU shares, first fit."""
+
+    def __init__(self, gpus: list[str]) -> None:
+        self.free = {gpu: 1.0 for gpu in gpus}
+        self.held: dict[str, list[tuple[str, float]]] = {}
+
+    def take(self, owner: str, amount: float) -> list[str]:
+        if amount <= 0:
+            return []
+        if amount >= 1:
+            whole = [g for g, free in self.free.items() if free >= 1.0][: int(amount)]
+            if len(whole) < int(amount):
+                raise PlacementError(self._shortage(amount))
+            picks = [(g, 1.0) for g in whole]
+        else:
+            fits = [g for g, free in self.free.items() if free + 1e-9 >= amount]
+            if not fits:
+                raise PlacementError(self._shortage(amount))
+            picks = [(fits[0], amount)]
+        for gpu, share in picks:
+            self.free[gpu] -= share
+        self.held[owner] = picks
+        return [gpu for gpu, _ in picks]
+
+    def give_back(self, owner: str) -> None:
+        for gpu, share in self.held.pop(owner, []):
+            self.free[gpu] += share
+
+    def _shortage(self, amount: float) -> str:
+        return (f"needs num_gpus={amount:g} but this machine has {len(self.free)} GPU(s) with "
+                f"{sum(self.free.values()):g} free; lower num_gpus or add GPUs")
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, controller_address: str, gpus: list[str] | None = None) -> None:
+        self.controller_address = controller_address
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
+
+    def __repr__(self) -> str:
+        return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
+
+    def _env(self, extra: dict[str, str], sys_path: tuple[str, ...]) -> dict[str, str]:
+        env = dict(os.environ)
+        paths = [p for p in (*sys_path, env.get("PYTHONPATH", "")) if p]
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["SURGE_PARENT_PID"] = str(os.getpid())
+        env.update(extra)
+        return env
+
+    def start_replica(self, launch: ReplicaLaunch) -> int:
+        extra = dict(launch.resources.env_vars)
+        gpus = self.gpus.take(launch.replica_id, launch.resources.num_gpus)
+        if launch.resources.num_gpus > 0:
+            extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        argv = [sys.executable, "-m", "surge.replica", self.controller_address,
+                launch.replica_id, launch.deployment.app, launch.deployment.name]
+        return self._spawn(launch.replica_id, argv, self._env(extra, launch.sys_path))
+
+    def start_proxy(self, proxy_id: str) -> int:
+        argv = [sys.executable, "-m", "surge.proxy", self.controller_address]
+        return self._spawn(proxy_id, argv, self._env({}, ()))
+
+    def _spawn(self, process_id: str, argv: list[str], env: dict[str, str]) -> int:
+        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        self.processes[process_id] = process
+        return process.pid
+
+    def terminate(self, process_id: str) -> None:
+        self._signal(process_id, signal.SIGTERM)
+
+    def kill(self, process_id: str) -> None:
+        self._signal(process_id, signal.SIGKILL)
+
+    def _signal(self, process_id: str, signum: int) -> None:
+        process = self.processes.get(process_id)
+        if process is not None and process.poll() is None:
+            try:
+                process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def poll_exits(self) -> list[Exit]:
+        exits = []
+        for process_id, process in list(self.processes.items()):
+            code = process.poll()
+            if code is not None:
+                del self.processes[process_id]
+                self.gpus.give_back(process_id)
+                exits.append(Exit(process_id, code))
+        return exits
+
+    def alive(self) -> list[str]:
+        return [pid for pid, p in self.processes.items() if p.poll() is None]

@@ -1,0 +1,352 @@
+"""Frozen, validated configs with Ray Serve's field names and defaults.
+
+Every default is a named constant with the reason it has that value. Configs are
+built from keyword arguments or from dicts (YAML); unknown keys are rejected with a
+suggestion, and every error names the field and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from surge.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONTROL_PORT",
+    "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S",
+    "DEFAULT_HEALTH_CHECK_PERIOD_S",
+    "DEFAULT_HEALTH_CHECK_TIMEOUT_S",
+    "DEFAULT_HTTP_HOST",
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_ONGOING_REQUESTS",
+    "DEFAULT_MAX_QUEUED_REQUESTS",
+    "QUEUE_SAFETY_LIMIT",
+    "AppSpec",
+    "AutoscalingConfig",
+    "DeploymentConfig",
+    "DeploymentSpec",
+    "HTTPOptions",
+    "ProxyLocation",
+    "ReplicaResources",
+]
+
+log = logging.getLogger("surge.config")
+
+# Ray Serve's default since 2.32: small enough that routers spread load early.
+DEFAULT_MAX_ONGOING_REQUESTS = 5
+# -1 means "no explicit limit", as in Ray Serve; surge still caps it (QUEUE_SAFETY_LIMIT).
+DEFAULT_MAX_QUEUED_REQUESTS = -1
+# Requests one router may hold waiting for a replica when no limit is set: bounds memory
+# (a queued HTTP request costs ~1-2 KiB) while absorbing a burst of ~1 s at 10k/s.
+QUEUE_SAFETY_LIMIT = 10_000
+# Ray Serve's health-check cadence and patience.
+DEFAULT_HEALTH_CHECK_PERIOD_S = 10.0
+DEFAULT_HEALTH_CHECK_TIMEOUT_S = 30.0
+# Ray Serve's drain budget before a replica is killed.
+DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0
+DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 2.0
+# Ray Serve's HTTP defaults; loopback so nothing is exposed by accident.
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8000
+# Bodies above this are refused with 413 before they are buffered.
+DEFAULT_MAX_BODY_BYTES = 100 * 1024 * 1024
+# Ray/uvicorn's keep-alive; long enough for load balancers that reuse connections.
+DEFAULT_KEEP_ALIVE_TIMEOUT_S = 90.0
+# The control API of a running instance (loopback). SURGE_ADDRESS overrides it.
+DEFAULT_CONTROL_PORT = 52800
+# "auto" in Ray Serve means autoscaling between 1 and 100 replicas.
+AUTO_MAX_REPLICAS = 100
+
+ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
+PROXY_LOCATIONS = ("EveryNode", "HeadOnly", "Disabled", "NoServer")
+
+T = TypeVar("T")
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" Did you mean {close[0]!r}?" if close else f" Known keys: {', '.join(known)}."
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Build a config dataclass from a dict, naming `where` in every error."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}.")
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}.{_suggest(str(key), known)}")
+    try:
+        return cls(**data)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _number(name: str, value: object, *, minimum: float, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    _require(
+        isinstance(value, int | float) and not isinstance(value, bool)
+        and math.isfinite(value) and value >= minimum,
+        f"{name} must be a number >= {minimum}, got {value!r}.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingConfig:
+    """Ray Serve's `AutoscalingConfig` with Ray's defaults (min 1, max 1, target 2)."""
+
+    min_replicas: int = 1
+    initial_replicas: int | None = None
+    max_replicas: int = 1
+    target_ongoing_requests: float = 2.0
+    metrics_interval_s: float = 10.0
+    look_back_period_s: float = 30.0
+    smoothing_factor: float = 1.0
+    upscale_smoothing_factor: float | None = None
+    downscale_smoothing_factor: float | None = None
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    downscale_delay_s: float = 600.0
+    downscale_to_zero_delay_s: float | None = None
+    upscale_delay_s: float = 30.0
+    aggregation_function: str = "mean"
+    policy: Mapping[str, Any] | None = None
+    standby_replicas: int = 0
+
+    def __post_init__(self) -> None:
+        _number("min_replicas", self.min_replicas, minimum=0)
+        _number("max_replicas", self.max_replicas, minimum=1)
+        _require(self.min_replicas <= self.max_replicas,
+                 f"min_replicas ({self.min_replicas}) must be <= max_replicas "
+                 f"({self.max_replicas}).")
+        if self.initial_replicas is not None:
+            _require(self.min_replicas <= self.initial_replicas <= self.max_replicas,
+                     "initial_replicas must lie within [min_replicas, max_replicas].")
+        _require(self.target_ongoing_requests > 0, "target_ongoing_requests must be > 0.")
+        for name in ("metrics_interval_s", "look_back_period_s", "downscale_delay_s",
+                     "upscale_delay_s"):
+            _number(name, getattr(self, name), minimum=0)
+        _number("downscale_to_zero_delay_s", self.downscale_to_zero_delay_s, minimum=0,
+                allow_none=True)
+        for name in ("smoothing_factor", "upscale_smoothing_factor",
+                     "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, f"{name} must be > 0, got {value!r}.")
+        _require(self.aggregation_function in ("mean", "max", "min"),
+                 "aggregation_function must be one of 'mean', 'max', 'min'.")
+        _number("standby_replicas", self.standby_replicas, minimum=0)
+
+    @classmethod
+    def default(cls) -> AutoscalingConfig:
+        """What `num_replicas="auto"` means: 1 to 100 replicas."""
+        return cls(min_replicas=1, max_replicas=AUTO_MAX_REPLICAS)
+
+    @property
+    def start_replicas(self) -> int:
+        return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
+
+
+@dataclass(frozen=True, kw_only=True)
+class HTTPOptions:
+    """Ray Serve's `HTTPOptions`, plus surge's body-size limit."""
+
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_HTTP_PORT
+    root_path: str = ""
+    request_timeout_s: float | None = None
+    keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    location: str = "EveryNode"
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.port, int) and 0 <= self.port <= 65535,
+                 f"port must be an integer in 0..65535, got {self.port!r}.")
+        _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
+        _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)
+        _number("max_body_bytes", self.max_body_bytes, minimum=0)
+        _require(self.location in PROXY_LOCATIONS,
+                 f"proxy location must be one of {PROXY_LOCATIONS}, got {self.location!r}.")
+
+
+RAY_ACTOR_OPTION_KEYS_IMPLEMENTED = ("num_cpus", "num_gpus", "runtime_env")
+RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
+    "memory", "resources", "accelerator_type", "max_concurrency", "object_store_memory",
+    "scheduling_strategy", "label_selector", "max_restarts", "max_task_retries",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaResources:
+    """What a replica needs from its host, from Ray's `ray_actor_options`."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_ray_actor_options(cls, options: Mapping[str, Any] | None,
+                               where: str = "ray_actor_options") -> ReplicaResources:
+        options = dict(options or {})
+        ignored = [k for k in options if k not in RAY_ACTOR_OPTION_KEYS_IMPLEMENTED]
+        for key in ignored:
+            if key not in RAY_ACTOR_OPTION_KEYS_ACCEPTED:
+                raise ConfigError(f"{where}: unknown key {key!r}."
+                                  f"{_suggest(key, list(RAY_ACTOR_OPTION_KEYS_IMPLEMENTED))}")
+        if ignored:
+            log.warning("%s: %s accepted but not used by the local backend", where,
+                        ", ".join(sorted(ignored)))
+        runtime_env = dict(options.get("runtime_env") or {})
+        env_vars = runtime_env.pop("env_vars", None) or {}
+        if runtime_env:
+            log.warning("%s.runtime_env: %s not supported by surge; only env_vars is "
+                        "honoured", where, ", ".join(sorted(runtime_env)))
+        _require(isinstance(env_vars, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()),
+            f"{where}.runtime_env.env_vars must map strings to strings.")
+        num_cpus = options.get("num_cpus", 1.0)
+        num_gpus = options.get("num_gpus", 0.0)
+        _number(f"{where}.num_cpus", num_cpus, minimum=0)
+        _number(f"{where}.num_gpus", num_gpus, minimum=0)
+        return cls(num_cpus=float(num_cpus), num_gpus=float(num_gpus), env_vars=dict(env_vars))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentConfig:
+    """The options of one deployment, with Ray Serve's names and defaults."""
+
+    name: str
+    num_replicas: int | None = None
+    max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
+    autoscaling_config: AutoscalingConfig | None = None
+    user_config: Any = None
+    resources: ReplicaResources = field(default_factory=ReplicaResources)
+    health_check_period_s: float = DEFAULT_HEALTH_CHECK_PERIOD_S
+    health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
+    graceful_shutdown_timeout_s: float = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
+    graceful_shutdown_wait_loop_s: float = DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(self.name) and "#" not in self.name,
+                 f"deployment name must be a non-empty string without '#', got {self.name!r}.")
+        if self.num_replicas is not None:
+            _number("num_replicas", self.num_replicas, minimum=0)
+            _require(isinstance(self.num_replicas, int), "num_replicas must be an integer.")
+        _require(isinstance(self.max_ongoing_requests, int) and self.max_ongoing_requests >= 1,
+                 f"max_ongoing_requests must be an integer >= 1, got "
+                 f"{self.max_ongoing_requests!r}.")
+        _require(isinstance(self.max_queued_requests, int)
+                 and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
+                 f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
+                 f"{self.max_queued_requests!r}.")
+        for name in ("health_check_period_s", "health_check_timeout_s",
+                     "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
+            _number(name, getattr(self, name), minimum=0)
+
+    @property
+    def initial_replicas(self) -> int:
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.start_replicas
+        return 1 if self.num_replicas is None else self.num_replicas
+
+    @property
+    def queue_limit(self) -> int:
+        """The queue budget of the whole deployment (the safety limit when unset)."""
+        if self.max_queued_requests == -1:
+            return QUEUE_SAFETY_LIMIT
+        return self.max_queued_requests
+
+
+def build_deployment_config(name: str, options: Mapping[str, Any],
+                            where: str = "deployment") -> DeploymentConfig:
+    """Resolve Ray's spelling (`num_replicas="auto"`, dict autoscaling) into a config."""
+    options = dict(options)
+    num_replicas = options.pop("num_replicas", None)
+    autoscaling = options.pop("autoscaling_config", None)
+    if isinstance(autoscaling, Mapping):
+        autoscaling = from_mapping(AutoscalingConfig, autoscaling, f"{where}.autoscaling_config")
+    if autoscaling is not None and not isinstance(autoscaling, AutoscalingConfig):
+        raise ConfigError(f"{where}.autoscaling_config must be a dict or AutoscalingConfig.")
+    if num_replicas == "auto":
+        base = AutoscalingConfig.default()
+        if autoscaling is not None:
+            given = {f.name: getattr(autoscaling, f.name) for f in dataclasses.fields(autoscaling)
+                     if getattr(autoscaling, f.name) != getattr(AutoscalingConfig(), f.name)}
+            base = dataclasses.replace(base, **given)
+        autoscaling, num_replicas = base, None
+    elif isinstance(num_replicas, str):
+        raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
+                          f"got {num_replicas!r}.")
+    elif num_replicas is not None and autoscaling is not None:
+        raise ConfigError(f"{where}: num_replicas and autoscaling_config cannot both be set; "
+                          "use num_replicas='auto' or drop one of them.")
+    resources = ReplicaResources.from_ray_actor_options(
+        options.pop("ray_actor_options", None), f"{where}.ray_actor_options")
+    known = {f.name for f in dataclasses.fields(DeploymentConfig)} - {"name", "resources"}
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown option {key!r}.{_suggest(key, sorted(known))}")
+    try:
+        return DeploymentConfig(name=name, num_replicas=num_replicas,
+                                autoscaling_config=autoscaling, resources=resources, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentSpec:
+    """A deployment as sent to the controller: its config and its pickled code."""
+
+    config: DeploymentConfig
+    target_blob: bytes
+    init_blob: bytes
+
+    @property
+    def code_version(self) -> str:
+        """Changes when replicas must be replaced (code, args, resources, limits)."""
+        import hashlib
+
+        c = self.config
+        digest = hashlib.sha256(self.target_blob + b"\0" + self.init_blob)
+        digest.update(repr((c.max_ongoing_requests, c.resources, c.graceful_shutdown_timeout_s,
+                            c.health_check_period_s, c.health_check_timeout_s)).encode())
+        return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppSpec:
+    """One application: its route, its ingress deployment, and all its deployments."""
+
+    name: str
+    route_prefix: str | None
+    ingress: str
+    deployments: tuple[DeploymentSpec, ...]
+    sys_path: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str), "application name must be a string.")
+        if self.route_prefix is not None:
+            _require(isinstance(self.route_prefix, str) and self.route_prefix.startswith("/"),
+                     f"route_prefix must start with '/', got {self.route_prefix!r}.")
+            _require(self.route_prefix == "/" or not self.route_prefix.endswith("/"),
+                     f"route_prefix must not end with '/', got {self.route_prefix!r}.")
+        names = [d.config.name for d in self.deployments]
+        _require(len(names) == len(set(names)),
+                 f"application {self.name!r} has two deployments with the same name; give "
+                 "one of them another name with .options(name=...).")
+        _require(self.ingress in names, f"ingress {self.ingress!r} is not among the deployments.")

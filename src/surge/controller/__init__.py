@@ -1,0 +1,1 @@
+"""The control loop: desired state, replica lifecycle, health, pushes to routers."""

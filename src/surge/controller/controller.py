@@ -1,0 +1,475 @@
+"""The controller: desired state in, replica processes and route pushes out.
+
+It is never on the request path. Every 0.1 s it observes process exits, reconciles
+each deployment (policy.reconcile), runs due health checks, and pushes changed replica
+sets to the routers that watch them. Drivers, proxies and replicas talk to it over the
+control connection (RPC methods `rpc_*`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from surge.backends.base import Backend, PlacementError, ReplicaLaunch
+from surge.config import AppSpec, ConfigError, HTTPOptions
+from surge.controller.state import (
+    HEALTH_CHECK_FAILURE_THRESHOLD,
+    AppRecord,
+    DeploymentRecord,
+    ReplicaRecord,
+)
+from surge.model import (
+    ApplicationStatus,
+    ApplicationStatusOverview,
+    DeploymentId,
+    ProxySpec,
+    ReplicaInfo,
+    ReplicaSet,
+    ReplicaSpec,
+    RouteTable,
+    RouteTarget,
+    ServeStatus,
+)
+from surge.policy.admission import queue_share
+from surge.policy.lifecycle import ReplicaState
+from surge.policy.reconcile import ObservedReplica, StartReplicas, StopReplica, reconcile
+from surge.transport.rpc import RpcPeer
+
+__all__ = ["Controller"]
+
+log = logging.getLogger("surge.controller")
+
+TICK_S = 0.1
+PROXY_ID = "proxy"
+
+
+class Controller:
+    def __init__(self, address: str, http: HTTPOptions, backend: Backend) -> None:
+        self.address = address
+        self.http = http
+        self.backend = backend
+        self.apps: dict[str, AppRecord] = {}
+        self.deployments: dict[DeploymentId, DeploymentRecord] = {}
+        self.replicas: dict[str, ReplicaRecord] = {}
+        self.watchers: dict[DeploymentId, set[RpcPeer]] = {}
+        self.proxies: set[RpcPeer] = set()
+        self.pushed: dict[DeploymentId, tuple[Any, ...]] = {}
+        self.proxy_address = ""
+        self.proxy_error = ""
+        self.proxy_ready = asyncio.Event()
+        self.changed = asyncio.Condition()
+        self.stopping = False
+        self.stopped = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return (f"<Controller {self.address} apps={len(self.apps)} "
+                f"replicas={len(self.replicas)} proxy={self.proxy_address or '-'}>")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- RpcHandler ------------------------------------------------------------------------
+
+    async def handle_rpc(self, peer: RpcPeer, method: str, kwargs: dict[str, Any]) -> Any:
+        handler = getattr(self, f"rpc_{method}", None)
+        if handler is None:
+            raise ValueError(f"the controller has no method {method!r}")
+        return await handler(peer, **kwargs)
+
+    def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
+        pass
+
+    def on_disconnect(self, peer: RpcPeer) -> None:
+        self.proxies.discard(peer)
+        for deployment, watchers in self.watchers.items():
+            if peer in watchers:
+                watchers.discard(peer)
+                self._push_replica_set(deployment, force=True)
+        replica = self.replicas.get(peer.info.get("replica_id", ""))
+        if replica is not None and replica.state is ReplicaState.RUNNING and not self.stopping:
+            log.warning("replica %s closed its control connection; replacing it",
+                        replica.replica_id)
+            self._fail_replica(replica, "lost its control connection")
+
+    # -- RPCs from drivers and the CLI -------------------------------------------------------
+
+    async def rpc_hello(self, peer: RpcPeer, role: str, pid: int, **info: Any) -> dict[str, Any]:
+        peer.info = {"role": role, "pid": pid, **info}
+        if role == "proxy":
+            self.proxies.add(peer)
+            peer.push("routes", self._routes())
+        return {"controller_pid": os.getpid(), "http_address": self.proxy_address}
+
+    async def rpc_watch(self, peer: RpcPeer, deployment: DeploymentId) -> None:
+        self.watchers.setdefault(deployment, set()).add(peer)
+        self._push_replica_set(deployment, force=True)
+
+    async def rpc_deploy(self, peer: RpcPeer, app: AppSpec) -> None:
+        if self.stopping:
+            raise ConfigError("the instance is shutting down")
+        self._apply(app)
+        await self._notify()
+
+    async def rpc_wait_app(self, peer: RpcPeer, name: str,
+                           timeout_s: float | None = None) -> ApplicationStatusOverview | None:
+        done = {ApplicationStatus.RUNNING, ApplicationStatus.DEPLOY_FAILED}
+
+        def ready() -> bool:
+            app = self.apps.get(name)
+            return app is None or app.status().status in done
+
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        app = self.apps.get(name)
+        return app.status() if app is not None else None
+
+    async def rpc_delete(self, peer: RpcPeer, name: str, timeout_s: float = 30.0) -> bool:
+        app = self.apps.get(name)
+        if app is None:
+            return False
+        for deployment in app.deployments.values():
+            deployment.deleting, deployment.target = True, 0
+        app.route_prefix = None
+        self._push_routes()
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: name not in self.apps),
+                                       timeout_s)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    async def rpc_status(self, peer: RpcPeer) -> ServeStatus:
+        return ServeStatus(
+            applications={name: app.status() for name, app in self.apps.items()},
+            proxies={"local": "HEALTHY" if self.proxy_address else "UNHEALTHY"},
+            http_address=self.proxy_address, control_address=self.address)
+
+    async def rpc_ingress(self, peer: RpcPeer, app: str) -> str | None:
+        record = self.apps.get(app)
+        return record.ingress if record is not None else None
+
+    async def rpc_has_deployment(self, peer: RpcPeer, deployment: DeploymentId) -> bool:
+        return deployment in self.deployments
+
+    async def rpc_replicas(self, peer: RpcPeer) -> list[dict[str, Any]]:
+        return [{"replica_id": r.replica_id, "app": r.deployment.app,
+                 "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
+                 "version": r.version} for r in self.replicas.values()]
+
+    async def rpc_shutdown(self, peer: RpcPeer) -> None:
+        self._spawn(self.shutdown())
+
+    # -- RPCs from proxies and replicas ------------------------------------------------------
+
+    async def rpc_proxy_spec(self, peer: RpcPeer) -> ProxySpec:
+        h = self.http
+        return ProxySpec(host=h.host, port=h.port, request_timeout_s=h.request_timeout_s,
+                         keep_alive_timeout_s=h.keep_alive_timeout_s,
+                         max_body_bytes=h.max_body_bytes, root_path=h.root_path)
+
+    async def rpc_proxy_ready(self, peer: RpcPeer, address: str, pid: int) -> None:
+        self.proxy_address = address
+        self.proxy_ready.set()
+
+    async def rpc_proxy_failed(self, peer: RpcPeer, error: str) -> None:
+        self.proxy_error = error
+        self.proxy_ready.set()
+
+    async def rpc_replica_spec(self, peer: RpcPeer, replica_id: str) -> ReplicaSpec:
+        replica = self.replicas[replica_id]
+        deployment = self.deployments[replica.deployment]
+        spec, config = deployment.spec, deployment.config
+        return ReplicaSpec(replica_id=replica_id, deployment=deployment.id,
+                           version=replica.version, target_blob=spec.target_blob,
+                           init_blob=spec.init_blob, user_config=config.user_config,
+                           max_ongoing_requests=config.max_ongoing_requests,
+                           graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
+                           sys_path=deployment.sys_path)
+
+    async def rpc_replica_ready(self, peer: RpcPeer, replica_id: str, address: str,
+                                pid: int) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is None or replica.state is not ReplicaState.STARTING:
+            return
+        deployment = self.deployments[replica.deployment]
+        replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid)
+        replica.peer = peer
+        replica.move(ReplicaState.RUNNING)
+        replica.next_health_check = time.monotonic() + deployment.config.health_check_period_s
+        deployment.constructor_failures = 0
+        log.info("replica %s of %s is running (pid %d)", replica_id, deployment.id, pid)
+        self._push_replica_set(deployment.id)
+        await self._notify()
+
+    async def rpc_replica_failed(self, peer: RpcPeer, replica_id: str, error: str) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            return
+        deployment = self.deployments.get(replica.deployment)
+        if deployment is not None and replica.version == deployment.version:
+            deployment.constructor_failures += 1
+            deployment.last_error = error
+        if replica.alive:
+            replica.move(ReplicaState.FAILED)
+        await self._notify()
+
+    # -- desired state ---------------------------------------------------------------------
+
+    def _apply(self, app: AppSpec) -> None:
+        for other in self.apps.values():
+            if (other.name != app.name and app.route_prefix is not None
+                    and other.route_prefix == app.route_prefix):
+                raise ConfigError(f"route_prefix {app.route_prefix!r} is already used by "
+                                  f"application {other.name!r}; choose another route_prefix")
+        previous = self.apps.get(app.name)
+        records: dict[str, DeploymentRecord] = {}
+        for spec in app.deployments:
+            did = DeploymentId(app.name, spec.config.name)
+            record = self.deployments.get(did)
+            target = spec.config.initial_replicas
+            if record is None:
+                record = DeploymentRecord(did, spec, 1, spec.code_version, target, app.sys_path)
+            else:
+                self._update(record, spec, target, app.sys_path)
+            self.deployments[did] = record
+            records[spec.config.name] = record
+        if previous is not None:
+            for name, old in previous.deployments.items():
+                if name not in records:
+                    old.deleting, old.target = True, 0
+        self.apps[app.name] = AppRecord(app.name, app.route_prefix, app.ingress, records,
+                                        time.time())
+        self._push_routes()
+        for record in records.values():
+            self._push_replica_set(record.id, force=True)
+
+    def _update(self, record: DeploymentRecord, spec: Any, target: int,
+                sys_path: tuple[str, ...]) -> None:
+        old_config = record.config
+        if record.code_version != spec.code_version:
+            record.version += 1
+            record.code_version = spec.code_version
+        elif old_config.user_config != spec.config.user_config:
+            for replica in record.running:
+                self._spawn(self._reconfigure(replica, spec.config.user_config))
+        record.spec, record.target, record.sys_path = spec, target, sys_path
+        record.constructor_failures, record.last_error, record.deleting = 0, "", False
+
+    async def _reconfigure(self, replica: ReplicaRecord, user_config: Any) -> None:
+        if replica.peer is None:
+            return
+        try:
+            await replica.peer.call("reconfigure", user_config=user_config)
+        except Exception as exc:
+            log.error("reconfigure of replica %s failed: %s; replacing it",
+                      replica.replica_id, exc)
+            self._fail_replica(replica, f"reconfigure failed: {exc}")
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self.stopping:
+            try:
+                self.tick(time.monotonic())
+            except Exception:
+                log.exception("control loop step failed")
+            await self._notify()
+            await asyncio.sleep(TICK_S)
+
+    def tick(self, now: float) -> None:
+        self._observe_exits()
+        for deployment in list(self.deployments.values()):
+            if not deployment.failed:
+                self._reconcile(deployment, now)
+            self._health_checks(deployment, now)
+        for replica in self.replicas.values():
+            if replica.stop_deadline is not None and now > replica.stop_deadline:
+                self.backend.kill(replica.replica_id)
+        self._collect_deleted()
+
+    def _observe_exits(self) -> None:
+        for exit_ in self.backend.poll_exits():
+            if exit_.process_id == PROXY_ID:
+                self._proxy_exited(exit_.returncode)
+                continue
+            replica = self.replicas.pop(exit_.process_id, None)
+            if replica is None:
+                continue
+            deployment = self.deployments.get(replica.deployment)
+            if replica.state is ReplicaState.STARTING and deployment is not None:
+                deployment.constructor_failures += 1
+                deployment.last_error = deployment.last_error or (
+                    f"replica process exited with code {exit_.returncode} before it was ready")
+            elif replica.state is ReplicaState.RUNNING:
+                log.warning("replica %s of %s died (exit code %s); replacing it",
+                            replica.replica_id, replica.deployment, exit_.returncode)
+            if deployment is not None:
+                self._push_replica_set(deployment.id)
+
+    def _proxy_exited(self, code: int | None) -> None:
+        self.proxy_address = ""
+        if self.stopping:
+            return
+        log.warning("proxy exited with code %s; restarting it", code)
+        self.backend.start_proxy(PROXY_ID)
+
+    def _reconcile(self, deployment: DeploymentRecord, now: float) -> None:
+        observed = [ObservedReplica(r.replica_id, r.state, r.version, r.started_at)
+                    for r in deployment.replicas.values() if r.replica_id in self.replicas]
+        for action in reconcile(deployment.target, deployment.version, observed):
+            if isinstance(action, StartReplicas):
+                for _ in range(action.count):
+                    if not self._start_replica(deployment, now):
+                        break
+            elif isinstance(action, StopReplica):
+                self._stop_replica(self.replicas[action.replica_id], now, action.reason)
+
+    def _start_replica(self, deployment: DeploymentRecord, now: float) -> bool:
+        replica_id = f"{deployment.id.name}-{secrets.token_hex(4)}"
+        launch = ReplicaLaunch(replica_id, deployment.id, deployment.config.resources,
+                               deployment.sys_path)
+        try:
+            pid = self.backend.start_replica(launch)
+        except PlacementError as exc:
+            if deployment.last_error != f"waiting for resources: {exc}":
+                deployment.last_error = f"waiting for resources: {exc}"
+                log.warning("%s: %s", deployment.id, deployment.last_error)
+            return False
+        record = ReplicaRecord(replica_id, deployment.id, deployment.version, now, pid=pid)
+        deployment.replicas[replica_id] = record
+        self.replicas[replica_id] = record
+        return True
+
+    def _stop_replica(self, replica: ReplicaRecord, now: float, reason: str) -> None:
+        if not replica.alive or replica.state is ReplicaState.DRAINING:
+            return
+        log.info("stopping replica %s (%s)", replica.replica_id, reason)
+        was_running = replica.state is ReplicaState.RUNNING
+        replica.move(ReplicaState.DRAINING)
+        timeout = self.deployments[replica.deployment].config.graceful_shutdown_timeout_s
+        replica.stop_deadline = now + timeout + 2.0
+        if was_running:
+            self._push_replica_set(replica.deployment)
+        if replica.peer is not None and not replica.peer.is_closed:
+            self._spawn(self._drain(replica, timeout))
+        else:
+            self.backend.terminate(replica.replica_id)
+
+    async def _drain(self, replica: ReplicaRecord, timeout: float) -> None:
+        assert replica.peer is not None
+        try:
+            await replica.peer.call("drain", timeout=timeout + 1.0, timeout_s=timeout)
+        except Exception:
+            self.backend.terminate(replica.replica_id)
+
+    def _fail_replica(self, replica: ReplicaRecord, reason: str) -> None:
+        if replica.alive:
+            was_running = replica.state is ReplicaState.RUNNING
+            replica.move(ReplicaState.FAILED)
+            log.warning("replica %s failed: %s", replica.replica_id, reason)
+            if was_running:
+                self._push_replica_set(replica.deployment)
+        self.backend.kill(replica.replica_id)
+
+    def _health_checks(self, deployment: DeploymentRecord, now: float) -> None:
+        config = deployment.config
+        for replica in deployment.running:
+            if replica.health_check_running or now < replica.next_health_check:
+                continue
+            replica.health_check_running = True
+            replica.next_health_check = now + config.health_check_period_s
+            self._spawn(self._check(replica, config.health_check_timeout_s))
+
+    async def _check(self, replica: ReplicaRecord, timeout_s: float) -> None:
+        assert replica.peer is not None
+        try:
+            await replica.peer.call("check_health", timeout=timeout_s)
+            replica.health_failures = 0
+        except Exception as exc:
+            replica.health_failures += 1
+            log.warning("health check %d of replica %s failed: %r", replica.health_failures,
+                        replica.replica_id, exc)
+            if (replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD
+                    and replica.state is ReplicaState.RUNNING):
+                self._fail_replica(replica, "failed its health checks")
+        finally:
+            replica.health_check_running = False
+
+    def _collect_deleted(self) -> None:
+        for did, deployment in list(self.deployments.items()):
+            deployment.replicas = {k: v for k, v in deployment.replicas.items()
+                                   if k in self.replicas}
+            if deployment.deleting and not deployment.replicas:
+                del self.deployments[did]
+                self.pushed.pop(did, None)
+                app = self.apps.get(did.app)
+                if app is not None and app.deployments.get(did.name) is deployment:
+                    del app.deployments[did.name]
+                    if not app.deployments:
+                        del self.apps[did.app]
+
+    # -- pushes ----------------------------------------------------------------------------
+
+    def _routes(self) -> RouteTable:
+        return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix)
+                                for a in self.apps.values() if a.route_prefix is not None))
+
+    def _push_routes(self) -> None:
+        table = self._routes()
+        for proxy in self.proxies:
+            proxy.push("routes", table)
+
+    def _push_replica_set(self, did: DeploymentId, force: bool = False) -> None:
+        deployment = self.deployments.get(did)
+        watchers = self.watchers.get(did, set())
+        if deployment is None or not watchers:
+            return
+        running = sorted((r.info for r in deployment.running if r.info is not None),
+                         key=lambda info: info.replica_id)
+        config = deployment.config
+        share = queue_share(config.queue_limit, len(watchers))
+        key = (tuple(running), config.max_ongoing_requests, share)
+        if not force and self.pushed.get(did) == key:
+            return
+        self.pushed[did] = key
+        replica_set = ReplicaSet(did, tuple(running), config.max_ongoing_requests, share,
+                                 deployment.version)
+        for watcher in watchers:
+            watcher.push("replica_set", replica_set)
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("shutting down: stopping %d replica(s) and the proxy", len(self.replicas))
+        now = time.monotonic()
+        for replica in list(self.replicas.values()):
+            if replica.alive:
+                self._stop_replica(replica, now, "shutdown")
+        self.backend.terminate(PROXY_ID)
+        deadline = now + max((d.config.graceful_shutdown_timeout_s
+                              for d in self.deployments.values()), default=0.0) + 2.0
+        while self.backend.alive() and time.monotonic() < deadline:
+            self.backend.poll_exits()
+            await asyncio.sleep(0.05)
+        for process_id in self.backend.alive():
+            self.backend.kill(process_id)
+        self.stopped.set()

@@ -1,0 +1,102 @@
+"""The exception tree, grouped by whose fault it is and what the caller does next.
+
+    RayServeException                    base of everything surge raises (Ray's name)
+    ├── ConfigError (ValueError)         your configuration is wrong: fix it, nothing was changed
+    ├── BackPressureError                overload: the queue budget is used up; retry after
+    │                                    `retry_after_s` (HTTP 503 + Retry-After)
+    ├── DeploymentUnavailableError       no replica can serve (none started, or all failed)
+    ├── ReplicaDiedError                 the replica serving the request died mid-request; the
+    │                                    request may or may not have run (HTTP 500)
+    ├── RequestCancelledError            the request was cancelled (client gone: HTTP 499)
+    ├── GetTimeoutError (TimeoutError)   `.result(timeout_s=)` or the request timeout expired
+    │                                    (HTTP 408)
+    ├── UserCodeError                    your deployment raised an exception that could not be
+    │                                    sent back as itself; the message holds its traceback
+    ├── DeployFailedError                an application could not be deployed (constructor
+    │                                    failed, import failed); the message says why
+    └── ControllerUnavailableError       no surge instance answers at the control address
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackPressureError",
+    "ConfigError",
+    "ControllerUnavailableError",
+    "DeployFailedError",
+    "DeploymentUnavailableError",
+    "GetTimeoutError",
+    "RayServeException",
+    "ReplicaDiedError",
+    "RequestCancelledError",
+    "UserCodeError",
+]
+
+
+class RayServeException(Exception):
+    """Base class of every error surge raises (named as in Ray Serve)."""
+
+
+class ConfigError(RayServeException, ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+class BackPressureError(RayServeException):
+    """The deployment's queue budget is exhausted; the request was not started."""
+
+    def __init__(
+        self,
+        *,
+        deployment: str,
+        num_queued_requests: int,
+        max_queued_requests: int,
+        retry_after_s: float,
+    ) -> None:
+        self.deployment = deployment
+        self.num_queued_requests = num_queued_requests
+        self.max_queued_requests = max_queued_requests
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"Request dropped due to backpressure for deployment {deployment!r} "
+            f"(num_queued_requests={num_queued_requests}, "
+            f"max_queued_requests={max_queued_requests}); retry after {retry_after_s:.2f}s."
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_backpressure, (self.deployment, self.num_queued_requests,
+                                        self.max_queued_requests, self.retry_after_s))
+
+
+def _rebuild_backpressure(
+    deployment: str, queued: int, limit: int, retry_after_s: float
+) -> BackPressureError:
+    return BackPressureError(deployment=deployment, num_queued_requests=queued,
+                             max_queued_requests=limit, retry_after_s=retry_after_s)
+
+
+class DeploymentUnavailableError(RayServeException):
+    """No replica of the deployment can serve right now."""
+
+
+class ReplicaDiedError(RayServeException):
+    """The replica died while the request was in flight on it."""
+
+
+class RequestCancelledError(RayServeException):
+    """The request was cancelled before it finished."""
+
+
+class GetTimeoutError(RayServeException, TimeoutError):
+    """The result did not arrive within the timeout."""
+
+
+class UserCodeError(RayServeException):
+    """The deployment raised; carries the remote traceback as text."""
+
+
+class DeployFailedError(RayServeException):
+    """An application failed to deploy; the message holds the reason."""
+
+
+class ControllerUnavailableError(RayServeException):
+    """No surge controller answers at the control address."""

@@ -1,0 +1,167 @@
+"""Frozen value types shared by every layer: ids, replica and route snapshots, status."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ApplicationStatus",
+    "ApplicationStatusOverview",
+    "DeploymentId",
+    "DeploymentStatus",
+    "DeploymentStatusOverview",
+    "ProxySpec",
+    "ReplicaInfo",
+    "ReplicaSet",
+    "ReplicaSpec",
+    "RouteTable",
+    "RouteTarget",
+    "ServeStatus",
+]
+
+
+@dataclass(frozen=True, order=True)
+class DeploymentId:
+    app: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.app}#{self.name}"
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """Where a running replica listens, and what it can take."""
+
+    replica_id: str
+    deployment: DeploymentId
+    address: str  # "host:port" of its frame server
+    pid: int
+    node_id: str = "local"
+
+
+@dataclass(frozen=True)
+class ReplicaSet:
+    """The replicas a router may send to, pushed by the controller on every change."""
+
+    deployment: DeploymentId
+    replicas: tuple[ReplicaInfo, ...]
+    max_ongoing_requests: int
+    queue_limit: int  # this router's share of the deployment's queue budget
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class RouteTarget:
+    app: str
+    deployment: str
+    route_prefix: str
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """route_prefix -> ingress deployment; longest prefix wins."""
+
+    targets: tuple[RouteTarget, ...] = ()
+
+    def match(self, path: str) -> RouteTarget | None:
+        best: RouteTarget | None = None
+        for target in self.targets:
+            prefix = target.route_prefix
+            if prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                if best is None or len(prefix) > len(best.route_prefix):
+                    best = target
+        return best
+
+
+class ApplicationStatus(str, enum.Enum):
+    NOT_STARTED = "NOT_STARTED"
+    DEPLOYING = "DEPLOYING"
+    DEPLOY_FAILED = "DEPLOY_FAILED"
+    RUNNING = "RUNNING"
+    UNHEALTHY = "UNHEALTHY"
+    DELETING = "DELETING"
+
+
+class DeploymentStatus(str, enum.Enum):
+    UPDATING = "UPDATING"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    UPSCALING = "UPSCALING"
+    DOWNSCALING = "DOWNSCALING"
+
+
+@dataclass(frozen=True)
+class DeploymentStatusOverview:
+    status: DeploymentStatus
+    replica_states: dict[str, int]
+    message: str = ""
+    target_replicas: int = 0
+
+
+@dataclass(frozen=True)
+class ApplicationStatusOverview:
+    status: ApplicationStatus
+    message: str
+    route_prefix: str | None
+    deployments: dict[str, DeploymentStatusOverview]
+    last_deployed_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServeStatus:
+    """What `serve.status()` returns (Ray Serve's shape)."""
+
+    applications: dict[str, ApplicationStatusOverview] = field(default_factory=dict)
+    proxies: dict[str, str] = field(default_factory=dict)
+    http_address: str = ""
+    control_address: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "control_address": self.control_address,
+            "http_address": self.http_address,
+            "proxies": dict(self.proxies),
+            "applications": {
+                name: {
+                    "status": app.status.value,
+                    "message": app.message,
+                    "route_prefix": app.route_prefix,
+                    "deployments": {
+                        dname: {"status": d.status.value, "replica_states": d.replica_states,
+                                "message": d.message, "target_replicas": d.target_replicas}
+                        for dname, d in app.deployments.items()
+                    },
+                }
+                for name, app in self.applications.items()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a replica process needs to become a replica, fetched from the controller."""
+
+    replica_id: str
+    deployment: DeploymentId
+    version: int
+    target_blob: bytes  # cloudpickled class or function
+    init_blob: bytes  # cloudpickled (args, kwargs), bound deployments turned into handles
+    user_config: Any
+    max_ongoing_requests: int
+    graceful_shutdown_timeout_s: float
+    sys_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProxySpec:
+    """What a proxy process serves, fetched from the controller."""
+
+    host: str
+    port: int
+    request_timeout_s: float | None
+    keep_alive_timeout_s: float
+    max_body_bytes: int
+    root_path: str = ""

@@ -1,0 +1,49 @@
+"""Replica states and the one table of legal transitions.
+
+    STARTING ──▶ STANDBY ──▶ RUNNING ──▶ DRAINING ──▶ STOPPED
+        │           │           │            │
+        └───────────┴───────────┴────────────┴──▶ FAILED
+
+A replica leaves the route tables when it leaves RUNNING.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["TRANSITIONS", "IllegalTransition", "ReplicaState", "transition"]
+
+
+class ReplicaState(str, enum.Enum):
+    STARTING = "STARTING"
+    STANDBY = "STANDBY"
+    RUNNING = "RUNNING"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+S = ReplicaState
+TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    S.STARTING: frozenset({S.STANDBY, S.RUNNING, S.DRAINING, S.STOPPED, S.FAILED}),
+    S.STANDBY: frozenset({S.RUNNING, S.DRAINING, S.STOPPED, S.FAILED}),
+    S.RUNNING: frozenset({S.DRAINING, S.FAILED}),
+    S.DRAINING: frozenset({S.STOPPED, S.FAILED}),
+    S.STOPPED: frozenset(),
+    S.FAILED: frozenset(),
+}
+ROUTABLE = frozenset({S.RUNNING})
+ALIVE = frozenset({S.STARTING, S.STANDBY, S.RUNNING, S.DRAINING})
+
+
+class IllegalTransition(Exception):
+    def __init__(self, current: ReplicaState, new: ReplicaState) -> None:
+        super().__init__(f"replica cannot go from {current.value} to {new.value}")
+        self.current = current
+        self.new = new
+
+
+def transition(current: ReplicaState, new: ReplicaState) -> ReplicaState:
+    if new not in TRANSITIONS[current]:
+        raise IllegalTransition(current, new)
+    return new

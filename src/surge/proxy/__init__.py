@@ -1,0 +1,1 @@
+"""HTTP ingress: parse (httptools), admit, route, forward over frames, respond."""

@@ -1,0 +1,311 @@
+"""The HTTP/1.1 server of a proxy: httptools parsing on uvloop, one Exchange per request.
+
+Requests on one connection may be pipelined; responses leave in request order (an
+Exchange that finishes early buffers until those before it are written). Each Exchange
+is the router's sink for its request: it turns response frames into HTTP bytes, and
+router failures into status codes (503 overload with Retry-After, 408 timeout, 500
+replica died). A client that goes away cancels its requests through the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections import deque
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import httptools
+
+from surge.errors import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaDiedError,
+    RequestCancelledError,
+)
+from surge.policy.admission import retry_after_header
+from surge.proxy.responses import chunk, head, simple
+from surge.router.replica_link import Pending
+from surge.router.router import Router
+from surge.transport.messages import Failure, HttpBody, HttpRequest, HttpStart, Message
+
+if TYPE_CHECKING:
+    from surge.proxy.server import Proxy
+
+__all__ = ["HttpConnection"]
+
+access_log = logging.getLogger("surge.access")
+log = logging.getLogger("surge.proxy")
+
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(4).hex()
+
+
+def new_request_id() -> bytes:
+    return f"{_ID_PREFIX}-{next(_ids):x}".encode()
+
+
+class Exchange:
+    """One request/response on a connection; the router's sink for it."""
+
+    __slots__ = ("conn", "done", "keep_alive", "out", "pending", "request_id", "router",
+                 "streaming", "timer")
+
+    def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.keep_alive = keep_alive
+        self.out: list[bytes] = []
+        self.done = False
+        self.streaming = False
+        self.pending: Pending | None = None
+        self.router: Router | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- Sink ----------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> None:
+        if self.done:
+            return
+        if isinstance(message, HttpStart):
+            if message.more:
+                self.streaming = True
+                data = head(message.status, message.headers, self.request_id, None,
+                            self.keep_alive)
+                self.write(data + chunk(message.body) if message.body else data)
+            else:
+                self.write(head(message.status, message.headers, self.request_id,
+                                len(message.body), self.keep_alive) + message.body)
+                self.finish()
+        elif isinstance(message, HttpBody):
+            if message.body:
+                self.write(chunk(message.body))
+            if not message.more:
+                self.write(b"0\r\n\r\n")
+                self.finish()
+        elif isinstance(message, Failure):
+            if self.streaming:  # the head is out; all we can do is cut the stream
+                self.keep_alive = False
+                self.finish()
+            elif message.kind == "cancelled":
+                self.respond(499, b"Request cancelled.")
+            else:
+                self.respond(500, b"Internal Server Error")
+
+    def fail(self, exc: BaseException) -> None:
+        if self.done:
+            return
+        if self.streaming:
+            self.keep_alive = False
+            self.finish()
+        elif isinstance(exc, BackPressureError):
+            self.respond(503, str(exc).encode(),
+                         [(b"retry-after", retry_after_header(exc.retry_after_s).encode())])
+        elif isinstance(exc, DeploymentUnavailableError):
+            self.respond(503, str(exc).encode(), [(b"retry-after", b"1")])
+        elif isinstance(exc, ReplicaDiedError):
+            self.respond(500, f"{exc}; the request may or may not have run.".encode())
+        elif isinstance(exc, RequestCancelledError):
+            self.respond(499, b"Request cancelled.")
+        else:
+            log.error("request %s failed: %r", self.request_id.decode(), exc)
+            self.respond(500, b"Internal Server Error")
+
+    # -- output --------------------------------------------------------------------------
+
+    def respond(self, status: int, body: bytes,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.write(simple(status, body, self.request_id, self.keep_alive, extra=extra))
+        self.finish()
+
+    def write(self, data: bytes) -> None:
+        conn = self.conn
+        if conn.exchanges and conn.exchanges[0] is self:
+            if conn.transport is not None:
+                conn.transport.write(data)
+        else:
+            self.out.append(data)
+
+    def finish(self) -> None:
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.conn.exchange_finished()
+
+    def on_timeout(self, timeout_s: float) -> None:
+        self.timer = None
+        if self.done:
+            return
+        if self.pending is not None and self.router is not None:
+            self.router.cancel(self.pending)
+        access_log.info("request %s timed out after %.3gs", self.request_id.decode(), timeout_s)
+        if self.streaming:
+            self.keep_alive = False
+            self.finish()
+        else:
+            self.respond(408, f"Request timed out after {timeout_s:g}s.".encode())
+
+    def abandon(self) -> None:
+        """The client went away: cancel the request wherever it is (logged as 499)."""
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.pending is not None and self.router is not None:
+            self.router.cancel(self.pending)
+            access_log.info("request %s cancelled: client disconnected (499)",
+                            self.request_id.decode())
+
+
+class HttpConnection(asyncio.Protocol):
+    __slots__ = ("body", "body_size", "client", "exchanges", "headers", "idle_timer",
+                 "parser", "proxy", "refused", "transport", "url")
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.exchanges: deque[Exchange] = deque()
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.client = ""
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self.proxy.connections.add(self)
+        self._arm_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, b"Protocol upgrades are not supported.")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"Malformed HTTP request: {exc}".encode())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy.connections.discard(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        for exchange in self.exchanges:
+            exchange.abandon()
+        self.exchanges.clear()
+        self.transport = None
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.body = []
+        self.body_size = 0
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        limit = self.proxy.spec.max_body_bytes
+        for name, value in self.headers:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                self._refuse(413, f"Request body exceeds the limit of {limit} bytes.".encode())
+                raise httptools.HttpParserCallbackError("body too large")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self.proxy.spec.max_body_bytes:
+            limit = self.proxy.spec.max_body_bytes
+            self._refuse(413, f"Request body exceeds the limit of {limit} bytes.".encode())
+            raise httptools.HttpParserCallbackError("body too large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        parser = self.parser
+        keep_alive = bool(parser.should_keep_alive())
+        request_id = b""
+        for name, value in self.headers:
+            if name == b"x-request-id":
+                request_id = value
+                break
+        exchange = Exchange(self, request_id or new_request_id(), keep_alive)
+        self.exchanges.append(exchange)
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.proxy.dispatch(exchange, parser.get_method().decode(), self.url, self.headers,
+                            body, parser.get_http_version())
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def exchange_finished(self) -> None:
+        exchanges = self.exchanges
+        transport = self.transport
+        while exchanges and exchanges[0].done:
+            finished = exchanges.popleft()
+            if not finished.keep_alive:
+                if transport is not None:
+                    transport.close()
+                exchanges.clear()
+                return
+            if exchanges and transport is not None:
+                following = exchanges[0]
+                if following.out:
+                    transport.write(b"".join(following.out))
+                    following.out.clear()
+        if not exchanges:
+            self._arm_idle_timer()
+
+    def _arm_idle_timer(self) -> None:
+        timeout = self.proxy.spec.keep_alive_timeout_s
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        if self.transport is not None:
+            self.idle_timer = self.proxy.loop.call_later(timeout, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        self.idle_timer = None
+        if not self.exchanges and self.transport is not None:
+            self.transport.close()
+
+    def _refuse(self, status: int, body: bytes) -> None:
+        """Answer an unreadable request and close: the stream cannot be trusted after it."""
+        if self.refused or self.transport is None or self.transport.is_closing():
+            return
+        self.refused = True
+        exchange = Exchange(self, new_request_id(), keep_alive=False)
+        self.exchanges.append(exchange)
+        exchange.respond(status, body)
+
+
+def decode_path(url: bytes) -> tuple[str, bytes]:
+    parsed = httptools.parse_url(url)
+    path = parsed.path.decode("latin-1") if parsed.path else "/"
+    if "%" in path:
+        path = unquote(path)
+    return path, parsed.query or b""
+
+
+def make_request(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                 body: bytes, client: str, route_prefix: str, request_id: bytes,
+                 http_version: str, root_path: str) -> HttpRequest:
+    return HttpRequest(id=0, method=method, path=path, query=query, headers=headers, body=body,
+                       client=client, route_prefix=route_prefix,
+                       request_id=request_id.decode(), http_version=http_version,
+                       root_path=root_path)

@@ -1,0 +1,161 @@
+"""The proxy process: route table from the controller, HTTP in, frames out.
+
+`python -m surge.proxy CONTROLLER` fetches its HTTP options, binds, and reports ready.
+It keeps serving from its last route table and replica sets if the controller is
+briefly away, and exits when told to stop (SIGTERM) after finishing in-flight requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+from surge.errors import BackPressureError
+from surge.model import DeploymentId, ProxySpec, RouteTable
+from surge.process import die_with_parent, set_title
+from surge.proxy.http import Exchange, HttpConnection, decode_path, make_request
+from surge.router.replica_link import Pending
+from surge.router.runtime import RouterRuntime, set_runtime
+
+__all__ = ["Proxy", "main"]
+
+log = logging.getLogger("surge.proxy")
+
+HEALTHZ = "/-/healthz"
+ROUTES = "/-/routes"
+DRAIN_TIMEOUT_S = 5.0
+
+
+class Proxy:
+    def __init__(self, runtime: RouterRuntime, spec: ProxySpec) -> None:
+        self.runtime = runtime
+        self.spec = spec
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[HttpConnection] = set()
+        self.draining = False
+        self._routes_version: RouteTable | None = None
+
+    def __repr__(self) -> str:
+        return (f"<Proxy {self.spec.host}:{self.spec.port} connections={len(self.connections)} "
+                f"routes={len(self.runtime.routes.targets)}>")
+
+    def protocol(self) -> HttpConnection:
+        return HttpConnection(self)
+
+    def watch_routes(self) -> None:
+        """Make sure every ingress deployment has a router (and so a replica set)."""
+        for target in self.runtime.routes.targets:
+            self.runtime.router(DeploymentId(target.app, target.deployment))
+
+    def dispatch(self, exchange: Exchange, method: str, url: bytes,
+                 headers: list[tuple[bytes, bytes]], body: bytes, http_version: str) -> None:
+        path, query = decode_path(url)
+        if path.startswith("/-/"):
+            self._builtin(exchange, path)
+            return
+        routes = self.runtime.routes
+        if routes is not self._routes_version:
+            self._routes_version = routes
+            self.watch_routes()
+        target = routes.match(path)
+        if target is None:
+            exchange.respond(404, f"Path '{path}' not found. Ping http://{self.spec.host}:"
+                                  f"{self.spec.port}{ROUTES} for available routes.".encode())
+            return
+        router = self.runtime.router(DeploymentId(target.app, target.deployment))
+        request = make_request(method, path, query, headers, body, exchange.conn.client,
+                               target.route_prefix, exchange.request_id, http_version,
+                               self.spec.root_path)
+        pending = Pending(request, exchange)
+        exchange.pending, exchange.router = pending, router
+        try:
+            router.submit(pending)
+        except BackPressureError as exc:
+            exchange.fail(exc)
+            return
+        timeout = self._timeout(headers)
+        if timeout is not None and not exchange.done:
+            exchange.timer = self.loop.call_later(timeout, exchange.on_timeout, timeout)
+
+    def _timeout(self, headers: list[tuple[bytes, bytes]]) -> float | None:
+        for name, value in headers:
+            if name == b"x-request-timeout-seconds":
+                try:
+                    return max(0.0, float(value))
+                except ValueError:
+                    break
+        return self.spec.request_timeout_s
+
+    def _builtin(self, exchange: Exchange, path: str) -> None:
+        if path == HEALTHZ:
+            if self.draining:
+                exchange.respond(503, b"This node is being drained.")
+            else:
+                exchange.respond(200, b"success")
+        elif path == ROUTES:
+            table = {t.route_prefix: t.app for t in self.runtime.routes.targets}
+            exchange.respond(200, json.dumps(table).encode(), None)
+        else:
+            exchange.respond(404, f"Path '{path}' not found.".encode())
+
+    async def drain(self) -> None:
+        self.draining = True
+        deadline = self.loop.time() + DRAIN_TIMEOUT_S
+        while any(c.exchanges for c in self.connections) and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+
+async def serve(controller: str) -> int:
+    stop = asyncio.Event()
+    runtime = RouterRuntime(controller, "proxy")
+    set_runtime(runtime)
+    runtime.on_controller_lost = stop.set
+    await runtime.connect()
+    spec: ProxySpec = await runtime.call("proxy_spec")
+    loop = asyncio.get_running_loop()
+    proxy = Proxy(runtime, spec)
+    try:
+        sock = _bind(spec.host, spec.port)
+    except OSError as exc:
+        await runtime.call("proxy_failed", error=f"cannot listen on {spec.host}:{spec.port}: "
+                                                 f"{exc.strerror or exc}")
+        return 1
+    server = await loop.create_server(proxy.protocol, sock=sock, backlog=4096)
+    port = sock.getsockname()[1]
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await runtime.call("proxy_ready", address=f"{spec.host}:{port}", pid=os.getpid())
+    await stop.wait()
+    server.close()
+    await proxy.drain()
+    runtime.close()
+    return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
+def main(argv: list[str]) -> int:
+    controller = argv[0]
+    set_title("surge:proxy")
+    die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s proxy %(name)s: %(message)s")
+    logging.getLogger("surge.access").setLevel(logging.WARNING)
+    import uvloop
+
+    code: int = uvloop.run(serve(controller))
+    return code
+
+

@@ -1,0 +1,207 @@
+"""The replica's frame server: admit up to max_ongoing_requests, run, answer, cancel.
+
+Each connection is one router. A request beyond `max_ongoing_requests`, or any request
+while draining, is answered `Rejected` at once so the router retries elsewhere. Each
+admitted request runs as its own task so that `Cancel` (client gone, timeout) can
+cancel it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import traceback
+from typing import Any
+
+from surge.replica.user_code import UserCode, asgi_scope
+from surge.transport.connection import FramedProtocol
+from surge.transport.messages import (
+    Call,
+    Cancel,
+    End,
+    Failure,
+    HttpBody,
+    HttpRequest,
+    HttpStart,
+    Item,
+    Message,
+    Rejected,
+    Result,
+)
+
+__all__ = ["ReplicaServer"]
+
+log = logging.getLogger("surge.replica")
+
+_INTERNAL_ERROR = b"Internal Server Error"
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:
+        import cloudpickle
+
+        return bytes(cloudpickle.dumps(value, protocol=5))
+
+
+def _failure(request_id: int, exc: BaseException) -> Failure:
+    try:
+        payload = _dumps(exc)
+        pickle.loads(payload)
+    except Exception:
+        payload = b""
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return Failure(id=request_id, kind="user", message=message, payload=payload)
+
+
+class ReplicaServer:
+    def __init__(self, user: UserCode, max_ongoing_requests: int, name: str) -> None:
+        self.user = user
+        self.max_ongoing = max_ongoing_requests
+        self.name = name
+        self.ongoing = 0
+        self.draining = False
+        self.served = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.connections: set[_Connection] = set()
+
+    def __repr__(self) -> str:
+        return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
+                f"served={self.served} draining={self.draining}>")
+
+    def protocol(self) -> _Connection:
+        return _Connection(self)
+
+    def admit(self) -> bool:
+        if self.draining or self.ongoing >= self.max_ongoing:
+            return False
+        self.ongoing += 1
+        self.idle.clear()
+        return True
+
+    def release(self) -> None:
+        self.ongoing -= 1
+        self.served += 1
+        if self.ongoing == 0:
+            self.idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting and wait for in-flight work; True when it all finished."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+class _Connection(FramedProtocol):
+    def __init__(self, server: ReplicaServer) -> None:
+        super().__init__()
+        self.server = server
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.disconnects: dict[int, asyncio.Event] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server.connections.add(self)
+
+    def message_received(self, message: Message) -> None:
+        if isinstance(message, HttpRequest | Call):
+            if not self.server.admit():
+                self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
+                return
+            coro = self._http(message) if isinstance(message, HttpRequest) else self._call(message)
+            task = self._loop.create_task(coro)
+            self.tasks[message.id] = task
+            task.add_done_callback(lambda _t, i=message.id: self._finished(i))
+        elif isinstance(message, Cancel):
+            event = self.disconnects.get(message.id)
+            if event is not None:
+                event.set()
+            task = self.tasks.get(message.id)
+            if task is not None:
+                task.cancel()
+
+    def _finished(self, request_id: int) -> None:
+        self.tasks.pop(request_id, None)
+        self.disconnects.pop(request_id, None)
+        self.server.release()
+
+    async def _call(self, message: Call) -> None:
+        rid = message.id
+        try:
+            args, kwargs = pickle.loads(message.payload)
+            result = await self.server.user.call(message.method, args, kwargs)
+            if message.stream:
+                async for item in self.server.user.iterate(result):
+                    self.send(Item(id=rid, payload=_dumps(item)))
+                self.send(End(id=rid))
+            else:
+                self.send(Result(id=rid, payload=_dumps(result)))
+        except asyncio.CancelledError:
+            self.send(Failure(id=rid, kind="cancelled", message="request cancelled"))
+        except Exception as exc:
+            log.exception("%s.%s raised", self.server.name, message.method)
+            self.send(_failure(rid, exc))
+
+    async def _http(self, message: HttpRequest) -> None:
+        rid = message.id
+        scope = asgi_scope(message.method, message.path, message.query, message.headers,
+                           message.client, message.route_prefix, message.http_version,
+                           message.root_path)
+        disconnected = self.disconnects[rid] = asyncio.Event()
+        body_sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": message.body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        start: dict[str, Any] | None = None
+        started = False
+
+        async def send(event: dict[str, Any]) -> None:
+            nonlocal start, started
+            kind = event["type"]
+            if kind == "http.response.start":
+                start = event
+            elif kind == "http.response.body":
+                body = bytes(event.get("body", b""))
+                more = bool(event.get("more_body", False))
+                if not started:
+                    started = True
+                    head = start or {"status": 200, "headers": []}
+                    self.send(HttpStart(id=rid, status=int(head["status"]),
+                                        headers=list(head.get("headers") or []),
+                                        body=body, more=more))
+                else:
+                    self.send(HttpBody(id=rid, body=body, more=more))
+
+        try:
+            await self.server.user.handle_http(scope, receive, send)
+            if not started:
+                raise RuntimeError("the ASGI app returned without sending a response")
+        except asyncio.CancelledError:
+            self.send(Failure(id=rid, kind="cancelled", message="request cancelled"))
+        except Exception:
+            log.exception("%s: %s %s raised", self.server.name, message.method, message.path)
+            if started:  # the head is gone: end the stream; the proxy cuts the connection
+                self.send(Failure(id=rid, kind="user", message="response stream failed"))
+            else:
+                self.send(HttpStart(id=rid, status=500,
+                                    headers=[(b"content-type", b"text/plain; charset=utf-8")],
+                                    body=_INTERNAL_ERROR, more=False))
+
+    def closed(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        for event in self.disconnects.values():
+            event.set()
+        for task in self.tasks.values():
+            task.cancel()

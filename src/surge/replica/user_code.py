@@ -1,0 +1,175 @@
+"""Run the user's class or function: construct, reconfigure, health-check, call.
+
+Sync methods run on a thread pool sized to `max_ongoing_requests`, async ones on the
+replica's event loop. HTTP requests reach `__call__` as a starlette `Request` (or the
+`serve.ingress` ASGI app), and whatever comes back is turned into ASGI messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from surge.errors import RayServeException
+
+__all__ = ["Send", "UserCode", "asgi_scope"]
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+_json = msgspec.json.Encoder()
+
+
+class UserCode:
+    def __init__(self, target: Any, init_args: tuple[Any, ...], init_kwargs: dict[str, Any],
+                 max_ongoing_requests: int) -> None:
+        self.target = target
+        self.is_function = not inspect.isclass(target)
+        self.init_args = init_args
+        self.init_kwargs = init_kwargs
+        self.instance: Any = None
+        self.asgi_app: Any = None
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, min(max_ongoing_requests, 64)), thread_name_prefix="surge-user")
+
+    async def construct(self) -> None:
+        if self.is_function:
+            return
+        loop = asyncio.get_running_loop()
+        instance = await loop.run_in_executor(
+            self.pool, functools.partial(self.target, *self.init_args, **self.init_kwargs))
+        self.instance = instance
+        app = getattr(self.target, "__surge_ingress_app__", None)
+        if app is not None:
+            from surge.replica.ingress import bind_ingress_app
+
+            self.asgi_app = bind_ingress_app(app, self.target, instance)
+
+    @property
+    def servable(self) -> Any:
+        return self.target if self.is_function else self.instance
+
+    async def call_optional(self, name: str, *args: Any) -> bool:
+        """Call `name` if the user defined it; False when they did not."""
+        if self.is_function:
+            return False
+        method = getattr(self.instance, name, None)
+        if method is None:
+            return False
+        await self._invoke(method, args, {})
+        return True
+
+    def method(self, name: str) -> Callable[..., Any]:
+        if self.is_function:
+            if name != "__call__":
+                raise RayServeException(f"a function deployment has only __call__, not {name!r}")
+            return self.target  # type: ignore[no-any-return]
+        method = getattr(self.instance, name, None)
+        if method is None or name.startswith("__") and name != "__call__":
+            raise RayServeException(
+                f"deployment {type(self.instance).__name__} has no method {name!r}")
+        return method  # type: ignore[no-any-return]
+
+    async def _invoke(self, method: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+            result = method(*args, **kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(
+                self.pool, functools.partial(method, *args, **kwargs))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self._invoke(self.method(name), args, kwargs)
+
+    async def iterate(self, result: Any) -> AsyncIterator[Any]:
+        """Items of a (sync or async) generator a method returned."""
+        if inspect.isasyncgen(result):
+            async for item in result:
+                yield item
+        elif inspect.isgenerator(result):
+            loop = asyncio.get_running_loop()
+            sentinel = object()
+            while True:
+                item = await loop.run_in_executor(self.pool, next, result, sentinel)
+                if item is sentinel:
+                    return
+                yield item
+        else:
+            yield result
+
+    async def handle_http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if self.asgi_app is not None:
+            await self.asgi_app(scope, receive, send)
+            return
+        result = await self.call("__call__", (Request(scope, receive),), {})
+        await respond(result, scope, receive, send)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def respond(result: Any, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    """Turn what `__call__` returned into ASGI messages, as Ray Serve does."""
+    if isinstance(result, Response):
+        await result(scope, receive, send)
+        return
+    if isinstance(result, str):
+        body, content_type = result.encode(), b"text/plain; charset=utf-8"
+    elif isinstance(result, bytes | bytearray | memoryview):
+        body, content_type = bytes(result), b"application/octet-stream"
+    else:
+        try:
+            body = _json.encode(result)
+        except TypeError:
+            from starlette.responses import JSONResponse
+
+            await JSONResponse(_jsonable(result))(scope, receive, send)
+            return
+        content_type = b"application/json"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", content_type),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        from fastapi.encoders import jsonable_encoder
+    except ImportError:  # pragma: no cover - fastapi is optional
+        raise TypeError(f"cannot turn {type(value).__name__} into JSON; return a dict, list, "
+                        "str, bytes or a starlette Response") from None
+    return jsonable_encoder(value)
+
+
+def asgi_scope(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+               client: str, route_prefix: str, http_version: str,
+               root_path: str = "") -> dict[str, Any]:
+    host, _, port = client.rpartition(":")
+    prefix = "" if route_prefix == "/" else route_prefix.rstrip("/")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": http_version,
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": root_path + prefix,
+        "headers": headers,
+        "client": (host, int(port)) if port.isdigit() else None,
+        "server": None,
+        "state": {},
+    }

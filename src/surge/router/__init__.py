@@ -1,0 +1,1 @@
+"""Async shell around policy.routing and policy.admission, shared by proxies and handles."""

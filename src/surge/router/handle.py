@@ -1,0 +1,288 @@
+"""DeploymentHandle: call a deployment from Python, through the same router as HTTP.
+
+`handle.remote()` returns a `DeploymentResponse` at once; `.result(timeout_s=)` blocks
+for it (outside an event loop) and `await response` awaits it. With
+`.options(stream=True)` it returns a `DeploymentResponseGenerator` to iterate. A
+`DeploymentResponse` passed as an argument is resolved before the call is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import pickle
+from collections.abc import AsyncIterator, Generator, Iterator
+from typing import Any
+
+import cloudpickle
+
+from surge.errors import (
+    DeploymentUnavailableError,
+    GetTimeoutError,
+    RayServeException,
+    RequestCancelledError,
+    UserCodeError,
+)
+from surge.model import DeploymentId
+from surge.router.replica_link import Pending
+from surge.router.runtime import RouterRuntime, current_runtime
+from surge.transport.messages import Call, End, Failure, Item, Message, Result
+
+__all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
+           "decode_failure"]
+
+_END = object()
+
+
+def dumps(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:
+        return bytes(cloudpickle.dumps(value, protocol=5))
+
+
+def decode_failure(message: Failure) -> BaseException:
+    if message.payload:
+        try:
+            exc = pickle.loads(message.payload)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:
+            pass
+    if message.kind == "cancelled":
+        return RequestCancelledError(message.message)
+    if message.kind == "unavailable":
+        return DeploymentUnavailableError(message.message)
+    if message.kind == "user":
+        return UserCodeError(message.message)
+    return RayServeException(message.message)
+
+
+class _UnarySink:
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+
+    def deliver(self, message: Message) -> None:
+        if self.future.done():
+            return
+        if isinstance(message, Result):
+            try:
+                self.future.set_result(pickle.loads(message.payload))
+            except Exception as exc:
+                self.future.set_exception(exc)
+        elif isinstance(message, Failure):
+            self.future.set_exception(decode_failure(message))
+        else:
+            self.future.set_exception(RayServeException(
+                f"expected a result, got {type(message).__name__}; call a generator method "
+                "with handle.options(stream=True)"))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class _StreamSink:
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def deliver(self, message: Message) -> None:
+        if isinstance(message, Item):
+            self.queue.put_nowait(pickle.loads(message.payload))
+        elif isinstance(message, End):
+            self.queue.put_nowait(_END)
+        elif isinstance(message, Failure):
+            self.queue.put_nowait(decode_failure(message))
+        elif isinstance(message, Result):  # a plain method called with stream=True
+            self.queue.put_nowait(pickle.loads(message.payload))
+            self.queue.put_nowait(_END)
+
+    def fail(self, exc: BaseException) -> None:
+        self.queue.put_nowait(exc)
+
+
+async def _resolve(value: Any) -> Any:
+    if isinstance(value, DeploymentResponse):
+        return await value
+    return value
+
+
+class _Request:
+    """Everything needed to send one call, built on the caller's thread."""
+
+    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "runtime", "stream")
+
+    def __init__(self, handle: DeploymentHandle, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.runtime = current_runtime()
+        self.deployment = handle.deployment_id
+        self.method = handle.method_name
+        self.stream = handle.stream
+        self.model_id = handle.multiplexed_model_id
+        self.args = args
+        self.kwargs = kwargs
+
+    async def _start(self, sink: _UnarySink | _StreamSink) -> Pending:
+        args, kwargs = self.args, self.kwargs
+        if any(isinstance(a, DeploymentResponse) for a in args) or any(
+                isinstance(v, DeploymentResponse) for v in kwargs.values()):
+            args = tuple([await _resolve(a) for a in args])
+            kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
+        router = self.runtime.router(self.deployment)
+        if router.replica_set is None:
+            await router.has_replica_set.wait()
+        pending = Pending(Call(id=0, method=self.method, payload=dumps((args, kwargs)),
+                               stream=self.stream, model_id=self.model_id), sink)
+        router.submit(pending)
+        return pending
+
+    async def unary(self) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending = await self._start(_UnarySink(future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.runtime.router(self.deployment).cancel(pending)
+            raise
+
+
+def _in_loop(runtime: RouterRuntime) -> bool:
+    try:
+        return asyncio.get_running_loop() is runtime.loop
+    except RuntimeError:
+        return False
+
+
+class DeploymentResponse:
+    """The future result of one handle call."""
+
+    def __init__(self, request: _Request) -> None:
+        self._runtime = request.runtime
+        self._task: asyncio.Future[Any] | concurrent.futures.Future[Any]
+        if _in_loop(self._runtime):
+            self._task = self._runtime.loop.create_task(request.unary())
+        else:
+            self._task = asyncio.run_coroutine_threadsafe(request.unary(), self._runtime.loop)
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        if isinstance(self._task, asyncio.Future):
+            raise RayServeException(
+                "DeploymentResponse.result() blocks and cannot be called inside the event "
+                "loop; use `await response` in async code")
+        try:
+            return self._task.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise GetTimeoutError(f"no result within timeout_s={timeout_s}") from None
+        except concurrent.futures.CancelledError:
+            raise RequestCancelledError("the request was cancelled") from None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if isinstance(self._task, asyncio.Future):
+            return self._task.__await__()
+        return asyncio.wrap_future(self._task).__await__()
+
+    def cancel(self) -> None:
+        if isinstance(self._task, asyncio.Future):
+            self._task.cancel()
+        else:
+            self._runtime.loop.call_soon_threadsafe(self._task.cancel)
+
+
+class DeploymentResponseGenerator:
+    """Iterate (sync or async) over what a generator method yields."""
+
+    def __init__(self, request: _Request) -> None:
+        self._runtime = request.runtime
+        self._request = request
+        self._sink: _StreamSink | None = None
+        self._started: concurrent.futures.Future[Any] | asyncio.Task[Any] | None = None
+        self._done = False
+
+    async def _next(self) -> Any:
+        if self._sink is None:
+            self._sink = _StreamSink()
+            await self._request._start(self._sink)
+        item = await self._sink.queue.get()
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        if _in_loop(self._runtime):
+            raise RayServeException("use `async for` on a response generator inside async code")
+        try:
+            return asyncio.run_coroutine_threadsafe(self._next(), self._runtime.loop).result()
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        if _in_loop(self._runtime):
+            return await self._next()
+        future = asyncio.run_coroutine_threadsafe(self._next(), self._runtime.loop)
+        return await asyncio.wrap_future(future)
+
+
+class DeploymentHandle:
+    """A handle to a deployment (Ray Serve's `DeploymentHandle`)."""
+
+    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__",
+                 stream: bool = False, multiplexed_model_id: str = "") -> None:
+        self.deployment_name = deployment_name
+        self.app_name = app_name
+        self.method_name = method_name
+        self.stream = stream
+        self.multiplexed_model_id = multiplexed_model_id
+        self.deployment_id = DeploymentId(app_name, deployment_name)
+
+    def __repr__(self) -> str:
+        return (f"DeploymentHandle(deployment={self.deployment_name!r}, app={self.app_name!r}, "
+                f"method={self.method_name!r}, stream={self.stream})")
+
+    def options(self, *, method_name: str | None = None, stream: bool | None = None,
+                multiplexed_model_id: str | None = None, **_ray_only: Any) -> DeploymentHandle:
+        return DeploymentHandle(
+            self.deployment_name, self.app_name,
+            method_name=self.method_name if method_name is None else method_name,
+            stream=self.stream if stream is None else stream,
+            multiplexed_model_id=(self.multiplexed_model_id if multiplexed_model_id is None
+                                  else multiplexed_model_id))
+
+    def __getattr__(self, name: str) -> DeploymentHandle:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.options(method_name=name)
+
+    def remote(self, *args: Any, **kwargs: Any
+               ) -> DeploymentResponse | DeploymentResponseGenerator:
+        request = _Request(self, args, kwargs)
+        if self.stream:
+            return DeploymentResponseGenerator(request)
+        return DeploymentResponse(request)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name,
+                                  self.stream, self.multiplexed_model_id))
+
+
+def _rebuild_handle(name: str, app: str, method: str, stream: bool,
+                    model_id: str) -> DeploymentHandle:
+    return DeploymentHandle(name, app, method_name=method, stream=stream,
+                            multiplexed_model_id=model_id)

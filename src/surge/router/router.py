@@ -1,0 +1,229 @@
+"""The router of one deployment: queue, pick a replica, send, retry on rejection.
+
+It keeps one link per replica and counts its own in-flight requests there. A request
+goes straight to a replica with room (power of two choices); otherwise it waits in a
+bounded FIFO queue (its share of `max_queued_requests`) and is sent when a response
+frees a slot. A full queue rejects at once with `BackPressureError`. A replica that
+rejects (it is full because of other routers, or draining) counts as full until it
+answers again, and the request goes back to the head of the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+from surge.config import QUEUE_SAFETY_LIMIT
+from surge.errors import BackPressureError
+from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
+from surge.policy.admission import admit
+from surge.policy.routing import choose_replica
+from surge.router.replica_link import Pending, ReplicaLink
+from surge.transport.messages import Cancel, Message, Rejected
+from surge.transport.rpc import split_address
+
+__all__ = ["Router"]
+
+log = logging.getLogger("surge.router")
+
+# How long a replica that rejected is treated as full if it sends us nothing else.
+SATURATION_HOLD_S = 0.02
+
+
+class _Slot:
+    __slots__ = ("info", "link", "saturated")
+
+    def __init__(self, info: ReplicaInfo, link: ReplicaLink) -> None:
+        self.info = info
+        self.link = link
+        self.saturated = False
+
+
+class _Loads:
+    """In-flight counts as a lazy sequence, so picking two replicas costs O(1)."""
+
+    __slots__ = ("capacity", "slots")
+
+    def __init__(self, slots: list[_Slot], capacity: int) -> None:
+        self.slots = slots
+        self.capacity = capacity
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, index: int) -> int:
+        slot = self.slots[index]
+        return self.capacity if slot.saturated else len(slot.link.in_flight)
+
+
+class Router:
+    def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.deployment = deployment
+        self._rng = rng or random.Random()
+        self._now = now
+        self._loop = asyncio.get_running_loop()
+        self._links: dict[str, ReplicaLink] = {}
+        self._routable: list[_Slot] = []
+        self._by_id: dict[str, _Slot] = {}
+        self._queue: deque[Pending] = deque()
+        self._max_ongoing = 1
+        self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
+        self._loads = _Loads(self._routable, 1)
+        self.replica_set: ReplicaSet | None = None
+        self.has_replica_set = asyncio.Event()
+        self._rate_started = now()
+        self._completed_in_window = 0
+        self._drain_per_s = 0.0
+        self.completed = 0
+        self.rejected = 0
+
+    def __repr__(self) -> str:
+        return (f"<Router {self.deployment} replicas={len(self._routable)} "
+                f"queued={len(self._queue)}/{self._queue_limit} "
+                f"in_flight={self.in_flight} completed={self.completed} "
+                f"rejected={self.rejected}>")
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(link.in_flight) for link in self._links.values())
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # -- replica set -------------------------------------------------------------------
+
+    def update(self, replica_set: ReplicaSet) -> None:
+        self.replica_set = replica_set
+        self._max_ongoing = replica_set.max_ongoing_requests
+        self._queue_limit = replica_set.queue_limit
+        self._loads.capacity = self._max_ongoing
+        wanted = {info.replica_id: info for info in replica_set.replicas}
+        for replica_id in list(self._by_id):
+            if replica_id not in wanted:
+                self._unroute(replica_id)
+        for replica_id, info in wanted.items():
+            if replica_id not in self._links:
+                self._loop.create_task(self._connect(info))
+        self.has_replica_set.set()
+        self._drain()
+
+    async def _connect(self, info: ReplicaInfo) -> None:
+        host, port = split_address(info.address)
+        link = ReplicaLink(info.replica_id, self._on_final, self._on_lost)
+        self._links[info.replica_id] = link
+        try:
+            await self._loop.create_connection(lambda: link, host, port)
+        except OSError as exc:
+            log.warning("cannot reach replica %s at %s: %s", info.replica_id, info.address, exc)
+            self._links.pop(info.replica_id, None)
+            return
+        current = self.replica_set
+        if current is None or all(r.replica_id != info.replica_id for r in current.replicas):
+            self._links.pop(info.replica_id, None)
+            link.close()
+            return
+        slot = _Slot(info, link)
+        self._by_id[info.replica_id] = slot
+        self._routable.append(slot)
+        self._drain()
+
+    def _unroute(self, replica_id: str) -> None:
+        slot = self._by_id.pop(replica_id, None)
+        if slot is not None:
+            self._routable.remove(slot)
+            if not slot.link.in_flight:
+                slot.link.close()
+                self._links.pop(replica_id, None)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def submit(self, pending: Pending) -> None:
+        """Send now, queue, or raise BackPressureError; never blocks."""
+        if not self._queue:
+            index = choose_replica(self._loads, self._max_ongoing, self._rng)
+            if index >= 0:
+                self._routable[index].link.start(pending)
+                return
+        rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
+        if rejection is not None:
+            self.rejected += 1
+            raise BackPressureError(deployment=str(self.deployment),
+                                    num_queued_requests=rejection.queued,
+                                    max_queued_requests=rejection.limit,
+                                    retry_after_s=rejection.retry_after_s)
+        self._queue.append(pending)
+
+    def cancel(self, pending: Pending) -> None:
+        if pending.cancelled:
+            return
+        pending.cancelled = True
+        if pending.link is None:
+            try:
+                self._queue.remove(pending)
+            except ValueError:
+                pass
+        else:
+            pending.link.send(Cancel(id=pending.message.id))
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            index = choose_replica(self._loads, self._max_ongoing, self._rng)
+            if index < 0:
+                return
+            pending = queue.popleft()
+            if not pending.cancelled:
+                self._routable[index].link.start(pending)
+
+    def _on_final(self, link: ReplicaLink, pending: Pending, message: Message) -> None:
+        slot = self._by_id.get(link.replica_id)
+        if isinstance(message, Rejected):
+            pending.link = None
+            if slot is not None and not slot.saturated:
+                slot.saturated = True
+                self._loop.call_later(SATURATION_HOLD_S, self._unsaturate, slot)
+            if not pending.cancelled:
+                self._queue.appendleft(pending)
+        else:
+            if slot is not None:
+                slot.saturated = False
+            self.completed += 1
+            self._completed_in_window += 1
+            if not pending.cancelled:
+                pending.sink.deliver(message)
+        if slot is None and not link.in_flight:
+            link.close()
+            self._links.pop(link.replica_id, None)
+        self._drain()
+
+    def _unsaturate(self, slot: _Slot) -> None:
+        slot.saturated = False
+        self._drain()
+
+    def _on_lost(self, link: ReplicaLink) -> None:
+        if self._links.get(link.replica_id) is link:
+            del self._links[link.replica_id]
+        slot = self._by_id.pop(link.replica_id, None)
+        if slot is not None:
+            self._routable.remove(slot)
+            log.warning("lost connection to replica %s of %s", link.replica_id, self.deployment)
+        self._loop.call_soon(self._drain)
+
+    def _drain_rate(self) -> float:
+        now = self._now()
+        elapsed = now - self._rate_started
+        if elapsed >= 0.5:
+            self._drain_per_s = self._completed_in_window / elapsed
+            self._rate_started, self._completed_in_window = now, 0
+        return self._drain_per_s
+
+    def close(self) -> None:
+        for link in list(self._links.values()):
+            link.close()
+        self._links.clear()

@@ -1,0 +1,180 @@
+"""The per-process router runtime: one controller subscription, one router per deployment.
+
+Proxies, handles in the driver and handles inside replicas all use it. It subscribes
+to the controller's pushes (route table, replica sets) and keeps serving from the last
+copy while the controller is away, reconnecting in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from surge.errors import ControllerUnavailableError
+from surge.model import DeploymentId, ReplicaSet, RouteTable
+from surge.router.router import Router
+from surge.transport.rpc import RpcPeer, connect_rpc
+
+__all__ = [
+    "BackgroundLoop",
+    "RouterRuntime",
+    "current_runtime",
+    "set_runtime",
+    "set_runtime_factory",
+]
+
+log = logging.getLogger("surge.runtime")
+
+RECONNECT_INTERVAL_S = 0.5
+
+RpcMethod = Callable[..., Awaitable[Any]]
+
+
+class RouterRuntime:
+    def __init__(self, controller_address: str, role: str,
+                 rpc_methods: dict[str, RpcMethod] | None = None,
+                 hello: dict[str, Any] | None = None) -> None:
+        self.address = controller_address
+        self.role = role
+        self.loop = asyncio.get_running_loop()
+        self.routers: dict[DeploymentId, Router] = {}
+        self.routes = RouteTable()
+        self.routes_received = asyncio.Event()
+        self.rpc_methods = dict(rpc_methods or {})
+        self.hello = dict(hello or {})
+        self.peer: RpcPeer | None = None
+        self.on_controller_lost: Callable[[], None] | None = None
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return (f"<RouterRuntime {self.role} controller={self.address} "
+                f"connected={self.peer is not None and not self.peer.is_closed} "
+                f"routers={len(self.routers)}>")
+
+    async def connect(self) -> None:
+        peer = await connect_rpc(self.address, self)
+        await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
+        self.peer = peer
+        for deployment in self.routers:
+            await peer.call("watch", deployment=deployment)
+
+    def router(self, deployment: DeploymentId) -> Router:
+        router = self.routers.get(deployment)
+        if router is None:
+            router = self.routers[deployment] = Router(deployment)
+            if self.peer is not None and not self.peer.is_closed:
+                self.loop.create_task(self._watch(deployment))
+        return router
+
+    async def _watch(self, deployment: DeploymentId) -> None:
+        assert self.peer is not None
+        try:
+            await self.peer.call("watch", deployment=deployment)
+        except ConnectionError:
+            pass  # re-sent on reconnect
+
+    async def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        if self.peer is None or self.peer.is_closed:
+            raise ControllerUnavailableError(f"not connected to the controller at {self.address}")
+        return await self.peer.call(method, timeout=timeout, **kwargs)
+
+    # -- RpcHandler ----------------------------------------------------------------------
+
+    async def handle_rpc(self, peer: RpcPeer, method: str, kwargs: dict[str, Any]) -> Any:
+        handler = self.rpc_methods.get(method)
+        if handler is None:
+            raise ValueError(f"{self.role} has no RPC method {method!r}")
+        return await handler(**kwargs)
+
+    def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
+        if topic == "replica_set":
+            assert isinstance(value, ReplicaSet)
+            self.router(value.deployment).update(value)
+        elif topic == "routes":
+            assert isinstance(value, RouteTable)
+            self.routes = value
+            self.routes_received.set()
+
+    def on_disconnect(self, peer: RpcPeer) -> None:
+        if self._closing:
+            return
+        log.warning("%s lost the controller at %s; serving from the last routes", self.role,
+                    self.address)
+        if self.on_controller_lost is not None:
+            self.on_controller_lost()
+        else:
+            self.loop.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+            try:
+                await self.connect()
+                log.info("%s reconnected to the controller", self.role)
+                return
+            except (ControllerUnavailableError, ConnectionError):
+                continue
+
+    def expect_disconnect(self) -> None:
+        """The controller is being shut down on purpose: do not reconnect."""
+        self._closing = True
+
+    def close(self) -> None:
+        self._closing = True
+        for router in self.routers.values():
+            router.close()
+        if self.peer is not None:
+            self.peer.close()
+
+
+_current: RouterRuntime | None = None
+_factory: Callable[[], RouterRuntime] | None = None
+
+
+def set_runtime(runtime: RouterRuntime | None) -> None:
+    global _current
+    _current = runtime
+
+
+def set_runtime_factory(factory: Callable[[], RouterRuntime] | None) -> None:
+    """How a process without a runtime (a driver script) gets one on first use."""
+    global _factory
+    _factory = factory
+
+
+def current_runtime() -> RouterRuntime:
+    global _current
+    if _current is None:
+        if _factory is None:
+            raise ControllerUnavailableError(
+                "no surge instance in this process; call serve.start() or serve.run() first")
+        _current = _factory()
+    return _current
+
+
+class BackgroundLoop:
+    """An event loop on a daemon thread, for processes whose main thread is the user's."""
+
+    def __init__(self, name: str = "surge-loop") -> None:
+        import uvloop
+
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)

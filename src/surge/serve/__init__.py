@@ -1,0 +1,46 @@
+"""`from surge import serve`: Ray Serve's API, spelled as Ray spells it.
+
+This package only re-exports; the implementations live in surge.api, surge.router,
+surge.replica and surge.config.
+"""
+
+from surge.api.control import (
+    delete,
+    get_app_handle,
+    get_deployment_handle,
+    run,
+    shutdown,
+    start,
+    status,
+)
+from surge.api.deployment import Application, Deployment, deployment
+from surge.config import AutoscalingConfig, HTTPOptions
+from surge.replica.batching import batch
+from surge.replica.context import get_replica_context
+from surge.replica.ingress import ingress
+from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from surge.serve import config, exceptions, handle
+
+__all__ = [
+    "Application",
+    "AutoscalingConfig",
+    "Deployment",
+    "DeploymentHandle",
+    "DeploymentResponse",
+    "DeploymentResponseGenerator",
+    "HTTPOptions",
+    "batch",
+    "config",
+    "delete",
+    "deployment",
+    "exceptions",
+    "get_app_handle",
+    "get_deployment_handle",
+    "get_replica_context",
+    "handle",
+    "ingress",
+    "run",
+    "shutdown",
+    "start",
+    "status",
+]

@@ -1,0 +1,27 @@
+"""`surge.serve.exceptions`, as `ray.serve.exceptions`."""
+
+from surge.errors import (
+    BackPressureError,
+    ConfigError,
+    ControllerUnavailableError,
+    DeployFailedError,
+    DeploymentUnavailableError,
+    GetTimeoutError,
+    RayServeException,
+    ReplicaDiedError,
+    RequestCancelledError,
+    UserCodeError,
+)
+
+__all__ = [
+    "BackPressureError",
+    "ConfigError",
+    "ControllerUnavailableError",
+    "DeployFailedError",
+    "DeploymentUnavailableError",
+    "GetTimeoutError",
+    "RayServeException",
+    "ReplicaDiedError",
+    "RequestCancelledError",
+    "UserCodeError",
+]

@@ -1,0 +1,80 @@
+"""A framed connection as an asyncio Protocol, with write coalescing.
+
+Subclasses implement `message_received` and `closed`. `send` appends the encoded
+frame to an output buffer flushed once per event-loop turn, so a burst of responses
+becomes one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from surge.transport.framing import FrameDecoder, FrameEncoder
+from surge.transport.messages import Message
+
+__all__ = ["FramedProtocol"]
+
+log = logging.getLogger("surge.transport")
+
+
+class FramedProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder()
+        self._encoder = FrameEncoder()
+        self._out = bytearray()
+        self._flush_scheduled = False
+        self.is_closed = False
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            import socket
+
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except Exception as exc:  # a corrupt stream cannot be resynchronised
+            log.error("closing connection after undecodable frame: %s", exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for message in messages:
+            self.message_received(message)
+
+    def send(self, message: Message) -> None:
+        if self.is_closed:
+            return
+        self._encoder.append(self._out, message)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.is_closed:
+            self.transport.write(bytes(self._out))
+        self._out.clear()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self._flush()
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.is_closed = True
+        self.closed(exc)
+
+    def message_received(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def closed(self, exc: Exception | None) -> None:
+        pass
