@@ -1,0 +1,53 @@
+"""Fixtures that start real surge instances on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from surge import serve
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Running:
+    http_port: int
+    control_address: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+@pytest.fixture(scope="module")
+def surge_instance() -> Iterator[Running]:
+    """One surge instance (controller + proxy) per test module, this process its driver."""
+    control = f"127.0.0.1:{free_port()}"
+    http_port = free_port()
+    previous = os.environ.get("SURGE_ADDRESS")
+    os.environ["SURGE_ADDRESS"] = control
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    try:
+        yield Running(http_port, control)
+    finally:
+        serve.shutdown()
+        if previous is None:
+            os.environ.pop("SURGE_ADDRESS", None)
+        else:
+            os.environ["SURGE_ADDRESS"] = previous
+
+
+@pytest.fixture
+def client(surge_instance: Running) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=surge_instance.url, timeout=30) as http:
+        yield http
