@@ -12,6 +12,7 @@ __all__ = [
     "DeploymentId",
     "DeploymentStatus",
     "DeploymentStatusOverview",
+    "ImportedTarget",
     "ProxySpec",
     "ReplicaInfo",
     "ReplicaSet",
@@ -165,3 +166,17 @@ class ProxySpec:
     keep_alive_timeout_s: float
     max_body_bytes: int
     root_path: str = ""
+
+
+@dataclass(frozen=True)
+class ImportedTarget:
+    """A deployment's class or function named by import path instead of pickled by value.
+
+    Used when the code lives in an importable module (not `__main__`): replicas import
+    it, which is faster and safer than unpickling by value. `source_digest` changes when
+    the module's source does, so a code change still rolls the replicas.
+    """
+
+    module: str
+    qualname: str
+    source_digest: str = ""

@@ -7,13 +7,17 @@ Decorating validates the options at once (bad input fails where it is written).
 
 from __future__ import annotations
 
+import copyreg
+import hashlib
 import inspect
+import sys
 from typing import Any
 
 import cloudpickle
 
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
 from surge.errors import ConfigError
+from surge.model import ImportedTarget
 from surge.router.handle import DeploymentHandle
 
 __all__ = ["Application", "Deployment", "build_app_spec", "deployment"]
@@ -99,6 +103,51 @@ def deployment(_func_or_class: Any = None, **options: Any) -> Any:
     return decorate
 
 
+def pickle_target(target: Any) -> bytes:
+    """By import path when the module is importable, else by value (cloudpickle)."""
+    _register_reducers()
+    module_name = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", "")
+    module = sys.modules.get(module_name or "")
+    if module is not None and module_name != "__main__" and "<locals>" not in qualname:
+        found: Any = module
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, Deployment):
+            found = found.func_or_class
+        if found is target:
+            return bytes(cloudpickle.dumps(
+                ImportedTarget(module_name or "", qualname, _source_digest(module))))
+    return bytes(cloudpickle.dumps(target))
+
+
+def _source_digest(module: Any) -> str:
+    path = getattr(module, "__file__", None)
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as source:
+            return hashlib.sha256(source.read()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+_registered = False
+
+
+def _register_reducers() -> None:
+    """starlette's State recurses when unpickled by value; pickle it by its contents."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    try:
+        from starlette.datastructures import State
+    except ImportError:  # pragma: no cover
+        return
+    copyreg.pickle(State, lambda state: (State, (dict(state._state),)))
+
+
 class _Builder:
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
@@ -118,7 +167,7 @@ class _Builder:
 
             config = dataclasses.replace(config, name=name)
         self.specs[name] = DeploymentSpec(
-            config=config, target_blob=bytes(cloudpickle.dumps(app.deployment.func_or_class)),
+            config=config, target_blob=pickle_target(app.deployment.func_or_class),
             init_blob=bytes(cloudpickle.dumps((args, kwargs))))
         return name
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Rejection", "admit", "queue_share", "retry_after_s"]
+__all__ = ["Rejection", "admit", "queue_share", "retry_after_header", "retry_after_s"]
 
 MIN_RETRY_AFTER_S = 0.1
 MAX_RETRY_AFTER_S = 10.0

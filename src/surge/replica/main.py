@@ -8,6 +8,7 @@ when the controller goes away (its replicas would otherwise be orphans).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from surge.model import ReplicaSpec
+from surge.model import ImportedTarget, ReplicaSpec
 from surge.process import die_with_parent, set_title
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
@@ -25,6 +26,16 @@ from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
 
 log = logging.getLogger("surge.replica")
+
+
+def resolve_target(target: Any) -> Any:
+    """The user's class or function, importing it when it was sent by name."""
+    if not isinstance(target, ImportedTarget):
+        return target
+    found: Any = importlib.import_module(target.module)
+    for part in target.qualname.split("."):
+        found = getattr(found, part)
+    return getattr(found, "func_or_class", found)
 
 
 class Replica:
@@ -66,7 +77,7 @@ class Replica:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         try:
-            target = cloudpickle.loads(spec.target_blob)
+            target = resolve_target(cloudpickle.loads(spec.target_blob))
             args, kwargs = cloudpickle.loads(spec.init_blob)
             self.user = UserCode(target, args, kwargs, spec.max_ongoing_requests)
             replica = ReplicaID(self.replica_id, spec.deployment.name, spec.deployment.app)

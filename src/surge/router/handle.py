@@ -133,8 +133,8 @@ class _Request:
             args = tuple([await _resolve(a) for a in args])
             kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
         router = self.runtime.router(self.deployment)
-        if router.replica_set is None:
-            await router.has_replica_set.wait()
+        if not router.ready.is_set():
+            await router.ready.wait()
         pending = Pending(Call(id=0, method=self.method, payload=dumps((args, kwargs)),
                                stream=self.stream, model_id=self.model_id), sink)
         router.submit(pending)

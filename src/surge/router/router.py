@@ -75,7 +75,9 @@ class Router:
         self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
         self._loads = _Loads(self._routable, 1)
         self.replica_set: ReplicaSet | None = None
-        self.has_replica_set = asyncio.Event()
+        # Set once a replica set arrived and the links it named have been tried.
+        self.ready = asyncio.Event()
+        self._connecting = 0
         self._rate_started = now()
         self._completed_in_window = 0
         self._drain_per_s = 0.0
@@ -109,11 +111,21 @@ class Router:
                 self._unroute(replica_id)
         for replica_id, info in wanted.items():
             if replica_id not in self._links:
+                self._connecting += 1
                 self._loop.create_task(self._connect(info))
-        self.has_replica_set.set()
+        if not self._connecting:
+            self.ready.set()
         self._drain()
 
     async def _connect(self, info: ReplicaInfo) -> None:
+        try:
+            await self._open_link(info)
+        finally:
+            self._connecting -= 1
+            if not self._connecting:
+                self.ready.set()
+
+    async def _open_link(self, info: ReplicaInfo) -> None:
         host, port = split_address(info.address)
         link = ReplicaLink(info.replica_id, self._on_final, self._on_lost)
         self._links[info.replica_id] = link

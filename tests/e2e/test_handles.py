@@ -1,0 +1,266 @@
+"""Handles, composition, streaming, batching, user_config, FastAPI ingress."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from starlette.responses import StreamingResponse
+
+from surge import serve
+from surge.serve.exceptions import BackPressureError
+
+pytestmark = pytest.mark.e2e
+
+
+@serve.deployment
+class Adder:
+    def __init__(self, amount: int) -> None:
+        self.amount = amount
+
+    def __call__(self, value: int) -> int:
+        return value + self.amount
+
+
+@serve.deployment
+class Multiplier:
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    async def __call__(self, value: int) -> int:
+        return value * self.factor
+
+
+@serve.deployment
+class Pipeline:
+    def __init__(self, adder: Any, multiplier: Any) -> None:
+        self.adder = adder
+        self.multiplier = multiplier
+
+    async def __call__(self, request: Any) -> dict[str, int]:
+        value = int(request.query_params["value"])
+        return {"result": await self.compute(value)}
+
+    async def compute(self, value: int) -> int:
+        # A DeploymentResponse passed as an argument is resolved before the call.
+        return int(await self.multiplier.remote(self.adder.remote(value)))
+
+    def compute_sync(self, value: int) -> int:
+        return int(self.multiplier.remote(self.adder.remote(value)).result(timeout_s=10))
+
+
+def test_composition_over_http_and_handles(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+    app = Pipeline.bind(Adder.bind(1), Multiplier.bind(10))
+    handle = serve.run(app, name="pipeline", route_prefix="/pipeline")
+    assert client.get("/pipeline", params={"value": 2}).json() == {"result": 30}
+    assert handle.compute.remote(3).result(timeout_s=10) == 40
+    assert handle.compute_sync.remote(4).result(timeout_s=10) == 50
+    adder = serve.get_deployment_handle("Adder", "pipeline")
+    assert adder.remote(5).result(timeout_s=10) == 6
+    assert serve.get_app_handle("pipeline").compute.remote(0).result(timeout_s=10) == 10
+    status = serve.status().applications["pipeline"]
+    assert set(status.deployments) == {"Pipeline", "Adder", "Multiplier"}
+
+
+def test_driver_async_await(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Adder.bind(100), name="adder", route_prefix=None)
+
+    async def burst() -> list[int]:
+        return list(await asyncio.gather(*[handle.remote(i) for i in range(200)]))
+
+    assert asyncio.run(burst()) == [i + 100 for i in range(200)]
+
+
+@serve.deployment
+class Streamer:
+    def numbers(self, n: int) -> Any:
+        for i in range(n):
+            yield i
+
+    async def words(self, n: int) -> Any:
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            yield f"w{i}"
+
+    async def __call__(self, request: Any) -> StreamingResponse:
+        async def body() -> Any:
+            for i in range(3):
+                yield f"chunk{i}\n"
+                await asyncio.sleep(0.05)
+        return StreamingResponse(body(), media_type="text/plain")
+
+
+def test_streaming_handles_and_http(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Streamer.bind(), name="stream", route_prefix="/stream")
+    assert list(handle.options(stream=True).numbers.remote(5)) == [0, 1, 2, 3, 4]
+
+    async def collect() -> list[str]:
+        return [w async for w in handle.options(stream=True, method_name="words").remote(3)]
+
+    assert asyncio.run(collect()) == ["w0", "w1", "w2"]
+    with client.stream("GET", "/stream") as response:
+        assert response.headers["transfer-encoding"] == "chunked"
+        chunks = list(response.iter_text())
+    assert "".join(chunks) == "chunk0\nchunk1\nchunk2\n"
+
+
+@serve.deployment(max_ongoing_requests=16)
+class Batcher:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.2)
+    async def square(self, values: list[int]) -> list[int]:
+        self.sizes.append(len(values))
+        return [v * v for v in values]
+
+    async def __call__(self, value: int) -> int:
+        return int(await self.square(value))
+
+    def batch_sizes(self) -> list[int]:
+        return self.sizes
+
+
+def test_batching_groups_concurrent_calls(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Batcher.bind(), name="batch", route_prefix=None)
+    responses = [handle.remote(i) for i in range(8)]
+    assert [r.result(timeout_s=10) for r in responses] == [i * i for i in range(8)]
+    sizes = handle.batch_sizes.remote().result(timeout_s=10)
+    assert sum(sizes) == 8
+    assert max(sizes) > 1, f"calls were not batched: {sizes}"
+
+
+@serve.deployment(user_config={"greeting": "hello"})
+class Greeter:
+    def __init__(self) -> None:
+        self.greeting = ""
+
+    def reconfigure(self, config: dict[str, str]) -> None:
+        self.greeting = config["greeting"]
+
+    def __call__(self, name: str) -> dict[str, Any]:
+        return {"text": f"{self.greeting} {name}", "pid": os.getpid()}
+
+
+def test_user_config_reconfigures_in_place(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Greeter.bind(), name="greet", route_prefix=None)
+    first = handle.remote("ann").result(timeout_s=10)
+    assert first["text"] == "hello ann"
+    handle = serve.run(Greeter.options(user_config={"greeting": "hi"}).bind(), name="greet",
+                       route_prefix=None)
+    deadline = time.monotonic() + 10
+    while True:
+        second = handle.remote("bob").result(timeout_s=10)
+        if second["text"] == "hi bob" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert second["text"] == "hi bob"
+    assert second["pid"] == first["pid"], "user_config change must not restart the replica"
+
+
+def test_code_change_rolls_replicas(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Adder.bind(1), name="roll", route_prefix=None)
+    assert handle.remote(1).result(timeout_s=10) == 2
+    handle = serve.run(Adder.bind(2), name="roll", route_prefix=None)
+    assert handle.remote(1).result(timeout_s=10) == 3
+
+
+@serve.deployment
+def hello(request: Any) -> str:
+    return f"hello {request.query_params.get('name', 'world')}"
+
+
+def test_function_deployment(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+    serve.run(hello.bind(), name="hello", route_prefix="/hello")
+    response = client.get("/hello", params={"name": "surge"})
+    assert response.text == "hello surge"
+    assert response.headers["content-type"].startswith("text/plain")
+
+
+fastapi_app = FastAPI()
+
+
+@serve.deployment
+@serve.ingress(fastapi_app)
+class Api:
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    @fastapi_app.get("/items/{item_id}")
+    def item(self, item_id: int, q: str = "") -> dict[str, Any]:
+        return {"item_id": item_id, "q": q + self.suffix}
+
+    @fastapi_app.post("/echo")
+    async def echo(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"got": payload}
+
+
+def test_fastapi_ingress(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+    serve.run(Api.bind("!"), name="api", route_prefix="/api")
+    assert client.get("/api/items/7", params={"q": "x"}).json() == {"item_id": 7, "q": "x!"}
+    assert client.post("/api/echo", json={"a": 1}).json() == {"got": {"a": 1}}
+    assert client.get("/api/nope").status_code == 404
+
+
+@serve.deployment
+class Context:
+    def __call__(self) -> dict[str, str]:
+        context = serve.get_replica_context()
+        return {"app": context.app_name, "deployment": context.deployment,
+                "replica": context.replica_tag}
+
+
+def test_replica_context(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Context.bind(), name="ctx", route_prefix=None)
+    info = handle.remote().result(timeout_s=10)
+    assert info["app"] == "ctx"
+    assert info["deployment"] == "Context"
+    assert info["replica"].startswith("Context-")
+
+
+class Boom(ValueError):
+    pass
+
+
+@serve.deployment
+class Failing:
+    def __call__(self, value: int) -> int:
+        if value < 0:
+            raise Boom(f"negative: {value}")
+        return value
+
+
+def test_user_exception_reaches_the_caller(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Failing.bind(), name="fail", route_prefix=None)
+    with pytest.raises(Boom, match="negative: -1"):
+        handle.remote(-1).result(timeout_s=10)
+    assert handle.remote(3).result(timeout_s=10) == 3
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=2)
+class Slow:
+    async def __call__(self) -> str:
+        await asyncio.sleep(0.5)
+        return "done"
+
+
+def test_handle_backpressure(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Slow.bind(), name="slow", route_prefix=None)
+    started = time.monotonic()
+    responses = [handle.remote() for _ in range(6)]
+    outcomes: list[str] = []
+    for response in responses:
+        try:
+            outcomes.append(response.result(timeout_s=10))
+        except BackPressureError as exc:
+            assert exc.max_queued_requests == 2
+            assert exc.retry_after_s > 0
+            outcomes.append("rejected")
+    assert outcomes.count("done") == 3  # one running + two queued
+    assert outcomes.count("rejected") == 3
+    assert time.monotonic() - started < 3.0

@@ -1,0 +1,618 @@
+"""HTTP behaviour of the proxy, end to end: real processes, httpx and raw sockets.
+
+Covers the built-in routes, how `__call__` return values become responses, errors,
+overload (503 + Retry-After), per-request timeouts (408), cancel-on-disconnect,
+malformed requests, x-request-id, keep-alive and pipelining, and what a handler sees
+of the request. The raw-socket helpers here are also used by test_http_limits.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httptools
+import httpx
+import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from surge import serve
+
+pytestmark = pytest.mark.e2e
+
+
+# -- raw-socket HTTP/1.1 client ------------------------------------------------------------
+
+
+@dataclass
+class RawResponse:
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+class _Collector:
+    """httptools callbacks: every response on the connection, in order."""
+
+    def __init__(self) -> None:
+        self.responses: list[RawResponse] = []
+        self.current = RawResponse()
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_message_begin(self) -> None:
+        self.current = RawResponse()
+
+    def on_status(self, status: bytes) -> None:
+        self.current.status = self.parser.get_status_code()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current.headers[name.decode().lower()] = value.decode()
+
+    def on_body(self, body: bytes) -> None:
+        self.current.body += body
+
+    def on_message_complete(self) -> None:
+        self.responses.append(self.current)
+
+
+class RawConnection:
+    """One TCP connection to the proxy: exact bytes out, parsed responses in."""
+
+    def __init__(self, port: int, timeout_s: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.collector = _Collector()
+        self.peer_closed = False
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _feed(self, timeout_s: float) -> bool:
+        """Read once and parse; False when the peer closed the connection."""
+        self.sock.settimeout(max(timeout_s, 0.001))
+        try:
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.peer_closed = True
+            return False
+        self.collector.parser.feed_data(data)
+        return True
+
+    def read_responses(self, count: int, timeout_s: float = 10.0) -> list[RawResponse]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.collector.responses) < count:
+            if self.peer_closed or not self._feed(deadline - time.monotonic()):
+                break
+        taken = self.collector.responses[:count]
+        del self.collector.responses[:count]
+        assert len(taken) == count, f"got {len(taken)} of {count} responses before close"
+        return taken
+
+    def read_response(self, timeout_s: float = 10.0) -> RawResponse:
+        return self.read_responses(1, timeout_s)[0]
+
+    def closed_by_peer(self, timeout_s: float = 5.0) -> bool:
+        """True when the peer closes within `timeout_s` without sending another response."""
+        deadline = time.monotonic() + timeout_s
+        while not self.peer_closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                self._feed(left)
+            except TimeoutError:
+                return False
+        return not self.collector.responses
+
+
+def request_bytes(method: str, path: str, headers: dict[str, str] | None = None,
+                  body: bytes = b"") -> bytes:
+    headers = headers or {}
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    framed = any(n.lower() in ("content-length", "transfer-encoding") for n in headers)
+    if body and not framed:
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def chunked(data: bytes, size: int) -> bytes:
+    parts = [b"%x\r\n%s\r\n" % (len(data[i:i + size]), data[i:i + size])
+             for i in range(0, len(data), size)]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+# -- deployments ---------------------------------------------------------------------------
+
+SECRET = "s3cr3t-detail-do-not-leak"
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=16)
+class Main:
+    """Dispatches on the path below /main; each branch exercises one behaviour."""
+
+    def __init__(self) -> None:
+        self.hang_started = 0
+        self.hang_cancelled = 0
+
+    def counts(self) -> dict[str, int]:
+        return {"started": self.hang_started, "cancelled": self.hang_cancelled}
+
+    async def __call__(self, request: Request) -> Any:
+        kind = request.url.path.removeprefix("/main").strip("/").split("/")[0]
+        if kind == "dict":
+            return {"kind": "dict", "n": 1}
+        if kind == "list":
+            return [1, "two", None]
+        if kind == "str":
+            return "hello, text"
+        if kind == "bytes":
+            return b"\x00\x01raw\xff"
+        if kind == "json-response":
+            return JSONResponse({"custom": True}, status_code=202, headers={"x-custom": "j"})
+        if kind == "plain-response":
+            return PlainTextResponse("teapot", status_code=418, headers={"x-custom": "p"})
+        if kind == "empty-response":
+            return Response(status_code=204)
+        if kind == "stream":
+            return StreamingResponse(_ticks(int(request.query_params.get("n", "3"))),
+                                     media_type="text/plain")
+        if kind == "boom":
+            raise ValueError(SECRET)
+        if kind == "slow":
+            seconds = float(request.query_params.get("s", "0"))
+            await asyncio.sleep(seconds)
+            return f"slept {seconds:g}"
+        if kind == "hang":
+            self.hang_started += 1
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.hang_cancelled += 1
+                raise
+            return "not cancelled"
+        if kind == "echo":
+            body = await request.body()
+            parsed = await request.json() if body else None
+            return {
+                "method": request.method,
+                "path": request.url.path,
+                "root_path": request.scope.get("root_path"),
+                "query": dict(request.query_params),
+                "query_multi": request.query_params.getlist("m"),
+                "headers": {k: v for k, v in request.headers.items() if k.startswith("x-")},
+                "body": body.decode("latin-1"),
+                "json": parsed,
+            }
+        return {"kind": "unknown", "path": request.url.path}
+
+
+async def _ticks(count: int) -> Any:
+    for i in range(count):
+        if i:
+            await asyncio.sleep(0.3)
+        yield f"tick {i}\n"
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=1, max_queued_requests=1)
+class Busy:
+    async def __call__(self, request: Request) -> str:
+        await asyncio.sleep(1.0)
+        return "done"
+
+
+@dataclass
+class Apps:
+    url: str
+    port: int
+    main: Any
+
+
+@pytest.fixture(scope="module")
+def apps(surge_instance: Any) -> Iterator[Apps]:
+    main = serve.run(Main.bind(), name="main", route_prefix="/main")
+    serve.run(Busy.bind(), name="busy", route_prefix="/busy")
+    yield Apps(surge_instance.url, surge_instance.http_port, main)
+
+
+@pytest.fixture
+def http(apps: Apps) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=apps.url, timeout=30) as client:
+        yield client
+
+
+# -- built-in routes -----------------------------------------------------------------------
+
+
+def test_unknown_route_is_404_naming_the_path(http: httpx.Client) -> None:
+    response = http.get("/no/such/place")
+    assert response.status_code == 404
+    assert "/no/such/place" in response.text
+    assert "not found" in response.text.lower()
+    assert response.headers["x-request-id"]
+
+
+def test_healthz(http: httpx.Client) -> None:
+    response = http.get("/-/healthz")
+    assert response.status_code == 200
+    assert response.text == "success"
+
+
+def test_routes_lists_route_prefixes(http: httpx.Client) -> None:
+    response = http.get("/-/routes")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"/main": "main", "/busy": "busy"}
+
+
+def test_unknown_builtin_is_404(http: httpx.Client) -> None:
+    response = http.get("/-/nope")
+    assert response.status_code == 404
+    assert "/-/nope" in response.text
+
+
+# -- return values -------------------------------------------------------------------------
+
+
+def test_dict_and_list_become_json(http: httpx.Client) -> None:
+    response = http.get("/main/dict")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"kind": "dict", "n": 1}
+    response = http.get("/main/list")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == [1, "two", None]
+
+
+def test_str_becomes_text_plain(http: httpx.Client) -> None:
+    response = http.get("/main/str")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert response.text == "hello, text"
+    assert response.headers["content-length"] == str(len("hello, text"))
+
+
+def test_bytes_pass_through(http: httpx.Client) -> None:
+    response = http.get("/main/bytes")
+    assert response.status_code == 200
+    assert response.content == b"\x00\x01raw\xff"
+
+
+def test_starlette_responses_pass_through(http: httpx.Client) -> None:
+    response = http.get("/main/json-response")
+    assert response.status_code == 202
+    assert response.headers["x-custom"] == "j"
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == {"custom": True}
+
+    response = http.get("/main/plain-response")
+    assert response.status_code == 418
+    assert response.headers["x-custom"] == "p"
+    assert response.headers["content-type"].startswith("text/plain")
+    assert response.text == "teapot"
+
+    response = http.get("/main/empty-response")
+    assert response.status_code == 204
+    assert response.content == b""
+
+
+def test_streaming_response_is_chunked_and_incremental(http: httpx.Client) -> None:
+    arrivals: list[tuple[float, bytes]] = []
+    start = time.monotonic()
+    with http.stream("GET", "/main/stream", params={"n": "3"}) as response:
+        assert response.status_code == 200
+        assert response.headers["transfer-encoding"] == "chunked"
+        assert "content-length" not in response.headers
+        assert response.headers["x-request-id"]
+        for data in response.iter_raw():
+            arrivals.append((time.monotonic() - start, data))
+    assert b"".join(d for _, d in arrivals) == b"tick 0\ntick 1\ntick 2\n"
+    # The first tick is sent at once, the last 0.6 s later: the client saw them apart.
+    assert len(arrivals) >= 2
+    assert arrivals[0][1].startswith(b"tick 0")
+    assert arrivals[-1][0] - arrivals[0][0] >= 0.4
+    assert arrivals[0][0] < 0.5
+
+
+def test_streaming_on_a_raw_socket_is_framed_as_chunks(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/stream?n=2"))
+        response = conn.read_response()
+        assert response.status == 200
+        assert response.headers["transfer-encoding"] == "chunked"
+        assert response.body == b"tick 0\ntick 1\n"
+        # The connection stays usable after a streamed response.
+        conn.send(request_bytes("GET", "/main/str"))
+        assert conn.read_response().body == b"hello, text"
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def test_user_exception_is_500_without_details_and_replica_keeps_serving(
+        http: httpx.Client) -> None:
+    response = http.get("/main/boom")
+    assert response.status_code == 500
+    assert response.headers["x-request-id"]
+    for leak in (SECRET, "Traceback", "ValueError", "File \""):
+        assert leak not in response.text
+    again = http.get("/main/dict")
+    assert again.status_code == 200
+    assert again.json() == {"kind": "dict", "n": 1}
+
+
+# -- overload ------------------------------------------------------------------------------
+
+
+def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
+    with httpx.Client(base_url=apps.url, timeout=30) as warm:
+        assert warm.get("/busy").status_code == 200  # the proxy's router is connected
+
+    async def one(client: httpx.AsyncClient) -> tuple[int, float, httpx.Headers, str]:
+        start = time.monotonic()
+        response = await client.get("/busy")
+        return response.status_code, time.monotonic() - start, response.headers, response.text
+
+    async def burst() -> list[tuple[int, float, httpx.Headers, str]]:
+        limits = httpx.Limits(max_connections=10)
+        async with httpx.AsyncClient(base_url=apps.url, timeout=30, limits=limits) as client:
+            return await asyncio.gather(*(one(client) for _ in range(6)))
+
+    results = asyncio.run(burst())
+    statuses = sorted(status for status, *_ in results)
+    assert set(statuses) <= {200, 503}, statuses
+    ok = [r for r in results if r[0] == 200]
+    rejected = [r for r in results if r[0] == 503]
+    # One runs, one waits in the queue, the rest are turned away.
+    assert len(ok) == 2, statuses
+    assert len(rejected) == 4, statuses
+    for _, elapsed, headers, text in rejected:
+        assert elapsed < 0.5, f"a 503 took {elapsed:.2f}s; it should not wait for the handler"
+        assert headers["retry-after"].isdigit()
+        assert int(headers["retry-after"]) >= 1
+        assert headers["x-request-id"]
+        assert "Traceback" not in text
+    for _, elapsed, _headers, text in ok:
+        assert text == "done"
+        assert elapsed >= 0.9
+
+
+# -- timeouts ------------------------------------------------------------------------------
+
+
+def test_request_timeout_header_gives_408(http: httpx.Client) -> None:
+    start = time.monotonic()
+    response = http.get("/main/slow", params={"s": "2"},
+                        headers={"x-request-timeout-seconds": "0.3"})
+    elapsed = time.monotonic() - start
+    assert response.status_code == 408
+    assert response.headers["x-request-id"]
+    assert 0.25 <= elapsed < 1.5, elapsed
+    # A request that finishes in time is unaffected by the header.
+    response = http.get("/main/slow", params={"s": "0.05"},
+                        headers={"x-request-timeout-seconds": "5"})
+    assert response.status_code == 200
+    assert response.text == "slept 0.05"
+
+
+def test_invalid_timeout_header_is_ignored(http: httpx.Client) -> None:
+    response = http.get("/main/slow", params={"s": "0"},
+                        headers={"x-request-timeout-seconds": "soon"})
+    assert response.status_code == 200
+
+
+# -- client disconnect ---------------------------------------------------------------------
+
+
+def _wait_for(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def test_client_disconnect_cancels_the_request_at_the_replica(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/hang"))
+        assert _wait_for(
+            lambda: counts.remote().result(timeout_s=10)["started"] > before["started"], 5.0)
+    closed_at = time.monotonic()
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
+    assert time.monotonic() - closed_at < 2.0
+
+
+def test_timeout_cancels_the_request_at_the_replica(apps: Apps, http: httpx.Client) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    response = http.get("/main/hang", headers={"x-request-timeout-seconds": "0.3"})
+    assert response.status_code == 408
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
+
+
+# -- malformed requests --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n",
+    b"GET /main/str HTTP/1.1\r\nBad Header Line\r\n\r\n",
+])
+def test_malformed_request_is_400_and_closes(apps: Apps, http: httpx.Client,
+                                             garbage: bytes) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(garbage)
+        response = conn.read_response()
+        assert response.status == 400
+        assert response.headers.get("connection") == "close"
+        assert response.headers["x-request-id"]
+        assert conn.closed_by_peer(5.0)
+    assert http.get("/-/healthz").status_code == 200
+    assert http.get("/main/str").text == "hello, text"
+
+
+def test_malformed_request_after_a_good_one_answers_both(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/slow?s=0.2") + b"GARBAGE\r\n\r\n")
+        first, second = conn.read_responses(2)
+        assert first.status == 200
+        assert first.body == b"slept 0.2"
+        assert second.status == 400
+        assert conn.closed_by_peer(5.0)
+
+
+# -- request ids ---------------------------------------------------------------------------
+
+
+def test_every_response_has_a_request_id_and_a_given_one_is_echoed(
+        http: httpx.Client) -> None:
+    ids = set()
+    for path in ("/main/dict", "/main/boom", "/nowhere", "/-/healthz", "/-/routes",
+                 "/main/stream"):
+        response = http.get(path)
+        assert response.headers.get("x-request-id"), path
+        ids.add(response.headers["x-request-id"])
+    assert len(ids) == 6
+    for path in ("/main/dict", "/main/boom", "/nowhere", "/-/healthz", "/main/stream",
+                 "/main/json-response"):
+        response = http.get(path, headers={"x-request-id": "my-id-123"})
+        assert response.headers.get_list("x-request-id") == ["my-id-123"], path
+    # The handler sees the same id the client gave.
+    echoed = http.get("/main/echo", headers={"x-request-id": "abc-42"}).json()
+    assert echoed["headers"]["x-request-id"] == "abc-42"
+
+
+# -- keep-alive and pipelining -------------------------------------------------------------
+
+
+def test_keep_alive_reuses_one_connection_with_httpx(http: httpx.Client) -> None:
+    addresses = set()
+    for i in range(5):
+        response = http.get("/main/echo", params={"i": str(i)})
+        assert response.status_code == 200
+        assert response.json()["query"] == {"i": str(i)}
+        assert response.headers.get("connection") != "close"
+        stream = response.extensions["network_stream"]
+        addresses.add(stream.get_extra_info("client_addr"))
+    assert len(addresses) == 1
+
+
+def test_keep_alive_on_a_raw_socket(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        for path, body in (("/main/str", b"hello, text"), ("/-/healthz", b"success"),
+                           ("/main/slow?s=0", b"slept 0"), ("/main/str", b"hello, text")):
+            conn.send(request_bytes("GET", path))
+            response = conn.read_response()
+            assert response.status == 200
+            assert response.body == body
+        # A request asking to close gets its answer and then the close.
+        conn.send(request_bytes("GET", "/main/str", {"Connection": "close"}))
+        response = conn.read_response()
+        assert response.body == b"hello, text"
+        assert response.headers.get("connection") == "close"
+        assert conn.closed_by_peer(5.0)
+
+
+def test_http_1_0_closes_after_the_response(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(b"GET /main/str HTTP/1.0\r\n\r\n")
+        response = conn.read_response()
+        assert response.status == 200
+        assert response.body == b"hello, text"
+        assert conn.closed_by_peer(5.0)
+
+
+def test_pipelined_requests_are_answered_in_order(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/slow?s=0.3", {"x-request-id": "p1"})
+                  + request_bytes("GET", "/main/slow?s=0", {"x-request-id": "p2"})
+                  + request_bytes("GET", "/main/str", {"x-request-id": "p3"}))
+        start = time.monotonic()
+        responses = conn.read_responses(3)
+        elapsed = time.monotonic() - start
+        assert [r.headers["x-request-id"] for r in responses] == ["p1", "p2", "p3"]
+        assert [r.body for r in responses] == [b"slept 0.3", b"slept 0", b"hello, text"]
+        assert all(r.status == 200 for r in responses)
+        # They ran concurrently: the whole batch took about as long as the slowest.
+        assert elapsed < 1.5
+
+
+def test_pipelined_mix_of_builtin_error_and_stream(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/stream?n=2")
+                  + request_bytes("GET", "/nowhere")
+                  + request_bytes("GET", "/-/healthz")
+                  + request_bytes("POST", "/main/echo", body=b'{"a": 1}')
+                  + request_bytes("GET", "/main/boom"))
+        responses = conn.read_responses(5)
+        assert [r.status for r in responses] == [200, 404, 200, 200, 500]
+        assert responses[0].body == b"tick 0\ntick 1\n"
+        assert responses[2].body == b"success"
+        assert json.loads(responses[3].body)["json"] == {"a": 1}
+
+
+# -- what the handler sees -----------------------------------------------------------------
+
+
+def test_post_body_headers_query_and_path_reach_the_handler(http: httpx.Client) -> None:
+    response = http.post("/main/echo/sub/path?x=1&m=a&m=b", json={"hello": ["world", 1]},
+                         headers={"x-custom-header": "value 1"})
+    assert response.status_code == 200
+    seen = response.json()
+    assert seen["method"] == "POST"
+    assert seen["path"] == "/main/echo/sub/path"
+    assert seen["root_path"] == "/main"
+    assert seen["query"]["x"] == "1"
+    assert seen["query_multi"] == ["a", "b"]
+    assert seen["headers"]["x-custom-header"] == "value 1"
+    assert seen["json"] == {"hello": ["world", 1]}
+    assert json.loads(seen["body"]) == {"hello": ["world", 1]}
+
+
+def test_percent_encoded_path_and_query(http: httpx.Client) -> None:
+    response = http.get("/main/echo/a%20b", params={"q": "x y&z"})
+    seen = response.json()
+    assert seen["path"] == "/main/echo/a b"
+    assert seen["query"] == {"q": "x y&z"}
+
+
+def test_chunked_request_body_reaches_the_handler(apps: Apps) -> None:
+    payload = json.dumps({"numbers": list(range(200))}).encode()
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("POST", "/main/echo", {"Transfer-Encoding": "chunked"})
+                  + chunked(payload, 100))
+        response = conn.read_response()
+        assert response.status == 200
+        assert json.loads(response.body)["json"] == {"numbers": list(range(200))}
+
+
+def test_large_body_within_the_default_limit(http: httpx.Client) -> None:
+    payload = b"x" * 300_000
+    response = http.post("/main/echo", content=b'"' + payload + b'"')
+    assert response.status_code == 200
+    assert len(response.json()["json"]) == len(payload)
+
+
+def test_route_prefix_matches_whole_segments(http: httpx.Client) -> None:
+    assert http.get("/main").status_code == 200
+    assert http.get("/main/").status_code == 200
+    assert http.get("/mainly").status_code == 404

@@ -1,0 +1,116 @@
+"""admit / queue_share / retry_after: bounded queues whose rejections carry numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from surge.policy.admission import (
+    MAX_RETRY_AFTER_S,
+    MIN_RETRY_AFTER_S,
+    Rejection,
+    admit,
+    queue_share,
+    retry_after_header,
+    retry_after_s,
+)
+
+
+@pytest.mark.parametrize(
+    ("budget", "routers", "share"),
+    [
+        (0, 1, 0),  # max_queued_requests=0: no queueing anywhere
+        (0, 5, 0),
+        (-3, 2, 0),
+        (10, 1, 10),
+        (10, 0, 10),  # before any router registers, the one asking gets it all
+        (10, 3, 3),  # rounded down: the sum stays within the budget
+        (10, 10, 1),
+        (10, 11, 1),  # more routers than budget: each may still queue one
+        (1, 100, 1),
+    ],
+)
+def test_queue_share_table(budget: int, routers: int, share: int) -> None:
+    assert queue_share(budget, routers) == share
+
+
+@given(st.integers(min_value=1, max_value=100_000), st.integers(min_value=1, max_value=1_000))
+def test_queue_share_sums_within_budget(budget: int, routers: int) -> None:
+    share = queue_share(budget, routers)
+    assert 1 <= share <= budget
+    if routers <= budget:
+        assert share * routers <= budget
+        # and nothing is wasted beyond the rounding remainder
+        assert budget - share * routers < routers
+
+
+@given(st.integers(max_value=0), st.integers(min_value=0, max_value=1_000))
+def test_queue_share_of_no_budget_is_zero(budget: int, routers: int) -> None:
+    assert queue_share(budget, routers) == 0
+
+
+@pytest.mark.parametrize(
+    ("queued", "drain_per_s", "expected"),
+    [
+        (10, 0.0, MAX_RETRY_AFTER_S),  # nothing drains: wait the longest
+        (10, -1.0, MAX_RETRY_AFTER_S),
+        (10, 20.0, 0.5),
+        (100, 20.0, 5.0),
+        (1_000, 20.0, MAX_RETRY_AFTER_S),  # capped
+        (0, 20.0, MIN_RETRY_AFTER_S),  # floored: never "retry now"
+        (1, 1_000.0, MIN_RETRY_AFTER_S),
+        (5, math.inf, MIN_RETRY_AFTER_S),
+    ],
+)
+def test_retry_after_table(queued: int, drain_per_s: float, expected: float) -> None:
+    assert retry_after_s(queued, drain_per_s) == pytest.approx(expected)
+
+
+@given(st.integers(min_value=0, max_value=10**9),
+       st.floats(allow_nan=False, min_value=-1e9, max_value=math.inf))
+def test_retry_after_is_bounded(queued: int, drain_per_s: float) -> None:
+    value = retry_after_s(queued, drain_per_s)
+    assert MIN_RETRY_AFTER_S <= value <= MAX_RETRY_AFTER_S
+
+
+@given(st.integers(min_value=0, max_value=10**6), st.integers(min_value=0, max_value=10**6),
+       st.floats(min_value=0.0, max_value=1e6))
+def test_admit_iff_below_limit(queued: int, limit: int, drain_per_s: float) -> None:
+    rejection = admit(queued, limit, drain_per_s)
+    if queued < limit:
+        assert rejection is None
+    else:
+        assert rejection is not None
+        assert (rejection.queued, rejection.limit) == (queued, limit)
+        assert rejection.retry_after_s == retry_after_s(queued, drain_per_s)
+
+
+def test_rejection_reasons() -> None:
+    assert admit(3, 3, 6.0) == Rejection(queued=3, limit=3, retry_after_s=0.5,
+                                         reason="queue full")
+    no_queue = admit(0, 0, 0.0)
+    assert no_queue is not None
+    assert no_queue.reason == "no queueing allowed and all replicas busy"
+    assert no_queue.retry_after_s == MAX_RETRY_AFTER_S
+    assert admit(2, 3, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [(0.0, "1"), (0.1, "1"), (0.99, "1"), (1.0, "1"), (1.01, "2"), (2.5, "3"), (10.0, "10"),
+     (-4.0, "1")],
+)
+def test_retry_after_header_rounds_up_to_at_least_one(seconds: float, header: str) -> None:
+    assert retry_after_header(seconds) == header
+
+
+@given(st.floats(min_value=-1e6, max_value=1e6))
+def test_retry_after_header_never_early(seconds: float) -> None:
+    value = int(retry_after_header(seconds))
+    assert value >= 1
+    assert value >= seconds
+    assert value - seconds < 1 or value == 1
+
