@@ -96,14 +96,30 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def _number(name: str, value: object, *, minimum: float, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    _require(
-        isinstance(value, int | float) and not isinstance(value, bool)
-        and math.isfinite(value) and value >= minimum,
-        f"{name} must be a number >= {minimum}, got {value!r}.",
-    )
+    _require(_is_number(value) and value >= minimum,  # type: ignore[operator]
+             f"{name} must be a number >= {minimum}, got {value!r}.")
+
+
+def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    _require(_is_number(value) and value > 0,  # type: ignore[operator]
+             f"{name} must be a number > 0, got {value!r}.")
+
+
+def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+             f"{name} must be an integer >= {minimum}, got {value!r}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,15 +145,16 @@ class AutoscalingConfig:
     standby_replicas: int = 0
 
     def __post_init__(self) -> None:
-        _number("min_replicas", self.min_replicas, minimum=0)
-        _number("max_replicas", self.max_replicas, minimum=1)
+        _integer("min_replicas", self.min_replicas, minimum=0)
+        _integer("max_replicas", self.max_replicas, minimum=1)
         _require(self.min_replicas <= self.max_replicas,
                  f"min_replicas ({self.min_replicas}) must be <= max_replicas "
                  f"({self.max_replicas}).")
         if self.initial_replicas is not None:
+            _integer("initial_replicas", self.initial_replicas, minimum=0)
             _require(self.min_replicas <= self.initial_replicas <= self.max_replicas,
                      "initial_replicas must lie within [min_replicas, max_replicas].")
-        _require(self.target_ongoing_requests > 0, "target_ongoing_requests must be > 0.")
+        _positive("target_ongoing_requests", self.target_ongoing_requests)
         for name in ("metrics_interval_s", "look_back_period_s", "downscale_delay_s",
                      "upscale_delay_s"):
             _number(name, getattr(self, name), minimum=0)
@@ -145,11 +162,10 @@ class AutoscalingConfig:
                 allow_none=True)
         for name in ("smoothing_factor", "upscale_smoothing_factor",
                      "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor"):
-            value = getattr(self, name)
-            _require(value is None or value > 0, f"{name} must be > 0, got {value!r}.")
+            _positive(name, getattr(self, name), allow_none=True)
         _require(self.aggregation_function in ("mean", "max", "min"),
                  "aggregation_function must be one of 'mean', 'max', 'min'.")
-        _number("standby_replicas", self.standby_replicas, minimum=0)
+        _integer("standby_replicas", self.standby_replicas, minimum=0)
 
     @classmethod
     def default(cls) -> AutoscalingConfig:
@@ -210,7 +226,10 @@ class ReplicaResources:
         if ignored:
             log.warning("%s: %s accepted but not used by the local backend", where,
                         ", ".join(sorted(ignored)))
-        runtime_env = dict(options.get("runtime_env") or {})
+        runtime_env = options.get("runtime_env") or {}
+        _require(isinstance(runtime_env, Mapping),
+                 f"{where}.runtime_env must be a mapping, got {type(runtime_env).__name__}.")
+        runtime_env = dict(runtime_env)
         env_vars = runtime_env.pop("env_vars", None) or {}
         if runtime_env:
             log.warning("%s.runtime_env: %s not supported by surge; only env_vars is "
@@ -247,10 +266,9 @@ class DeploymentConfig:
         if self.num_replicas is not None:
             _number("num_replicas", self.num_replicas, minimum=0)
             _require(isinstance(self.num_replicas, int), "num_replicas must be an integer.")
-        _require(isinstance(self.max_ongoing_requests, int) and self.max_ongoing_requests >= 1,
-                 f"max_ongoing_requests must be an integer >= 1, got "
-                 f"{self.max_ongoing_requests!r}.")
+        _integer("max_ongoing_requests", self.max_ongoing_requests, minimum=1)
         _require(isinstance(self.max_queued_requests, int)
+                 and not isinstance(self.max_queued_requests, bool)
                  and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
                  f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
                  f"{self.max_queued_requests!r}.")

@@ -77,7 +77,7 @@ class RouteTable:
         return best
 
 
-class ApplicationStatus(str, enum.Enum):
+class ApplicationStatus(enum.StrEnum):
     NOT_STARTED = "NOT_STARTED"
     DEPLOYING = "DEPLOYING"
     DEPLOY_FAILED = "DEPLOY_FAILED"
@@ -86,7 +86,7 @@ class ApplicationStatus(str, enum.Enum):
     DELETING = "DELETING"
 
 
-class DeploymentStatus(str, enum.Enum):
+class DeploymentStatus(enum.StrEnum):
     UPDATING = "UPDATING"
     HEALTHY = "HEALTHY"
     UNHEALTHY = "UNHEALTHY"

@@ -79,8 +79,7 @@ def test_driver_async_await(surge_instance) -> None:  # type: ignore[no-untyped-
 @serve.deployment
 class Streamer:
     def numbers(self, n: int) -> Any:
-        for i in range(n):
-            yield i
+        yield from range(n)
 
     async def words(self, n: int) -> Any:
         for i in range(n):

@@ -16,13 +16,14 @@ import time
 from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
-from surge.config import AppSpec, ConfigError, HTTPOptions
+from surge.config import AppSpec, HTTPOptions
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     AppRecord,
     DeploymentRecord,
     ReplicaRecord,
 )
+from surge.errors import ConfigError
 from surge.model import (
     ApplicationStatus,
     ApplicationStatusOverview,
@@ -129,7 +130,7 @@ class Controller:
         async with self.changed:
             try:
                 await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         app = self.apps.get(name)
         return app.status() if app is not None else None
@@ -146,7 +147,7 @@ class Controller:
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: name not in self.apps),
                                        timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True
 
@@ -460,11 +461,15 @@ class Controller:
             return
         self.stopping = True
         log.info("shutting down: stopping %d replica(s) and the proxy", len(self.replicas))
+        # The proxy goes first: it finishes the requests it holds while replicas still serve.
+        self.backend.terminate(PROXY_ID)
+        proxy_deadline = time.monotonic() + 6.0
+        while PROXY_ID in self.backend.alive() and time.monotonic() < proxy_deadline:
+            await asyncio.sleep(0.02)
         now = time.monotonic()
         for replica in list(self.replicas.values()):
             if replica.alive:
                 self._stop_replica(replica, now, "shutdown")
-        self.backend.terminate(PROXY_ID)
         deadline = now + max((d.config.graceful_shutdown_timeout_s
                               for d in self.deployments.values()), default=0.0) + 2.0
         while self.backend.alive() and time.monotonic() < deadline:

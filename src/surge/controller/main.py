@@ -50,7 +50,7 @@ async def serve(address: str, http: HTTPOptions) -> int:
         controller.backend.start_proxy(PROXY_ID)
         try:
             await asyncio.wait_for(controller.proxy_ready.wait(), PROXY_START_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             controller.proxy_error = "the proxy did not start within 60 s"
         if controller.proxy_error:
             announce(f"SURGE_ERROR {controller.proxy_error}")

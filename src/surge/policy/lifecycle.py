@@ -14,7 +14,7 @@ import enum
 __all__ = ["TRANSITIONS", "IllegalTransition", "ReplicaState", "transition"]
 
 
-class ReplicaState(str, enum.Enum):
+class ReplicaState(enum.StrEnum):
     STARTING = "STARTING"
     STANDBY = "STANDBY"
     RUNNING = "RUNNING"

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Protocol
 
 __all__ = ["NO_REPLICA", "choose_replica"]
 
 NO_REPLICA = -1
 
 
-def choose_replica(in_flight: Sequence[int], capacity: int, rng: random.Random) -> int:
+class Loads(Protocol):
+    """In-flight count per replica; anything with len() and [] (a list works)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> int: ...
+
+
+def choose_replica(in_flight: Loads | Sequence[int], capacity: int,
+                   rng: random.Random) -> int:
     """Index of the replica to send to, or NO_REPLICA if all have `capacity` in flight."""
     n = len(in_flight)
     if n == 0:
@@ -33,9 +43,10 @@ def choose_replica(in_flight: Sequence[int], capacity: int, rng: random.Random) 
     return _least_loaded_with_room(in_flight, capacity)
 
 
-def _least_loaded_with_room(in_flight: Sequence[int], capacity: int) -> int:
+def _least_loaded_with_room(in_flight: Loads | Sequence[int], capacity: int) -> int:
     best, best_load = NO_REPLICA, capacity
-    for index, load in enumerate(in_flight):
+    for index in range(len(in_flight)):
+        load = in_flight[index]
         if load < best_load:
             best, best_load = index, load
     return best

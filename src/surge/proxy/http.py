@@ -26,7 +26,7 @@ from surge.errors import (
     RequestCancelledError,
 )
 from surge.policy.admission import retry_after_header
-from surge.proxy.responses import chunk, head, simple
+from surge.proxy.responses import CONTINUE, chunk, forbids_body, head, simple
 from surge.router.replica_link import Pending
 from surge.router.router import Router
 from surge.transport.messages import Failure, HttpBody, HttpRequest, HttpStart, Message
@@ -50,13 +50,17 @@ def new_request_id() -> bytes:
 class Exchange:
     """One request/response on a connection; the router's sink for it."""
 
-    __slots__ = ("conn", "done", "keep_alive", "out", "pending", "request_id", "router",
-                 "streaming", "timer")
+    __slots__ = ("conn", "done", "head_only", "http_10", "keep_alive", "no_body", "out",
+                 "pending", "request_id", "router", "streaming", "timer")
 
-    def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool) -> None:
+    def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool, *,
+                 head_only: bool = False, http_10: bool = False) -> None:
         self.conn = conn
         self.request_id = request_id
         self.keep_alive = keep_alive
+        self.head_only = head_only  # a HEAD request: headers as for GET, never a body
+        self.http_10 = http_10  # an HTTP/1.0 client: no chunked encoding
+        self.no_body = head_only
         self.out: list[bytes] = []
         self.done = False
         self.streaming = False
@@ -70,20 +74,27 @@ class Exchange:
         if self.done:
             return
         if isinstance(message, HttpStart):
+            no_body = self.no_body = self.head_only or forbids_body(message.status)
             if message.more:
                 self.streaming = True
+                if self.http_10 and not no_body:
+                    self.keep_alive = False  # HTTP/1.0 has no chunks: the close ends the body
                 data = head(message.status, message.headers, self.request_id, None,
-                            self.keep_alive)
-                self.write(data + chunk(message.body) if message.body else data)
+                            self.keep_alive, chunked=not self.http_10, http_10=self.http_10)
+                if message.body and not no_body:
+                    data += self._frame(message.body)
+                self.write(data)
             else:
-                self.write(head(message.status, message.headers, self.request_id,
-                                len(message.body), self.keep_alive) + message.body)
+                data = head(message.status, message.headers, self.request_id,
+                            len(message.body), self.keep_alive, http_10=self.http_10)
+                self.write(data if no_body else data + message.body)
                 self.finish()
         elif isinstance(message, HttpBody):
-            if message.body:
-                self.write(chunk(message.body))
+            if message.body and not self.no_body:
+                self.write(self._frame(message.body))
             if not message.more:
-                self.write(b"0\r\n\r\n")
+                if not self.no_body and not self.http_10:
+                    self.write(b"0\r\n\r\n")
                 self.finish()
         elif isinstance(message, Failure):
             if self.streaming:  # the head is out; all we can do is cut the stream
@@ -116,9 +127,14 @@ class Exchange:
     # -- output --------------------------------------------------------------------------
 
     def respond(self, status: int, body: bytes,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.write(simple(status, body, self.request_id, self.keep_alive, extra=extra))
+                extra: list[tuple[bytes, bytes]] | None = None,
+                content_type: bytes = b"text/plain; charset=utf-8") -> None:
+        self.write(simple(status, body, self.request_id, self.keep_alive, content_type, extra,
+                          http_10=self.http_10, head_only=self.head_only))
         self.finish()
+
+    def _frame(self, data: bytes) -> bytes:
+        return data if self.http_10 else chunk(data)
 
     def write(self, data: bytes) -> None:
         conn = self.conn
@@ -223,10 +239,25 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         limit = self.proxy.spec.max_body_bytes
+        expects_body = expects_continue = False
         for name, value in self.headers:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                self._refuse(413, f"Request body exceeds the limit of {limit} bytes.".encode())
-                raise httptools.HttpParserCallbackError("body too large")
+            if name == b"content-length" and value.isdigit():
+                if int(value) > limit:
+                    self._refuse(413,
+                                 f"Request body exceeds the limit of {limit} bytes.".encode())
+                    raise httptools.HttpParserCallbackError("body too large")
+                expects_body = expects_body or int(value) > 0
+            elif name == b"transfer-encoding":
+                expects_body = True
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expects_continue = True
+        # A client that asked to hear "100 Continue" before sending its body (curl does
+        # for bodies over 1 KiB) would otherwise wait a second for it. An interim
+        # response may only go out when no earlier response is still owed.
+        if (expects_continue and expects_body and not self.exchanges
+                and self.parser.get_http_version() == "1.1"
+                and self.transport is not None and not self.transport.is_closing()):
+            self.transport.write(CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)
@@ -246,7 +277,9 @@ class HttpConnection(asyncio.Protocol):
             if name == b"x-request-id":
                 request_id = value
                 break
-        exchange = Exchange(self, request_id or new_request_id(), keep_alive)
+        exchange = Exchange(self, request_id or new_request_id(), keep_alive,
+                            head_only=parser.get_method() == b"HEAD",
+                            http_10=parser.get_http_version() == "1.0")
         self.exchanges.append(exchange)
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.proxy.dispatch(exchange, parser.get_method().decode(), self.url, self.headers,
@@ -262,6 +295,8 @@ class HttpConnection(asyncio.Protocol):
             if not finished.keep_alive:
                 if transport is not None:
                     transport.close()
+                for following in exchanges:  # nothing after a close can be answered
+                    following.abandon()
                 exchanges.clear()
                 return
             if exchanges and transport is not None:

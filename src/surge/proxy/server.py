@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import socket
-from typing import Any
 
 from surge.errors import BackPressureError
 from surge.model import DeploymentId, ProxySpec, RouteTable
@@ -35,6 +35,7 @@ class Proxy:
     def __init__(self, runtime: RouterRuntime, spec: ProxySpec) -> None:
         self.runtime = runtime
         self.spec = spec
+        self.port = spec.port  # the bound port once listening (spec.port may be 0)
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
         self.draining = False
@@ -65,7 +66,7 @@ class Proxy:
         target = routes.match(path)
         if target is None:
             exchange.respond(404, f"Path '{path}' not found. Ping http://{self.spec.host}:"
-                                  f"{self.spec.port}{ROUTES} for available routes.".encode())
+                                  f"{self.port}{ROUTES} for available routes.".encode())
             return
         router = self.runtime.router(DeploymentId(target.app, target.deployment))
         request = make_request(method, path, query, headers, body, exchange.conn.client,
@@ -86,9 +87,12 @@ class Proxy:
         for name, value in headers:
             if name == b"x-request-timeout-seconds":
                 try:
-                    return max(0.0, float(value))
+                    seconds = float(value)
                 except ValueError:
                     break
+                if math.isnan(seconds):
+                    break  # unreadable, like any other junk: the configured timeout applies
+                return None if math.isinf(seconds) else max(0.0, seconds)
         return self.spec.request_timeout_s
 
     def _builtin(self, exchange: Exchange, path: str) -> None:
@@ -99,7 +103,7 @@ class Proxy:
                 exchange.respond(200, b"success")
         elif path == ROUTES:
             table = {t.route_prefix: t.app for t in self.runtime.routes.targets}
-            exchange.respond(200, json.dumps(table).encode(), None)
+            exchange.respond(200, json.dumps(table).encode(), None, b"application/json")
         else:
             exchange.respond(404, f"Path '{path}' not found.".encode())
 
@@ -126,7 +130,7 @@ async def serve(controller: str) -> int:
                                                  f"{exc.strerror or exc}")
         return 1
     server = await loop.create_server(proxy.protocol, sock=sock, backlog=4096)
-    port = sock.getsockname()[1]
+    port = proxy.port = sock.getsockname()[1]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await runtime.call("proxy_ready", address=f"{spec.host}:{port}", pid=os.getpid())
     await stop.wait()

@@ -69,7 +69,9 @@ class Replica:
 
     async def stats(self) -> dict[str, Any]:
         server = self.server
-        return {"ongoing": server.ongoing if server else 0, "served": server.served if server else 0}
+        if server is None:
+            return {"ongoing": 0, "served": 0}
+        return {"ongoing": server.ongoing, "served": server.served}
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)

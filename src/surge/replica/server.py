@@ -9,9 +9,11 @@ cancel it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import pickle
 import traceback
+from collections.abc import MutableMapping
 from typing import Any
 
 from surge.replica.user_code import UserCode, asgi_scope
@@ -94,7 +96,7 @@ class ReplicaServer:
         try:
             await asyncio.wait_for(self.idle.wait(), timeout_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
 
@@ -117,16 +119,16 @@ class _Connection(FramedProtocol):
             coro = self._http(message) if isinstance(message, HttpRequest) else self._call(message)
             task = self._loop.create_task(coro)
             self.tasks[message.id] = task
-            task.add_done_callback(lambda _t, i=message.id: self._finished(i))
+            task.add_done_callback(functools.partial(self._finished, message.id))
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
                 event.set()
-            task = self.tasks.get(message.id)
-            if task is not None:
-                task.cancel()
+            running = self.tasks.get(message.id)
+            if running is not None:
+                running.cancel()
 
-    def _finished(self, request_id: int) -> None:
+    def _finished(self, request_id: int, _task: asyncio.Task[None]) -> None:
         self.tasks.pop(request_id, None)
         self.disconnects.pop(request_id, None)
         self.server.release()
@@ -164,10 +166,10 @@ class _Connection(FramedProtocol):
             await disconnected.wait()
             return {"type": "http.disconnect"}
 
-        start: dict[str, Any] | None = None
+        start: MutableMapping[str, Any] | None = None
         started = False
 
-        async def send(event: dict[str, Any]) -> None:
+        async def send(event: MutableMapping[str, Any]) -> None:
             nonlocal start, started
             kind = event["type"]
             if kind == "http.response.start":

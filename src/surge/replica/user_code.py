@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import msgspec
@@ -22,8 +22,8 @@ from surge.errors import RayServeException
 
 __all__ = ["Send", "UserCode", "asgi_scope"]
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 _json = msgspec.json.Encoder()
 
@@ -73,7 +73,7 @@ class UserCode:
                 raise RayServeException(f"a function deployment has only __call__, not {name!r}")
             return self.target  # type: ignore[no-any-return]
         method = getattr(self.instance, name, None)
-        if method is None or name.startswith("__") and name != "__call__":
+        if method is None or (name.startswith("__") and name != "__call__"):
             raise RayServeException(
                 f"deployment {type(self.instance).__name__} has no method {name!r}")
         return method  # type: ignore[no-any-return]
@@ -125,7 +125,9 @@ async def respond(result: Any, scope: dict[str, Any], receive: Receive, send: Se
     if isinstance(result, Response):
         await result(scope, receive, send)
         return
-    if isinstance(result, str):
+    if result is None:  # Ray Serve answers None with an empty text/plain body, not "null"
+        body, content_type = b"", b"text/plain"
+    elif isinstance(result, str):
         body, content_type = result.encode(), b"text/plain; charset=utf-8"
     elif isinstance(result, bytes | bytearray | memoryview):
         body, content_type = bytes(result), b"application/octet-stream"

@@ -8,10 +8,11 @@ copy while the controller is away, reconnecting in the background.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from surge.errors import ControllerUnavailableError
@@ -170,8 +171,9 @@ class BackgroundLoop:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
+        future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+            coro, self.loop)
         return future.result(timeout)
 
     def stop(self) -> None:

@@ -39,7 +39,7 @@ class FrameDecoder:
     """Feed bytes, get back the complete messages they finish."""
 
     def __init__(self) -> None:
-        self._decoder = msgspec.msgpack.Decoder(Message)  # type: ignore[arg-type]
+        self._decoder = msgspec.msgpack.Decoder(Message)
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[Message]:

@@ -111,7 +111,7 @@ async def connect_rpc(address: str, handler: RpcHandler | None,
     try:
         _, peer = await asyncio.wait_for(
             loop.create_connection(lambda: RpcPeer(handler), host, port), timeout)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise ControllerUnavailableError(
             f"no surge instance answers at {address} ({exc}); start one with serve.start() "
             "or `surge run`, or point SURGE_ADDRESS at a running one") from None
