@@ -296,17 +296,23 @@ def build_deployment_config(name: str, options: Mapping[str, Any],
     options = dict(options)
     num_replicas = options.pop("num_replicas", None)
     autoscaling = options.pop("autoscaling_config", None)
+    auto = num_replicas == "auto"
     if isinstance(autoscaling, Mapping):
-        autoscaling = from_mapping(AutoscalingConfig, autoscaling, f"{where}.autoscaling_config")
+        # As in Ray, with "auto" the fields the user set go over AutoscalingConfig.default(),
+        # before validation (min_replicas=5 alone is valid under auto's max of 100).
+        base = AutoscalingConfig.default()
+        merged = ({"min_replicas": base.min_replicas, "max_replicas": base.max_replicas,
+                   **autoscaling} if auto else autoscaling)
+        autoscaling = from_mapping(AutoscalingConfig, merged, f"{where}.autoscaling_config")
+    elif auto and isinstance(autoscaling, AutoscalingConfig):
+        # An object cannot say which fields were set: keep those that differ from defaults.
+        given = {f.name: getattr(autoscaling, f.name) for f in dataclasses.fields(autoscaling)
+                 if getattr(autoscaling, f.name) != getattr(AutoscalingConfig(), f.name)}
+        autoscaling = dataclasses.replace(AutoscalingConfig.default(), **given)
     if autoscaling is not None and not isinstance(autoscaling, AutoscalingConfig):
         raise ConfigError(f"{where}.autoscaling_config must be a dict or AutoscalingConfig.")
-    if num_replicas == "auto":
-        base = AutoscalingConfig.default()
-        if autoscaling is not None:
-            given = {f.name: getattr(autoscaling, f.name) for f in dataclasses.fields(autoscaling)
-                     if getattr(autoscaling, f.name) != getattr(AutoscalingConfig(), f.name)}
-            base = dataclasses.replace(base, **given)
-        autoscaling, num_replicas = base, None
+    if auto:
+        autoscaling, num_replicas = autoscaling or AutoscalingConfig.default(), None
     elif isinstance(num_replicas, str):
         raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
                           f"got {num_replicas!r}.")

@@ -71,16 +71,24 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _block() -> None:
-    import time
+    """Wait for Ctrl-C (then shut down) or for the instance to be shut down elsewhere."""
+    import subprocess
 
     from surge import serve
+    from surge.api.instance import current
 
+    instance = current()
     try:
-        while True:
-            time.sleep(3600)
+        while instance is not None and instance.process is not None:
+            try:
+                instance.process.wait(timeout=1.0)
+                print("surge: the instance was shut down", flush=True)
+                return
+            except subprocess.TimeoutExpired:
+                continue
     except KeyboardInterrupt:
         print("surge: shutting down", flush=True)
-        serve.shutdown()
+    serve.shutdown()
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -1,0 +1,113 @@
+"""Deploy failures and bad input give clear errors and leave the instance serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from surge import serve
+from surge.model import ApplicationStatus
+from surge.serve.exceptions import ConfigError, DeployFailedError, RayServeException
+
+pytestmark = pytest.mark.e2e
+
+
+@serve.deployment
+class BrokenInit:
+    def __init__(self) -> None:
+        raise RuntimeError("model file missing")
+
+    def __call__(self) -> str:
+        return "never"
+
+
+@serve.deployment
+class Fine:
+    def __call__(self, *args: Any) -> str:
+        return "fine"
+
+
+def test_constructor_failure_fails_the_deploy_with_the_reason(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DeployFailedError, match="model file missing"):
+        serve.run(BrokenInit.bind(), name="broken", route_prefix="/broken")
+    status = serve.status().applications["broken"]
+    assert status.status is ApplicationStatus.DEPLOY_FAILED
+    assert "RuntimeError: model file missing" in status.message
+    # A fixed version deploys over it.
+    handle = serve.run(Fine.bind(), name="broken", route_prefix="/broken")
+    assert handle.remote().result(timeout_s=10) == "fine"
+    serve.delete("broken")
+
+
+def test_bad_input_is_rejected_before_anything_runs(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=r"call \.bind"):
+        serve.run(Fine, name="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Did you mean 'max_ongoing_requests'"):
+        Fine.options(max_ongoing_request=3)
+    with pytest.raises(ConfigError, match="max_ongoing_requests must be an integer >= 1"):
+        Fine.options(max_ongoing_requests=0)
+    with pytest.raises(ConfigError, match="route_prefix must start with '/'"):
+        serve.run(Fine.bind(), name="x", route_prefix="nope")
+    serve.run(Fine.bind(), name="first", route_prefix="/same")
+    with pytest.raises(ConfigError, match="already used by application 'first'"):
+        serve.run(Fine.bind(), name="second", route_prefix="/same")
+    with pytest.raises(RayServeException, match="does not exist"):
+        serve.get_app_handle("nope")
+    serve.delete("first")
+
+
+def test_cli_status_and_shutdown_reach_the_running_instance(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    serve.run(Fine.bind(), name="cli", route_prefix="/cli")
+    env = dict(os.environ, SURGE_ADDRESS=surge_instance.control_address)
+    out = subprocess.run([sys.executable, "-m", "surge.cli.main", "status", "--json"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["applications"]["cli"]["status"] == "RUNNING"
+    assert data["applications"]["cli"]["deployments"]["Fine"]["replica_states"] == {
+        "RUNNING": 1}
+    assert any(r["deployment"] == "Fine" and r["state"] == "RUNNING" for r in data["replicas"])
+    text = subprocess.run([sys.executable, "-m", "surge.cli.main", "status"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert "cli" in text.stdout and "RUNNING" in text.stdout
+    serve.delete("cli")
+
+
+def test_cli_reports_a_missing_instance() -> None:
+    env = dict(os.environ, SURGE_ADDRESS="127.0.0.1:1")
+    out = subprocess.run([sys.executable, "-m", "surge.cli.main", "status"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 1
+    assert "no surge instance answers at 127.0.0.1:1" in out.stderr
+
+
+def test_cli_run_serves_until_cli_shutdown(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    from tests.e2e.conftest import free_port
+
+    port = free_port()
+    env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}", SURGE_LOG_LEVEL="WARNING")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.Popen([sys.executable, "-m", "surge.cli.main", "run", "examples.echo:app",
+                            "--route-prefix", "/echo", "--port", str(port)],
+                           cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    try:
+        assert "running" in run.stdout.readline()
+        response = httpx.get(f"http://127.0.0.1:{port}/echo", params={"value": "cli"})
+        assert response.json() == {"echo": "cli"}
+        out = subprocess.run([sys.executable, "-m", "surge.cli.main", "shutdown"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert run.wait(timeout=30) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stdout.close()
