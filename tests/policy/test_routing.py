@@ -129,4 +129,4 @@ def test_accepts_any_sequence() -> None:
         def __getitem__(self, index: int) -> int:
             return (4, 4, 0)[index]
 
-    assert choose_replica(Loads(), 4, ScriptedRandom(0, 0)) == 2  # type: ignore[arg-type]
+    assert choose_replica(Loads(), 4, ScriptedRandom(0, 0)) == 2

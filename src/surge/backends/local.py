@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 from surge.backends.base import Exit, PlacementError, ReplicaLaunch
 
@@ -75,6 +76,8 @@ class LocalBackend:
         self.controller_address = controller_address
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
+        # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
+        self.socket_dir = tempfile.mkdtemp(prefix="surge-")
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
@@ -85,6 +88,7 @@ class LocalBackend:
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["SURGE_PARENT_PID"] = str(os.getpid())
+        env["SURGE_SOCKET_DIR"] = self.socket_dir
         env.update(extra)
         return env
 
@@ -132,3 +136,6 @@ class LocalBackend:
 
     def alive(self) -> list[str]:
         return [pid for pid, p in self.processes.items() if p.poll() is None]
+
+    def close(self) -> None:
+        shutil.rmtree(self.socket_dir, ignore_errors=True)

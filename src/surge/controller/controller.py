@@ -477,4 +477,5 @@ class Controller:
             await asyncio.sleep(0.05)
         for process_id in self.backend.alive():
             self.backend.kill(process_id)
+        self.backend.close()
         self.stopped.set()

@@ -8,6 +8,7 @@ when the controller goes away (its replicas would otherwise be orphans).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -105,18 +106,34 @@ class Replica:
         name = f"{self.spec.deployment.app}:{self.spec.deployment.name}"
         self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name)
         loop = asyncio.get_running_loop()
-        listener = await loop.create_server(self.server.protocol, "127.0.0.1", 0, backlog=4096)
-        port = listener.sockets[0].getsockname()[1]
+        listener, address = await self._listen()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         await self.runtime.call("replica_ready", replica_id=self.replica_id,
-                                address=f"127.0.0.1:{port}", pid=os.getpid())
+                                address=address, pid=os.getpid())
         await self.stop.wait()
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         listener.close()
+        if address.startswith("unix:"):
+            with contextlib.suppress(OSError):
+                os.unlink(address[5:])
         self.user.close()
         self.runtime.close()
         return 0
+
+    async def _listen(self) -> tuple[asyncio.Server, str]:
+        """A Unix socket when the backend gave us a directory (same host), else TCP."""
+        assert self.server is not None
+        loop = asyncio.get_running_loop()
+        socket_dir = os.environ.get("SURGE_SOCKET_DIR")
+        if socket_dir:
+            path = os.path.join(socket_dir, f"{self.replica_id}.sock")
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            listener = await loop.create_unix_server(self.server.protocol, path, backlog=4096)
+            return listener, f"unix:{path}"
+        listener = await loop.create_server(self.server.protocol, "127.0.0.1", 0, backlog=4096)
+        return listener, f"127.0.0.1:{listener.sockets[0].getsockname()[1]}"
 
     def _on_sigterm(self) -> None:
         if self.server is not None and self.spec is not None:

@@ -111,29 +111,37 @@ class Router:
                 self._unroute(replica_id)
         for replica_id, info in wanted.items():
             if replica_id not in self._links:
+                # Registered now, not when the task runs: a second update arriving before
+                # then must not open a second link (and a second slot) to the same replica.
+                link = ReplicaLink(replica_id, self._on_final, self._on_lost)
+                self._links[replica_id] = link
                 self._connecting += 1
-                self._loop.create_task(self._connect(info))
+                self._loop.create_task(self._connect(info, link))
         if not self._connecting:
             self.ready.set()
         self._drain()
 
-    async def _connect(self, info: ReplicaInfo) -> None:
+    async def _connect(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         try:
-            await self._open_link(info)
+            await self._open_link(info, link)
         finally:
             self._connecting -= 1
             if not self._connecting:
                 self.ready.set()
 
-    async def _open_link(self, info: ReplicaInfo) -> None:
-        host, port = split_address(info.address)
-        link = ReplicaLink(info.replica_id, self._on_final, self._on_lost)
-        self._links[info.replica_id] = link
+    async def _open_link(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         try:
-            await self._loop.create_connection(lambda: link, host, port)
+            if info.address.startswith("unix:"):
+                await self._loop.create_unix_connection(lambda: link, info.address[5:])
+            else:
+                host, port = split_address(info.address)
+                await self._loop.create_connection(lambda: link, host, port)
         except OSError as exc:
             log.warning("cannot reach replica %s at %s: %s", info.replica_id, info.address, exc)
             self._links.pop(info.replica_id, None)
+            return
+        if self._links.get(info.replica_id) is not link:  # the router closed meanwhile
+            link.close()
             return
         current = self.replica_set
         if current is None or all(r.replica_id != info.replica_id for r in current.replicas):

@@ -1,0 +1,499 @@
+"""Router against in-process fake replicas that speak the frame protocol on loopback.
+
+Each fake replica is a real asyncio server on 127.0.0.1:0. It answers a Call with a
+Result tagged with its name, holds calls until the test releases them, and rejects
+calls beyond a limit of held ones, so each test sets up exactly the load it needs.
+Tests wait on events (a sink's result, a replica receiving a frame), never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from surge.errors import BackPressureError, ReplicaDiedError
+from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
+from surge.policy.admission import MAX_RETRY_AFTER_S
+from surge.router.replica_link import Pending
+from surge.router.router import Router
+from surge.transport.connection import FramedProtocol
+from surge.transport.messages import Call, Cancel, Failure, Message, Rejected, Result
+
+DEP = DeploymentId("app", "d")
+WAIT_S = 5.0
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 20))
+
+
+async def until(event: asyncio.Event, predicate: Callable[[], bool]) -> None:
+    """Wait (event-driven) until predicate() holds; `event` is set on every change."""
+    async def wait() -> None:
+        while not predicate():
+            event.clear()
+            await event.wait()
+
+    await asyncio.wait_for(wait(), WAIT_S)
+
+
+class FakeReplica:
+    """Serves frames: answer, hold until released, or reject above `reject_above` held."""
+
+    def __init__(self, name: str, *, hold: bool = False, reject_above: int | None = None):
+        self.name = name
+        self.hold = hold
+        self.reject_above = reject_above
+        self.calls: list[bytes] = []  # payloads, in arrival order (rejected ones too)
+        self.rejected: list[bytes] = []
+        self.cancels: list[int] = []
+        self.held: list[tuple[_ReplicaConnection, Call]] = []
+        self.connections: list[_ReplicaConnection] = []
+        self.changed = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> ReplicaInfo:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _ReplicaConnection(self), "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return ReplicaInfo(replica_id=self.name, deployment=DEP, address=f"127.0.0.1:{port}",
+                           pid=0)
+
+    def on_call(self, connection: _ReplicaConnection, call: Call) -> None:
+        self.calls.append(call.payload)
+        if self.reject_above is not None and len(self.held) >= self.reject_above:
+            self.rejected.append(call.payload)
+            connection.send(Rejected(id=call.id, ongoing=len(self.held)))
+        elif self.hold:
+            self.held.append((connection, call))
+        else:
+            connection.send(self.result(call))
+        self.changed.set()
+
+    def on_cancel(self, connection: _ReplicaConnection, cancel: Cancel) -> None:
+        self.cancels.append(cancel.id)
+        for entry in self.held:
+            if entry[0] is connection and entry[1].id == cancel.id:
+                self.held.remove(entry)
+                connection.send(Failure(id=cancel.id, kind="cancelled", message="cancelled"))
+        self.changed.set()
+
+    def result(self, call: Call) -> Result:
+        return Result(id=call.id, payload=self.name.encode() + b":" + call.payload)
+
+    def release(self, count: int | None = None) -> None:
+        count = len(self.held) if count is None else count
+        for connection, call in self.held[:count]:
+            connection.send(self.result(call))
+        del self.held[:count]
+
+    def drop(self) -> None:
+        """The replica process dies: every connection closes."""
+        for connection in self.connections:
+            connection.close()
+
+    async def wait_for(self, predicate: Callable[[FakeReplica], bool]) -> None:
+        await until(self.changed, lambda: predicate(self))
+
+    async def close(self) -> None:
+        self.drop()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        await self.wait_for(lambda r: all(c.is_closed for c in r.connections))
+
+
+class _ReplicaConnection(FramedProtocol):
+    def __init__(self, replica: FakeReplica) -> None:
+        super().__init__()
+        self.replica = replica
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.replica.connections.append(self)
+        self.replica.changed.set()
+
+    def message_received(self, message: Message) -> None:
+        if isinstance(message, Call):
+            self.replica.on_call(self, message)
+        elif isinstance(message, Cancel):
+            self.replica.on_cancel(self, message)
+
+    def closed(self, exc: Exception | None) -> None:
+        self.replica.changed.set()
+
+
+class Sink:
+    """Collects what the router hands back for one request."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.errors: list[BaseException] = []
+        self.done: asyncio.Future[Message | BaseException] = (
+            asyncio.get_running_loop().create_future())
+
+    def deliver(self, message: Message) -> None:
+        self.messages.append(message)
+        if not self.done.done():
+            self.done.set_result(message)
+
+    def fail(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        if not self.done.done():
+            self.done.set_result(exc)
+
+
+def request(payload: bytes) -> Pending:
+    return Pending(Call(id=0, method="__call__", payload=payload), Sink())
+
+
+def payload(pending: Pending) -> bytes:
+    assert isinstance(pending.message, Call)
+    return pending.message.payload
+
+
+def sink(pending: Pending) -> Sink:
+    assert isinstance(pending.sink, Sink)
+    return pending.sink
+
+
+async def outcome(pending: Pending) -> Message | BaseException:
+    return await asyncio.wait_for(asyncio.shield(sink(pending).done), WAIT_S)
+
+
+async def answer(pending: Pending) -> bytes:
+    """The payload of the Result the request got."""
+    message = await outcome(pending)
+    assert isinstance(message, Result), message
+    return message.payload
+
+
+def replica_set(infos: list[ReplicaInfo], max_ongoing: int, queue_limit: int) -> ReplicaSet:
+    return ReplicaSet(deployment=DEP, replicas=tuple(infos), max_ongoing_requests=max_ongoing,
+                      queue_limit=queue_limit)
+
+
+@asynccontextmanager
+async def routing(*replicas: FakeReplica, max_ongoing: int = 5, queue_limit: int = 100,
+                  now: Callable[[], float] = lambda: 0.0) -> AsyncIterator[Router]:
+    infos = [await replica.start() for replica in replicas]
+    router = Router(DEP, rng=random.Random(7), now=now)
+    try:
+        router.update(replica_set(infos, max_ongoing, queue_limit))
+        await asyncio.wait_for(router.ready.wait(), WAIT_S)
+        yield router
+    finally:
+        router.close()
+        for replica in replicas:
+            await replica.close()
+
+
+async def gather(*waits: Awaitable[Any]) -> list[Any]:
+    return list(await asyncio.gather(*waits))
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+def test_requests_spread_over_two_replicas() -> None:
+    async def main() -> None:
+        a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=5) as router:
+            assert repr(router).startswith("<Router app#d replicas=2 queued=0/100 in_flight=0")
+            pendings = [request(str(i).encode()) for i in range(6)]
+            for pending in pendings:
+                router.submit(pending)
+            # with two replicas both are always sampled: the less loaded one wins
+            assert router.in_flight == 6
+            assert router.queued == 0
+            await a.wait_for(lambda r: len(r.calls) == 3)
+            await b.wait_for(lambda r: len(r.calls) == 3)
+            a.release()
+            b.release()
+            payloads = await gather(*(answer(p) for p in pendings))
+            by_replica = sorted(p.split(b":")[0] for p in payloads)
+            assert by_replica == [b"a"] * 3 + [b"b"] * 3
+            assert sorted(p.split(b":")[1] for p in payloads) == sorted(a.calls + b.calls)
+            assert router.completed == 6
+            assert router.in_flight == 0
+
+    run(main)
+
+
+def test_request_beyond_max_ongoing_queues_until_a_slot_frees() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1) as router:
+            first, second = request(b"1"), request(b"2")
+            router.submit(first)
+            router.submit(second)
+            assert (router.in_flight, router.queued) == (1, 1)
+            assert "queued=1/100 in_flight=1" in repr(router)
+            await replica.wait_for(lambda r: r.calls == [b"1"])
+            replica.release()
+            assert await answer(first) == b"r:1"
+            await replica.wait_for(lambda r: r.calls == [b"1", b"2"])
+            assert (router.in_flight, router.queued) == (1, 0)
+            replica.release()
+            assert await answer(second) == b"r:2"
+
+    run(main)
+
+
+def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
+    async def main() -> None:
+        clock = [0.0]
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1, queue_limit=2,
+                           now=lambda: clock[0]) as router:
+            pendings = [request(b"1"), request(b"2"), request(b"3")]
+            for pending in pendings:
+                router.submit(pending)
+            extra = request(b"4")
+            with pytest.raises(BackPressureError) as info:
+                router.submit(extra)
+            error = info.value
+            assert (error.deployment, error.num_queued_requests, error.max_queued_requests) == (
+                "app#d", 2, 2)
+            assert error.retry_after_s == MAX_RETRY_AFTER_S  # nothing has drained yet
+            assert (router.rejected, router.queued, router.in_flight) == (1, 2, 1)
+            assert not sink(extra).done.done()
+
+            # three complete within one second: the queue of two drains in 2/3 s
+            for pending in pendings:
+                await replica.wait_for(lambda r: len(r.held) == 1)
+                replica.release()
+                await answer(pending)
+            clock[0] = 1.0
+            for payload in (b"5", b"6", b"7"):
+                router.submit(request(payload))
+            with pytest.raises(BackPressureError) as info:
+                router.submit(request(b"8"))
+            assert info.value.retry_after_s == pytest.approx(2 / 3)
+            assert router.rejected == 2
+            assert replica.calls[:3] == [b"1", b"2", b"3"]  # the rejected one never went out
+
+    run(main)
+
+
+def test_no_queueing_allowed_rejects_as_soon_as_replicas_are_full() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1, queue_limit=0) as router:
+            router.submit(request(b"1"))
+            with pytest.raises(BackPressureError) as info:
+                router.submit(request(b"2"))
+            assert (info.value.num_queued_requests, info.value.max_queued_requests) == (0, 0)
+            assert router.queued == 0
+
+    run(main)
+
+
+def test_rejected_request_is_requeued_and_succeeds_on_the_other_replica() -> None:
+    async def main() -> None:
+        # "a" takes one request and rejects any beyond it (other routers keep it busy)
+        a, b = FakeReplica("a", hold=True, reject_above=1), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=5) as router:
+            pendings = [request(str(i).encode()) for i in range(4)]
+            for pending in pendings:
+                router.submit(pending)
+            # two each; a rejects its second, which then counts a as full: although a
+            # has fewer in flight (1) than b (2), the request goes to b
+            await b.wait_for(lambda r: len(r.calls) == 3)
+            assert len(a.calls) == 2
+            assert a.rejected == [a.calls[1]]
+            assert b.calls[2] == a.rejected[0]
+            assert (router.in_flight, router.queued) == (4, 0)
+            assert router.rejected == 0  # a replica's rejection is not back-pressure
+            a.release()
+            b.release()
+            payloads = await gather(*(answer(p) for p in pendings))
+            assert sorted(payloads) == sorted(
+                [b"a:" + a.calls[0]] + [b"b:" + payload for payload in b.calls])
+            assert router.completed == 4
+
+    run(main)
+
+
+def test_cancel_removes_a_queued_request() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1) as router:
+            first, second, third = request(b"1"), request(b"2"), request(b"3")
+            for pending in (first, second, third):
+                router.submit(pending)
+            assert router.queued == 2
+            router.cancel(second)
+            router.cancel(second)  # a second cancel is a no-op
+            assert second.cancelled
+            assert router.queued == 1
+            await replica.wait_for(lambda r: r.calls == [b"1"])
+            replica.release()
+            await answer(first)
+            await replica.wait_for(lambda r: r.calls == [b"1", b"3"])
+            replica.release()
+            assert await answer(third) == b"r:3"
+            assert replica.cancels == []  # it never left the router
+            assert not sink(second).done.done()
+
+    run(main)
+
+
+def test_cancel_of_an_in_flight_request_tells_the_replica() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1) as router:
+            first = request(b"1")
+            router.submit(first)
+            await replica.wait_for(lambda r: r.calls == [b"1"])
+            router.cancel(first)
+            await replica.wait_for(lambda r: r.cancels == [first.message.id])
+            # the replica answers the cancel with a Failure: it frees the slot but is not
+            # delivered to a caller who has gone
+            replica.hold = False
+            second = request(b"2")
+            router.submit(second)
+            assert await answer(second) == b"r:2"
+            assert sink(first).messages == []
+            assert sink(first).errors == []
+            assert router.in_flight == 0
+
+    run(main)
+
+
+def test_lost_replica_fails_its_requests_and_the_queue_moves_to_the_other() -> None:
+    async def main() -> None:
+        a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=1) as router:
+            pendings = [request(str(i).encode()) for i in range(4)]
+            for pending in pendings:
+                router.submit(pending)
+            assert (router.in_flight, router.queued) == (2, 2)
+            await a.wait_for(lambda r: len(r.calls) == 1)
+            await b.wait_for(lambda r: len(r.calls) == 1)
+            on_a = next(p for p in pendings if payload(p) == a.calls[0])
+            on_b = next(p for p in pendings if payload(p) == b.calls[0])
+            a.drop()
+            error = await outcome(on_a)
+            assert isinstance(error, ReplicaDiedError)
+            assert "replica a died" in str(error)
+            assert "replicas=1 " in repr(router)
+            assert router.queued == 2  # b is still full
+            b.release()
+            assert await answer(on_b) == b"b:" + payload(on_b)
+            await b.wait_for(lambda r: len(r.calls) == 2)
+            b.release()
+            await b.wait_for(lambda r: len(r.calls) == 3)
+            b.release()
+            assert [await answer(p) for p in pendings[2:]] == [b"b:2", b"b:3"]
+            assert a.calls == [payload(on_a)]
+
+    run(main)
+
+
+def test_unreachable_replica_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead_port = sock.getsockname()[1]  # nothing listens there once closed
+        dead = ReplicaInfo(replica_id="dead", deployment=DEP, address=f"127.0.0.1:{dead_port}",
+                           pid=0)
+        live = FakeReplica("live")
+        info = await live.start()
+        router = Router(DEP, rng=random.Random(1))
+        try:
+            router.update(replica_set([dead, info], max_ongoing=1, queue_limit=10))
+            await asyncio.wait_for(router.ready.wait(), WAIT_S)
+            assert "replicas=1 " in repr(router)
+            pendings = [request(b"1"), request(b"2")]
+            for pending in pendings:
+                router.submit(pending)
+            assert [await answer(p) for p in pendings] == [b"live:1", b"live:2"]
+        finally:
+            router.close()
+            await live.close()
+
+    with caplog.at_level(logging.WARNING, logger="surge.router"):
+        run(main)
+    assert any("cannot reach replica dead" in r.getMessage() for r in caplog.records)
+
+
+def test_two_updates_before_connecting_make_one_link_per_replica() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        info = await replica.start()
+        router = Router(DEP, rng=random.Random(1))
+        try:
+            # two pushes of the controller can arrive in one read, before any link is up
+            router.update(replica_set([info], max_ongoing=1, queue_limit=10))
+            router.update(replica_set([info], max_ongoing=1, queue_limit=10))
+            await asyncio.wait_for(router.ready.wait(), WAIT_S)
+            assert "replicas=1 " in repr(router)
+            first, second = request(b"1"), request(b"2")
+            router.submit(first)
+            router.submit(second)
+            assert (router.in_flight, router.queued) == (1, 1)  # max_ongoing is 1 per replica
+            await replica.wait_for(lambda r: len(r.connections) == 1 and r.calls == [b"1"])
+            replica.release()
+            await answer(first)
+            await replica.wait_for(lambda r: r.calls == [b"1", b"2"])
+            assert len(replica.connections) == 1
+        finally:
+            router.close()
+            await replica.close()
+
+    run(main)
+
+
+def test_replica_removed_from_the_set_finishes_what_it_has() -> None:
+    async def main() -> None:
+        old, new = FakeReplica("old", hold=True), FakeReplica("new")
+        old_info, new_info = await old.start(), await new.start()
+        router = Router(DEP, rng=random.Random(1))
+        try:
+            router.update(replica_set([old_info], max_ongoing=1, queue_limit=10))
+            await asyncio.wait_for(router.ready.wait(), WAIT_S)
+            first = request(b"1")
+            router.submit(first)
+            await old.wait_for(lambda r: r.calls == [b"1"])
+            router.update(replica_set([new_info], max_ongoing=1, queue_limit=10))
+            second = request(b"2")
+            router.submit(second)  # queued until "new" is connected, never sent to "old"
+            assert await answer(second) == b"new:2"
+            old.release()
+            assert await answer(first) == b"old:1"
+            # its last answer in, the link to the removed replica closes
+            await old.wait_for(lambda r: all(c.is_closed for c in r.connections))
+            assert old.calls == [b"1"]
+            assert "replicas=1 " in repr(router)
+        finally:
+            router.close()
+            await old.close()
+            await new.close()
+
+    run(main)
+
+
+def test_close_while_connecting_leaves_no_link_open() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r")
+        info = await replica.start()
+        router = Router(DEP, rng=random.Random(1))
+        try:
+            router.update(replica_set([info], max_ongoing=1, queue_limit=10))
+            router.close()  # before the connection is up
+            await asyncio.wait_for(router.ready.wait(), WAIT_S)
+            assert "replicas=0 " in repr(router)
+            await replica.wait_for(
+                lambda r: len(r.connections) == 1 and r.connections[0].is_closed)
+        finally:
+            await replica.close()
+
+    run(main)
