@@ -1,0 +1,129 @@
+"""HTTP echo: surge vs Ray Serve 2.60 vs a raw uvloop+httptools server, driven by wrk.
+
+    python bench/http_echo.py [--duration 10] [--reps 3] [--systems raw,surge,...]
+
+Each system serves the same echo app (`{"echo": value}` from a query parameter) on
+127.0.0.1 and is loaded by wrk at c=8 and c=64; the median of the repetitions is
+reported with p50/p99, non-2xx, socket errors and CPU microseconds per request of the
+serving processes (proxy + replicas, from /proc) and of the whole process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    APPS,
+    System,
+    WrkResult,
+    free_port,
+    median_result,
+    ray_python,
+    run_wrk,
+    start_system,
+)
+
+SYSTEMS = {
+    "raw": "raw uvloop+httptools (1 process)",
+    "surge": "surge, default config",
+    "ray": "Ray Serve, default config (max_ongoing_requests=5)",
+    "ray_mor100": "Ray Serve, max_ongoing_requests=100",
+    "ray_direct": "Ray Serve, RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress), mor=100",
+}
+
+
+def _argv(system: str, port: int) -> tuple[list[str], dict[str, str]]:
+    if system == "raw":
+        return [sys.executable, str(APPS / "raw_server.py"), str(port)], {}
+    if system == "surge":
+        return [sys.executable, str(APPS / "surge_echo.py"), str(port)], {
+            "SURGE_ADDRESS": f"127.0.0.1:{free_port()}"}
+    ray = ray_python()
+    script = str(APPS / "ray_echo.py")
+    if system == "ray":
+        return [ray, script, str(port), "-"], {}
+    if system == "ray_mor100":
+        return [ray, script, str(port), "100"], {}
+    return [ray, script, str(port), "100"], {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def measure(system: System, connections: int, duration: float,
+            reps: int) -> tuple[WrkResult, float]:
+    serving, everything = system.serving_pids(), system.pids()
+    runs, totals = [], []
+    for _ in range(reps):
+        from bench.common import cpu_seconds
+
+        before = cpu_seconds(everything)
+        result = run_wrk(system.url, connections, duration, serving)
+        totals.append((cpu_seconds(everything) - before) / max(result.requests, 1) * 1e6)
+        runs.append(result)
+    totals.sort()
+    return median_result(runs), totals[len(totals) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--concurrency", default="8,64")
+    args = parser.parse_args()
+    systems = [s for s in args.systems.split(",") if s]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    table: dict[tuple[str, int], tuple[WrkResult, float]] = {}
+    for name in systems:
+        argv, env = _argv(name, free_port())
+        print(f"== {SYSTEMS[name]}", flush=True)
+        with start_system(name, argv, env) as system:
+            run_wrk(system.url, 8, 1.0, [])  # warm-up
+            for c in levels:
+                table[(name, c)] = measure(system, c, args.duration, args.reps)
+                r, total = table[(name, c)]
+                print(f"   c={c:<3} {r.rps:>9,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                      f"p99 {r.p99_ms:8.2f} ms  non-2xx {r.non_2xx}  errors {r.errors}  "
+                      f"cpu/req {r.cpu_us_per_request:7.0f} us (all {total:7.0f} us)",
+                      flush=True)
+    print()
+    print("| system | c | req/s | p50 ms | p99 ms | non-2xx | socket errors "
+          "| CPU µs/req (proxy+replica) | CPU µs/req (all processes) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (name, c), (r, total) in table.items():
+        print(f"| {SYSTEMS[name]} | {c} | {r.rps:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+              f"{r.non_2xx} | {r.errors} | {r.cpu_us_per_request:,.0f} | {total:,.0f} |")
+
+    def rps(name: str, c: int) -> float:
+        entry = table.get((name, c))
+        return entry[0].rps if entry else float("nan")
+
+    c_hi, c_lo = max(levels), min(levels)
+    surge = rps("surge", c_hi)
+    ratios = {
+        "vs_ray_mor100": surge / rps("ray_mor100", c_hi),
+        "vs_ray_direct": surge / rps("ray_direct", c_hi),
+        "vs_ray_default": surge / rps("ray", c_hi),
+        "vs_raw": surge / rps("raw", c_hi),
+    }
+    print()
+    for key, value in ratios.items():
+        print(f"surge/{key[3:]} at c={c_hi}: {value:.2f}x")
+    s_lo = table.get(("surge", c_lo))
+    s_hi = table.get(("surge", c_hi))
+    print("summary: " + " ".join([
+        f"surge_rps_c{c_hi}={surge:.0f}",
+        f"ray_mor100_rps_c{c_hi}={rps('ray_mor100', c_hi):.0f}",
+        f"ray_direct_rps_c{c_hi}={rps('ray_direct', c_hi):.0f}",
+        f"raw_rps_c{c_hi}={rps('raw', c_hi):.0f}",
+        *(f"ratio_{k}={v:.2f}" for k, v in ratios.items()),
+        f"surge_cpu_us={s_hi[0].cpu_us_per_request:.0f}" if s_hi else "surge_cpu_us=nan",
+        f"surge_p50_c{c_lo}_ms={s_lo[0].p50_ms:.2f}" if s_lo else "",
+        f"surge_p99_c{c_lo}_ms={s_lo[0].p99_ms:.2f}" if s_lo else "",
+    ]))
+
+
+if __name__ == "__main__":
+    main()
