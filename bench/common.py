@@ -37,7 +37,8 @@ def free_port() -> int:
 def ray_python() -> str:
     """The Python of a virtualenv with Ray Serve 2.60, created if missing."""
     python = RAY_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import ray, sys; sys.exit(ray.__version__ != '%s')" % RAY_VERSION]
+    check = f"import ray, sys; sys.exit(ray.__version__ != '{RAY_VERSION}')"
+    probe = [str(python), "-c", check]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return str(python)
     print(f"creating {RAY_VENV} with ray[serve]=={RAY_VERSION} (once; a few minutes) ...",
@@ -205,8 +206,11 @@ def run_wrk(url: str, connections: int, duration_s: float, cpu_pids: list[int],
                           "--latency", "--timeout", "5s", url],
                          capture_output=True, text=True, timeout=duration_s + 60).stdout
     cpu = cpu_seconds(cpu_pids) - before
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    count = re.search(r"(\d+) requests in", out)
+    if rate is None or count is None:
+        raise RuntimeError(f"wrk failed against {url}:\n{out}")
+    rps, requests = float(rate.group(1)), int(count.group(1))
     p50 = re.search(r"50%\s+(\S+)", out)
     p99 = re.search(r"99%\s+(\S+)", out)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
