@@ -202,7 +202,8 @@ def run_wrk(url: str, connections: int, duration_s: float, cpu_pids: list[int],
             threads: int = 2) -> WrkResult:
     wrk = ensure_wrk()
     before = cpu_seconds(cpu_pids)
-    out = subprocess.run([wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s",
+    seconds = max(1, round(duration_s))
+    out = subprocess.run([wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
                           "--latency", "--timeout", "5s", url],
                          capture_output=True, text=True, timeout=duration_s + 60).stdout
     cpu = cpu_seconds(cpu_pids) - before
