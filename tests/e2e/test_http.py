@@ -101,6 +101,25 @@ class RawConnection:
         assert len(taken) == count, f"got {len(taken)} of {count} responses before close"
         return taken
 
+    def read_raw_until(self, done: Any, timeout_s: float = 10.0) -> bytes:
+        """Unparsed bytes, read until `done(data)` holds, the peer closes, or time is up."""
+        deadline = time.monotonic() + timeout_s
+        data = b""
+        while not done(data):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.sock.settimeout(left)
+            try:
+                more = self.sock.recv(65536)
+            except TimeoutError:
+                break
+            if not more:
+                self.peer_closed = True
+                break
+            data += more
+        return data
+
     def read_response(self, timeout_s: float = 10.0) -> RawResponse:
         return self.read_responses(1, timeout_s)[0]
 
@@ -147,9 +166,11 @@ class Main:
     def __init__(self) -> None:
         self.hang_started = 0
         self.hang_cancelled = 0
+        self.work_finished = 0
 
     def counts(self) -> dict[str, int]:
-        return {"started": self.hang_started, "cancelled": self.hang_cancelled}
+        return {"started": self.hang_started, "cancelled": self.hang_cancelled,
+                "finished": self.work_finished}
 
     async def __call__(self, request: Request) -> Any:
         kind = request.url.path.removeprefix("/main").strip("/").split("/")[0]
@@ -170,6 +191,17 @@ class Main:
         if kind == "stream":
             return StreamingResponse(_ticks(int(request.query_params.get("n", "3"))),
                                      media_type="text/plain")
+        if kind == "stream-fails":
+            return StreamingResponse(_ticks_then_fail(), media_type="text/plain")
+        if kind == "stream-hang":
+            return StreamingResponse(self._first_then_hang(), media_type="text/plain")
+        if kind == "cookies":
+            response = PlainTextResponse("cookies")
+            response.set_cookie("a", "1")
+            response.set_cookie("b", "2")
+            return response
+        if kind == "none":
+            return None
         if kind == "boom":
             raise ValueError(SECRET)
         if kind == "slow":
@@ -184,6 +216,15 @@ class Main:
                 self.hang_cancelled += 1
                 raise
             return "not cancelled"
+        if kind == "work":
+            self.hang_started += 1
+            try:
+                await asyncio.sleep(float(request.query_params.get("s", "1")))
+            except asyncio.CancelledError:
+                self.hang_cancelled += 1
+                raise
+            self.work_finished += 1
+            return "worked"
         if kind == "echo":
             body = await request.body()
             parsed = await request.json() if body else None
@@ -199,12 +240,28 @@ class Main:
             }
         return {"kind": "unknown", "path": request.url.path}
 
+    async def _first_then_hang(self) -> Any:
+        yield "first\n"
+        self.hang_started += 1
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.hang_cancelled += 1
+            raise
+        yield "never\n"
+
 
 async def _ticks(count: int) -> Any:
     for i in range(count):
         if i:
             await asyncio.sleep(0.3)
         yield f"tick {i}\n"
+
+
+async def _ticks_then_fail() -> Any:
+    yield "first\n"
+    await asyncio.sleep(0.1)
+    raise RuntimeError(SECRET)
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=1, max_queued_requests=1)
@@ -325,7 +382,6 @@ def test_streaming_response_is_chunked_and_incremental(http: httpx.Client) -> No
     assert len(arrivals) >= 2
     assert arrivals[0][1].startswith(b"tick 0")
     assert arrivals[-1][0] - arrivals[0][0] >= 0.4
-    assert arrivals[0][0] < 0.5
 
 
 def test_streaming_on_a_raw_socket_is_framed_as_chunks(apps: Apps) -> None:
@@ -338,6 +394,123 @@ def test_streaming_on_a_raw_socket_is_framed_as_chunks(apps: Apps) -> None:
         # The connection stays usable after a streamed response.
         conn.send(request_bytes("GET", "/main/str"))
         assert conn.read_response().body == b"hello, text"
+
+
+def test_none_is_an_empty_body(http: httpx.Client) -> None:
+    response = http.get("/main/none")
+    assert response.status_code == 200
+    assert response.content == b""
+    assert response.headers["content-type"].startswith("text/plain")
+
+
+def test_204_has_no_content_length(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/empty-response")
+                  + request_bytes("GET", "/main/str"))
+        empty, after = conn.read_responses(2)
+        assert empty.status == 204
+        assert "content-length" not in empty.headers
+        assert "transfer-encoding" not in empty.headers
+        assert after.body == b"hello, text"
+
+
+def test_head_gets_headers_but_no_body(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        # A body after a HEAD response would be read as the next response's start.
+        conn.send(request_bytes("HEAD", "/main/str") + request_bytes("GET", "/main/dict"))
+        data = conn.read_raw_until(lambda d: d.endswith(b'{"kind":"dict","n":1}'), 5)
+        first, _, rest = data.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200 ")
+        assert b"content-length: 11" in first.lower()
+        assert rest.startswith(b"HTTP/1.1 200 "), rest
+        assert rest.endswith(b'{"kind":"dict","n":1}')
+
+
+def test_head_of_a_stream_and_of_a_404_have_no_body(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("HEAD", "/main/stream?n=2")
+                  + request_bytes("HEAD", "/nowhere")
+                  + request_bytes("GET", "/-/healthz"))
+        data = conn.read_raw_until(lambda d: d.endswith(b"success"), 5)
+        heads = data.split(b"\r\n\r\n")
+        assert heads[0].startswith(b"HTTP/1.1 200 ")
+        assert heads[1].startswith(b"HTTP/1.1 404 ")
+        assert heads[2].startswith(b"HTTP/1.1 200 ")
+        assert heads[3] == b"success"
+
+
+def test_head_of_an_endless_stream_answers_at_once_and_stops_it(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        start = time.monotonic()
+        conn.send(request_bytes("HEAD", "/main/stream-hang"))
+        data = conn.read_raw_until(lambda d: b"\r\n\r\n" in d, 5)
+        assert time.monotonic() - start < 2.0
+        assert data.startswith(b"HTTP/1.1 200 ")
+        assert data.endswith(b"\r\n\r\n")  # headers only
+        conn.send(request_bytes("GET", "/main/str"))  # the connection carries on
+        assert conn.read_response().body == b"hello, text"
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
+
+
+def test_http_1_0_gets_a_streamed_body_without_chunks(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(b"GET /main/stream?n=2 HTTP/1.0\r\n\r\n")
+        data = b""
+        while chunk := conn.sock.recv(65536):
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert b"transfer-encoding" not in head.lower()
+        assert body == b"tick 0\ntick 1\n"
+
+
+def test_http_1_0_keep_alive_is_acknowledged(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        for _ in range(2):
+            conn.send(b"GET /main/str HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            response = conn.read_response()
+            assert response.body == b"hello, text"
+            assert response.headers["connection"].lower() == "keep-alive"
+
+
+def test_expect_100_continue(apps: Apps) -> None:
+    body = b'{"big": "' + b"b" * 2000 + b'"}'
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("POST", "/main/echo", {"Content-Length": str(len(body)),
+                                                       "Expect": "100-continue"}))
+        interim = conn.read_raw_until(lambda d: d.endswith(b"\r\n\r\n"), 0.5)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.send(body)
+        response = conn.read_response()
+        assert response.status == 200
+        assert len(json.loads(response.body)["json"]["big"]) == 2000
+
+
+def test_repeated_headers_pass_through(http: httpx.Client) -> None:
+    response = http.get("/main/cookies")
+    assert response.status_code == 200
+    cookies = response.headers.get_list("set-cookie")
+    assert len(cookies) == 2
+    assert cookies[0].startswith("a=1") and cookies[1].startswith("b=2")
+
+
+def test_stream_that_fails_midway_is_cut_off(apps: Apps, http: httpx.Client) -> None:
+    with pytest.raises(httpx.RemoteProtocolError), \
+            http.stream("GET", "/main/stream-fails") as response:
+        assert response.status_code == 200
+        received = b"".join(response.iter_raw())
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/stream-fails"))
+        received = b""
+        while chunk := conn.sock.recv(65536):
+            received += chunk
+        assert b"first" in received
+        assert not received.endswith(b"0\r\n\r\n")  # no clean end of the chunked body
+        assert SECRET.encode() not in received
+    assert http.get("/main/str").text == "hello, text"
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -358,21 +531,24 @@ def test_user_exception_is_500_without_details_and_replica_keeps_serving(
 # -- overload ------------------------------------------------------------------------------
 
 
-def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
-    with httpx.Client(base_url=apps.url, timeout=30) as warm:
-        assert warm.get("/busy").status_code == 200  # the proxy's router is connected
-
+def _burst(url: str, path: str, count: int) -> list[tuple[int, float, httpx.Headers, str]]:
     async def one(client: httpx.AsyncClient) -> tuple[int, float, httpx.Headers, str]:
         start = time.monotonic()
-        response = await client.get("/busy")
+        response = await client.get(path)
         return response.status_code, time.monotonic() - start, response.headers, response.text
 
     async def burst() -> list[tuple[int, float, httpx.Headers, str]]:
-        limits = httpx.Limits(max_connections=10)
-        async with httpx.AsyncClient(base_url=apps.url, timeout=30, limits=limits) as client:
-            return await asyncio.gather(*(one(client) for _ in range(6)))
+        limits = httpx.Limits(max_connections=count)
+        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+            return await asyncio.gather(*(one(client) for _ in range(count)))
 
-    results = asyncio.run(burst())
+    return asyncio.run(burst())
+
+
+def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
+    with httpx.Client(base_url=apps.url, timeout=30) as warm:
+        assert warm.get("/busy").status_code == 200  # the proxy's router is connected
+    results = _burst(apps.url, "/busy", 6)
     statuses = sorted(status for status, *_ in results)
     assert set(statuses) <= {200, 503}, statuses
     ok = [r for r in results if r[0] == 200]
@@ -389,6 +565,43 @@ def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
     for _, elapsed, _headers, text in ok:
         assert text == "done"
         assert elapsed >= 0.9
+
+
+def test_disconnect_while_queued_frees_the_queue_slot(apps: Apps) -> None:
+    with httpx.Client(base_url=apps.url, timeout=30) as warm:
+        assert warm.get("/busy").status_code == 200
+
+    async def scenario() -> tuple[int, int, float]:
+        async with httpx.AsyncClient(base_url=apps.url, timeout=30) as client:
+            running = asyncio.ensure_future(client.get("/busy"))
+            await asyncio.sleep(0.2)
+            # A raw connection takes the one queue slot, then goes away.
+            _reader, writer = await asyncio.open_connection("127.0.0.1", apps.port)
+            writer.write(request_bytes("GET", "/busy"))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.close()
+            await writer.wait_closed()
+            await asyncio.sleep(0.1)
+            start = time.monotonic()
+            queued = await client.get("/busy")  # takes the freed slot, not a 503
+            return (await running).status_code, queued.status_code, time.monotonic() - start
+
+    first, second, waited = asyncio.run(scenario())
+    assert (first, second) == (200, 200)
+    assert waited < 2.5  # it ran after the first, not after the abandoned one
+
+
+def test_the_first_burst_after_deploy_is_limited_too(apps: Apps) -> None:
+    # No warm-up request: the proxy must know the queue limit before the first request.
+    serve.run(Busy.bind(), name="busy-cold", route_prefix="/busy-cold")
+    try:
+        results = _burst(apps.url, "/busy-cold", 6)
+    finally:
+        serve.delete("busy-cold")
+    statuses = sorted(status for status, *_ in results)
+    assert statuses == [200, 200, 503, 503, 503, 503]
+    assert all(elapsed < 0.5 for status, elapsed, *_ in results if status == 503)
 
 
 # -- timeouts ------------------------------------------------------------------------------
@@ -409,10 +622,17 @@ def test_request_timeout_header_gives_408(http: httpx.Client) -> None:
     assert response.text == "slept 0.05"
 
 
-def test_invalid_timeout_header_is_ignored(http: httpx.Client) -> None:
-    response = http.get("/main/slow", params={"s": "0"},
-                        headers={"x-request-timeout-seconds": "soon"})
+@pytest.mark.parametrize("value", ["soon", "nan", "inf", "", "1e400"])
+def test_unusable_timeout_header_is_ignored(http: httpx.Client, value: str) -> None:
+    response = http.get("/main/slow", params={"s": "0.05"},
+                        headers={"x-request-timeout-seconds": value})
     assert response.status_code == 200
+
+
+def test_zero_timeout_header_times_out_at_once(http: httpx.Client) -> None:
+    response = http.get("/main/slow", params={"s": "1"},
+                        headers={"x-request-timeout-seconds": "0"})
+    assert response.status_code == 408
 
 
 # -- client disconnect ---------------------------------------------------------------------
@@ -440,11 +660,68 @@ def test_client_disconnect_cancels_the_request_at_the_replica(apps: Apps) -> Non
     assert time.monotonic() - closed_at < 2.0
 
 
+def test_disconnect_disabled_header_lets_the_request_finish(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/work?s=0.8",
+                                {"x-request-disconnect-disabled": "?1"}))
+        assert _wait_for(
+            lambda: counts.remote().result(timeout_s=10)["started"] > before["started"], 5.0)
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["finished"] > before["finished"], 3.0)
+    assert counts.remote().result(timeout_s=10)["cancelled"] == before["cancelled"]
+
+
+def test_disconnect_disabled_request_is_still_bound_by_its_timeout(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/work?s=30", {
+            "x-request-disconnect-disabled": "?1", "x-request-timeout-seconds": "1"}))
+        assert _wait_for(
+            lambda: counts.remote().result(timeout_s=10)["started"] > before["started"], 5.0)
+    time.sleep(0.3)
+    assert counts.remote().result(timeout_s=10)["cancelled"] == before["cancelled"]
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 3.0)
+
+
 def test_timeout_cancels_the_request_at_the_replica(apps: Apps, http: httpx.Client) -> None:
     counts = apps.main.options(method_name="counts")
     before = counts.remote().result(timeout_s=10)
     response = http.get("/main/hang", headers={"x-request-timeout-seconds": "0.3"})
     assert response.status_code == 408
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
+
+
+def test_disconnect_mid_stream_cancels_the_stream_at_the_replica(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        conn.send(request_bytes("GET", "/main/stream-hang"))
+        assert b"first" in conn.read_raw_until(lambda d: b"first" in d, 5)
+        assert _wait_for(
+            lambda: counts.remote().result(timeout_s=10)["started"] > before["started"], 5.0)
+    assert _wait_for(
+        lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
+
+
+def test_timeout_mid_stream_cuts_the_connection_and_cancels(apps: Apps) -> None:
+    counts = apps.main.options(method_name="counts")
+    before = counts.remote().result(timeout_s=10)
+    with RawConnection(apps.port) as conn:
+        start = time.monotonic()
+        conn.send(request_bytes("GET", "/main/stream-hang", {"x-request-timeout-seconds": "0.5"}))
+        received = b""
+        conn.sock.settimeout(5)
+        while chunk := conn.sock.recv(65536):
+            received += chunk
+        assert time.monotonic() - start < 2.0
+        assert received.startswith(b"HTTP/1.1 200 ")
+        assert b"first" in received
+        assert not received.endswith(b"0\r\n\r\n")
     assert _wait_for(
         lambda: counts.remote().result(timeout_s=10)["cancelled"] > before["cancelled"], 2.0)
 
@@ -468,6 +745,36 @@ def test_malformed_request_is_400_and_closes(apps: Apps, http: httpx.Client,
         assert conn.closed_by_peer(5.0)
     assert http.get("/-/healthz").status_code == 200
     assert http.get("/main/str").text == "hello, text"
+
+
+def test_unparseable_request_target_is_400_and_the_connection_goes_on(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(b"GET http://h:99999/main/str HTTP/1.1\r\nHost: x\r\n\r\n"
+                  + request_bytes("GET", "/main/str"))
+        bad, good = conn.read_responses(2, timeout_s=5)
+        assert bad.status == 400
+        assert bad.headers["x-request-id"]
+        assert good.status == 200
+        assert good.body == b"hello, text"
+
+
+def test_connect_is_refused_with_400(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        response = conn.read_response(timeout_s=5)
+        assert response.status == 400
+        assert conn.closed_by_peer(5.0)
+
+
+def test_upgrade_request_is_served_as_plain_http_then_closed(apps: Apps) -> None:
+    with RawConnection(apps.port) as conn:
+        conn.send(b"GET /main/str HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                  b"Upgrade: websocket\r\n\r\n\x81\x05hello")
+        response = conn.read_response(timeout_s=5)
+        assert response.status == 200
+        assert response.body == b"hello, text"
+        assert response.headers.get("connection") == "close"
+        assert conn.closed_by_peer(5.0)  # one answer only, then the close
 
 
 def test_malformed_request_after_a_good_one_answers_both(apps: Apps) -> None:
@@ -568,6 +875,20 @@ def test_pipelined_mix_of_builtin_error_and_stream(apps: Apps) -> None:
         assert responses[0].body == b"tick 0\ntick 1\n"
         assert responses[2].body == b"success"
         assert json.loads(responses[3].body)["json"] == {"a": 1}
+
+
+def test_pipelined_overload_answers_in_order(apps: Apps) -> None:
+    with httpx.Client(base_url=apps.url, timeout=30) as warm:
+        assert warm.get("/busy").status_code == 200
+    with RawConnection(apps.port) as conn:
+        conn.send(b"".join(request_bytes("GET", "/busy", {"x-request-id": f"b{i}"})
+                           for i in range(4)))
+        responses = conn.read_responses(4, timeout_s=10)
+    assert [r.headers["x-request-id"] for r in responses] == ["b0", "b1", "b2", "b3"]
+    # One runs, one queues; the two beyond the queue are rejected but wait their turn.
+    assert [r.status for r in responses] == [200, 200, 503, 503]
+    assert responses[0].body == b"done"
+    assert int(responses[2].headers["retry-after"]) >= 1
 
 
 # -- what the handler sees -----------------------------------------------------------------

@@ -4,7 +4,12 @@ Requests on one connection may be pipelined; responses leave in request order (a
 Exchange that finishes early buffers until those before it are written). Each Exchange
 is the router's sink for its request: it turns response frames into HTTP bytes, and
 router failures into status codes (503 overload with Retry-After, 408 timeout, 500
-replica died). A client that goes away cancels its requests through the router.
+replica died). A client that goes away cancels its requests through the router, unless
+it sent `x-request-disconnect-disabled: ?1`.
+
+HEAD and 1xx/204/304 responses carry no body; an HTTP/1.0 client gets a streamed body
+unframed, ended by the close; `Expect: 100-continue` is answered when nothing is owed;
+an Upgrade request is served as plain HTTP and then closed; CONNECT is refused.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ def new_request_id() -> bytes:
 class Exchange:
     """One request/response on a connection; the router's sink for it."""
 
-    __slots__ = ("conn", "done", "head_only", "http_10", "keep_alive", "no_body", "out",
-                 "pending", "request_id", "router", "streaming", "timer")
+    __slots__ = ("conn", "detached", "done", "head_only", "http_10", "keep_alive", "no_body",
+                 "out", "pending", "request_id", "router", "streaming", "timer")
 
     def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool, *,
                  head_only: bool = False, http_10: bool = False) -> None:
@@ -61,6 +66,7 @@ class Exchange:
         self.head_only = head_only  # a HEAD request: headers as for GET, never a body
         self.http_10 = http_10  # an HTTP/1.0 client: no chunked encoding
         self.no_body = head_only
+        self.detached = False  # x-request-disconnect-disabled: run on if the client goes
         self.out: list[bytes] = []
         self.done = False
         self.streaming = False
@@ -81,7 +87,15 @@ class Exchange:
                     self.keep_alive = False  # HTTP/1.0 has no chunks: the close ends the body
                 data = head(message.status, message.headers, self.request_id, None,
                             self.keep_alive, chunked=not self.http_10, http_10=self.http_10)
-                if message.body and not no_body:
+                if no_body:
+                    # HEAD (or 204/304): the head is the whole answer. Stop the stream
+                    # rather than wait for it: it may never end (server-sent events).
+                    self.write(data)
+                    if self.pending is not None and self.router is not None:
+                        self.router.cancel(self.pending)
+                    self.finish()
+                    return
+                if message.body:
                     data += self._frame(message.body)
                 self.write(data)
             else:
@@ -154,6 +168,8 @@ class Exchange:
     def on_timeout(self, timeout_s: float) -> None:
         self.timer = None
         if self.done:
+            if self.detached and self.pending is not None and self.router is not None:
+                self.router.cancel(self.pending)  # its client is gone; its deadline holds
             return
         if self.pending is not None and self.router is not None:
             self.router.cancel(self.pending)
@@ -169,6 +185,10 @@ class Exchange:
         if self.done:
             return
         self.done = True
+        if self.detached and self.pending is not None:
+            access_log.info("request %s: client disconnected; it runs on "
+                            "(x-request-disconnect-disabled)", self.request_id.decode())
+            return  # the timer, if any, still bounds it
         if self.timer is not None:
             self.timer.cancel()
         if self.pending is not None and self.router is not None:
@@ -179,7 +199,7 @@ class Exchange:
 
 class HttpConnection(asyncio.Protocol):
     __slots__ = ("body", "body_size", "client", "exchanges", "headers", "idle_timer",
-                 "parser", "proxy", "refused", "transport", "url")
+                 "parser", "proxy", "receiving", "refused", "transport", "upgraded", "url")
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
@@ -193,6 +213,8 @@ class HttpConnection(asyncio.Protocol):
         self.client = ""
         self.idle_timer: asyncio.TimerHandle | None = None
         self.refused = False
+        self.receiving = False  # between the first byte of a request and its end
+        self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -207,7 +229,12 @@ class HttpConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(400, b"Protocol upgrades are not supported.")
+            if self.upgraded:
+                # Served as plain HTTP (RFC 9110 7.8 lets a server ignore Upgrade); that
+                # exchange closes the connection, and whatever follows is not HTTP.
+                self.refused = True
+            else:  # CONNECT
+                self._refuse(400, b"Protocol upgrades are not supported.")
         except httptools.HttpParserError as exc:
             self._refuse(400, f"Malformed HTTP request: {exc}".encode())
 
@@ -227,6 +254,7 @@ class HttpConnection(asyncio.Protocol):
         self.headers = []
         self.body = []
         self.body_size = 0
+        self.receiving = True
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
@@ -268,22 +296,34 @@ class HttpConnection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.receiving = False
         if self.transport is None or self.transport.is_closing():
             return
         parser = self.parser
         keep_alive = bool(parser.should_keep_alive())
-        request_id = b""
-        for name, value in self.headers:
-            if name == b"x-request-id":
-                request_id = value
-                break
-        exchange = Exchange(self, request_id or new_request_id(), keep_alive,
+        if parser.should_upgrade():
+            if parser.get_method() == b"CONNECT":
+                return  # data_received answers 400 when the parser stops on it
+            self.upgraded = True
+            keep_alive = False
+        exchange = Exchange(self, self._request_id(), keep_alive,
                             head_only=parser.get_method() == b"HEAD",
                             http_10=parser.get_http_version() == "1.0")
+        for name, value in self.headers:
+            if name == b"x-request-disconnect-disabled":
+                exchange.detached = value.strip().lower() in (b"?1", b"1", b"true")
         self.exchanges.append(exchange)
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        self.proxy.dispatch(exchange, parser.get_method().decode(), self.url, self.headers,
-                            body, parser.get_http_version())
+        try:
+            self.proxy.dispatch(exchange, parser.get_method().decode(), self.url, self.headers,
+                                body, parser.get_http_version())
+        except httptools.HttpParserInvalidURLError:
+            exchange.respond(400, b"Malformed request target.")
+        except Exception as exc:
+            # Never leave the exchange unanswered: every later response waits behind it.
+            if exchange.pending is not None and exchange.router is not None:
+                exchange.router.cancel(exchange.pending)
+            exchange.fail(exc)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -304,7 +344,7 @@ class HttpConnection(asyncio.Protocol):
                 if following.out:
                     transport.write(b"".join(following.out))
                     following.out.clear()
-        if not exchanges:
+        if not exchanges and not self.receiving:
             self._arm_idle_timer()
 
     def _arm_idle_timer(self) -> None:
@@ -316,15 +356,22 @@ class HttpConnection(asyncio.Protocol):
 
     def _close_if_idle(self) -> None:
         self.idle_timer = None
-        if not self.exchanges and self.transport is not None:
+        if not self.exchanges and not self.receiving and self.transport is not None:
             self.transport.close()
+
+    def _request_id(self) -> bytes:
+        """The client's x-request-id for the request being read, else a new one."""
+        for name, value in self.headers:
+            if name == b"x-request-id" and value:
+                return value
+        return new_request_id()
 
     def _refuse(self, status: int, body: bytes) -> None:
         """Answer an unreadable request and close: the stream cannot be trusted after it."""
         if self.refused or self.transport is None or self.transport.is_closing():
             return
         self.refused = True
-        exchange = Exchange(self, new_request_id(), keep_alive=False)
+        exchange = Exchange(self, self._request_id(), keep_alive=False)
         self.exchanges.append(exchange)
         exchange.respond(status, body)
 

@@ -50,8 +50,22 @@ class Proxy:
 
     def watch_routes(self) -> None:
         """Make sure every ingress deployment has a router (and so a replica set)."""
+        self._routes_version = self.runtime.routes
         for target in self.runtime.routes.targets:
             self.runtime.router(DeploymentId(target.app, target.deployment))
+
+    async def follow_routes(self) -> None:
+        """Watch each new route's deployment as soon as the route table arrives.
+
+        Waiting for the first request instead would let that request (and any burst
+        with it) meet a router that has no replica set yet, and so no queue limit.
+        """
+        received = self.runtime.routes_received
+        while True:
+            await received.wait()
+            received.clear()
+            if self.runtime.routes is not self._routes_version:
+                self.watch_routes()
 
     def dispatch(self, exchange: Exchange, method: str, url: bytes,
                  headers: list[tuple[bytes, bytes]], body: bytes, http_version: str) -> None:
@@ -61,7 +75,6 @@ class Proxy:
             return
         routes = self.runtime.routes
         if routes is not self._routes_version:
-            self._routes_version = routes
             self.watch_routes()
         target = routes.match(path)
         if target is None:
@@ -130,10 +143,12 @@ async def serve(controller: str) -> int:
                                                  f"{exc.strerror or exc}")
         return 1
     server = await loop.create_server(proxy.protocol, sock=sock, backlog=4096)
+    follower = loop.create_task(proxy.follow_routes())
     port = proxy.port = sock.getsockname()[1]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await runtime.call("proxy_ready", address=f"{spec.host}:{port}", pid=os.getpid())
     await stop.wait()
+    follower.cancel()
     server.close()
     await proxy.drain()
     runtime.close()

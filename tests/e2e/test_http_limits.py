@@ -1,0 +1,218 @@
+"""HTTP limits set through http_options: request_timeout_s, max_body_bytes, keep-alive.
+
+This module starts its own surge instance (not conftest's `surge_instance`) because the
+limits are per-instance options; only one instance may run in a process at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from surge import serve
+from tests.e2e.conftest import Running, free_port
+from tests.e2e.test_http import RawConnection, chunked, request_bytes
+
+pytestmark = pytest.mark.e2e
+
+LIMIT = 1000
+TIMEOUT_S = 0.5
+KEEP_ALIVE_S = 1.0
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=8)
+class Limited:
+    async def __call__(self, request: Request) -> Any:
+        seconds = float(request.query_params.get("s", "0"))
+        if seconds:
+            await asyncio.sleep(seconds)
+        body = await request.body()
+        return {"length": len(body), "slept": seconds}
+
+
+@pytest.fixture(scope="module")
+def limited_instance() -> Iterator[Running]:
+    control = f"127.0.0.1:{free_port()}"
+    http_port = free_port()
+    previous = os.environ.get("SURGE_ADDRESS")
+    os.environ["SURGE_ADDRESS"] = control
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port,
+                              "request_timeout_s": TIMEOUT_S, "max_body_bytes": LIMIT,
+                              "keep_alive_timeout_s": KEEP_ALIVE_S})
+    try:
+        serve.run(Limited.bind(), name="limited", route_prefix="/limited")
+        yield Running(http_port, control)
+    finally:
+        serve.shutdown()
+        if previous is None:
+            os.environ.pop("SURGE_ADDRESS", None)
+        else:
+            os.environ["SURGE_ADDRESS"] = previous
+
+
+@pytest.fixture
+def http(limited_instance: Running) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=limited_instance.url, timeout=30) as client:
+        yield client
+
+
+# -- request_timeout_s ---------------------------------------------------------------------
+
+
+def test_configured_request_timeout_gives_408(http: httpx.Client) -> None:
+    start = time.monotonic()
+    response = http.get("/limited", params={"s": "2"})
+    elapsed = time.monotonic() - start
+    assert response.status_code == 408
+    assert response.headers["x-request-id"]
+    assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + 1.0, elapsed
+
+
+def test_fast_requests_are_unaffected_by_the_timeout(http: httpx.Client) -> None:
+    response = http.get("/limited", params={"s": "0.05"})
+    assert response.status_code == 200
+    assert response.json() == {"length": 0, "slept": 0.05}
+
+
+def test_timeout_header_overrides_the_configured_timeout(http: httpx.Client) -> None:
+    # Longer than the configured 0.5 s: the header wins and the request completes.
+    response = http.get("/limited", params={"s": "0.8"},
+                        headers={"x-request-timeout-seconds": "5"})
+    assert response.status_code == 200
+    assert response.json()["slept"] == 0.8
+    # Shorter than the configured timeout: the header wins again.
+    start = time.monotonic()
+    response = http.get("/limited", params={"s": "2"},
+                        headers={"x-request-timeout-seconds": "0.2"})
+    assert response.status_code == 408
+    assert time.monotonic() - start < TIMEOUT_S
+
+
+def test_the_connection_survives_a_timeout(limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        conn.send(request_bytes("GET", "/limited?s=2"))
+        assert conn.read_response().status == 408
+        conn.send(request_bytes("GET", "/limited"))
+        response = conn.read_response()
+        assert response.status == 200
+        assert response.body == b'{"length":0,"slept":0.0}'
+
+
+# -- max_body_bytes ------------------------------------------------------------------------
+
+
+def test_body_at_the_limit_is_accepted(http: httpx.Client) -> None:
+    response = http.post("/limited", content=b"x" * LIMIT)
+    assert response.status_code == 200
+    assert response.json()["length"] == LIMIT
+
+
+def test_declared_content_length_over_the_limit_is_413_before_the_body(
+        limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        # Only the head is sent: the proxy answers from Content-Length alone.
+        conn.send(request_bytes("POST", "/limited", {"Content-Length": str(LIMIT + 1),
+                                                     "x-request-id": "too-big-1"}))
+        response = conn.read_response(timeout_s=5)
+        assert response.status == 413
+        assert str(LIMIT) in response.body.decode()
+        assert response.headers["x-request-id"] == "too-big-1"
+        assert response.headers.get("connection") == "close"
+        assert conn.closed_by_peer(5.0)
+
+
+def test_httpx_body_over_the_limit_is_413(http: httpx.Client) -> None:
+    response = http.post("/limited", content=b"x" * (LIMIT * 3))
+    assert response.status_code == 413
+
+
+def test_large_body_over_the_limit_is_413_not_a_reset(limited_instance: Running) -> None:
+    # The client is still sending when the proxy answers: the 413 must still arrive.
+    with httpx.Client(base_url=limited_instance.url, timeout=30) as client:
+        response = client.post("/limited", content=b"x" * 2_000_000)
+    assert response.status_code == 413
+
+
+def test_chunked_body_over_the_limit_is_413(limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        conn.send(request_bytes("POST", "/limited", {"Transfer-Encoding": "chunked"})
+                  + chunked(b"y" * (LIMIT + 200), 300))
+        response = conn.read_response(timeout_s=5)
+        assert response.status == 413
+        assert response.headers.get("connection") == "close"
+        assert conn.closed_by_peer(5.0)
+
+
+def test_chunked_body_within_the_limit_is_accepted(limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        conn.send(request_bytes("POST", "/limited", {"Transfer-Encoding": "chunked"})
+                  + chunked(b"y" * LIMIT, 300))
+        response = conn.read_response(timeout_s=5)
+        assert response.status == 200
+        assert response.body == b'{"length":1000,"slept":0.0}'
+
+
+def test_httpx_streamed_upload_over_the_limit_is_413(http: httpx.Client) -> None:
+    def parts() -> Iterator[bytes]:
+        for _ in range(5):
+            yield b"z" * 400
+
+    response = http.post("/limited", content=parts())  # no length: sent chunked
+    assert response.status_code == 413
+
+
+def test_the_proxy_keeps_serving_after_413(http: httpx.Client) -> None:
+    assert http.post("/limited", content=b"x" * (LIMIT + 1)).status_code == 413
+    response = http.post("/limited", content=b"x" * 10)
+    assert response.status_code == 200
+    assert response.json()["length"] == 10
+
+
+# -- keep_alive_timeout_s ------------------------------------------------------------------
+
+
+def test_idle_keep_alive_connection_is_closed(limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        conn.send(request_bytes("GET", "/limited"))
+        assert conn.read_response().status == 200
+        idle_from = time.monotonic()
+        assert conn.closed_by_peer(KEEP_ALIVE_S + 2.0)
+        assert time.monotonic() - idle_from >= KEEP_ALIVE_S - 0.1
+
+
+def test_a_connection_that_never_sends_is_closed(limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        assert conn.closed_by_peer(KEEP_ALIVE_S + 2.0)
+
+
+def test_a_long_request_is_not_cut_by_the_keep_alive_timeout(
+        limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        conn.send(request_bytes("GET", "/limited?s=1.5", {"x-request-timeout-seconds": "10"}))
+        response = conn.read_response()
+        assert response.status == 200
+        assert response.body == b'{"length":0,"slept":1.5}'
+        conn.send(request_bytes("GET", "/limited"))  # still open right after
+        assert conn.read_response().status == 200
+
+
+def test_a_pipelined_upload_is_not_cut_by_the_keep_alive_timeout(
+        limited_instance: Running) -> None:
+    with RawConnection(limited_instance.http_port) as conn:
+        # The second request's body arrives after the first is answered and more than
+        # the keep-alive timeout later: the connection is busy, not idle.
+        conn.send(request_bytes("GET", "/limited")
+                  + b"POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n12")
+        assert conn.read_response().status == 200
+        time.sleep(KEEP_ALIVE_S + 0.5)
+        conn.send(b"34")
+        response = conn.read_response()
+        assert response.status == 200
+        assert response.body == b'{"length":4,"slept":0.0}'
