@@ -190,7 +190,8 @@ class HTTPOptions:
     location: str = "EveryNode"
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.port, int) and 0 <= self.port <= 65535,
+        _require(isinstance(self.port, int) and not isinstance(self.port, bool)
+                 and 0 <= self.port <= 65535,
                  f"port must be an integer in 0..65535, got {self.port!r}.")
         _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
         _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)

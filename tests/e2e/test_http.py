@@ -937,3 +937,17 @@ def test_route_prefix_matches_whole_segments(http: httpx.Client) -> None:
     assert http.get("/main").status_code == 200
     assert http.get("/main/").status_code == 200
     assert http.get("/mainly").status_code == 404
+
+
+def test_raw_path_keeps_the_bytes_sent(client: httpx.Client) -> None:
+    """ASGI apps see %2F in raw_path even though path is decoded."""
+    serve.run(RawPath.bind(), name="rawpath", route_prefix="/rawpath")
+    data = client.get("/rawpath/a%2Fb").json()
+    assert data == {"path": "/rawpath/a/b", "raw_path": "/rawpath/a%2Fb"}
+    serve.delete("rawpath")
+
+
+@serve.deployment
+class RawPath:
+    def __call__(self, request: Any) -> dict[str, str]:
+        return {"path": request.scope["path"], "raw_path": request.scope["raw_path"].decode()}

@@ -2,8 +2,10 @@
 
 A deployment's `max_queued_requests` is one budget for all its callers: each router
 holds a share (budget split over the routers that send to the deployment), so adding
-callers never multiplies the total. A rejection carries the numbers and how long the
-caller should wait before retrying, estimated from how fast the queue drains.
+callers never multiplies the total. Each router keeps at least one slot, so a budget
+smaller than the number of routers admits one request per router. A rejection carries
+the numbers and how long the caller should wait before retrying, estimated from how
+fast the queue drains.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class Rejection:
 
 
 def queue_share(budget: int, routers: int) -> int:
-    """One router's share of a deployment-wide queue budget (never above the budget)."""
+    """One router's share of a deployment-wide budget: at least 1, never above the budget."""
     if budget <= 0:
         return 0
     return max(1, budget // max(1, routers))

@@ -376,18 +376,20 @@ class HttpConnection(asyncio.Protocol):
         exchange.respond(status, body)
 
 
-def decode_path(url: bytes) -> tuple[str, bytes]:
+def decode_path(url: bytes) -> tuple[str, bytes, bytes]:
+    """(percent-decoded path, query string, raw path bytes as sent)."""
     parsed = httptools.parse_url(url)
-    path = parsed.path.decode("latin-1") if parsed.path else "/"
+    raw = parsed.path or b"/"
+    path = raw.decode("latin-1")
     if "%" in path:
         path = unquote(path)
-    return path, parsed.query or b""
+    return path, parsed.query or b"", raw
 
 
 def make_request(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
                  body: bytes, client: str, route_prefix: str, request_id: bytes,
-                 http_version: str, root_path: str) -> HttpRequest:
+                 http_version: str, root_path: str, raw_path: bytes) -> HttpRequest:
     return HttpRequest(id=0, method=method, path=path, query=query, headers=headers, body=body,
                        client=client, route_prefix=route_prefix,
                        request_id=request_id.decode(), http_version=http_version,
-                       root_path=root_path)
+                       root_path=root_path, raw_path=raw_path)

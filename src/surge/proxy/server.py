@@ -69,7 +69,7 @@ class Proxy:
 
     def dispatch(self, exchange: Exchange, method: str, url: bytes,
                  headers: list[tuple[bytes, bytes]], body: bytes, http_version: str) -> None:
-        path, query = decode_path(url)
+        path, query, raw_path = decode_path(url)
         if path.startswith("/-/"):
             self._builtin(exchange, path)
             return
@@ -84,7 +84,7 @@ class Proxy:
         router = self.runtime.router(DeploymentId(target.app, target.deployment))
         request = make_request(method, path, query, headers, body, exchange.conn.client,
                                target.route_prefix, exchange.request_id, http_version,
-                               self.spec.root_path)
+                               self.spec.root_path, raw_path)
         pending = Pending(request, exchange)
         exchange.pending, exchange.router = pending, router
         try:

@@ -154,7 +154,7 @@ class _Connection(FramedProtocol):
         rid = message.id
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
-                           message.root_path)
+                           message.root_path, message.raw_path)
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 

@@ -157,7 +157,7 @@ def _jsonable(value: Any) -> Any:
 
 def asgi_scope(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
                client: str, route_prefix: str, http_version: str,
-               root_path: str = "") -> dict[str, Any]:
+               root_path: str = "", raw_path: bytes = b"") -> dict[str, Any]:
     host, _, port = client.rpartition(":")
     prefix = "" if route_prefix == "/" else route_prefix.rstrip("/")
     return {
@@ -167,7 +167,7 @@ def asgi_scope(method: str, path: str, query: bytes, headers: list[tuple[bytes, 
         "method": method,
         "scheme": "http",
         "path": path,
-        "raw_path": path.encode(),
+        "raw_path": raw_path or path.encode(),
         "query_string": query,
         "root_path": root_path + prefix,
         "headers": headers,

@@ -78,6 +78,7 @@ class Router:
         # Set once a replica set arrived and the links it named have been tried.
         self.ready = asyncio.Event()
         self._connecting = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # keeps connect tasks alive
         self._rate_started = now()
         self._completed_in_window = 0
         self._drain_per_s = 0.0
@@ -116,7 +117,9 @@ class Router:
                 link = ReplicaLink(replica_id, self._on_final, self._on_lost)
                 self._links[replica_id] = link
                 self._connecting += 1
-                self._loop.create_task(self._connect(info, link))
+                task = self._loop.create_task(self._connect(info, link))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         if not self._connecting:
             self.ready.set()
         self._drain()

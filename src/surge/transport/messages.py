@@ -39,6 +39,7 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     request_id: str
     http_version: str = "1.1"
     root_path: str = ""
+    raw_path: bytes = b""
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
