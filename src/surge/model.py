@@ -13,6 +13,7 @@ __all__ = [
     "DeploymentStatus",
     "DeploymentStatusOverview",
     "ImportedTarget",
+    "LoadReport",
     "ProxySpec",
     "ReplicaInfo",
     "ReplicaSet",
@@ -180,3 +181,15 @@ class ImportedTarget:
     module: str
     qualname: str
     source_digest: str = ""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What one router saw for one deployment since its last report (pushed every 0.1 s)."""
+
+    deployment: DeploymentId
+    arrivals: int  # requests offered, rejected ones included
+    completions: int
+    rejections: int
+    queued: int  # gauge: waiting in this router now
+    in_flight: int  # gauge: sent by this router and not yet answered

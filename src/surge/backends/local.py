@@ -1,6 +1,8 @@
-"""The local backend: every replica and proxy is a child process of the controller.
+"""The local backend: every replica and proxy is a process on this machine.
 
-Children get the controller's pid so they die with it. GPUs are found from
+Replicas are forked from a pre-imported template process (the fork server) when it
+is available, else started as fresh interpreters; the proxy is a child of the
+controller. Every process dies with its parent. GPUs are found from
 CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES
 (fractions share a GPU); CPUs are not reserved (processes may share cores).
 """
@@ -16,6 +18,7 @@ import sys
 import tempfile
 
 from surge.backends.base import Exit, PlacementError, ReplicaLaunch
+from surge.backends.forking import ForkServer, ForkServerError
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -72,12 +75,17 @@ class GpuPool:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, controller_address: str, gpus: list[str] | None = None) -> None:
+    def __init__(self, controller_address: str, gpus: list[str] | None = None,
+                 use_forkserver: bool = True) -> None:
         self.controller_address = controller_address
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
         self.socket_dir = tempfile.mkdtemp(prefix="surge-")
+        self.forked: dict[str, int] = {}  # replica id -> pid, for fork-server children
+        self.forkserver: ForkServer | None = None
+        if use_forkserver:
+            self.forkserver = ForkServer(self._env({}, ()))
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
@@ -97,9 +105,21 @@ class LocalBackend:
         gpus = self.gpus.take(launch.replica_id, launch.resources.num_gpus)
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        argv = [sys.executable, "-m", "surge.replica", self.controller_address,
-                launch.replica_id, launch.deployment.app, launch.deployment.name]
-        return self._spawn(launch.replica_id, argv, self._env(extra, launch.sys_path))
+        args = [self.controller_address, launch.replica_id, launch.deployment.app,
+                launch.deployment.name]
+        env = self._env(extra, launch.sys_path)
+        if self.forkserver is not None:
+            try:
+                pid = self.forkserver.spawn(launch.replica_id, args, env)
+                self.forked[launch.replica_id] = pid
+                return pid
+            except ForkServerError as exc:
+                log.warning("fork server unavailable (%s); starting replicas as new "
+                            "interpreters", exc)
+                self.forkserver.close()
+                self.forkserver = None
+        return self._spawn(launch.replica_id, [sys.executable, "-m", "surge.replica", *args],
+                           env)
 
     def start_proxy(self, proxy_id: str) -> int:
         argv = [sys.executable, "-m", "surge.proxy", self.controller_address]
@@ -117,6 +137,13 @@ class LocalBackend:
         self._signal(process_id, signal.SIGKILL)
 
     def _signal(self, process_id: str, signum: int) -> None:
+        forked = self.forked.get(process_id)
+        if forked is not None:
+            try:
+                os.kill(forked, signum)
+            except ProcessLookupError:
+                pass
+            return
         process = self.processes.get(process_id)
         if process is not None and process.poll() is None:
             try:
@@ -132,10 +159,23 @@ class LocalBackend:
                 del self.processes[process_id]
                 self.gpus.give_back(process_id)
                 exits.append(Exit(process_id, code))
+        if self.forkserver is not None:
+            for process_id, code in self.forkserver.poll():
+                self.forked.pop(process_id, None)
+                self.gpus.give_back(process_id)
+                exits.append(Exit(process_id, code))
+            if not self.forkserver.alive:  # its children died with it (parent-death signal)
+                exits += [Exit(process_id, None) for process_id in self.forked]
+                self.forked.clear()
+                self.forkserver.close()
+                self.forkserver = None
         return exits
 
     def alive(self) -> list[str]:
-        return [pid for pid, p in self.processes.items() if p.poll() is None]
+        running = [pid for pid, p in self.processes.items() if p.poll() is None]
+        return running + list(self.forked)
 
     def close(self) -> None:
+        if self.forkserver is not None:
+            self.forkserver.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
 from surge.config import AppSpec, HTTPOptions
+from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     AppRecord,
@@ -28,6 +29,7 @@ from surge.model import (
     ApplicationStatus,
     ApplicationStatusOverview,
     DeploymentId,
+    LoadReport,
     ProxySpec,
     ReplicaInfo,
     ReplicaSet,
@@ -38,7 +40,14 @@ from surge.model import (
 )
 from surge.policy.admission import queue_share
 from surge.policy.lifecycle import ReplicaState
-from surge.policy.reconcile import ObservedReplica, StartReplicas, StopReplica, reconcile
+from surge.policy.autoscaling import ScalingInputs
+from surge.policy.reconcile import (
+    ActivateReplica,
+    ObservedReplica,
+    StartReplicas,
+    StopReplica,
+    reconcile,
+)
 from surge.transport.rpc import RpcPeer
 
 __all__ = ["Controller"]
@@ -67,6 +76,8 @@ class Controller:
         self.stopping = False
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.load = LoadTracker(TICK_S)
+        self.autoscaler = Autoscaler()
 
     def __repr__(self) -> str:
         return (f"<Controller {self.address} apps={len(self.apps)} "
@@ -86,10 +97,14 @@ class Controller:
         return await handler(peer, **kwargs)
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
-        pass
+        if topic == "load":
+            for report in value:
+                assert isinstance(report, LoadReport)
+                self.load.report(id(peer), report)
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         self.proxies.discard(peer)
+        self.load.forget_source(id(peer))
         for deployment, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)
@@ -207,10 +222,16 @@ class Controller:
         deployment = self.deployments[replica.deployment]
         replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid)
         replica.peer = peer
-        replica.move(ReplicaState.RUNNING)
-        replica.next_health_check = time.monotonic() + deployment.config.health_check_period_s
+        now = time.monotonic()
+        running = sum(1 for r in deployment.running if r.version == deployment.version)
+        standby = deployment.standby_wanted
+        replica.move(ReplicaState.STANDBY if running >= deployment.target and standby
+                     else ReplicaState.RUNNING)
+        replica.next_health_check = now + deployment.config.health_check_period_s
         deployment.constructor_failures = 0
-        log.info("replica %s of %s is running (pid %d)", replica_id, deployment.id, pid)
+        deployment.observe_startup(now - replica.started_at)
+        log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
+                 deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
         self._push_replica_set(deployment.id)
         await self._notify()
 
@@ -240,6 +261,9 @@ class Controller:
             did = DeploymentId(app.name, spec.config.name)
             record = self.deployments.get(did)
             target = spec.config.initial_replicas
+            scaling = spec.config.autoscaling_config
+            if record is not None and scaling is not None and not record.deleting:
+                target = min(max(record.target, scaling.min_replicas), scaling.max_replicas)
             if record is None:
                 record = DeploymentRecord(did, spec, 1, spec.code_version, target, app.sys_path)
             else:
@@ -291,7 +315,9 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self._observe_exits()
+        self.load.close_bucket(now, list(self.deployments))
         for deployment in list(self.deployments.values()):
+            self._autoscale(deployment, now)
             if not deployment.failed:
                 self._reconcile(deployment, now)
             self._health_checks(deployment, now)
@@ -326,11 +352,29 @@ class Controller:
         log.warning("proxy exited with code %s; restarting it", code)
         self.backend.start_proxy(PROXY_ID)
 
+    def _autoscale(self, deployment: DeploymentRecord, now: float) -> None:
+        config = deployment.config.autoscaling_config
+        if config is None or deployment.deleting:
+            return
+        running = sum(1 for r in deployment.running if r.version == deployment.version)
+        inputs = ScalingInputs(now=now, running=running, target=deployment.target,
+                               samples=self.load.series.get(deployment.id, ()),
+                               startup_lead_s=deployment.startup_lead_s)
+        deployment.target = self.autoscaler.decide(deployment.id, config, inputs)
+
     def _reconcile(self, deployment: DeploymentRecord, now: float) -> None:
         observed = [ObservedReplica(r.replica_id, r.state, r.version, r.started_at)
                     for r in deployment.replicas.values() if r.replica_id in self.replicas]
-        for action in reconcile(deployment.target, deployment.version, observed):
-            if isinstance(action, StartReplicas):
+        actions = reconcile(deployment.target, deployment.version, observed,
+                            deployment.standby_wanted)
+        for action in actions:
+            if isinstance(action, ActivateReplica):
+                replica = self.replicas[action.replica_id]
+                replica.move(ReplicaState.RUNNING)
+                log.info("activated standby replica %s of %s (%s)", replica.replica_id,
+                         deployment.id, action.reason)
+                self._push_replica_set(deployment.id)
+            elif isinstance(action, StartReplicas):
                 for _ in range(action.count):
                     if not self._start_replica(deployment, now):
                         break
@@ -386,7 +430,9 @@ class Controller:
 
     def _health_checks(self, deployment: DeploymentRecord, now: float) -> None:
         config = deployment.config
-        for replica in deployment.running:
+        for replica in deployment.replicas.values():
+            if replica.state not in (ReplicaState.RUNNING, ReplicaState.STANDBY):
+                continue
             if replica.health_check_running or now < replica.next_health_check:
                 continue
             replica.health_check_running = True
@@ -403,7 +449,7 @@ class Controller:
             log.warning("health check %d of replica %s failed: %r", replica.health_failures,
                         replica.replica_id, exc)
             if (replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD
-                    and replica.state is ReplicaState.RUNNING):
+                    and replica.state in (ReplicaState.RUNNING, ReplicaState.STANDBY)):
                 self._fail_replica(replica, "failed its health checks")
         finally:
             replica.health_check_running = False
@@ -415,6 +461,8 @@ class Controller:
             if deployment.deleting and not deployment.replicas:
                 del self.deployments[did]
                 self.pushed.pop(did, None)
+                self.load.drop(did)
+                self.autoscaler.forget(did)
                 app = self.apps.get(did.app)
                 if app is not None and app.deployments.get(did.name) is deployment:
                     del app.deployments[did.name]

@@ -60,10 +60,22 @@ class DeploymentRecord:
     constructor_failures: int = 0
     last_error: str = ""
     deleting: bool = False
+    startup_lead_s: float = 1.0  # measured: asking for a replica -> it serves (EWMA)
+    startups_seen: int = 0
 
     @property
     def config(self) -> DeploymentConfig:
         return self.spec.config
+
+    @property
+    def standby_wanted(self) -> int:
+        scaling = self.config.autoscaling_config
+        return scaling.standby_replicas if scaling is not None and not self.deleting else 0
+
+    def observe_startup(self, seconds: float) -> None:
+        self.startups_seen += 1
+        weight = 1.0 if self.startups_seen == 1 else 0.3
+        self.startup_lead_s += weight * (seconds - self.startup_lead_s)
 
     @property
     def failed(self) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError
-from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
+from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
 from surge.policy.routing import choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
@@ -84,6 +84,8 @@ class Router:
         self._drain_per_s = 0.0
         self.completed = 0
         self.rejected = 0
+        self.arrived = 0
+        self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
 
     def __repr__(self) -> str:
         return (f"<Router {self.deployment} replicas={len(self._routable)} "
@@ -168,6 +170,7 @@ class Router:
 
     def submit(self, pending: Pending) -> None:
         """Send now, queue, or raise BackPressureError; never blocks."""
+        self.arrived += 1
         if not self._queue:
             index = choose_replica(self._loads, self._max_ongoing, self._rng)
             if index >= 0:
@@ -245,6 +248,16 @@ class Router:
             self._drain_per_s = self._completed_in_window / elapsed
             self._rate_started, self._completed_in_window = now, 0
         return self._drain_per_s
+
+    def load_report(self) -> LoadReport | None:
+        """What changed since the last report, or None when nothing did."""
+        now = (self.arrived, self.completed, self.rejected, len(self._queue), self.in_flight)
+        last = self._reported
+        if now == last:
+            return None
+        self._reported = now
+        return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
+                          now[2] - last[2], now[3], now[4])
 
     def close(self) -> None:
         for link in list(self._links.values()):

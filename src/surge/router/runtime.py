@@ -31,6 +31,8 @@ __all__ = [
 log = logging.getLogger("surge.runtime")
 
 RECONNECT_INTERVAL_S = 0.5
+# How often routers report their load to the controller (only what changed is sent).
+LOAD_REPORT_INTERVAL_S = 0.1
 
 RpcMethod = Callable[..., Awaitable[Any]]
 
@@ -50,6 +52,7 @@ class RouterRuntime:
         self.peer: RpcPeer | None = None
         self.on_controller_lost: Callable[[], None] | None = None
         self._closing = False
+        self._reporter: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -62,6 +65,20 @@ class RouterRuntime:
         self.peer = peer
         for deployment in self.routers:
             await peer.call("watch", deployment=deployment)
+        if self._reporter is None:
+            self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
+
+    def _report_load(self) -> None:
+        self._reporter = None
+        if self._closing:
+            return
+        peer = self.peer
+        if peer is not None and not peer.is_closed:
+            reports = [r for r in (router.load_report() for router in self.routers.values())
+                       if r is not None]
+            if reports:
+                peer.push("load", reports)
+        self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
 
     def router(self, deployment: DeploymentId) -> Router:
         router = self.routers.get(deployment)
@@ -126,6 +143,8 @@ class RouterRuntime:
 
     def close(self) -> None:
         self._closing = True
+        if self._reporter is not None:
+            self._reporter.cancel()
         for router in self.routers.values():
             router.close()
         if self.peer is not None:

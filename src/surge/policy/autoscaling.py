@@ -1,0 +1,402 @@
+"""Autoscaling policies: fresh load samples in, a target replica count and a reason out.
+
+Three policies share one input shape (`ScalingInputs`, a 0.1 s series of what the
+routers and replicas of one deployment saw) and return a `Decision`:
+
+* `ray_default` reproduces Ray Serve 2.60: the mean of ongoing + queued requests over
+  `look_back_period_s` as Ray's handles would have reported it (sampled every
+  min(0.2 x look_back, metrics_interval_s), pushed every `metrics_interval_s`), divided
+  by `target_ongoing_requests`, then Ray's wrapper: cold-start bypass, up/down scaling
+  factors, wall-clock up/down delays, bounds.
+* `proactive` (surge's default) sizes for the *offered* arrival rate, rejected requests
+  included, projected over the replica start-up lead time along its measured slope.
+  When demand outruns capacity it acts at once (no delay), growing at most
+  `max_step_factor` times per decision; it scales down only after `downscale_delay_s`
+  below a hysteresis band, never below `min_replicas`.
+* `custom` wraps a user function's desired count in Ray's wrapper, as Ray does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from surge.config import AutoscalingConfig
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "AutoscalingContext",
+    "Decision",
+    "LoadSample",
+    "PolicyState",
+    "ProactiveSettings",
+    "ScalingInputs",
+    "UserPolicy",
+    "apply_ray_wrapper",
+    "arrival_rate",
+    "arrival_slope",
+    "context_for",
+    "custom",
+    "proactive",
+    "ray_default",
+    "ray_total_requests",
+    "service_time_s",
+]
+
+# Ray's epsilon when comparing elapsed time with a delay.
+_EPS_S = 1e-6
+# Ray: each handle records a sample every look_back_period_s x this factor (or
+# metrics_interval_s if smaller).
+RAY_RECORD_INTERVAL_FACTOR = 0.2
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """One bucket (~0.1 s) of a deployment's load, summed over its routers and replicas."""
+
+    t: float  # end of the bucket
+    arrivals: float  # requests offered in the bucket, rejected ones included
+    completions: float
+    rejections: float
+    queued: float  # waiting in routers at the end of the bucket
+    ongoing: float  # running on replicas at the end of the bucket
+    duration_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class ScalingInputs:
+    now: float
+    running: int  # replicas RUNNING (Ray's current_num_replicas)
+    target: int  # the current target (Ray's target_num_replicas)
+    samples: Sequence[LoadSample]  # oldest first
+    startup_lead_s: float = 1.0  # measured time from asking for a replica to it serving
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What a policy remembers between decisions (Ray's delay timers, user state)."""
+
+    up_since: float | None = None
+    down_since: float | None = None
+    user: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: int
+    reason: str
+    state: PolicyState
+    signals: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def direction(self) -> str:
+        return self.reason.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class AutoscalingContext:
+    """Ray Serve's `AutoscalingContext`, the input of a custom policy."""
+
+    deployment_name: str
+    app_name: str
+    current_num_replicas: int
+    target_num_replicas: int
+    total_num_requests: float
+    total_queued_requests: float
+    capacity_adjusted_min_replicas: int
+    capacity_adjusted_max_replicas: int
+    policy_state: Mapping[str, Any]
+    current_time: float
+    config: AutoscalingConfig
+    arrival_rate: float = 0.0  # surge: offered requests/s over the last 0.5 s
+    arrival_slope: float = 0.0  # surge: d(rate)/dt over the last second
+
+    @property
+    def running_replicas(self) -> int:
+        return self.current_num_replicas
+
+
+# -- shared helpers ---------------------------------------------------------------------
+
+
+def _upscaling_factor(config: AutoscalingConfig) -> float:
+    return config.upscaling_factor or config.upscale_smoothing_factor or config.smoothing_factor
+
+
+def _downscaling_factor(config: AutoscalingConfig) -> float:
+    return (config.downscaling_factor or config.downscale_smoothing_factor
+            or config.smoothing_factor)
+
+
+def _bounds(value: int, config: AutoscalingConfig) -> int:
+    return max(config.min_replicas, min(config.max_replicas, value))
+
+
+def ray_total_requests(samples: Sequence[LoadSample], now: float,
+                       config: AutoscalingConfig) -> float:
+    """Ongoing + queued requests as Ray's controller would see them at `now`.
+
+    Handles sample every `record` seconds and push every `metrics_interval_s`; the
+    controller averages the pushed step function over `look_back_period_s`, holding the
+    last sample until now. Samples here are the 0.1 s buckets; a handle sample at time
+    t reads the latest bucket ending at or before t.
+    """
+    if not samples:
+        return 0.0
+    interval = max(config.metrics_interval_s, 1e-3)
+    record = max(min(config.look_back_period_s * RAY_RECORD_INTERVAL_FACTOR, interval), 1e-3)
+    pushed_until = math.floor(now / interval) * interval
+    start = max(pushed_until - config.look_back_period_s, samples[0].t - samples[0].duration_s)
+    points: list[tuple[float, float]] = []
+    index = 0
+    tick = math.ceil(start / record) * record
+    while tick <= pushed_until + _EPS_S:
+        while index + 1 < len(samples) and samples[index + 1].t <= tick + _EPS_S:
+            index += 1
+        if samples[index].t <= tick + _EPS_S:
+            sample = samples[index]
+            points.append((tick, sample.ongoing + sample.queued))
+        tick += record
+    if not points:
+        return 0.0
+    if len(points) == 1:
+        return points[0][1]
+    total = 0.0
+    for (t0, v0), (t1, _) in zip(points, points[1:], strict=False):
+        total += v0 * (t1 - t0)
+    end = max(now, points[-1][0])
+    total += points[-1][1] * (end - points[-1][0])
+    span = end - points[0][0]
+    return total / span if span > 0 else points[-1][1]
+
+
+def apply_ray_wrapper(desired: float, inputs: ScalingInputs, config: AutoscalingConfig,
+                      state: PolicyState, reason: str, total_requests: float,
+                      signals: Mapping[str, float] | None = None) -> Decision:
+    """Ray's wrapper around every policy: cold start, factors, delays, then bounds."""
+    signals = dict(signals or {})
+    if inputs.running == 0 and total_requests > 0:
+        cold = max(math.ceil(_upscaling_factor(config)), inputs.target)
+        return Decision(_bounds(cold, config), f"up: cold start with {total_requests:g} "
+                        "requests waiting", state, signals)
+    scaled = _apply_factors(desired, inputs.running, config)
+    if inputs.running == 0 and scaled > 0:
+        return Decision(_bounds(scaled, config), f"up: {reason}", state, signals)
+    decided, state = _apply_delays(max(0, scaled), inputs.target, config, state, inputs.now)
+    final = _bounds(decided, config)
+    if final > inputs.target:
+        return Decision(final, f"up: {reason}", state, signals)
+    if final < inputs.target:
+        return Decision(final, f"down: {reason}", state, signals)
+    waiting = ""
+    if scaled > inputs.target and state.up_since is not None:
+        waiting = f" (up to {scaled} after upscale_delay_s={config.upscale_delay_s:g})"
+    elif scaled < inputs.target and state.down_since is not None:
+        waiting = f" (down to {scaled} after downscale_delay_s={config.downscale_delay_s:g})"
+    return Decision(final, f"hold: {reason}{waiting}", state, signals)
+
+
+def _apply_factors(desired: float, running: int, config: AutoscalingConfig) -> int:
+    if running == 0:
+        return math.ceil(desired)
+    delta = desired - running
+    factor = _upscaling_factor(config) if delta > 0 else _downscaling_factor(config)
+    scaled = math.ceil(running + factor * delta)
+    if math.ceil(desired) < running and scaled == running:
+        scaled -= 1  # a small factor must not leave downscaling stuck
+    return scaled
+
+
+def _apply_delays(desired: int, target: int, config: AutoscalingConfig, state: PolicyState,
+                  now: float) -> tuple[int, PolicyState]:
+    if desired > target:
+        since = state.up_since if state.up_since is not None else now
+        if now - since + _EPS_S >= config.upscale_delay_s:
+            return desired, replace(state, up_since=None, down_since=None)
+        return target, replace(state, up_since=since, down_since=None)
+    if desired < target:
+        if target == 1:  # only 1 -> 0 may reach zero
+            delay = (config.downscale_to_zero_delay_s
+                     if config.downscale_to_zero_delay_s is not None else config.downscale_delay_s)
+        else:
+            delay = config.downscale_delay_s
+            desired = max(1, desired)
+        since = state.down_since if state.down_since is not None else now
+        if now - since + _EPS_S >= delay:
+            return desired, replace(state, up_since=None, down_since=None)
+        return target, replace(state, up_since=None, down_since=since)
+    return target, replace(state, up_since=None, down_since=None)
+
+
+# -- ray_default --------------------------------------------------------------------------
+
+
+def ray_default(inputs: ScalingInputs, config: AutoscalingConfig,
+                state: PolicyState) -> Decision:
+    """Ray Serve 2.60's default policy, with Ray's metric pipeline emulated."""
+    total = ray_total_requests(inputs.samples, inputs.now, config)
+    if inputs.running == 0 and inputs.samples and inputs.samples[-1].queued > 0:
+        # Ray's handles push at once when a deployment at zero has queued requests.
+        total = max(total, inputs.samples[-1].queued)
+    desired = (float(inputs.target) if inputs.running == 0
+               else total / config.target_ongoing_requests)
+    reason = (f"{total:.1f} requests (Ray's {config.look_back_period_s:g}s mean) / "
+              f"target_ongoing_requests {config.target_ongoing_requests:g} = {desired:.1f}")
+    return apply_ray_wrapper(desired, inputs, config, state, reason, total,
+                             {"total_requests": total, "desired": desired})
+
+
+# -- proactive ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProactiveSettings:
+    """`policy_kwargs` of the proactive policy; each default with its reason."""
+
+    # Arrival rate over the last 0.3 s: three buckets, fresh yet not one bucket's noise.
+    rate_window_s: float = 0.3
+    # Slope over the last 1 s: long enough to see a ramp of 500 ms.
+    slope_window_s: float = 1.0
+    # Act without delay when projected demand exceeds the target by this fraction.
+    surge_threshold: float = 0.2
+    # At most this many times the current replicas per decision (guards a bad estimate).
+    max_step_factor: float = 4.0
+    # Scale down only when demand stays below this fraction of the target.
+    downscale_band: float = 0.7
+    # Service time assumed until completions measure it (seconds per request).
+    default_service_time_s: float = 0.01
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> ProactiveSettings:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(kwargs) - known
+        if unknown:
+            raise ValueError(f"unknown proactive policy_kwargs {sorted(unknown)}; "
+                             f"known: {sorted(known)}")
+        return cls(**dict(kwargs))
+
+
+def _window(samples: Sequence[LoadSample], now: float, seconds: float) -> list[LoadSample]:
+    return [s for s in samples if s.t > now - seconds - _EPS_S]
+
+
+def arrival_rate(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
+    recent = _window(samples, now, seconds)
+    span = sum(s.duration_s for s in recent)
+    return sum(s.arrivals for s in recent) / span if span > 0 else 0.0
+
+
+def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
+    """Least-squares slope of the per-bucket arrival rate, in requests/s per second."""
+    recent = _window(samples, now, seconds)
+    if len(recent) < 3:
+        return 0.0
+    xs = [s.t for s in recent]
+    ys = [s.arrivals / s.duration_s for s in recent]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    if var == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+
+
+def service_time_s(samples: Sequence[LoadSample], now: float, default: float) -> float:
+    """Little's law over the last second: W = mean ongoing / completion rate."""
+    recent = _window(samples, now, 1.0)
+    span = sum(s.duration_s for s in recent)
+    done = sum(s.completions for s in recent)
+    if span <= 0 or done < 5:
+        return default
+    ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
+    return max(ongoing / (done / span), 1e-5)
+
+
+def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyState,
+              settings: ProactiveSettings | None = None) -> Decision:
+    """Size for the offered rate projected over the start-up lead time; act on surges now."""
+    s = settings or ProactiveSettings()
+    now, samples = inputs.now, inputs.samples
+    rate = arrival_rate(samples, now, s.rate_window_s)
+    slope = arrival_slope(samples, now, s.slope_window_s)
+    service = service_time_s(samples, now, s.default_service_time_s)
+    lead = max(inputs.startup_lead_s, 0.1)
+    projected = max(rate, rate + slope * lead)
+    latest = samples[-1] if samples else None
+    in_system = (latest.ongoing + latest.queued) if latest else 0.0
+    per_replica = config.target_ongoing_requests / service  # requests/s at target load
+    demand = max(projected / per_replica, in_system / config.target_ongoing_requests)
+    signals = {"rate": rate, "slope": slope, "projected_rate": projected,
+               "service_time_s": service, "demand_replicas": demand}
+    wanted = math.ceil(demand - 1e-9)
+    base = max(inputs.target, inputs.running, 1)
+    if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):
+        return Decision(_bounds(max(1, wanted), config), f"up: cold start, {rate:.0f} req/s "
+                        "offered", PolicyState(user=state.user), signals)
+    if wanted > inputs.target:
+        surge = demand > inputs.target * (1 + s.surge_threshold)
+        cap = math.ceil(base * max(s.max_step_factor, _upscaling_factor(config)))
+        step = _bounds(min(wanted, cap), config)
+        why = (f"{rate:.0f} req/s offered, slope {slope:+.0f}/s, projected {projected:.0f} "
+               f"over {lead:.2f}s lead, {per_replica:.0f} req/s per replica -> {demand:.1f} "
+               "replicas")
+        if surge or inputs.target == 0:
+            return Decision(step, f"up: {why}", PolicyState(user=state.user), signals)
+        since = state.up_since if state.up_since is not None else now
+        if now - since + _EPS_S >= config.upscale_delay_s:
+            return Decision(step, f"up: {why}", PolicyState(user=state.user), signals)
+        return Decision(inputs.target, f"hold: {why} (within the surge band; waiting "
+                        f"upscale_delay_s={config.upscale_delay_s:g})",
+                        PolicyState(up_since=since, user=state.user), signals)
+    if demand < inputs.target * s.downscale_band and inputs.target > config.min_replicas:
+        since = state.down_since if state.down_since is not None else now
+        low = _bounds(max(wanted, 0), config)
+        if now - since + _EPS_S >= config.downscale_delay_s:
+            return Decision(max(low, inputs.target - max(1, (inputs.target - low) // 2)),
+                            f"down: demand {demand:.1f} replicas below "
+                            f"{s.downscale_band:.0%} of {inputs.target} for "
+                            f"{config.downscale_delay_s:g}s", PolicyState(user=state.user),
+                            signals)
+        return Decision(inputs.target, f"hold: demand {demand:.1f} replicas (waiting "
+                        f"downscale_delay_s={config.downscale_delay_s:g})",
+                        PolicyState(down_since=since, user=state.user), signals)
+    return Decision(_bounds(inputs.target, config), f"hold: demand {demand:.1f} replicas",
+                    PolicyState(user=state.user), signals)
+
+
+# -- custom -------------------------------------------------------------------------------
+
+UserPolicy = Callable[[AutoscalingContext], tuple[float, Mapping[str, Any]]]
+
+
+def context_for(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyState,
+                deployment: str, app: str) -> AutoscalingContext:
+    latest = inputs.samples[-1] if inputs.samples else None
+    return AutoscalingContext(
+        deployment_name=deployment, app_name=app, current_num_replicas=inputs.running,
+        target_num_replicas=inputs.target,
+        total_num_requests=ray_total_requests(inputs.samples, inputs.now, config),
+        total_queued_requests=latest.queued if latest else 0.0,
+        capacity_adjusted_min_replicas=config.min_replicas,
+        capacity_adjusted_max_replicas=config.max_replicas,
+        policy_state=dict(state.user), current_time=inputs.now, config=config,
+        arrival_rate=arrival_rate(inputs.samples, inputs.now, 0.5),
+        arrival_slope=arrival_slope(inputs.samples, inputs.now, 1.0))
+
+
+def custom(policy: UserPolicy, inputs: ScalingInputs, config: AutoscalingConfig,
+           state: PolicyState, deployment: str = "", app: str = "") -> Decision:
+    """A user policy (Ray's signature), wrapped like Ray wraps it."""
+    ctx = context_for(inputs, config, state, deployment, app)
+    desired, user_state = policy(ctx)
+    if not isinstance(desired, int | float) or isinstance(desired, bool) or \
+            not math.isfinite(desired):
+        raise ValueError(f"the custom policy returned {desired!r}; it must return "
+                         "(number of replicas, state dict)")
+    state = replace(state, user=dict(user_state or {}))
+    return apply_ray_wrapper(float(desired), inputs, config, state,
+                             f"custom policy wants {desired:g}", ctx.total_num_requests)
+
+
+BUILTIN_POLICIES = ("proactive", "ray_default")

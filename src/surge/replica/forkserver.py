@@ -1,0 +1,120 @@
+"""A pre-imported template process that forks replicas (`surge:forkserver`).
+
+A cold `python -m surge.replica` spends most of its start-up importing (uvloop,
+starlette, msgspec, cloudpickle, surge itself). The fork server imports all that once,
+then forks a child per replica, so a replica with a trivial model serves in well under
+300 ms. It is single-threaded and runs no event loop, so forking is safe.
+
+Protocol, one JSON object per line: the controller writes
+`{"spawn": ID, "argv": [...], "env": {...}}`, the fork server answers `{"spawned": ID,
+"pid": N}` (or `{"failed": ID, "error": ...}`) and later `{"exited": ID, "code": C}`
+when it reaps the child.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+__all__ = ["PRELOAD", "main"]
+
+# Imported once here, shared copy-on-write by every replica.
+PRELOAD = ("surge.replica.main", "starlette.responses", "starlette.requests", "fastapi")
+
+
+def _send(out: int, message: dict[str, Any]) -> None:
+    os.write(out, (json.dumps(message) + "\n").encode())
+
+
+def _child(argv: list[str], env: dict[str, str]) -> None:
+    """In the forked child: become a replica process and never return."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(2, 1)  # our stdout is the fork server's pipe to the controller
+        os.environ.clear()
+        os.environ.update(env)
+        os.environ["SURGE_PARENT_PID"] = str(os.getppid())  # we die with the fork server
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from surge.replica.main import main as replica_main
+
+        code = replica_main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _spawn(request: dict[str, Any], out: int, children: dict[int, str]) -> None:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _send(out, {"failed": request["spawn"], "error": str(exc)})
+        return
+    if pid == 0:
+        _child(request["argv"], request["env"])
+    children[pid] = request["spawn"]
+    _send(out, {"spawned": request["spawn"], "pid": pid})
+
+
+def _reap(out: int, children: dict[int, str]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        process_id = children.pop(pid, None)
+        if process_id is not None:
+            _send(out, {"exited": process_id, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(inp: int, out: int) -> None:
+    children: dict[int, str] = {}
+    buffer = b""
+    while True:
+        ready, _, _ = select.select([inp], [], [], 0.05)
+        _reap(out, children)
+        if not ready:
+            continue
+        data = os.read(inp, 65536)
+        if not data:  # the controller is gone: so are we (children get SIGTERM)
+            return
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                _spawn(json.loads(line), out, children)
+
+
+def main() -> None:
+    from surge.process import die_with_parent, set_title
+
+    set_title("surge:forkserver")
+    die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in PRELOAD:
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            importlib.import_module(module)
+    out = os.dup(1)
+    os.dup2(2, 1)  # stray prints must not corrupt the protocol
+    _send(out, {"ready": os.getpid()})
+    serve(0, out)
+
+
+if __name__ == "__main__":
+    main()
