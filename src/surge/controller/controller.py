@@ -39,8 +39,8 @@ from surge.model import (
     ServeStatus,
 )
 from surge.policy.admission import queue_share
-from surge.policy.lifecycle import ReplicaState
 from surge.policy.autoscaling import ScalingInputs
+from surge.policy.lifecycle import ReplicaState
 from surge.policy.reconcile import (
     ActivateReplica,
     ObservedReplica,

@@ -18,6 +18,7 @@ routers and replicas of one deployment saw) and return a `Decision`:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -164,7 +165,7 @@ def ray_total_requests(samples: Sequence[LoadSample], now: float,
     if len(points) == 1:
         return points[0][1]
     total = 0.0
-    for (t0, v0), (t1, _) in zip(points, points[1:], strict=False):
+    for (t0, v0), (t1, _) in itertools.pairwise(points):
         total += v0 * (t1 - t0)
     end = max(now, points[-1][0])
     total += points[-1][1] * (end - points[-1][0])
