@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -35,6 +35,8 @@ __all__ = [
     "HTTPOptions",
     "ProxyLocation",
     "ReplicaResources",
+    "ScheduleWindow",
+    "parse_schedule",
 ]
 
 log = logging.getLogger("surge.config")
@@ -122,6 +124,55 @@ def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False
              f"{name} must be an integer >= {minimum}, got {value!r}.")
 
 
+@dataclass(frozen=True)
+class ScheduleWindow:
+    start_s: int  # seconds after local midnight
+    end_s: int
+    min_replicas: int | None = None
+    standby_replicas: int | None = None
+
+    def covers(self, second_of_day: float) -> bool:
+        if self.start_s <= self.end_s:
+            return self.start_s <= second_of_day < self.end_s
+        return second_of_day >= self.start_s or second_of_day < self.end_s
+
+
+def _clock(text: Any, where: str) -> int:
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise ConfigError(f"{where} must be a time of day like '23:50', got {text!r}")
+    hours, minutes = text.split(":")
+    if not (hours.isdigit() and minutes.isdigit() and int(hours) < 24 and int(minutes) < 60):
+        raise ConfigError(f"{where} must be a time of day like '23:50', got {text!r}")
+    return int(hours) * 3600 + int(minutes) * 60
+
+
+def parse_schedule(windows: Sequence[Mapping[str, Any]]) -> tuple[ScheduleWindow, ...]:
+    parsed = []
+    for index, window in enumerate(windows):
+        where = f"schedule[{index}]"
+        if not isinstance(window, Mapping):
+            raise ConfigError(f"{where} must be a mapping with start, end and floors")
+        unknown = set(window) - {"start", "end", "min_replicas", "standby_replicas"}
+        if unknown:
+            raise ConfigError(f"{where} has unknown keys {sorted(unknown)}; use start, end, "
+                             "min_replicas, standby_replicas")
+        floors = {k: window.get(k) for k in ("min_replicas", "standby_replicas")}
+        for key, value in floors.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}")
+        if floors["min_replicas"] is None and floors["standby_replicas"] is None:
+            raise ConfigError(f"{where} sets no floor; give min_replicas or standby_replicas")
+        start = _clock(window.get("start"), f"{where}.start")
+        end = _clock(window.get("end"), f"{where}.end")
+        if start == end:
+            raise ConfigError(f"{where} is empty: start and end are both {window['start']}")
+        parsed.append(ScheduleWindow(start, end, floors["min_replicas"],
+                                     floors["standby_replicas"]))
+    return tuple(parsed)
+
+
+
 @dataclass(frozen=True, kw_only=True)
 class AutoscalingConfig:
     """Ray Serve's `AutoscalingConfig` with Ray's defaults (min 1, max 1, target 2)."""
@@ -143,6 +194,7 @@ class AutoscalingConfig:
     aggregation_function: str = "mean"
     policy: Mapping[str, Any] | None = None
     standby_replicas: int = 0
+    schedule: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         _integer("min_replicas", self.min_replicas, minimum=0)
@@ -166,6 +218,19 @@ class AutoscalingConfig:
         _require(self.aggregation_function in ("mean", "max", "min"),
                  "aggregation_function must be one of 'mean', 'max', 'min'.")
         _integer("standby_replicas", self.standby_replicas, minimum=0)
+        _require(isinstance(self.schedule, list | tuple),
+                 "schedule must be a list of windows like "
+                 "{start: '23:50', end: '00:30', min_replicas: 8}.")
+        object.__setattr__(self, "schedule", tuple(self.schedule))
+        parse_schedule(self.schedule)
+        if self.policy is not None:
+            _require(isinstance(self.policy, Mapping) and set(self.policy) <= {
+                "policy_function", "policy_kwargs"},
+                "policy must be a mapping with policy_function and optional policy_kwargs.")
+
+    @property
+    def schedule_windows(self) -> tuple[ScheduleWindow, ...]:
+        return parse_schedule(self.schedule)
 
     @classmethod
     def default(cls) -> AutoscalingConfig:

@@ -138,7 +138,7 @@ class Autoscaler:
     def decide(self, deployment: DeploymentId, config: AutoscalingConfig,
                inputs: ScalingInputs) -> int:
         cached = self.policies.get(deployment)
-        if cached is None or cached[0] is not config:
+        if cached is None or cached[0].policy != config.policy:
             cached = (config, resolve_policy(config, deployment))
             self.policies[deployment] = cached
         state = self.states.get(deployment, PolicyState())

@@ -9,6 +9,7 @@ control connection (RPC methods `rpc_*`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -48,6 +49,7 @@ from surge.policy.reconcile import (
     StopReplica,
     reconcile,
 )
+from surge.policy.schedule import floors_at
 from surge.transport.rpc import RpcPeer
 
 __all__ = ["Controller"]
@@ -56,6 +58,11 @@ log = logging.getLogger("surge.controller")
 
 TICK_S = 0.1
 PROXY_ID = "proxy"
+
+
+def _second_of_day() -> float:
+    local = time.localtime()
+    return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec
 
 
 class Controller:
@@ -356,6 +363,13 @@ class Controller:
         config = deployment.config.autoscaling_config
         if config is None or deployment.deleting:
             return
+        floors = floors_at(config.schedule_windows, _second_of_day(), config.min_replicas,
+                           config.standby_replicas)
+        deployment.standby_floor = floors.standby_replicas
+        if floors.min_replicas > config.min_replicas:
+            config = dataclasses.replace(
+                config, min_replicas=floors.min_replicas,
+                max_replicas=max(config.max_replicas, floors.min_replicas))
         running = sum(1 for r in deployment.running if r.version == deployment.version)
         inputs = ScalingInputs(now=now, running=running, target=deployment.target,
                                samples=self.load.series.get(deployment.id, ()),

@@ -61,6 +61,7 @@ class DeploymentRecord:
     last_error: str = ""
     deleting: bool = False
     startup_lead_s: float = 1.0  # measured: asking for a replica -> it serves (EWMA)
+    standby_floor: int = 0  # from the autoscaling schedule in force now
     startups_seen: int = 0
 
     @property
@@ -70,7 +71,9 @@ class DeploymentRecord:
     @property
     def standby_wanted(self) -> int:
         scaling = self.config.autoscaling_config
-        return scaling.standby_replicas if scaling is not None and not self.deleting else 0
+        if scaling is None or self.deleting:
+            return 0
+        return max(scaling.standby_replicas, self.standby_floor)
 
     def observe_startup(self, seconds: float) -> None:
         self.startups_seen += 1
