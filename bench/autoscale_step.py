@@ -10,7 +10,8 @@ and Ray Serve 2.60 with its defaults and with the same tuning, in the same run.
 
 Per 100 ms it prints offered and completed rates, 503s, p99 and replicas; per case:
 seconds from the step to the first scale-up decision, to capacity (the end of the
-first 100 ms bucket served at >= 95% of offered that starts a 0.5 s window doing so), the fraction of step-phase requests without a 2xx, and the p99.
+first 100 ms bucket served at >= 95% of offered that starts a 0.5 s window doing so),
+the fraction of step-phase requests without a 2xx, and the p99.
 The last line is `summary: policy=proactive+standby first_decision_s=... capacity_s=...
 failed=... p99_ms=...`. Full series go to reports/autoscale_step.json.
 """
@@ -57,7 +58,7 @@ def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 def analyse(result: CaseResult, hold_s: float) -> None:

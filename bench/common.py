@@ -236,3 +236,178 @@ def median_result(results: list[WrkResult]) -> WrkResult:
         requests=middle.requests, non_2xx=sum(r.non_2xx for r in results),
         errors=sum(r.errors for r in results),
         cpu_us_per_request=statistics.median(r.cpu_us_per_request for r in results))
+
+
+# -- driver subprocesses (added for handles/startup/memory) ---------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    match = re.search(r"^Rss:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def start_ticks(pid: int) -> int:
+    """The process's start time (clock ticks since boot): with the pid, its identity."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _signal_known(known: dict[int, int], sig: int) -> None:
+    for pid, ticks in known.items():
+        if ticks >= 0 and start_ticks(pid) == ticks:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class Driver:
+    """A measurement script run in its own session, talked to line by line.
+
+    `stop()` ends it and everything it started: it snapshots the process tree (processes
+    that moved to their own process group, e.g. Ray's actors and surge's controller,
+    included), asks nicely (`STOP` on stdin), then SIGTERM and SIGKILL to the group and to
+    each remembered process that is still the same process (pid and start time).
+    """
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        import tempfile
+        import threading
+
+        self.name = name
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.stderr, text=True,
+                                        env={**os.environ, **(env or {})},
+                                        start_new_session=True, cwd=ROOT)
+        self.spawned_at = time.time()
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._known: dict[int, int] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._cond:
+                self.lines.append((time.time(), line.rstrip("\n")))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def remember_tree(self) -> list[int]:
+        pids = process_tree(self.process.pid)
+        for pid in pids:
+            self._known.setdefault(pid, start_ticks(pid))
+        return pids
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.remember_tree()
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def wait_line(self, prefix: str, timeout_s: float) -> tuple[float, str]:
+        """The first line starting with `prefix` (and when it arrived); RuntimeError if none."""
+        deadline = time.monotonic() + timeout_s
+        index = 0
+        with self._cond:
+            while True:
+                for at, line in self.lines[index:]:
+                    if line.startswith(prefix):
+                        return at, line
+                index = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.process.poll() is not None
+                                 and not self._reader.is_alive()):
+                    break
+                self._cond.wait(min(left, 0.5))
+        self.remember_tree()
+        raise RuntimeError(f"{self.name}: no {prefix!r} line within {timeout_s:.0f} s "
+                           f"(exit code {self.process.poll()}); stderr tail:\n"
+                           f"{self.stderr_tail()}")
+
+    def stderr_tail(self, lines: int = 25) -> str:
+        try:
+            self.stderr.flush()
+            self.stderr.seek(0)
+            return "\n".join(self.stderr.read().splitlines()[-lines:])
+        except (OSError, ValueError):
+            return ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.remember_tree()
+            self.send("STOP")
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.remember_tree()
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        _signal_known(self._known, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+                start_ticks(p) == t for p, t in self._known.items() if t >= 0):
+            time.sleep(0.1)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _signal_known(self._known, signal.SIGKILL)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        self.stderr.close()
+
+
+@contextmanager
+def driver(name: str, argv: list[str], env: dict[str, str] | None = None,
+           grace_s: float = 30.0) -> Iterator[Driver]:
+    """Run a `Driver`; always stop it (and its whole tree) on the way out."""
+    running = Driver(name, argv, env)
+    try:
+        yield running
+    finally:
+        running.stop(grace_s)
+
+
+def surge_env() -> dict[str, str]:
+    """Environment for a surge driver: its own control port, quiet logs."""
+    return {"SURGE_ADDRESS": f"127.0.0.1:{free_port()}", "SURGE_LOG_LEVEL": "WARNING"}
+
+
+def system_python(system: str) -> str:
+    return sys.executable if system == "surge" else ray_python()
+
+
+def ray_leftovers() -> list[int]:
+    """Processes of any Ray session still running on this machine (ray:: titles, raylet,
+    gcs_server, or a /tmp/ray/session_ command line)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            line = cmdline(int(entry))
+            if line.startswith("ray::") or "/tmp/ray/session_" in line or \
+                    "ray/core/src/ray/" in line:
+                found.append(int(entry))
+    return found
