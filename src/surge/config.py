@@ -242,6 +242,13 @@ class AutoscalingConfig:
         return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
 
 
+def default_proxy_workers() -> int:
+    """One proxy process per two cores (the rest serve replicas), between 1 and 8."""
+    import os
+
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
 @dataclass(frozen=True, kw_only=True)
 class HTTPOptions:
     """Ray Serve's `HTTPOptions`, plus surge's body-size limit."""
@@ -253,6 +260,7 @@ class HTTPOptions:
     keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     location: str = "EveryNode"
+    proxy_workers: int | None = None  # None: default_proxy_workers()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and not isinstance(self.port, bool)
@@ -261,6 +269,8 @@ class HTTPOptions:
         _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
         _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)
         _number("max_body_bytes", self.max_body_bytes, minimum=0)
+        if self.proxy_workers is not None:
+            _integer("proxy_workers", self.proxy_workers, minimum=1)
         _require(self.location in PROXY_LOCATIONS,
                  f"proxy location must be one of {PROXY_LOCATIONS}, got {self.location!r}.")
 

@@ -167,6 +167,7 @@ class ProxySpec:
     keep_alive_timeout_s: float
     max_body_bytes: int
     root_path: str = ""
+    reuse_port: bool = False  # several proxy workers share the port (SO_REUSEPORT)
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class LocalBackend:
                            env)
 
     def start_proxy(self, proxy_id: str) -> int:
-        argv = [sys.executable, "-m", "surge.proxy", self.controller_address]
+        argv = [sys.executable, "-m", "surge.proxy", self.controller_address, proxy_id]
         return self._spawn(proxy_id, argv, self._env({}, ()))
 
     def _spawn(self, process_id: str, argv: list[str], env: dict[str, str]) -> int:

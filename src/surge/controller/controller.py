@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
-from surge.config import AppSpec, HTTPOptions
+from surge.config import AppSpec, HTTPOptions, default_proxy_workers
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
@@ -57,7 +57,11 @@ __all__ = ["Controller"]
 log = logging.getLogger("surge.controller")
 
 TICK_S = 0.1
-PROXY_ID = "proxy"
+PROXY_PREFIX = "proxy-"
+
+
+def is_proxy(process_id: str) -> bool:
+    return process_id.startswith(PROXY_PREFIX)
 
 
 def _second_of_day() -> float:
@@ -76,9 +80,12 @@ class Controller:
         self.watchers: dict[DeploymentId, set[RpcPeer]] = {}
         self.proxies: set[RpcPeer] = set()
         self.pushed: dict[DeploymentId, tuple[Any, ...]] = {}
-        self.proxy_address = ""
+        self.proxy_address = ""  # host:port all proxy workers listen on
         self.proxy_error = ""
         self.proxy_ready = asyncio.Event()
+        self.proxy_workers: dict[str, int] = {}  # proxy id -> pid, once ready
+        workers = http.proxy_workers
+        self.proxy_count = workers if workers is not None else default_proxy_workers()
         self.changed = asyncio.Condition()
         self.stopping = False
         self.stopped = asyncio.Event()
@@ -176,7 +183,7 @@ class Controller:
     async def rpc_status(self, peer: RpcPeer) -> ServeStatus:
         return ServeStatus(
             applications={name: app.status() for name, app in self.apps.items()},
-            proxies={"local": "HEALTHY" if self.proxy_address else "UNHEALTHY"},
+            proxies={pid: "HEALTHY" for pid in self.proxy_workers} or {"local": "UNHEALTHY"},
             http_address=self.proxy_address, control_address=self.address)
 
     async def rpc_ingress(self, peer: RpcPeer, app: str) -> str | None:
@@ -198,12 +205,25 @@ class Controller:
 
     async def rpc_proxy_spec(self, peer: RpcPeer) -> ProxySpec:
         h = self.http
-        return ProxySpec(host=h.host, port=h.port, request_timeout_s=h.request_timeout_s,
+        port = h.port
+        if self.proxy_address:  # later workers join the port the first one bound
+            port = int(self.proxy_address.rpartition(":")[2])
+        return ProxySpec(host=h.host, port=port, request_timeout_s=h.request_timeout_s,
                          keep_alive_timeout_s=h.keep_alive_timeout_s,
-                         max_body_bytes=h.max_body_bytes, root_path=h.root_path)
+                         max_body_bytes=h.max_body_bytes, root_path=h.root_path,
+                         reuse_port=self.proxy_count > 1)
+
+    def start_proxies(self) -> None:
+        """Start the first proxy worker; the others follow once it has bound the port."""
+        self.backend.start_proxy(f"{PROXY_PREFIX}0")
 
     async def rpc_proxy_ready(self, peer: RpcPeer, address: str, pid: int) -> None:
+        first = not self.proxy_address
         self.proxy_address = address
+        self.proxy_workers[peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")] = pid
+        if first:
+            for index in range(1, self.proxy_count):
+                self.backend.start_proxy(f"{PROXY_PREFIX}{index}")
         self.proxy_ready.set()
 
     async def rpc_proxy_failed(self, peer: RpcPeer, error: str) -> None:
@@ -335,8 +355,8 @@ class Controller:
 
     def _observe_exits(self) -> None:
         for exit_ in self.backend.poll_exits():
-            if exit_.process_id == PROXY_ID:
-                self._proxy_exited(exit_.returncode)
+            if is_proxy(exit_.process_id):
+                self._proxy_exited(exit_.process_id, exit_.returncode)
                 continue
             replica = self.replicas.pop(exit_.process_id, None)
             if replica is None:
@@ -352,12 +372,13 @@ class Controller:
             if deployment is not None:
                 self._push_replica_set(deployment.id)
 
-    def _proxy_exited(self, code: int | None) -> None:
-        self.proxy_address = ""
+    def _proxy_exited(self, proxy_id: str, code: int | None) -> None:
+        # The address stays: the restarted worker binds the same port again.
+        self.proxy_workers.pop(proxy_id, None)
         if self.stopping:
             return
-        log.warning("proxy exited with code %s; restarting it", code)
-        self.backend.start_proxy(PROXY_ID)
+        log.warning("%s exited with code %s; restarting it", proxy_id, code)
+        self.backend.start_proxy(proxy_id)
 
     def _autoscale(self, deployment: DeploymentRecord, now: float) -> None:
         config = deployment.config.autoscaling_config
@@ -524,9 +545,12 @@ class Controller:
         self.stopping = True
         log.info("shutting down: stopping %d replica(s) and the proxy", len(self.replicas))
         # The proxy goes first: it finishes the requests it holds while replicas still serve.
-        self.backend.terminate(PROXY_ID)
+        proxies = [p for p in self.backend.alive() if is_proxy(p)]
+        for proxy_id in proxies:
+            self.backend.terminate(proxy_id)
         proxy_deadline = time.monotonic() + 6.0
-        while PROXY_ID in self.backend.alive() and time.monotonic() < proxy_deadline:
+        while (any(is_proxy(p) for p in self.backend.alive())
+               and time.monotonic() < proxy_deadline):
             await asyncio.sleep(0.02)
         now = time.monotonic()
         for replica in list(self.replicas.values()):

@@ -16,7 +16,7 @@ import sys
 
 from surge.backends.local import LocalBackend
 from surge.config import HTTPOptions
-from surge.controller.controller import PROXY_ID, Controller
+from surge.controller.controller import Controller
 from surge.process import die_with_parent, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
@@ -47,7 +47,7 @@ async def serve(address: str, http: HTTPOptions) -> int:
     loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(controller.shutdown()))
     runner = loop.create_task(controller.run())
     if http.location not in ("Disabled", "NoServer"):
-        controller.backend.start_proxy(PROXY_ID)
+        controller.start_proxies()
         try:
             await asyncio.wait_for(controller.proxy_ready.wait(), PROXY_START_TIMEOUT_S)
         except TimeoutError:

@@ -198,7 +198,7 @@ class Exchange:
 
 
 class HttpConnection(asyncio.Protocol):
-    __slots__ = ("body", "body_size", "client", "exchanges", "headers", "idle_timer",
+    __slots__ = ("body", "body_size", "client", "exchanges", "headers", "idle_since",
                  "parser", "proxy", "receiving", "refused", "transport", "upgraded", "url")
 
     def __init__(self, proxy: Proxy) -> None:
@@ -211,7 +211,7 @@ class HttpConnection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_size = 0
         self.client = ""
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since: float | None = None  # loop time the connection went idle
         self.refused = False
         self.receiving = False  # between the first byte of a request and its end
         self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
@@ -240,8 +240,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.proxy.connections.discard(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
+        self.idle_since = None
         for exchange in self.exchanges:
             exchange.abandon()
         self.exchanges.clear()
@@ -255,9 +254,7 @@ class HttpConnection(asyncio.Protocol):
         self.body = []
         self.body_size = 0
         self.receiving = True
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        self.idle_since = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -348,15 +345,13 @@ class HttpConnection(asyncio.Protocol):
             self._arm_idle_timer()
 
     def _arm_idle_timer(self) -> None:
-        timeout = self.proxy.spec.keep_alive_timeout_s
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-        if self.transport is not None:
-            self.idle_timer = self.proxy.loop.call_later(timeout, self._close_if_idle)
+        # No timer per request: the proxy's sweeper closes connections idle too long.
+        self.idle_since = self.proxy.loop.time()
 
-    def _close_if_idle(self) -> None:
-        self.idle_timer = None
-        if not self.exchanges and not self.receiving and self.transport is not None:
+    def close_if_idle(self, now: float, timeout: float) -> None:
+        since = self.idle_since
+        if (since is not None and now - since >= timeout and not self.exchanges
+                and not self.receiving and self.transport is not None):
             self.transport.close()
 
     def _request_id(self) -> bytes:

@@ -40,6 +40,15 @@ class Proxy:
         self.connections: set[HttpConnection] = set()
         self.draining = False
         self._routes_version: RouteTable | None = None
+        self._sweep_interval = min(1.0, max(0.05, spec.keep_alive_timeout_s / 4))
+        self.loop.call_later(self._sweep_interval, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        """Close keep-alive connections idle longer than keep_alive_timeout_s."""
+        now, timeout = self.loop.time(), self.spec.keep_alive_timeout_s
+        for connection in list(self.connections):
+            connection.close_if_idle(now, timeout)
+        self.loop.call_later(self._sweep_interval, self._sweep_idle)
 
     def __repr__(self) -> str:
         return (f"<Proxy {self.spec.host}:{self.spec.port} connections={len(self.connections)} "
@@ -127,9 +136,9 @@ class Proxy:
             await asyncio.sleep(0.02)
 
 
-async def serve(controller: str) -> int:
+async def serve(controller: str, proxy_id: str) -> int:
     stop = asyncio.Event()
-    runtime = RouterRuntime(controller, "proxy")
+    runtime = RouterRuntime(controller, "proxy", hello={"proxy_id": proxy_id})
     set_runtime(runtime)
     runtime.on_controller_lost = stop.set
     await runtime.connect()
@@ -137,7 +146,7 @@ async def serve(controller: str) -> int:
     loop = asyncio.get_running_loop()
     proxy = Proxy(runtime, spec)
     try:
-        sock = _bind(spec.host, spec.port)
+        sock = _bind(spec.host, spec.port, spec.reuse_port)
     except OSError as exc:
         await runtime.call("proxy_failed", error=f"cannot listen on {spec.host}:{spec.port}: "
                                                  f"{exc.strerror or exc}")
@@ -155,10 +164,12 @@ async def serve(controller: str) -> int:
     return 0
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # proxy workers share the port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.setblocking(False)
     return sock
@@ -166,6 +177,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def main(argv: list[str]) -> int:
     controller = argv[0]
+    proxy_id = argv[1] if len(argv) > 1 else "proxy-0"
     set_title("surge:proxy")
     die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -174,7 +186,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("surge.access").setLevel(logging.WARNING)
     import uvloop
 
-    code: int = uvloop.run(serve(controller))
+    code: int = uvloop.run(serve(controller, proxy_id))
     return code
 
 

@@ -187,8 +187,12 @@ class _Connection(FramedProtocol):
                     self.send(HttpBody(id=rid, body=body, more=more))
 
         try:
-            await self.server.user.handle_http(scope, receive, send)
-            if not started:
+            simple = await self.server.user.handle_http(scope, receive, send)
+            if simple is not None:
+                started = True
+                self.send(HttpStart(id=rid, status=simple[0], headers=simple[1], body=simple[2],
+                                    more=False))
+            elif not started:
                 raise RuntimeError("the ASGI app returned without sending a response")
         except asyncio.CancelledError:
             self.send(Failure(id=rid, kind="cancelled", message="request cancelled"))

@@ -37,6 +37,7 @@ class UserCode:
         self.init_kwargs = init_kwargs
         self.instance: Any = None
         self.asgi_app: Any = None
+        self._methods: dict[str, tuple[Callable[..., Any], bool]] = {}  # name -> (fn, async)
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(max_ongoing_requests, 64)), thread_name_prefix="surge-user")
 
@@ -79,8 +80,10 @@ class UserCode:
         return method  # type: ignore[no-any-return]
 
     async def _invoke(self, method: Callable[..., Any], args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
-        if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+                      kwargs: dict[str, Any], in_loop: bool | None = None) -> Any:
+        if in_loop is None:
+            in_loop = inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
+        if in_loop:
             result = method(*args, **kwargs)
         else:
             loop = asyncio.get_running_loop()
@@ -91,7 +94,12 @@ class UserCode:
         return result
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await self._invoke(self.method(name), args, kwargs)
+        entry = self._methods.get(name)
+        if entry is None:
+            method = self.method(name)
+            entry = self._methods[name] = (method, inspect.iscoroutinefunction(method)
+                                           or inspect.isasyncgenfunction(method))
+        return await self._invoke(entry[0], args, kwargs, entry[1])
 
     async def iterate(self, result: Any) -> AsyncIterator[Any]:
         """Items of a (sync or async) generator a method returned."""
@@ -109,15 +117,47 @@ class UserCode:
         else:
             yield result
 
-    async def handle_http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def handle_http(self, scope: dict[str, Any], receive: Receive,
+                          send: Send) -> SimpleResponse | None:
+        """Serve one HTTP request; plain return values come back for the fast path."""
         if self.asgi_app is not None:
             await self.asgi_app(scope, receive, send)
-            return
+            return None
         result = await self.call("__call__", (Request(scope, receive),), {})
-        await respond(result, scope, receive, send)
+        simple = simple_response(result)
+        if simple is None:
+            await respond(result, scope, receive, send)
+        return simple
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+SimpleResponse = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def simple_response(result: Any) -> SimpleResponse | None:
+    """Status, headers and body for plain return values (the fast path), else None."""
+    if isinstance(result, dict | list):
+        try:
+            body, content_type = _json.encode(result), b"application/json"
+        except TypeError:
+            return None
+    elif isinstance(result, str):
+        body, content_type = result.encode(), b"text/plain; charset=utf-8"
+    elif result is None:  # Ray Serve answers None with an empty text/plain body, not "null"
+        body, content_type = b"", b"text/plain"
+    elif isinstance(result, bytes | bytearray | memoryview):
+        body, content_type = bytes(result), b"application/octet-stream"
+    elif isinstance(result, Response):
+        return None
+    else:
+        try:
+            body, content_type = _json.encode(result), b"application/json"
+        except TypeError:
+            return None
+    return 200, [(b"content-type", content_type),
+                 (b"content-length", str(len(body)).encode())], body
 
 
 async def respond(result: Any, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -125,24 +165,14 @@ async def respond(result: Any, scope: dict[str, Any], receive: Receive, send: Se
     if isinstance(result, Response):
         await result(scope, receive, send)
         return
-    if result is None:  # Ray Serve answers None with an empty text/plain body, not "null"
-        body, content_type = b"", b"text/plain"
-    elif isinstance(result, str):
-        body, content_type = result.encode(), b"text/plain; charset=utf-8"
-    elif isinstance(result, bytes | bytearray | memoryview):
-        body, content_type = bytes(result), b"application/octet-stream"
-    else:
-        try:
-            body = _json.encode(result)
-        except TypeError:
-            from starlette.responses import JSONResponse
+    simple = simple_response(result)
+    if simple is None:
+        from starlette.responses import JSONResponse
 
-            await JSONResponse(_jsonable(result))(scope, receive, send)
-            return
-        content_type = b"application/json"
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", content_type),
-                            (b"content-length", str(len(body)).encode())]})
+        await JSONResponse(_jsonable(result))(scope, receive, send)
+        return
+    status, headers, body = simple
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
