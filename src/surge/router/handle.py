@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import pickle
 from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
@@ -58,30 +59,40 @@ def decode_failure(message: Failure) -> BaseException:
     return RayServeException(message.message)
 
 
+AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
+
+
 class _UnarySink:
+    """Delivers one result into an asyncio future or (from another thread) a concurrent one."""
+
     __slots__ = ("future",)
 
-    def __init__(self, future: asyncio.Future[Any]) -> None:
+    def __init__(self, future: AnyFuture) -> None:
         self.future = future
 
     def deliver(self, message: Message) -> None:
-        if self.future.done():
-            return
         if isinstance(message, Result):
             try:
-                self.future.set_result(pickle.loads(message.payload))
+                value = pickle.loads(message.payload)
             except Exception as exc:
-                self.future.set_exception(exc)
+                self.fail(exc)
+                return
+            if not self.future.done():
+                with contextlib.suppress(asyncio.InvalidStateError,
+                                         concurrent.futures.InvalidStateError):
+                    self.future.set_result(value)
         elif isinstance(message, Failure):
-            self.future.set_exception(decode_failure(message))
+            self.fail(decode_failure(message))
         else:
-            self.future.set_exception(RayServeException(
+            self.fail(RayServeException(
                 f"expected a result, got {type(message).__name__}; call a generator method "
                 "with handle.options(stream=True)"))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
-            self.future.set_exception(exc)
+            with contextlib.suppress(asyncio.InvalidStateError,
+                                     concurrent.futures.InvalidStateError):
+                self.future.set_exception(exc)
 
 
 class _StreamSink:
@@ -126,6 +137,23 @@ class _Request:
         self.args = args
         self.kwargs = kwargs
 
+    def needs_await(self) -> bool:
+        """Whether sending must wait (arguments to resolve, or no replica set yet)."""
+        return (any(isinstance(a, DeploymentResponse) for a in self.args)
+                or any(isinstance(v, DeploymentResponse) for v in self.kwargs.values())
+                or not self.runtime.router(self.deployment).ready.is_set())
+
+    def submit_now(self, sink: _UnarySink) -> Pending | None:
+        """Send without awaiting anything (on the runtime's loop); None if it failed."""
+        pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
+                               stream=self.stream, model_id=self.model_id), sink)
+        try:
+            self.runtime.router(self.deployment).submit(pending)
+        except Exception as exc:
+            sink.fail(exc)
+            return None
+        return pending
+
     async def _start(self, sink: _UnarySink | _StreamSink) -> Pending:
         args, kwargs = self.args, self.kwargs
         if any(isinstance(a, DeploymentResponse) for a in args) or any(
@@ -158,15 +186,50 @@ def _in_loop(runtime: RouterRuntime) -> bool:
 
 
 class DeploymentResponse:
-    """The future result of one handle call."""
+    """The future result of one handle call.
+
+    In the common case (arguments ready, replica set known) the call is submitted to
+    the router directly and the result lands in a future, with no task per call.
+    """
 
     def __init__(self, request: _Request) -> None:
         self._runtime = request.runtime
+        self._request = request
+        self._pending: Pending | None = None
+        self._inner: asyncio.Task[Any] | None = None  # the slow path's task, if any
         self._task: asyncio.Future[Any] | concurrent.futures.Future[Any]
+        loop = self._runtime.loop
         if _in_loop(self._runtime):
-            self._task = self._runtime.loop.create_task(request.unary())
+            if request.needs_await():
+                self._task = loop.create_task(request.unary())
+            else:
+                self._task = loop.create_future()
+                self._pending = request.submit_now(_UnarySink(self._task))
         else:
-            self._task = asyncio.run_coroutine_threadsafe(request.unary(), self._runtime.loop)
+            self._task = concurrent.futures.Future()
+            loop.call_soon_threadsafe(self._start_threadsafe)
+
+    def _start_threadsafe(self) -> None:
+        future = self._task
+        assert isinstance(future, concurrent.futures.Future)
+        if not future.set_running_or_notify_cancel():
+            return  # cancelled before it was sent
+        if not self._request.needs_await():
+            self._pending = self._request.submit_now(_UnarySink(future))
+            return
+        task = self._inner = self._runtime.loop.create_task(self._request.unary())
+
+        def copy(done: asyncio.Future[Any]) -> None:
+            if future.done():
+                return
+            if done.cancelled():
+                future.set_exception(RequestCancelledError("the request was cancelled"))
+            elif done.exception() is not None:
+                future.set_exception(done.exception())
+            else:
+                future.set_result(done.result())
+
+        task.add_done_callback(copy)
 
     def result(self, timeout_s: float | None = None) -> Any:
         if isinstance(self._task, asyncio.Future):
@@ -186,10 +249,20 @@ class DeploymentResponse:
         return asyncio.wrap_future(self._task).__await__()
 
     def cancel(self) -> None:
-        if isinstance(self._task, asyncio.Future):
-            self._task.cancel()
+        """Cancel the call wherever it is (queued, or running on a replica)."""
+        if _in_loop(self._runtime):
+            self._cancel_in_loop()
         else:
-            self._runtime.loop.call_soon_threadsafe(self._task.cancel)
+            self._runtime.loop.call_soon_threadsafe(self._cancel_in_loop)
+
+    def _cancel_in_loop(self) -> None:
+        if self._pending is not None:
+            self._runtime.router(self._request.deployment).cancel(self._pending)
+            _UnarySink(self._task).fail(RequestCancelledError("the request was cancelled"))
+        elif self._inner is not None:
+            self._inner.cancel()
+        else:
+            self._task.cancel()
 
 
 class DeploymentResponseGenerator:
