@@ -173,6 +173,14 @@ def ray_total_requests(samples: Sequence[LoadSample], now: float,
     return total / span if span > 0 else points[-1][1]
 
 
+def _ray_observed_total(inputs: ScalingInputs, config: AutoscalingConfig) -> float:
+    total = ray_total_requests(inputs.samples, inputs.now, config)
+    if inputs.running == 0 and inputs.samples and inputs.samples[-1].queued > 0:
+        # Ray's handles push at once when a deployment at zero has queued requests.
+        total = max(total, inputs.samples[-1].queued)
+    return total
+
+
 def apply_ray_wrapper(desired: float, inputs: ScalingInputs, config: AutoscalingConfig,
                       state: PolicyState, reason: str, total_requests: float,
                       signals: Mapping[str, float] | None = None) -> Decision:
@@ -182,9 +190,10 @@ def apply_ray_wrapper(desired: float, inputs: ScalingInputs, config: Autoscaling
         cold = max(math.ceil(_upscaling_factor(config)), inputs.target)
         return Decision(_bounds(cold, config), f"up: cold start with {total_requests:g} "
                         "requests waiting", state, signals)
+    if inputs.running == 0:  # Ray keeps the target until a replica runs
+        return Decision(_bounds(inputs.target, config), f"hold: {reason} (no replica running)",
+                        state, signals)
     scaled = _apply_factors(desired, inputs.running, config)
-    if inputs.running == 0 and scaled > 0:
-        return Decision(_bounds(scaled, config), f"up: {reason}", state, signals)
     decided, state = _apply_delays(max(0, scaled), inputs.target, config, state, inputs.now)
     final = _bounds(decided, config)
     if final > inputs.target:
@@ -200,8 +209,6 @@ def apply_ray_wrapper(desired: float, inputs: ScalingInputs, config: Autoscaling
 
 
 def _apply_factors(desired: float, running: int, config: AutoscalingConfig) -> int:
-    if running == 0:
-        return math.ceil(desired)
     delta = desired - running
     factor = _upscaling_factor(config) if delta > 0 else _downscaling_factor(config)
     scaled = math.ceil(running + factor * delta)
@@ -237,10 +244,7 @@ def _apply_delays(desired: int, target: int, config: AutoscalingConfig, state: P
 def ray_default(inputs: ScalingInputs, config: AutoscalingConfig,
                 state: PolicyState) -> Decision:
     """Ray Serve 2.60's default policy, with Ray's metric pipeline emulated."""
-    total = ray_total_requests(inputs.samples, inputs.now, config)
-    if inputs.running == 0 and inputs.samples and inputs.samples[-1].queued > 0:
-        # Ray's handles push at once when a deployment at zero has queued requests.
-        total = max(total, inputs.samples[-1].queued)
+    total = _ray_observed_total(inputs, config)
     desired = (float(inputs.target) if inputs.running == 0
                else total / config.target_ongoing_requests)
     reason = (f"{total:.1f} requests (Ray's {config.look_back_period_s:g}s mean) / "
@@ -280,7 +284,8 @@ class ProactiveSettings:
 
 
 def _window(samples: Sequence[LoadSample], now: float, seconds: float) -> list[LoadSample]:
-    return [s for s in samples if s.t > now - seconds - _EPS_S]
+    # A bucket ending at now - seconds lies wholly before the window.
+    return [s for s in samples if s.t > now - seconds + _EPS_S]
 
 
 def arrival_rate(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
@@ -335,6 +340,7 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):
         return Decision(_bounds(max(1, wanted), config), f"up: cold start, {rate:.0f} req/s "
                         "offered", PolicyState(user=state.user), signals)
+    held = _bounds(inputs.target, config)  # bounds may have moved under the target
     if wanted > inputs.target:
         surge = demand > inputs.target * (1 + s.surge_threshold)
         cap = math.ceil(base * max(s.max_step_factor, _upscaling_factor(config)))
@@ -347,22 +353,23 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         since = state.up_since if state.up_since is not None else now
         if now - since + _EPS_S >= config.upscale_delay_s:
             return Decision(step, f"up: {why}", PolicyState(user=state.user), signals)
-        return Decision(inputs.target, f"hold: {why} (within the surge band; waiting "
+        return Decision(held, f"hold: {why} (within the surge band; waiting "
                         f"upscale_delay_s={config.upscale_delay_s:g})",
                         PolicyState(up_since=since, user=state.user), signals)
     if demand < inputs.target * s.downscale_band and inputs.target > config.min_replicas:
         since = state.down_since if state.down_since is not None else now
         low = _bounds(max(wanted, 0), config)
         if now - since + _EPS_S >= config.downscale_delay_s:
-            return Decision(max(low, inputs.target - max(1, (inputs.target - low) // 2)),
+            step = max(low, inputs.target - max(1, (inputs.target - low) // 2))
+            return Decision(_bounds(step, config),
                             f"down: demand {demand:.1f} replicas below "
                             f"{s.downscale_band:.0%} of {inputs.target} for "
                             f"{config.downscale_delay_s:g}s", PolicyState(user=state.user),
                             signals)
-        return Decision(inputs.target, f"hold: demand {demand:.1f} replicas (waiting "
+        return Decision(held, f"hold: demand {demand:.1f} replicas (waiting "
                         f"downscale_delay_s={config.downscale_delay_s:g})",
                         PolicyState(down_since=since, user=state.user), signals)
-    return Decision(_bounds(inputs.target, config), f"hold: demand {demand:.1f} replicas",
+    return Decision(held, f"hold: demand {demand:.1f} replicas",
                     PolicyState(user=state.user), signals)
 
 
@@ -377,7 +384,7 @@ def context_for(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyS
     return AutoscalingContext(
         deployment_name=deployment, app_name=app, current_num_replicas=inputs.running,
         target_num_replicas=inputs.target,
-        total_num_requests=ray_total_requests(inputs.samples, inputs.now, config),
+        total_num_requests=_ray_observed_total(inputs, config),
         total_queued_requests=latest.queued if latest else 0.0,
         capacity_adjusted_min_replicas=config.min_replicas,
         capacity_adjusted_max_replicas=config.max_replicas,
