@@ -700,3 +700,14 @@ def test_ray_total_requests_lies_within_the_sampled_values(
     series = [bucket(i + 1, ongoing=v) for i, v in enumerate(loads)]
     seen = ray_total_requests([s for s in series if s.t <= now], now, cfg)
     assert seen == 0.0 or min(loads) - 1e-9 <= seen <= max(loads) + 1e-9
+
+
+@pytest.mark.parametrize(("aggregation", "expected"), [("max", 9.0), ("min", 1.0)])
+def test_ray_total_requests_honours_max_and_min_aggregation(aggregation: str,
+                                                            expected: float) -> None:
+    config = AutoscalingConfig(metrics_interval_s=1.0, look_back_period_s=2.0,
+                               aggregation_function=aggregation)
+    samples = [LoadSample(t=round(0.1 * i, 1), arrivals=0, completions=0, rejections=0,
+                          queued=0, ongoing=9.0 if i in (15, 16) else 1.0)
+               for i in range(1, 31)]
+    assert ray_total_requests(samples, 3.0, config) == expected

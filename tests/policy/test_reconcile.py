@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.policy.lifecycle import ReplicaState
-from surge.policy.reconcile import ObservedReplica, StartReplicas, StopReplica, reconcile
+from surge.policy.reconcile import (
+    ActivateReplica,
+    ObservedReplica,
+    StartReplicas,
+    StopReplica,
+    reconcile,
+)
 
 S = ReplicaState
 ids = itertools.count()
@@ -226,3 +232,30 @@ def test_actions_are_consistent(cluster: tuple[int, int, list[ObservedReplica]])
             assert stop.reason == "outdated version, not yet serving"
         else:
             assert stop.reason == "replaced by new version"
+
+
+# -- standby replicas ----------------------------------------------------------------------
+
+
+def test_scale_up_activates_standbys_first_and_refills_the_pool() -> None:
+    replicas = [ObservedReplica("r1", S.RUNNING, 1, 0.0), ObservedReplica("s1", S.STANDBY, 1, 1.0),
+                ObservedReplica("s2", S.STANDBY, 1, 2.0)]
+    actions = reconcile(2, 1, replicas, standby=2)
+    assert ActivateReplica("s1", "1 of 2 running") in actions
+    assert started(actions) == 1  # target 2 + standby 2 = 4 live wanted, 3 there
+    assert stopped(actions) == []
+
+
+def test_activated_standby_is_never_stopped_for_surplus() -> None:
+    replicas = [ObservedReplica("r1", S.RUNNING, 1, 0.0), ObservedReplica("s1", S.STANDBY, 1, 1.0),
+                ObservedReplica("t1", S.STARTING, 1, 2.0)]
+    actions = reconcile(2, 1, replicas, standby=0)
+    assert [a.replica_id for a in actions if isinstance(a, ActivateReplica)] == ["s1"]
+    assert stopped(actions) == ["t1"]
+
+
+def test_outdated_standby_stops_at_once() -> None:
+    replicas = [ObservedReplica("r1", S.RUNNING, 2, 0.0), ObservedReplica("s1", S.STANDBY, 1, 1.0)]
+    actions = reconcile(1, 2, replicas, standby=1)
+    assert stopped(actions) == ["s1"]
+    assert started(actions) == 1

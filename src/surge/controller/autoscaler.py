@@ -86,7 +86,10 @@ def resolve_policy(config: AutoscalingConfig, deployment: DeploymentId) -> Polic
     target = spec.get("policy_function", DEFAULT_POLICY) or DEFAULT_POLICY
     kwargs = dict(spec.get("policy_kwargs") or {})
     if target == "proactive":
-        settings = ProactiveSettings.from_kwargs(kwargs)
+        try:
+            settings = ProactiveSettings.from_kwargs(kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"policy_kwargs of the proactive policy: {exc}") from None
         return lambda inputs, cfg, state: proactive(inputs, cfg, state, settings)
     if target == "ray_default":
         return ray_default
@@ -137,12 +140,12 @@ class Autoscaler:
 
     def decide(self, deployment: DeploymentId, config: AutoscalingConfig,
                inputs: ScalingInputs) -> int:
-        cached = self.policies.get(deployment)
-        if cached is None or cached[0].policy != config.policy:
-            cached = (config, resolve_policy(config, deployment))
-            self.policies[deployment] = cached
         state = self.states.get(deployment, PolicyState())
         try:
+            cached = self.policies.get(deployment)
+            if cached is None or cached[0].policy != config.policy:
+                cached = (config, resolve_policy(config, deployment))
+                self.policies[deployment] = cached
             decision = cached[1](inputs, config, state)
         except Exception as exc:  # a user policy must not stop the control loop
             log.error("autoscaling policy of %s failed: %r; keeping %d replicas", deployment,

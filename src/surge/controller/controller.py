@@ -18,7 +18,7 @@ from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
 from surge.config import AppSpec, HTTPOptions, default_proxy_workers
-from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.autoscaler import Autoscaler, LoadTracker, resolve_policy
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     AppRecord,
@@ -282,6 +282,16 @@ class Controller:
                     and other.route_prefix == app.route_prefix):
                 raise ConfigError(f"route_prefix {app.route_prefix!r} is already used by "
                                   f"application {other.name!r}; choose another route_prefix")
+        for spec in app.deployments:  # a bad policy fails the deploy, not the control loop
+            scaling = spec.config.autoscaling_config
+            if scaling is not None:
+                try:
+                    resolve_policy(scaling, DeploymentId(app.name, spec.config.name))
+                except ConfigError as exc:
+                    raise ConfigError(f"deployment {spec.config.name!r}: {exc}") from None
+                except Exception as exc:
+                    raise ConfigError(f"deployment {spec.config.name!r}: the autoscaling "
+                                      f"policy cannot be built: {exc!r}") from None
         previous = self.apps.get(app.name)
         records: dict[str, DeploymentRecord] = {}
         for spec in app.deployments:

@@ -141,13 +141,15 @@ def ray_total_requests(samples: Sequence[LoadSample], now: float,
 
     Handles sample every `record` seconds and push every `metrics_interval_s`; the
     controller averages the pushed step function over `look_back_period_s`, holding the
-    last sample until now. Samples here are the 0.1 s buckets; a handle sample at time
-    t reads the latest bucket ending at or before t.
+    last sample until now (or takes its max or min, per `aggregation_function`). Samples
+    here are the 0.1 s buckets; a handle sample at time t reads the latest bucket ending
+    at or before t, so sampling faster than one bucket adds nothing and is not done.
     """
     if not samples:
         return 0.0
-    interval = max(config.metrics_interval_s, 1e-3)
-    record = max(min(config.look_back_period_s * RAY_RECORD_INTERVAL_FACTOR, interval), 1e-3)
+    bucket = samples[-1].duration_s
+    interval = max(config.metrics_interval_s, bucket)
+    record = max(min(config.look_back_period_s * RAY_RECORD_INTERVAL_FACTOR, interval), bucket)
     pushed_until = math.floor(now / interval) * interval
     start = max(pushed_until - config.look_back_period_s, samples[0].t - samples[0].duration_s)
     points: list[tuple[float, float]] = []
@@ -162,6 +164,10 @@ def ray_total_requests(samples: Sequence[LoadSample], now: float,
         tick += record
     if not points:
         return 0.0
+    if config.aggregation_function == "max":
+        return max(value for _, value in points)
+    if config.aggregation_function == "min":
+        return min(value for _, value in points)
     if len(points) == 1:
         return points[0][1]
     total = 0.0

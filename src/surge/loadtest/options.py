@@ -1,0 +1,125 @@
+"""`surge pulse` options: one frozen, validated record, from flags or a scenario YAML.
+
+A scenario file holds the same options as the flags (flags given on the command line
+win), with the traffic under `schedule` in the format `surge simulate` shares:
+
+    url: http://127.0.0.1:8000/mlp
+    method: POST
+    body: '{"features": [0.1, 0.2]}'
+    headers: {content-type: application/json}
+    arrivals: poisson
+    seed: 7
+    slo_ms: 100
+    schedule: {baseline_rps: 100, peak_rps: 2000, baseline_s: 5, ramp_s: 0.5, hold_s: 20}
+    # or steps: [{rps: 100, for_s: 5}, {to_rps: 2000, over_s: 0.5}, {rps: 2000, for_s: 20}]
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from surge.loadtest.generator import Plan
+from surge.loadtest.schedule import ARRIVALS, Schedule
+
+__all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_SLO_MS", "DEFAULT_TIMEOUT_S", "PulseOptions",
+           "load_scenario", "parse_header"]
+
+# An SLO a person notices: p99 above 100 ms is a slow page.
+DEFAULT_SLO_MS = 100.0
+# Long enough that a queue that drains is measured, short enough that a stuck request
+# does not hold the run: a request unanswered 10 s after its scheduled time is a timeout.
+DEFAULT_TIMEOUT_S = 10.0
+# Open connections at most (per run, split across workers): enough for 10k req/s at
+# 50 ms, well inside the default 1024-descriptor limit.
+DEFAULT_CONNECTIONS = 512
+
+_SCENARIO_KEYS = ("url", "schedule", "method", "headers", "body", "arrivals", "seed",
+                  "slo_ms", "timeout_s", "connections", "max_time_s", "workers",
+                  "surge_address")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PulseOptions:
+    url: str
+    schedule: Schedule
+    method: str = "GET"
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+    arrivals: str = "uniform"
+    seed: int = 0
+    slo_ms: float = DEFAULT_SLO_MS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    connections: int = DEFAULT_CONNECTIONS
+    max_time_s: float | None = None
+    workers: int = 1
+    surge_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}")
+        if not self.slo_ms > 0:
+            raise ValueError("slo_ms must be > 0")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError("workers must be an integer >= 1")
+        if self.connections < self.workers:
+            raise ValueError("connections must be >= workers (each worker needs one)")
+        self.plan()  # validates url, method, timeout, connections, max_time
+
+    def plan(self, worker: int = 0) -> Plan:
+        """What worker `worker` of `workers` sends (its share of the connections)."""
+        return Plan(url=self.url, schedule=self.schedule, method=self.method.upper(),
+                    headers=self.headers, body=self.body, arrivals=self.arrivals,
+                    seed=self.seed, timeout_s=self.timeout_s,
+                    connections=self.connections // self.workers, max_time_s=self.max_time_s,
+                    worker=worker, workers=self.workers)
+
+    def describe(self) -> dict[str, Any]:
+        """The run's parameters, as written into report.json."""
+        return {"url": self.url, "method": self.method.upper(), "arrivals": self.arrivals,
+                "seed": self.seed, "slo_ms": self.slo_ms, "timeout_s": self.timeout_s,
+                "connections": self.connections, "max_time_s": self.max_time_s,
+                "workers": self.workers, "schedule": self.schedule.to_spec(),
+                "schedule_duration_s": self.schedule.duration_s,
+                "expected_requests": round(self.schedule.total)}
+
+
+def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, Mapping):
+        return tuple((str(k), str(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(parse_header(str(item)) for item in value)
+    raise ValueError("headers must be a mapping or a list of 'name: value' strings")
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"a header is 'name: value', got {text!r}")
+    return name.strip(), value.strip()
+
+
+def load_scenario(path: str | Path) -> dict[str, Any]:
+    """The scenario file as PulseOptions keyword arguments (unknown keys rejected)."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: a scenario is a mapping of options")
+    options: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _SCENARIO_KEYS:
+            close = difflib.get_close_matches(str(key), _SCENARIO_KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{path}: unknown key {key!r}.{hint}")
+        if key == "schedule":
+            value = Schedule.from_spec(value)
+        elif key == "headers":
+            value = _headers(value)
+        elif key == "body":
+            value = str(value).encode()
+        options[key] = value
+    return options

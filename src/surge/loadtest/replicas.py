@@ -1,0 +1,121 @@
+"""Replica counts of the surge instance behind the target, sampled every 100 ms.
+
+The sampler speaks surge's control protocol (`hello`, then `status` calls) to the
+instance at `--surge-address` (else SURGE_ADDRESS, else the default control port). An
+address found by default is used only if that instance's HTTP address is the target's,
+so pulsing nginx next to an unrelated surge never reports its replicas. No instance
+reachable means no replica counts (null in the report), never an error.
+
+`count_replicas` is the pure part: RUNNING and target replicas of the application whose
+route prefix matches the target path (longest prefix), else of every application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+from surge.clock import Clock, SystemClock
+from surge.config import DEFAULT_CONTROL_PORT
+from surge.loadtest.stats import ReplicaSample
+from surge.model import RouteTable, RouteTarget, ServeStatus
+from surge.transport.rpc import RpcPeer, connect_rpc, split_address
+
+__all__ = ["ReplicaSampler", "count_replicas", "default_address", "same_endpoint"]
+
+SAMPLE_INTERVAL_S = 0.1
+# A status call slower than this is skipped (the sampler never holds up the run).
+STATUS_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S = 1.0
+
+
+def default_address(explicit: str | None) -> tuple[str, bool]:
+    """(address, chosen by the user?): --surge-address, SURGE_ADDRESS, the default port."""
+    if explicit:
+        return explicit, True
+    env = os.environ.get("SURGE_ADDRESS")
+    if env:
+        return env, True
+    return f"127.0.0.1:{DEFAULT_CONTROL_PORT}", False
+
+
+def same_endpoint(http_address: str, host: str, port: int) -> bool:
+    """Whether surge's HTTP address (host:port) is the target host:port."""
+    if not http_address:
+        return False
+    their_host, their_port = split_address(http_address)
+    if their_port != port:
+        return False
+    loopback = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
+    return their_host == host or (their_host in loopback and host in loopback)
+
+
+def count_replicas(status: ServeStatus, path: str) -> tuple[int, int]:
+    """(RUNNING, target) replicas of the application serving `path`, else of all."""
+    targets = tuple(RouteTarget(name, "", app.route_prefix)
+                    for name, app in status.applications.items() if app.route_prefix)
+    match = RouteTable(targets).match(path.split("?", 1)[0])
+    apps = [status.applications[match.app]] if match is not None \
+        else list(status.applications.values())
+    running = sum(d.replica_states.get("RUNNING", 0) for a in apps for d in a.deployments.values())
+    target = sum(d.target_replicas for a in apps for d in a.deployments.values())
+    return running, target
+
+
+class ReplicaSampler:
+    """Collects `ReplicaSample`s (time from t0, running, target) until stopped."""
+
+    def __init__(self, peer: RpcPeer, address: str, path: str,
+                 clock: Clock | None = None) -> None:
+        self.peer = peer
+        self.address = address
+        self.path = path
+        self.samples: list[ReplicaSample] = []
+        self._now = (clock or SystemClock()).monotonic
+
+    def __repr__(self) -> str:
+        return f"<ReplicaSampler {self.address} samples={len(self.samples)}>"
+
+    @classmethod
+    async def connect(cls, address: str, explicit: bool, host: str, port: int, path: str,
+                      notice: Callable[[str], None]) -> ReplicaSampler | None:
+        try:
+            peer = await connect_rpc(address, None, timeout=CONNECT_TIMEOUT_S)
+            await peer.call("hello", timeout=STATUS_TIMEOUT_S, role="pulse", pid=os.getpid())
+            status = await peer.call("status", timeout=STATUS_TIMEOUT_S)
+        except Exception as exc:  # any failure means: no replica counts
+            if explicit:
+                notice(f"no surge instance answers at {address} ({type(exc).__name__}); "
+                       "replica counts will be null")
+            return None
+        if not isinstance(status, ServeStatus) or (
+                not explicit and not same_endpoint(status.http_address, host, port)):
+            peer.close()
+            return None
+        return cls(peer, address, path)
+
+    async def run(self, t0: float, stop: asyncio.Event) -> list[ReplicaSample]:
+        """Sample every 100 ms (on a fixed grid from t0) until `stop` is set."""
+        tick = 0
+        while not stop.is_set():
+            at = self._now() - t0
+            try:
+                status = await self.peer.call("status", timeout=STATUS_TIMEOUT_S)
+            except Exception:
+                if self.peer.is_closed:
+                    return self.samples
+                status = None
+            if isinstance(status, ServeStatus):
+                running, target = count_replicas(status, self.path)
+                self.samples.append(ReplicaSample(round(at, 4), running, target))
+            tick = max(tick + 1, int((self._now() - t0) / SAMPLE_INTERVAL_S) + 1)
+            delay = t0 + tick * SAMPLE_INTERVAL_S - self._now()
+            try:
+                await asyncio.wait_for(stop.wait(), max(delay, 0.0))
+            except TimeoutError:
+                pass
+        return self.samples
+
+    def close(self) -> None:
+        self.peer.close()

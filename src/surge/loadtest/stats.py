@@ -1,0 +1,441 @@
+"""What a pulse run saw, per 100 ms point, and the summary a post-mortem needs (pure).
+
+A `Record` is filled by the generator with explicit times (seconds from the start of
+the schedule), so tests drive it on a fake clock and assert exact counts:
+
+* `offered` and send lag are counted at the point of the *scheduled* send time;
+* `ok` (2xx) and errors at the point the response (or the timeout) *completed*, which
+  is what "served per second" means; errors are also kept by scheduled point;
+* latencies (2xx only, from the scheduled send time) in a histogram per scheduled
+  point: integer microseconds keeping 11 significant bits (< 0.1 % error), so records
+  from several worker processes merge by adding counts.
+
+Every request ends in exactly one of ok, an error class ("503", any other status,
+"timeout", "connection", "overflow") or unanswered, so `sent == ok + sum(errors) +
+unanswered` holds by construction and `Record.check()` verifies it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from surge.loadtest.schedule import Schedule
+
+__all__ = [
+    "BUCKET_S",
+    "ERROR_CLASSES",
+    "POINTS_PER_S",
+    "Record",
+    "ReplicaSample",
+    "Window",
+    "latency_key",
+    "merge_histograms",
+    "percentile",
+    "point_of",
+    "replica_points",
+    "series",
+    "summarize",
+]
+
+BUCKET_S = 0.1
+POINTS_PER_S = 10
+# Always present in summary["errors"], so a reader never wonders whether 0 means absent.
+ERROR_CLASSES = ("503", "timeout", "connection")
+# A point counts as "behind" when a request in it was handed to a connection this late:
+# uvloop timers tick in milliseconds, so a few ms is the floor, 10 ms is a real stall.
+BEHIND_S = 0.010
+# A replica sample older than this no longer describes a point.
+REPLICA_STALE_S = 0.5
+# Keep this many significant bits of a latency in microseconds (relative error < 0.1 %).
+_SIGNIFICANT_BITS = 11
+_EXACT_BELOW_US = 1 << _SIGNIFICANT_BITS
+# Send lag is kept at 0.1 ms resolution (keys in microseconds, like latencies).
+_LAG_KEY_US = 100
+_LAG_KEYS_PER_S = 1_000_000 // _LAG_KEY_US
+_EPS = 1e-9
+
+Histogram = dict[int, int]
+
+
+def point_of(t: float) -> int:
+    """The 100 ms point holding time t (a hair of tolerance for float rounding)."""
+    return max(int(t * POINTS_PER_S + _EPS), 0)
+
+
+def latency_key(seconds: float) -> int:
+    """Microseconds, truncated to 11 significant bits (exact below 2.048 ms)."""
+    us = int(seconds * 1_000_000)
+    if us <= 0:
+        return 0
+    shift = us.bit_length() - _SIGNIFICANT_BITS
+    return us if shift <= 0 else (us >> shift) << shift
+
+
+def merge_histograms(histograms: Iterable[Mapping[int, int]]) -> Histogram:
+    merged: Histogram = {}
+    for histogram in histograms:
+        for key, count in histogram.items():
+            merged[key] = merged.get(key, 0) + count
+    return merged
+
+
+def percentile(histogram: Mapping[int, int], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 1]) in milliseconds; None when empty."""
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    rank = max(1, math.ceil(q * total - _EPS))
+    seen = 0
+    for key in sorted(histogram):
+        seen += histogram[key]
+        if seen >= rank:
+            return key / 1000.0
+    raise AssertionError("unreachable: rank <= total")  # pragma: no cover
+
+
+def _add(counts: list[int], point: int, n: int = 1) -> None:
+    if point >= len(counts):
+        counts.extend([0] * (point + 1 - len(counts)))
+    counts[point] += n
+
+
+@dataclass(frozen=True)
+class Window:
+    """Counts over a few points, for the live progress line."""
+
+    seconds: float
+    offered: int
+    ok: int
+    errors: int
+    latency: Histogram
+
+    @property
+    def p99_ms(self) -> float | None:
+        return percentile(self.latency, 0.99)
+
+
+class Record:
+    """Per-point counts of one run (or the merge of several workers' runs)."""
+
+    def __init__(self) -> None:
+        self.offered: list[int] = []
+        self.ok: list[int] = []
+        self.errors: dict[str, list[int]] = {}  # by completion point
+        self.errors_sent: dict[str, list[int]] = {}  # by scheduled point
+        self.latency: list[Histogram] = []  # 2xx, by scheduled point
+        self.lag_max: list[float] = []  # seconds, by scheduled point
+        self.lag: Histogram = {}
+        self.unanswered = 0
+        self.waited = 0  # requests that found every allowed connection busy
+        self.connections_opened = 0
+        self.connections_peak = 0
+
+    def __repr__(self) -> str:
+        return (f"<Record points={self.points} sent={self.sent} ok={self.total_ok} "
+                f"errors={self.error_totals()} unanswered={self.unanswered}>")
+
+    # -- filling (the generator's hot path: kept flat, no helper calls) ----------------
+
+    def reserve(self, points: int) -> None:
+        """Allocate `points` points up front so the hot path never grows a list."""
+        for counts in (self.offered, self.ok):
+            counts.extend([0] * (points - len(counts)))
+        self.latency.extend({} for _ in range(points - len(self.latency)))
+        self.lag_max.extend([0.0] * (points - len(self.lag_max)))
+
+    def sent_at(self, point: int, lag_s: float) -> None:
+        try:
+            self.offered[point] += 1
+            if lag_s > self.lag_max[point]:
+                self.lag_max[point] = lag_s
+        except IndexError:
+            self.reserve(point + 1)
+            self.offered[point] += 1
+            self.lag_max[point] = max(self.lag_max[point], lag_s)
+        key = int(lag_s * _LAG_KEYS_PER_S) * _LAG_KEY_US  # 0.1 ms resolution is plenty
+        self.lag[key] = self.lag.get(key, 0) + 1
+
+    def ok_at(self, sent_point: int, done_point: int, latency_s: float) -> None:
+        try:
+            self.ok[done_point] += 1
+            histogram = self.latency[sent_point]
+        except IndexError:
+            self.reserve(max(sent_point, done_point) + 1)
+            self.ok[done_point] += 1
+            histogram = self.latency[sent_point]
+        us = int(latency_s * 1_000_000)  # latency_key(), inlined
+        if us >= _EXACT_BELOW_US:
+            shift = us.bit_length() - _SIGNIFICANT_BITS
+            us = (us >> shift) << shift
+        histogram[us] = histogram.get(us, 0) + 1
+
+    def error_at(self, kind: str, sent_point: int, done_point: int) -> None:
+        _add(self.errors.setdefault(kind, []), done_point)
+        _add(self.errors_sent.setdefault(kind, []), sent_point)
+
+    # -- reading --------------------------------------------------------------------------
+
+    @property
+    def points(self) -> int:
+        """Points up to the last one anything happened in (reserved empty ones excluded)."""
+        last = -1
+        for counts in (self.offered, self.ok, *self.errors.values(),
+                       *self.errors_sent.values()):
+            for point in range(len(counts) - 1, last, -1):
+                if counts[point]:
+                    last = point
+                    break
+        return last + 1
+
+    @property
+    def sent(self) -> int:
+        return sum(self.offered)
+
+    @property
+    def total_ok(self) -> int:
+        return sum(self.ok)
+
+    def error_totals(self) -> dict[str, int]:
+        totals = {kind: 0 for kind in ERROR_CLASSES}
+        for kind, counts in self.errors.items():
+            totals[kind] = totals.get(kind, 0) + sum(counts)
+        return totals
+
+    def check(self) -> None:
+        """Every request sent ended exactly once; raise if the books do not balance."""
+        answered = self.total_ok + sum(self.error_totals().values()) + self.unanswered
+        if answered != self.sent:
+            raise AssertionError(f"accounting: sent {self.sent} != ok {self.total_ok} + "
+                                 f"errors {self.error_totals()} + unanswered "
+                                 f"{self.unanswered}")
+
+    def window(self, first: int, last: int) -> Window:
+        """Points [first, last): offered by scheduled time, answers by completion time."""
+        span = range(max(first, 0), last)
+
+        def total(counts: Sequence[int]) -> int:
+            return sum(counts[i] for i in span if i < len(counts))
+
+        return Window(
+            seconds=len(span) * BUCKET_S, offered=total(self.offered), ok=total(self.ok),
+            errors=sum(total(counts) for counts in self.errors.values()),
+            latency=merge_histograms(self.latency[i] for i in span if i < len(self.latency)))
+
+    def merge(self, other: Record) -> None:
+        for counts, more in ((self.offered, other.offered), (self.ok, other.ok)):
+            for point, n in enumerate(more):
+                if n:
+                    _add(counts, point, n)
+        for mine, theirs in ((self.errors, other.errors),
+                             (self.errors_sent, other.errors_sent)):
+            for kind, more in theirs.items():
+                counts = mine.setdefault(kind, [])
+                for point, n in enumerate(more):
+                    _add(counts, point, n)
+        for point, histogram in enumerate(other.latency):
+            if point >= len(self.latency):
+                self.latency.extend({} for _ in range(point + 1 - len(self.latency)))
+            self.latency[point] = merge_histograms([self.latency[point], histogram])
+        for point, lag in enumerate(other.lag_max):
+            if point >= len(self.lag_max):
+                self.lag_max.extend([0.0] * (point + 1 - len(self.lag_max)))
+            self.lag_max[point] = max(self.lag_max[point], lag)
+        self.lag = merge_histograms([self.lag, other.lag])
+        self.unanswered += other.unanswered
+        self.waited += other.waited
+        self.connections_opened += other.connections_opened
+        self.connections_peak += other.connections_peak  # workers hold theirs at once
+
+
+# -- replica counts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class ReplicaSample:
+    t: float  # seconds from the start of the schedule
+    running: int
+    target: int
+
+
+def replica_points(samples: Sequence[ReplicaSample],
+                   points: int) -> list[ReplicaSample | None]:
+    """For each point, the latest sample taken before its end, unless it is stale."""
+    ordered = sorted(samples)
+    found: list[ReplicaSample | None] = []
+    index = -1
+    for point in range(points):
+        end = (point + 1) / POINTS_PER_S
+        while index + 1 < len(ordered) and ordered[index + 1].t < end - _EPS:
+            index += 1
+        latest = ordered[index] if index >= 0 else None
+        fresh = latest is not None and end - latest.t <= REPLICA_STALE_S + _EPS
+        found.append(latest if fresh else None)
+    return found
+
+
+# -- report data --------------------------------------------------------------------------
+
+
+def _rate(counts: Sequence[int], point: int) -> float:
+    return float(counts[point] * POINTS_PER_S) if point < len(counts) else 0.0
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def series(record: Record,
+           replicas: Sequence[ReplicaSample | None] | None = None) -> list[dict[str, Any]]:
+    """One point per 100 ms; rates are per second (count x 10)."""
+    points = []
+    for point in range(record.points):
+        histogram = record.latency[point] if point < len(record.latency) else {}
+        sample = replicas[point] if replicas is not None and point < len(replicas) else None
+        errors = {kind: _rate(counts, point) for kind, counts in sorted(record.errors.items())
+                  if point < len(counts) and counts[point]}
+        lag = record.lag_max[point] if point < len(record.lag_max) else 0.0
+        points.append({
+            "t": round(point * BUCKET_S, 1),
+            "offered": _rate(record.offered, point),
+            "ok": _rate(record.ok, point),
+            "errors": errors,
+            "p50_ms": _ms(percentile(histogram, 0.50)),
+            "p90_ms": _ms(percentile(histogram, 0.90)),
+            "p99_ms": _ms(percentile(histogram, 0.99)),
+            "replicas": sample.running if sample is not None else None,
+            "target_replicas": sample.target if sample is not None else None,
+            "lag_ms": round(lag * 1000, 3),
+        })
+    return points
+
+
+@dataclass(frozen=True)
+class _Phase:
+    first: int  # points [first, last)
+    last: int
+
+
+def _phase_stats(record: Record, phase: _Phase) -> dict[str, Any]:
+    span = range(phase.first, min(phase.last, record.points))
+    histogram = merge_histograms(record.latency[i] for i in span if i < len(record.latency))
+    sent = sum(record.offered[i] for i in span if i < len(record.offered))
+    failed = {kind: sum(counts[i] for i in span if i < len(counts))
+              for kind, counts in record.errors_sent.items()}
+    return {
+        "from_s": round(phase.first * BUCKET_S, 1), "to_s": round(phase.last * BUCKET_S, 1),
+        "sent": sent, "ok": sum(histogram.values()),
+        "errors": {kind: n for kind, n in sorted(failed.items()) if n},
+        **_percentiles(histogram),
+    }
+
+
+def _percentiles(histogram: Mapping[int, int]) -> dict[str, float | None]:
+    return {"p50_ms": _ms(percentile(histogram, 0.50)),
+            "p90_ms": _ms(percentile(histogram, 0.90)),
+            "p99_ms": _ms(percentile(histogram, 0.99)),
+            "p999_ms": _ms(percentile(histogram, 0.999))}
+
+
+def _point_meets_slo(record: Record, point: int, slo_s: float) -> bool | None:
+    """None for a point nobody sent in; else 2xx p99 <= SLO and no timeout/lost request."""
+    if point >= len(record.offered) or record.offered[point] == 0:
+        return None
+    for kind in ("timeout", "connection", "overflow"):
+        counts = record.errors_sent.get(kind, [])
+        if point < len(counts) and counts[point]:
+            return False
+    histogram = record.latency[point] if point < len(record.latency) else {}
+    p99 = percentile(histogram, 0.99)
+    return p99 is not None and p99 <= slo_s * 1000 + _EPS
+
+
+@dataclass(frozen=True)
+class _Recovery:
+    recovery_s: float | None  # pulse start -> p99 back under the SLO for good
+    over_slo_s: float  # time (in points) the pulse spent over the SLO
+
+
+def _recovery(record: Record, pulse: _Phase, slo_s: float) -> _Recovery:
+    verdicts = [(point, _point_meets_slo(record, point, slo_s))
+                for point in range(pulse.first, pulse.last)]
+    judged = [(point, good) for point, good in verdicts if good is not None]
+    over = sum(1 for _, good in judged if not good) * BUCKET_S
+    if not judged or not judged[-1][1]:
+        return _Recovery(None, round(over, 1))
+    back = pulse.first
+    for point, good in judged:
+        if not good:
+            back = point + 1
+    return _Recovery(round((back - pulse.first) * BUCKET_S, 1), round(over, 1))
+
+
+def _replica_summary(samples: Sequence[ReplicaSample],
+                     pulse_start: float | None) -> dict[str, Any]:
+    if not samples:
+        return {"max_replicas": None, "start_replicas": None, "replicas_added_after_s": None,
+                "max_replicas_after_s": None}
+    ordered = sorted(samples)
+    start_at = pulse_start if pulse_start is not None else 0.0
+    before = [s for s in ordered if s.t <= start_at] or ordered[:1]
+    start = before[-1].running
+    peak = max(s.running for s in ordered)
+    added = next((s.t for s in ordered if s.t > start_at and s.running > start), None)
+    peaked = next(s.t for s in ordered if s.running == peak)
+    return {"max_replicas": peak, "start_replicas": start,
+            "replicas_added_after_s": None if added is None else round(added - start_at, 2),
+            "max_replicas_after_s": round(max(peaked - start_at, 0.0), 2)}
+
+
+def _generator_summary(record: Record) -> dict[str, Any]:
+    behind = [p for p, lag in enumerate(record.lag_max) if lag > BEHIND_S]
+    return {
+        "lag_p50_ms": _ms(percentile(record.lag, 0.50)),
+        "lag_p99_ms": _ms(percentile(record.lag, 0.99)),
+        "lag_max_ms": round(max(record.lag_max, default=0.0) * 1000, 3),
+        "behind": bool(behind),
+        "behind_s": round(len(behind) * BUCKET_S, 1),
+        "waited_for_connection": record.waited,
+        "connections_opened": record.connections_opened,
+        "connections_peak": record.connections_peak,
+    }
+
+
+def summarize(record: Record, schedule: Schedule, slo_ms: float,
+              replicas: Sequence[ReplicaSample] = ()) -> dict[str, Any]:
+    """The post-mortem numbers: totals, peaks, percentiles per phase, recovery, replicas."""
+    record.check()
+    window = schedule.pulse_window()
+    pulse_start = window[0] if window is not None else None
+    if window is not None:
+        baseline = _Phase(0, point_of(window[0]))
+        pulse = _Phase(point_of(window[0]), max(point_of(window[1] - _EPS) + 1,
+                                                point_of(window[0]) + 1))
+    else:
+        baseline = _Phase(0, point_of(schedule.duration_s - _EPS) + 1)
+        pulse = _Phase(baseline.last, baseline.last)
+    errors = record.error_totals()
+    sent = record.sent
+    recovery = _recovery(record, pulse, slo_ms / 1000)
+    everything = merge_histograms(record.latency)
+    return {
+        "sent": sent, "ok": record.total_ok, "unanswered": record.unanswered,
+        "errors": errors,
+        "success_pct": round(100 * record.total_ok / sent, 3) if sent else None,
+        "rate_503_pct": round(100 * errors["503"] / sent, 3) if sent else None,
+        "peak_offered_rps": max((_rate(record.offered, p) for p in range(record.points)),
+                                default=0.0),
+        "peak_served_rps": max((_rate(record.ok, p) for p in range(record.points)),
+                               default=0.0),
+        **_percentiles(everything),
+        "baseline": _phase_stats(record, baseline),
+        "pulse": _phase_stats(record, pulse) if pulse.last > pulse.first else None,
+        "slo_ms": slo_ms,
+        "recovery_s": recovery.recovery_s,
+        "over_slo_s": recovery.over_slo_s,
+        **_replica_summary(replicas, pulse_start),
+        "duration_s": round(record.points * BUCKET_S, 1),
+        "generator": _generator_summary(record),
+    }
