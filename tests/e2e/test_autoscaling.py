@@ -141,3 +141,17 @@ def test_ray_default_keeps_rays_delay(surge_instance) -> None:  # type: ignore[n
     # Ray waits upscale_delay_s=30 s and sees the load only after metrics_interval_s=10 s.
     assert _deployment("raydefault").target_replicas == 1
     serve.delete("raydefault")
+
+
+def test_a_bad_policy_fails_the_deploy_with_a_clear_error(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    from surge.serve.exceptions import ConfigError
+
+    app = Work.options(autoscaling_config={
+        "policy": {"policy_function": "no_such_module:policy"}}).bind()
+    with pytest.raises(ConfigError, match="cannot load autoscaling policy 'no_such_module"):
+        serve.run(app, name="badpolicy", route_prefix=None)
+    app = Work.options(autoscaling_config={
+        "policy": {"policy_function": "proactive", "policy_kwargs": {"speed": 2}}}).bind()
+    with pytest.raises(ConfigError, match="unknown proactive policy_kwargs \\['speed'\\]"):
+        serve.run(app, name="badpolicy", route_prefix=None)
+    assert "badpolicy" not in serve.status().applications
