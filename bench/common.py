@@ -400,14 +400,9 @@ def system_python(system: str) -> str:
     return sys.executable if system == "surge" else ray_python()
 
 
-def ray_leftovers() -> list[int]:
-    """Processes of any Ray session still running on this machine (ray:: titles, raylet,
-    gcs_server, or a /tmp/ray/session_ command line)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            line = cmdline(int(entry))
-            if line.startswith("ray::") or "/tmp/ray/session_" in line or \
-                    "ray/core/src/ray/" in line:
-                found.append(int(entry))
-    return found
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so `with driver(...)` blocks stop what they started."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
