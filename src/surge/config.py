@@ -59,6 +59,12 @@ DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000
 # Bodies above this are refused with 413 before they are buffered.
 DEFAULT_MAX_BODY_BYTES = 100 * 1024 * 1024
+# Request line + headers above this are refused with 431 (nginx allows 4 x 8 KiB).
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+# A request whose headers take longer than this to arrive (slowloris) gets 408.
+DEFAULT_REQUEST_HEADER_TIMEOUT_S = 30.0
+# Open client connections per proxy worker; more are answered 503 and closed.
+DEFAULT_MAX_CONNECTIONS = 10_000
 # Ray/uvicorn's keep-alive; long enough for load balancers that reuse connections.
 DEFAULT_KEEP_ALIVE_TIMEOUT_S = 90.0
 # The control API of a running instance (loopback). SURGE_ADDRESS overrides it.
@@ -259,6 +265,9 @@ class HTTPOptions:
     request_timeout_s: float | None = None
     keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_TIMEOUT_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    request_header_timeout_s: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     location: str = "EveryNode"
     proxy_workers: int | None = None  # None: default_proxy_workers()
 
@@ -269,6 +278,9 @@ class HTTPOptions:
         _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
         _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)
         _number("max_body_bytes", self.max_body_bytes, minimum=0)
+        _integer("max_header_bytes", self.max_header_bytes, minimum=1024)
+        _number("request_header_timeout_s", self.request_header_timeout_s, minimum=0.1)
+        _integer("max_connections", self.max_connections, minimum=1)
         if self.proxy_workers is not None:
             _integer("proxy_workers", self.proxy_workers, minimum=1)
         _require(self.location in PROXY_LOCATIONS,

@@ -168,6 +168,9 @@ class ProxySpec:
     max_body_bytes: int
     root_path: str = ""
     reuse_port: bool = False  # several proxy workers share the port (SO_REUSEPORT)
+    max_header_bytes: int = 64 * 1024
+    request_header_timeout_s: float = 30.0
+    max_connections: int = 10_000
 
 
 @dataclass(frozen=True)

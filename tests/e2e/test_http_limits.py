@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -216,3 +217,72 @@ def test_a_pipelined_upload_is_not_cut_by_the_keep_alive_timeout(
         response = conn.read_response()
         assert response.status == 200
         assert response.body == b'{"length":4,"slept":0.0}'
+
+
+# -- header limits, slow clients, connection cap ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[Running]:
+    """An instance with small header limits, a short header timeout and 3 connections."""
+    serve.shutdown()
+    control = f"127.0.0.1:{free_port()}"
+    http_port = free_port()
+    previous = os.environ.get("SURGE_ADDRESS")
+    os.environ["SURGE_ADDRESS"] = control
+    serve.start(http_options={"port": http_port, "max_header_bytes": 2048,
+                              "request_header_timeout_s": 0.5, "max_connections": 3})
+    serve.run(Limited.bind(), name="quick", route_prefix="/quick")
+    try:
+        yield Running(http_port, control)
+    finally:
+        serve.shutdown()
+        if previous is None:
+            os.environ.pop("SURGE_ADDRESS", None)
+        else:
+            os.environ["SURGE_ADDRESS"] = previous
+
+
+def _raw(port: int, data: bytes, wait_s: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except TimeoutError:
+            pass
+    return b"".join(chunks)
+
+
+def test_huge_headers_get_431(guarded: Running) -> None:
+    answer = _raw(guarded.http_port, b"GET /quick HTTP/1.1\r\nhost: x\r\nx-big: "
+                  + b"a" * 4000 + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert httpx.get(f"{guarded.url}/quick").status_code == 200
+
+
+def test_slowloris_gets_408_and_others_are_served(guarded: Running) -> None:
+    with socket.create_connection(("127.0.0.1", guarded.http_port), timeout=5) as slow:
+        slow.sendall(b"GET /quick HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        started = time.monotonic()
+        assert httpx.get(f"{guarded.url}/quick").status_code == 200
+        answer = slow.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert time.monotonic() - started < 3.0
+
+
+def test_connections_over_the_cap_get_503(guarded: Running) -> None:
+    held = [socket.create_connection(("127.0.0.1", guarded.http_port)) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        # The proxy answers at once on connect, before the client says anything.
+        with socket.create_connection(("127.0.0.1", guarded.http_port), timeout=5) as extra:
+            answer = extra.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert b"retry-after: 1" in answer.lower()
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
+    assert httpx.get(f"{guarded.url}/quick").status_code == 200

@@ -211,7 +211,10 @@ class Controller:
         return ProxySpec(host=h.host, port=port, request_timeout_s=h.request_timeout_s,
                          keep_alive_timeout_s=h.keep_alive_timeout_s,
                          max_body_bytes=h.max_body_bytes, root_path=h.root_path,
-                         reuse_port=self.proxy_count > 1)
+                         reuse_port=self.proxy_count > 1,
+                         max_header_bytes=h.max_header_bytes,
+                         request_header_timeout_s=h.request_header_timeout_s,
+                         max_connections=h.max_connections)
 
     def start_proxies(self) -> None:
         """Start the first proxy worker; the others follow once it has bound the port."""

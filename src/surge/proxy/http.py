@@ -198,8 +198,9 @@ class Exchange:
 
 
 class HttpConnection(asyncio.Protocol):
-    __slots__ = ("body", "body_size", "client", "exchanges", "headers", "idle_since",
-                 "parser", "proxy", "receiving", "refused", "transport", "upgraded", "url")
+    __slots__ = ("body", "body_size", "client", "exchanges", "header_bytes", "headers",
+                 "headers_done", "idle_since", "parser", "proxy", "receiving", "refused",
+                 "started_at", "transport", "upgraded", "url")
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
@@ -213,6 +214,9 @@ class HttpConnection(asyncio.Protocol):
         self.client = ""
         self.idle_since: float | None = None  # loop time the connection went idle
         self.refused = False
+        self.header_bytes = 0
+        self.headers_done = False
+        self.started_at = 0.0  # loop time the current request began
         self.receiving = False  # between the first byte of a request and its end
         self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
 
@@ -220,6 +224,13 @@ class HttpConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        if len(self.proxy.connections) >= self.proxy.spec.max_connections:
+            refusal = simple(503, b"Too many connections; retry later.", new_request_id(),
+                             keep_alive=False, extra=[(b"retry-after", b"1")])
+            transport.write(refusal)  # type: ignore[attr-defined]
+            transport.close()
+            self.refused = True
+            return
         self.proxy.connections.add(self)
         self._arm_idle_timer()
 
@@ -255,14 +266,27 @@ class HttpConnection(asyncio.Protocol):
         self.body_size = 0
         self.receiving = True
         self.idle_since = None
+        self.header_bytes = 0
+        self.headers_done = False
+        self.started_at = self.proxy.loop.time()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
+        self._count_header_bytes(len(name) + len(value) + 4)
+
+    def _count_header_bytes(self, size: int) -> None:
+        self.header_bytes += size
+        limit = self.proxy.spec.max_header_bytes
+        if self.header_bytes > limit:
+            self._refuse(431, f"Request line and headers exceed {limit} bytes.".encode())
+            raise httptools.HttpParserCallbackError("headers too large")
 
     def on_headers_complete(self) -> None:
+        self.headers_done = True
         limit = self.proxy.spec.max_body_bytes
         expects_body = expects_continue = False
         for name, value in self.headers:
@@ -347,6 +371,11 @@ class HttpConnection(asyncio.Protocol):
     def _arm_idle_timer(self) -> None:
         # No timer per request: the proxy's sweeper closes connections idle too long.
         self.idle_since = self.proxy.loop.time()
+
+    def check_slow_headers(self, now: float, timeout: float) -> None:
+        """Answer 408 to a client that has taken too long to send its headers (slowloris)."""
+        if self.receiving and not self.headers_done and now - self.started_at >= timeout:
+            self._refuse(408, f"Request headers not received within {timeout:g}s.".encode())
 
     def close_if_idle(self, now: float, timeout: float) -> None:
         since = self.idle_since

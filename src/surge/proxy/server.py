@@ -40,14 +40,17 @@ class Proxy:
         self.connections: set[HttpConnection] = set()
         self.draining = False
         self._routes_version: RouteTable | None = None
-        self._sweep_interval = min(1.0, max(0.05, spec.keep_alive_timeout_s / 4))
+        shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s)
+        self._sweep_interval = min(1.0, max(0.05, shortest / 4))
         self.loop.call_later(self._sweep_interval, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
         """Close keep-alive connections idle longer than keep_alive_timeout_s."""
         now, timeout = self.loop.time(), self.spec.keep_alive_timeout_s
+        header_timeout = self.spec.request_header_timeout_s
         for connection in list(self.connections):
             connection.close_if_idle(now, timeout)
+            connection.check_slow_headers(now, header_timeout)
         self.loop.call_later(self._sweep_interval, self._sweep_idle)
 
     def __repr__(self) -> str:
