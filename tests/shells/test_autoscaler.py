@@ -328,3 +328,22 @@ def test_policies_are_resolved_once_per_policy_spec(user_module: Any) -> None:
     autoscaler.decide(DEP, spec(f"{user_module.__name__}:Stepper", step=2), inputs(now=31.1))
     autoscaler.decide(OTHER, cfg, inputs(now=31.1))
     assert [i.step for i in user_module.INSTANCES] == [1, 2, 1]
+
+
+def test_peek_reads_the_open_bucket_without_closing_it() -> None:
+    from surge.controller.autoscaler import LoadTracker
+    from surge.model import DeploymentId, LoadReport
+
+    tracker = LoadTracker(0.1)
+    dep = DeploymentId("app", "d")
+    tracker.close_bucket(1.0, [dep])
+    tracker.report(1, LoadReport(dep, arrivals=8, completions=2, rejections=1, queued=5,
+                                 in_flight=3))
+    assert tracker.peek(dep, 1.002) is None  # too young to say anything
+    sample = tracker.peek(dep, 1.04)
+    assert sample is not None
+    assert (sample.arrivals, sample.completions, sample.rejections) == (8, 2, 1)
+    assert (sample.queued, sample.ongoing) == (5, 3)
+    assert abs(sample.duration_s - 0.04) < 1e-9
+    tracker.close_bucket(1.1, [dep])
+    assert tracker.series[dep][-1].arrivals == 8  # the peek consumed nothing

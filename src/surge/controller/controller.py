@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
@@ -40,7 +41,7 @@ from surge.model import (
     ServeStatus,
 )
 from surge.policy.admission import queue_share
-from surge.policy.autoscaling import ScalingInputs
+from surge.policy.autoscaling import LoadSample, ScalingInputs
 from surge.policy.lifecycle import ReplicaState
 from surge.policy.reconcile import (
     ActivateReplica,
@@ -57,6 +58,8 @@ __all__ = ["Controller"]
 log = logging.getLogger("surge.controller")
 
 TICK_S = 0.1
+# At most one out-of-tick decision per deployment in this interval.
+URGENT_DECISION_INTERVAL_S = 0.02
 PROXY_PREFIX = "proxy-"
 
 
@@ -111,10 +114,13 @@ class Controller:
         return await handler(peer, **kwargs)
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
-        if topic == "load":
+        if topic in ("load", "load_urgent"):
             for report in value:
                 assert isinstance(report, LoadReport)
                 self.load.report(id(peer), report)
+            if topic == "load_urgent" and not self.stopping:
+                for deployment in {report.deployment for report in value}:
+                    self._decide_now(deployment)
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         self.proxies.discard(peer)
@@ -393,7 +399,21 @@ class Controller:
         log.warning("%s exited with code %s; restarting it", proxy_id, code)
         self.backend.start_proxy(proxy_id)
 
-    def _autoscale(self, deployment: DeploymentRecord, now: float) -> None:
+    def _decide_now(self, did: DeploymentId) -> None:
+        """A router's queue just started to grow: decide (and act) without waiting a tick."""
+        deployment = self.deployments.get(did)
+        if deployment is None or deployment.config.autoscaling_config is None:
+            return
+        now = time.monotonic()
+        if now - deployment.last_urgent_decision < URGENT_DECISION_INTERVAL_S:
+            return
+        deployment.last_urgent_decision = now
+        self._autoscale(deployment, now, self.load.peek(did, now))
+        if not deployment.failed:
+            self._reconcile(deployment, now)
+
+    def _autoscale(self, deployment: DeploymentRecord, now: float,
+                   open_bucket: LoadSample | None = None) -> None:
         config = deployment.config.autoscaling_config
         if config is None or deployment.deleting:
             return
@@ -405,9 +425,11 @@ class Controller:
                 config, min_replicas=floors.min_replicas,
                 max_replicas=max(config.max_replicas, floors.min_replicas))
         running = sum(1 for r in deployment.running if r.version == deployment.version)
+        samples: Sequence[LoadSample] = self.load.series.get(deployment.id, ())
+        if open_bucket is not None:
+            samples = [*samples, open_bucket]
         inputs = ScalingInputs(now=now, running=running, target=deployment.target,
-                               samples=self.load.series.get(deployment.id, ()),
-                               startup_lead_s=deployment.startup_lead_s)
+                               samples=samples, startup_lead_s=deployment.startup_lead_s)
         deployment.target = self.autoscaler.decide(deployment.id, config, inputs)
 
     def _reconcile(self, deployment: DeploymentRecord, now: float) -> None:

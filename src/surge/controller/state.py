@@ -62,6 +62,7 @@ class DeploymentRecord:
     deleting: bool = False
     startup_lead_s: float = 1.0  # measured: asking for a replica -> it serves (EWMA)
     standby_floor: int = 0  # from the autoscaling schedule in force now
+    last_urgent_decision: float = 0.0
     startups_seen: int = 0
 
     @property

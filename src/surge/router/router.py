@@ -85,6 +85,7 @@ class Router:
         self.completed = 0
         self.rejected = 0
         self.arrived = 0
+        self.on_pressure: Callable[[], None] | None = None
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
 
     def __repr__(self) -> str:
@@ -184,6 +185,8 @@ class Router:
                                     max_queued_requests=rejection.limit,
                                     retry_after_s=rejection.retry_after_s)
         self._queue.append(pending)
+        if len(self._queue) == 1 and self.on_pressure is not None:
+            self.on_pressure()  # the queue started to grow: tell the autoscaler now
 
     def cancel(self, pending: Pending) -> None:
         if pending.cancelled:

@@ -33,6 +33,8 @@ log = logging.getLogger("surge.runtime")
 RECONNECT_INTERVAL_S = 0.5
 # How often routers report their load to the controller (only what changed is sent).
 LOAD_REPORT_INTERVAL_S = 0.1
+# An urgent report (a queue started to grow) waits this long to gather the burst's start.
+URGENT_REPORT_DELAY_S = 0.005
 
 RpcMethod = Callable[..., Awaitable[Any]]
 
@@ -53,6 +55,7 @@ class RouterRuntime:
         self.on_controller_lost: Callable[[], None] | None = None
         self._closing = False
         self._reporter: asyncio.TimerHandle | None = None
+        self._urgent: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -67,6 +70,20 @@ class RouterRuntime:
             await peer.call("watch", deployment=deployment)
         if self._reporter is None:
             self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
+
+    def _urgent_report(self) -> None:
+        """Report within a few ms (once): a queue started to grow."""
+        if self._urgent is None and not self._closing:
+            self._urgent = self.loop.call_later(URGENT_REPORT_DELAY_S, self._send_urgent)
+
+    def _send_urgent(self) -> None:
+        self._urgent = None
+        peer = self.peer
+        if peer is not None and not peer.is_closed:
+            reports = [r for r in (router.load_report() for router in self.routers.values())
+                       if r is not None]
+            if reports:
+                peer.push("load_urgent", reports)
 
     def _report_load(self) -> None:
         self._reporter = None
@@ -84,6 +101,7 @@ class RouterRuntime:
         router = self.routers.get(deployment)
         if router is None:
             router = self.routers[deployment] = Router(deployment)
+            router.on_pressure = self._urgent_report
             if self.peer is not None and not self.peer.is_closed:
                 self.loop.create_task(self._watch(deployment))
         return router
