@@ -4,39 +4,25 @@ Routers (proxies and handles) push per-deployment counters every 0.1 s, only whe
 something changed: arrivals (offered, rejected included), completions, rejections, and
 their queued and in-flight gauges. `LoadTracker` sums them into one `LoadSample` per
 tick and keeps the last minute; `Autoscaler.decide` feeds them to the deployment's
-policy (policy/autoscaling.py) and remembers the decisions for status and metrics.
+policy (policy/autoscaling.py, resolved by policy/resolve.py) and remembers the
+decisions for status and metrics.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from surge.config import AutoscalingConfig
-from surge.errors import ConfigError
 from surge.model import DeploymentId, LoadReport
-from surge.policy.autoscaling import (
-    Decision,
-    LoadSample,
-    PolicyState,
-    ProactiveSettings,
-    ScalingInputs,
-    UserPolicy,
-    custom,
-    proactive,
-    ray_default,
-)
+from surge.policy.autoscaling import Decision, LoadSample, PolicyState, ScalingInputs
+from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 
 __all__ = ["Autoscaler", "LoadTracker", "resolve_policy"]
 
 log = logging.getLogger("surge.autoscaler")
-
-HISTORY_S = 60.0
-DEFAULT_POLICY = "proactive"
 
 
 class LoadTracker:
@@ -71,54 +57,22 @@ class LoadTracker:
                                             deque(maxlen=int(HISTORY_S / self.tick_s)))
             series.append(sample)
 
+    def peek(self, deployment: DeploymentId, now: float) -> LoadSample | None:
+        """The bucket still open, as a sample (for a decision between ticks), or None."""
+        series = self.series.get(deployment)
+        since = series[-1].t if series else now - self.tick_s
+        if now - since < 0.005:
+            return None
+        arrivals, completions, rejections = self._counters.get(deployment, [0, 0, 0])
+        gauges = self._gauges.get(deployment, {}).values()
+        return LoadSample(t=now, arrivals=arrivals, completions=completions,
+                          rejections=rejections, queued=sum(q for q, _ in gauges),
+                          ongoing=sum(f for _, f in gauges), duration_s=now - since)
+
     def drop(self, deployment: DeploymentId) -> None:
         self.series.pop(deployment, None)
         self._counters.pop(deployment, None)
         self._gauges.pop(deployment, None)
-
-
-Policy = Callable[[ScalingInputs, AutoscalingConfig, PolicyState], Decision]
-
-
-def resolve_policy(config: AutoscalingConfig, deployment: DeploymentId) -> Policy:
-    """The policy named by `autoscaling_config.policy` (a built-in name or module:attr)."""
-    spec: Mapping[str, Any] = config.policy or {}
-    target = spec.get("policy_function", DEFAULT_POLICY) or DEFAULT_POLICY
-    kwargs = dict(spec.get("policy_kwargs") or {})
-    if target == "proactive":
-        try:
-            settings = ProactiveSettings.from_kwargs(kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"policy_kwargs of the proactive policy: {exc}") from None
-        return lambda inputs, cfg, state: proactive(inputs, cfg, state, settings)
-    if target == "ray_default":
-        return ray_default
-    user = _load_user_policy(target, kwargs)
-    return lambda inputs, cfg, state: custom(user, inputs, cfg, state, deployment.name,
-                                             deployment.app)
-
-
-def _load_user_policy(target: Any, kwargs: dict[str, Any]) -> UserPolicy:
-    if isinstance(target, str):
-        module_name, _, attr = target.partition(":")
-        if not attr:
-            raise ConfigError(f"autoscaling policy {target!r} is neither a built-in "
-                              "('proactive', 'ray_default') nor a 'module:attribute' path")
-        try:
-            found = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"cannot load autoscaling policy {target!r}: {exc}") from None
-    else:
-        found = target
-    if isinstance(found, type):
-        found = found(**kwargs)
-    elif kwargs:
-        original = found
-        found = lambda ctx: original(ctx, **kwargs)  # noqa: E731
-    if not callable(found):
-        raise ConfigError(f"autoscaling policy {target!r} is not callable")
-    policy: UserPolicy = found
-    return policy
 
 
 @dataclass
