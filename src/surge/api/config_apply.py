@@ -1,0 +1,305 @@
+"""From a validated config to running applications, and from code back to a config.
+
+`import_application` resolves an `import_path` ("module:attr" or "module.attr") to a
+bound `Application`, calling it with `args` when it is a builder function, as Ray
+does. `application_with_overrides` rewrites the bound graph so each deployment named
+in the config gets its options (Ray's rule: YAML wins over the decorator, key by key;
+an int `num_replicas` drops the code's autoscaling and vice versa), and the app's
+`runtime_env.env_vars` reach every replica. `apply_config` builds every AppSpec first
+(a bad config changes nothing), then deploys them, deletes the applications the file
+no longer has, and waits, reporting progress. `build_config` is `surge build`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from surge.api.config_file import AppConfig, ServeConfig
+from surge.api.deployment import Application, Deployment, build_app_spec
+from surge.api.instance import Instance, connect_or_start, user_sys_path
+from surge.config import AppSpec, AutoscalingConfig
+from surge.errors import ConfigError, DeployFailedError
+from surge.model import ApplicationStatus, ApplicationStatusOverview
+
+__all__ = [
+    "application_with_overrides",
+    "apply_config",
+    "build_config",
+    "import_application",
+    "import_attribute",
+    "walk_deployments",
+]
+
+DEPLOY_TIMEOUT_S = 300.0
+
+
+def import_attribute(import_path: str, search: tuple[str, ...] = ()) -> Any:
+    """`module:attr` or `module.attr`, importing from `search` and the cwd first."""
+    separator = ":" if ":" in import_path else "."
+    module_name, _, attr = import_path.rpartition(separator)
+    for entry in reversed((*search, os.getcwd())):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from None
+    found: Any = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return found
+
+
+def import_application(import_path: str, args: Mapping[str, Any] | None = None,
+                       search: tuple[str, ...] = ()) -> Application:
+    """A bound Application, or what a builder function returns for `args`."""
+    target = import_attribute(import_path, search)
+    if isinstance(target, Application):
+        if args:
+            raise ConfigError(f"{import_path} is a bound application; args are only passed "
+                              "to application builders (a function returning an "
+                              "Application)")
+        return target
+    if isinstance(target, Deployment):
+        raise ConfigError(f"{import_path} is a deployment, not an application: bind it "
+                          f"(app = {target.name}.bind()) and point import_path at that")
+    if callable(target):
+        built = target(dict(args or {}))
+        if not isinstance(built, Application):
+            raise ConfigError(f"the builder {import_path} returned "
+                              f"{type(built).__name__}, not a bound Application")
+        return built
+    raise ConfigError(f"{import_path} is a {type(target).__name__}, not an Application "
+                      "or a builder function")
+
+
+@contextlib.contextmanager
+def _environment(env_vars: Mapping[str, str]) -> Iterator[None]:
+    """Module-level code sees the app's env_vars while it is imported, as under Ray."""
+    saved = {k: os.environ.get(k) for k in env_vars}
+    os.environ.update(env_vars)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def walk_deployments(root: Application) -> list[Application]:
+    """Every bound deployment in the graph, each once, the ingress first."""
+    seen: dict[int, Application] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, Application):
+            if id(value) in seen:
+                return
+            seen[id(value)] = value
+            for arg in (*value.args, *value.kwargs.values()):
+                visit(arg)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+
+    visit(root)
+    return list(seen.values())
+
+
+def merged_options(code: Mapping[str, Any], override: Mapping[str, Any],
+                   env_vars: Mapping[str, str]) -> dict[str, Any]:
+    """The options a deployment runs with: the decorator's, then the config's on top."""
+    options = {**code, **override}
+    if "num_replicas" in override and override["num_replicas"] != "auto" \
+            and "autoscaling_config" not in override:
+        options.pop("autoscaling_config", None)
+    if "autoscaling_config" in override and "num_replicas" not in override \
+            and options.get("num_replicas") != "auto":
+        options.pop("num_replicas", None)
+    if env_vars:
+        actor = dict(options.get("ray_actor_options") or {})
+        runtime_env = dict(actor.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**env_vars, **(runtime_env.get("env_vars") or {})}
+        actor["runtime_env"] = runtime_env
+        options["ray_actor_options"] = actor
+    return options
+
+
+def application_with_overrides(root: Application, app: AppConfig,
+                               where: Callable[[tuple[Any, ...]], str]) -> Application:
+    """A copy of the graph with the config's options applied, names checked."""
+    nodes = walk_deployments(root)
+    names = {node.deployment.name for node in nodes}
+    for override in app.deployments:
+        if override.name not in names:
+            raise ConfigError(f"{where((*override.path, 'name'))}: application {app.name!r} "
+                              f"has no deployment {override.name!r}; it has "
+                              f"{', '.join(sorted(names))}")
+    by_name = {o.name: o for o in app.deployments}
+    copies: dict[int, Application] = {}
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, Application):
+            return copy(value)
+        if isinstance(value, list | tuple):
+            return type(value)(rewrite(v) for v in value)
+        if isinstance(value, dict):
+            return {k: rewrite(v) for k, v in value.items()}
+        return value
+
+    def copy(node: Application) -> Application:
+        if id(node) in copies:
+            return copies[id(node)]
+        deployment = node.deployment
+        override = by_name.get(deployment.name)
+        if override is not None or app.env_vars:
+            options = merged_options(deployment._options,
+                                     override.options if override else {}, app.env_vars)
+            try:
+                deployment = Deployment(deployment.func_or_class, options)
+            except ConfigError as exc:
+                path = override.path if override else app.path
+                raise ConfigError(f"{where(path)}: {exc}") from None
+        result = Application(deployment, (), {})
+        copies[id(node)] = result
+        result.args = tuple(rewrite(a) for a in node.args)
+        result.kwargs = {k: rewrite(v) for k, v in node.kwargs.items()}
+        return result
+
+    return copy(root)
+
+
+def search_path(config: ServeConfig) -> tuple[str, ...]:
+    """Where user modules are imported from: the config's folder, then the cwd."""
+    folder = str(Path(config.source).resolve().parent) if config.source else os.getcwd()
+    return tuple(dict.fromkeys((folder, os.getcwd())))
+
+
+def build_specs(config: ServeConfig) -> list[AppSpec]:
+    search = search_path(config)
+    specs = []
+    for app in config.applications:
+        try:
+            with _environment(app.env_vars):
+                root = import_application(app.import_path, app.args, search)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
+        bound = application_with_overrides(root, app, config.where)
+        try:
+            specs.append(build_app_spec(bound, app.name, app.route_prefix,
+                                        (*search, *user_sys_path())))
+        except ConfigError as exc:
+            raise ConfigError(f"{config.where(app.path)}: {exc}") from None
+    return specs
+
+
+def apply_config(config: ServeConfig, *, start: bool,
+                 progress: Callable[[str], None] = print) -> Instance:
+    """Deploy the file's applications (starting surge if `start`) and delete the others."""
+    specs = build_specs(config)
+    if config.log_level and start:
+        os.environ.setdefault("SURGE_LOG_LEVEL", config.log_level)
+    instance = connect_or_start(config.http_options, start=start)
+    existing = instance.call("status", timeout=10).applications
+    wanted = {spec.name for spec in specs}
+    removed = [name for name in existing if name not in wanted]
+    for name in removed:  # first, so their route prefixes are free for the new apps
+        progress(f"deleting application {name!r}")
+        instance.call("delete", timeout=10, name=name, timeout_s=0.0)
+    for spec in specs:
+        verb = "updating" if spec.name in existing else "deploying"
+        progress(f"{verb} application {spec.name!r} "
+                 f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
+        instance.call("deploy", timeout=30, app=spec)
+    for spec in specs:
+        _wait(instance, spec.name, progress)
+    for name in removed:
+        instance.call("delete", timeout=DEPLOY_TIMEOUT_S + 5, name=name,
+                      timeout_s=DEPLOY_TIMEOUT_S)
+        progress(f"application {name!r} deleted")
+    return instance
+
+
+def _wait(instance: Instance, name: str, progress: Callable[[str], None]) -> None:
+    start = time.monotonic()
+    last = ""
+    while time.monotonic() - start < DEPLOY_TIMEOUT_S:
+        overview: ApplicationStatusOverview | None = instance.call(
+            "wait_app", timeout=10, name=name, timeout_s=1.0)
+        if overview is None:
+            raise DeployFailedError(f"application {name!r} was deleted while deploying")
+        if overview.status is ApplicationStatus.DEPLOY_FAILED:
+            raise DeployFailedError(f"application {name!r} failed to deploy: "
+                                    f"{overview.message}")
+        line = "  ".join(f"{d} {_replicas(s.replica_states)}/{s.target_replicas}"
+                         for d, s in overview.deployments.items())
+        if overview.status is ApplicationStatus.RUNNING and not _rolling(overview):
+            progress(f"application {name!r} RUNNING in {time.monotonic() - start:.1f}s: "
+                     f"{line}")
+            return
+        if line != last:
+            progress(f"  {name}: {overview.status.value}  {line}")
+            last = line
+    raise DeployFailedError(f"application {name!r} is not running after "
+                            f"{DEPLOY_TIMEOUT_S:.0f}s; see `surge status`")
+
+
+def _replicas(states: Mapping[str, int]) -> int:
+    return int(states.get("RUNNING", 0))
+
+
+def _rolling(overview: ApplicationStatusOverview) -> bool:
+    """Replicas of an old version still serving or draining: the update is not done."""
+    return any(s.replica_states.get("DRAINING", 0) or
+               s.replica_states.get("RUNNING", 0) > s.target_replicas
+               for s in overview.deployments.values())
+
+
+# -- surge build ----------------------------------------------------------------------------
+
+
+def build_config(import_paths: list[str]) -> dict[str, Any]:
+    """The config file of the given applications, in `serve deploy`'s format."""
+    apps = []
+    for index, import_path in enumerate(import_paths):
+        root = import_application(import_path)
+        name = "app1" if len(import_paths) == 1 else f"app{index + 1}"
+        prefix = root.deployment.route_prefix or ("/" if len(import_paths) == 1
+                                                   else f"/{name}")
+        apps.append({"name": name, "route_prefix": prefix, "import_path": import_path,
+                     "runtime_env": {},
+                     "deployments": [_deployment_entry(n) for n in walk_deployments(root)]})
+    return {"proxy_location": "EveryNode",
+            "http_options": {"host": "127.0.0.1", "port": 8000},
+            "logging_config": {"log_level": "INFO"},
+            "applications": apps}
+
+
+def _deployment_entry(node: Application) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": node.deployment.name}
+    for key, value in node.deployment._options.items():
+        if key in ("name", "route_prefix"):
+            continue
+        if isinstance(value, AutoscalingConfig):
+            default = AutoscalingConfig()
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                     if getattr(value, f.name) != getattr(default, f.name)}
+            value = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+        entry["max_ongoing_requests" if key == "max_concurrent_queries" else key] = value
+    return entry
+

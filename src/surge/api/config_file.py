@@ -1,0 +1,385 @@
+"""Ray Serve's `serve deploy` YAML, read and validated with file and line in every error.
+
+The file is parsed twice by PyYAML: `yaml.compose` gives the node tree, whose marks map
+each key path (`("applications", 0, "deployments", 1, "max_replicas")`) to its line;
+`yaml.safe_load` gives the data. Validation walks the data with one table of known keys
+per section: a key surge implements is used, a Ray key surge does not implement is
+named in a warning, anything else is rejected with a "Did you mean" suggestion. All
+errors are collected and raised together as one `ConfigError`, one per line, each
+`FILE:LINE: PATH: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from surge.config import (
+    PROXY_LOCATIONS,
+    RAY_ACTOR_OPTION_KEYS_ACCEPTED,
+    RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
+    AutoscalingConfig,
+    HTTPOptions,
+    build_deployment_config,
+    from_mapping,
+)
+from surge.errors import ConfigError
+
+__all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "parse_config"]
+
+KeyPath = tuple[str | int, ...]
+
+TOP_KEYS = ("proxy_location", "http_options", "applications", "logging_config", "backend")
+TOP_RAY_ONLY = ("grpc_options", "target_capacity")
+HTTP_KEYS = tuple(f.name for f in dataclasses.fields(HTTPOptions) if f.name != "location")
+HTTP_RAY_ONLY = ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
+                 "middlewares", "num_cpus")
+LOGGING_KEYS = ("log_level",)
+LOGGING_RAY_ONLY = ("logs_dir", "encoding", "enable_access_log",
+                    "additional_log_standard_attrs")
+APP_KEYS = ("name", "route_prefix", "import_path", "args", "runtime_env", "deployments")
+APP_RAY_ONLY = ("autoscaling_policy", "external_scaler_enabled", "logging_config")
+RUNTIME_ENV_KEYS = ("env_vars",)
+RUNTIME_ENV_RAY_ONLY = ("working_dir", "py_modules", "py_executable", "pip", "conda", "uv",
+                        "container", "image_uri", "config", "excludes", "nsight",
+                        "java_jars", "worker_process_setup_hook", "mpi")
+DEPLOYMENT_KEYS = ("name", "num_replicas", "max_ongoing_requests", "max_queued_requests",
+                   "autoscaling_config", "user_config", "ray_actor_options",
+                   "health_check_period_s", "health_check_timeout_s",
+                   "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s")
+DEPLOYMENT_RAY_ONLY = ("placement_group_bundles", "placement_group_strategy",
+                       "max_replicas_per_node", "logging_config", "request_router_config",
+                       "backpressure_config", "version", "route_prefix")
+AUTOSCALING_KEYS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
+# Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
+RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
+           "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
+BACKENDS = ("local",)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class DeploymentOverride:
+    """The options one `deployments[]` entry sets, in Ray's spelling, keys surge uses."""
+
+    name: str
+    options: Mapping[str, Any]
+    path: KeyPath
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    name: str
+    route_prefix: str | None
+    import_path: str
+    args: Mapping[str, Any]
+    env_vars: Mapping[str, str]
+    deployments: tuple[DeploymentOverride, ...]
+    path: KeyPath
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """A validated config file: what to start and deploy, and where each key was written."""
+
+    source: str
+    http_options: HTTPOptions
+    backend: str = "local"
+    log_level: str | None = None
+    applications: tuple[AppConfig, ...] = ()
+    warnings: tuple[str, ...] = ()
+    lines: Mapping[KeyPath, int] = field(default_factory=dict, repr=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def line_of(self, path: KeyPath) -> int | None:
+        """The line of `path`, else of its nearest enclosing key that has one."""
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.lines:
+                return self.lines[path[:end]]
+        return None
+
+    def where(self, path: KeyPath) -> str:
+        line = self.line_of(path)
+        return f"{self.source}:{line}: {dotted(path)}" if line else \
+            f"{self.source}: {dotted(path)}"
+
+    def app(self, name: str) -> AppConfig | None:
+        return next((a for a in self.applications if a.name == name), None)
+
+
+def dotted(path: KeyPath) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+def load_config(path: str | Path) -> ServeConfig:
+    """Read, parse and validate a config file; raises ConfigError naming file and line."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the config file: {exc.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}{line}: not valid YAML: {problem}") from None
+    lines: dict[KeyPath, int] = {}
+    if node is not None:
+        _index_lines(node, (), lines)
+    return parse_config(data, source=source, lines=lines)
+
+
+def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*path, str(key.value))
+            lines[child] = key.start_mark.line + 1
+            _index_lines(value, child, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), lines)
+
+
+class _Checker:
+    """Collects errors and warnings while walking the data; one per bad key."""
+
+    def __init__(self, source: str, lines: Mapping[KeyPath, int]) -> None:
+        self.probe = ServeConfig(source=source, http_options=HTTPOptions(), lines=lines)
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def error(self, path: KeyPath, message: str) -> None:
+        self.errors.append(f"{self.probe.where(path)}: {message}")
+
+    def warn(self, path: KeyPath, message: str) -> None:
+        self.warnings.append(f"{self.probe.where(path)}: {message}")
+
+    def mapping(self, value: Any, path: KeyPath) -> Mapping[str, Any] | None:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.error(path, f"expected a mapping, got {type(value).__name__}")
+            return None
+        return value
+
+    def keys(self, data: Mapping[str, Any], path: KeyPath, known: tuple[str, ...],
+             ray_only: tuple[str, ...] = (), what: str = "") -> dict[str, Any]:
+        """The entries surge uses; warns on Ray-only keys, rejects unknown ones."""
+        used: dict[str, Any] = {}
+        for key, value in data.items():
+            key = str(key)
+            if key in known:
+                used[key] = value
+            elif key in RENAMED and RENAMED[key] in known:
+                self.warn((*path, key), f"{key!r} is Ray's old name; use "
+                                        f"{RENAMED[key]!r}")
+                used.setdefault(RENAMED[key], value)
+            elif key in ray_only:
+                self.warn((*path, key), f"Ray Serve's {key!r} is accepted but surge does not "
+                                        f"implement it{what}; it is ignored")
+            else:
+                self.error((*path, key), f"unknown key.{_suggest(key, known + ray_only)}")
+        return used
+
+
+def _suggest(key: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else f" Known keys: {', '.join(known)}."
+
+
+def parse_config(data: Any, *, source: str = "<config>",
+                 lines: Mapping[KeyPath, int] | None = None) -> ServeConfig:
+    """Validate already-parsed YAML data (see `load_config`)."""
+    check = _Checker(source, lines or {})
+    top = check.mapping(data, ())
+    if top is None:
+        raise ConfigError("\n".join(check.errors))
+    used = check.keys(top, (), TOP_KEYS, TOP_RAY_ONLY, " yet")
+    http = _http_options(check, used)
+    backend = used.get("backend", "local")
+    if backend not in BACKENDS:
+        check.error(("backend",), f"backend {backend!r} is not available; use one of "
+                                  f"{', '.join(BACKENDS)}")
+    log_level = _log_level(check, used.get("logging_config"))
+    apps = _applications(check, used.get("applications"))
+    if check.errors:
+        raise ConfigError("\n".join(check.errors))
+    return ServeConfig(source=source, http_options=http, backend=str(backend),
+                       log_level=log_level, applications=apps,
+                       warnings=tuple(check.warnings), lines=dict(lines or {}), raw=top)
+
+
+def _http_options(check: _Checker, used: Mapping[str, Any]) -> HTTPOptions:
+    path: KeyPath = ("http_options",)
+    data = check.mapping(used.get("http_options"), path)
+    options = check.keys(data or {}, path, HTTP_KEYS, HTTP_RAY_ONLY)
+    location = used.get("proxy_location")
+    if location is not None:
+        if location not in PROXY_LOCATIONS:
+            check.error(("proxy_location",), f"must be one of {', '.join(PROXY_LOCATIONS)}, "
+                                             f"got {location!r}")
+        else:
+            options["location"] = location
+    try:
+        return from_mapping(HTTPOptions, options, "http_options")
+    except ConfigError as exc:
+        check.error(_blame(path, options, str(exc)), _strip(str(exc), "http_options"))
+        return HTTPOptions()
+
+
+def _log_level(check: _Checker, value: Any) -> str | None:
+    path: KeyPath = ("logging_config",)
+    data = check.mapping(value, path)
+    level = check.keys(data or {}, path, LOGGING_KEYS, LOGGING_RAY_ONLY).get("log_level")
+    if level is not None and str(level).upper() not in LOG_LEVELS:
+        check.error((*path, "log_level"), f"must be one of {', '.join(LOG_LEVELS)}, "
+                                          f"got {level!r}")
+        return None
+    return str(level).upper() if level is not None else None
+
+
+def _applications(check: _Checker, value: Any) -> tuple[AppConfig, ...]:
+    path: KeyPath = ("applications",)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        check.error(path, f"expected a list of applications, got {type(value).__name__}")
+        return ()
+    apps = [app for index, item in enumerate(value)
+            if (app := _application(check, item, (*path, index))) is not None]
+    seen_names: dict[str, KeyPath] = {}
+    seen_prefixes: dict[str, str] = {}
+    for app in apps:
+        if app.name in seen_names:
+            check.error((*app.path, "name"), f"application name {app.name!r} is used twice "
+                                             f"(also at {dotted(seen_names[app.name])})")
+        seen_names.setdefault(app.name, app.path)
+        if app.route_prefix is not None and app.route_prefix in seen_prefixes:
+            check.error((*app.path, "route_prefix"),
+                        f"route_prefix {app.route_prefix!r} is already used by application "
+                        f"{seen_prefixes[app.route_prefix]!r}; give each one its own")
+        if app.route_prefix is not None:
+            seen_prefixes.setdefault(app.route_prefix, app.name)
+    return tuple(apps)
+
+
+def _application(check: _Checker, item: Any, path: KeyPath) -> AppConfig | None:
+    data = check.mapping(item, path)
+    if data is None:
+        return None
+    used = check.keys(data, path, APP_KEYS, APP_RAY_ONLY)
+    name = used.get("name", "default")
+    if not isinstance(name, str) or not name:
+        check.error((*path, "name"), f"must be a non-empty string, got {name!r}")
+    prefix = used.get("route_prefix", "/")
+    if prefix is not None and not (isinstance(prefix, str) and prefix.startswith("/") and
+                                   (prefix == "/" or not prefix.endswith("/"))):
+        check.error((*path, "route_prefix"), "must start with '/' and not end with '/' "
+                                             f"(or be null for no HTTP route), got {prefix!r}")
+    import_path = used.get("import_path")
+    if import_path is None:
+        check.error(path, "import_path is required, e.g. import_path: my_module:app")
+    elif not isinstance(import_path, str) or not (":" in import_path or "." in import_path):
+        check.error((*path, "import_path"), "must look like 'module:attribute' "
+                                            f"(or 'module.attribute'), got {import_path!r}")
+    args = check.mapping(used.get("args"), (*path, "args")) or {}
+    env_vars = _runtime_env(check, used.get("runtime_env"), (*path, "runtime_env"))
+    deployments = _deployments(check, used.get("deployments"), (*path, "deployments"))
+    return AppConfig(name=str(name), route_prefix=prefix, import_path=str(import_path),
+                     args=dict(args), env_vars=env_vars, deployments=deployments, path=path)
+
+
+def _runtime_env(check: _Checker, value: Any, path: KeyPath) -> dict[str, str]:
+    data = check.mapping(value, path)
+    used = check.keys(data or {}, path, RUNTIME_ENV_KEYS, RUNTIME_ENV_RAY_ONLY,
+                      " (surge imports from this machine's environment)")
+    env_vars = used.get("env_vars") or {}
+    if not isinstance(env_vars, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+        check.error((*path, "env_vars"), "must map names to strings (quote numbers)")
+        return {}
+    return dict(env_vars)
+
+
+def _deployments(check: _Checker, value: Any, path: KeyPath) -> tuple[DeploymentOverride, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        check.error(path, f"expected a list of deployments, got {type(value).__name__}")
+        return ()
+    found: list[DeploymentOverride] = []
+    for index, item in enumerate(value):
+        override = _deployment(check, item, (*path, index))
+        if override is None:
+            continue
+        if any(o.name == override.name for o in found):
+            check.error((*override.path, "name"), f"deployment {override.name!r} is listed "
+                                                  "twice in this application")
+        found.append(override)
+    return tuple(found)
+
+
+def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride | None:
+    data = check.mapping(item, path)
+    if data is None:
+        return None
+    used = check.keys(data, path, DEPLOYMENT_KEYS, DEPLOYMENT_RAY_ONLY)
+    name = used.pop("name", None)
+    if not isinstance(name, str) or not name:
+        check.error(path, "each deployment needs a name: the deployment it overrides")
+        return None
+    if "autoscaling_config" in used:
+        scaling_path = (*path, "autoscaling_config")
+        scaling = check.mapping(used["autoscaling_config"], scaling_path)
+        used["autoscaling_config"] = None if scaling is None else check.keys(
+            scaling, scaling_path, AUTOSCALING_KEYS)
+    if "ray_actor_options" in used:
+        used["ray_actor_options"] = _actor_options(check, used["ray_actor_options"],
+                                                   (*path, "ray_actor_options"))
+    try:
+        build_deployment_config(name, used, "@")
+    except ConfigError as exc:
+        check.error(_blame(path, used, str(exc)), _strip(str(exc), "@"))
+    return DeploymentOverride(name=name, options=used, path=path)
+
+
+def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]:
+    data = check.mapping(value, path) or {}
+    used = check.keys(data, path, RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
+                      RAY_ACTOR_OPTION_KEYS_ACCEPTED, " on the local backend")
+    if "runtime_env" in used:
+        env_vars = _runtime_env(check, used["runtime_env"], (*path, "runtime_env"))
+        used["runtime_env"] = {"env_vars": env_vars} if env_vars else {}
+    return used
+
+
+def _blame(path: KeyPath, options: Mapping[str, Any], message: str) -> KeyPath:
+    """The key a validation message is about: the longest name from `options` it mentions."""
+    candidates: list[KeyPath] = [(key,) for key in options]
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            candidates += [(key, sub) for sub in value]
+    mentioned = [c for c in candidates if str(c[-1]) in message]
+    if not mentioned:
+        return path
+    return (*path, *max(mentioned, key=lambda c: (len(c), len(str(c[-1])))))
+
+
+def _strip(message: str, where: str) -> str:
+    for prefix in (f"{where}: ", f"{where}."):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+    return message.replace(f"{where}.", "").replace(f"{where}: ", "")

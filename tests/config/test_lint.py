@@ -1,0 +1,134 @@
+"""`surge config lint`: each rule fires on its trap, stays quiet on a good config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from surge.api.config_file import load_config
+from surge.api.config_lint import RULES, Finding, lint_config
+from surge.cli.main import main
+
+CONFIGS = Path(__file__).parent / "configs"
+HEAD = "http_options: {request_timeout_s: 30}\napplications:\n- name: a\n  import_path: "
+
+
+def lint(tmp_path: Path, deployment: str, *, head: str = HEAD,
+         import_path: str = "tests.config.apps.text_ml:batched",
+         import_code: bool = True) -> list[Finding]:
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"{head}{import_path}\n  deployments:\n  - name: Batched\n"
+                    f"    max_queued_requests: 100\n{deployment}")
+    return lint_config(load_config(path), import_code=import_code)
+
+
+def rules(findings: list[Finding]) -> set[str]:
+    return {f.rule for f in findings}
+
+
+GOOD = ("    max_ongoing_requests: 32\n    graceful_shutdown_timeout_s: 30\n"
+        "    autoscaling_config: {min_replicas: 1, max_replicas: 8, upscale_delay_s: 3}\n")
+
+
+def test_a_good_deployment_has_no_findings(tmp_path: Path) -> None:
+    assert lint(tmp_path, GOOD) == []
+
+
+@pytest.mark.parametrize(("deployment", "rule", "where", "line"), [
+    ("    max_ongoing_requests: 32\n    autoscaling_config: {min_replicas: 1}\n",
+     "SRG101", "a/Batched.autoscaling_config.max_replicas", 9),
+    ("    max_ongoing_requests: 1\n    autoscaling_config: {max_replicas: 4, "
+     "target_ongoing_requests: 2}\n", "SRG102", "a/Batched.max_ongoing_requests", 8),
+    ("    max_ongoing_requests: 8\n", "SRG103", "a/Batched.max_ongoing_requests", 8),
+    ("    max_ongoing_requests: 32\n    autoscaling_config: {max_replicas: 4}\n",
+     "SRG105", "a/Batched.autoscaling_config.upscale_delay_s", 9),
+    ("    max_ongoing_requests: 32\n    autoscaling_config: {max_replicas: 4, "
+     "upscale_delay_s: 3, min_replicas: 0}\n", "SRG106",
+     "a/Batched.autoscaling_config.min_replicas", 9),
+    ("    max_ongoing_requests: 32\n    autoscaling_config: {max_replicas: 4, "
+     "upscale_delay_s: 3, downscale_delay_s: 1}\n", "SRG107",
+     "a/Batched.autoscaling_config.downscale_delay_s", 9),
+    ("    max_ongoing_requests: 32\n    graceful_shutdown_timeout_s: 5\n", "SRG109",
+     "a/Batched.graceful_shutdown_timeout_s", 9),
+    ("    max_ongoing_requests: 32\n    autoscaling_config: {max_replicas: 2, "
+     "upscale_delay_s: 3, schedule: [{start: '09:00', end: '10:00', min_replicas: 6}]}\n",
+     "SRG111", "a/Batched.autoscaling_config.schedule", 9),
+    ("    max_ongoing_requests: 32\n    num_replicas: 2\n", "SRG112",
+     "a/Batched.num_replicas", 9),
+])
+def test_each_deployment_rule(tmp_path: Path, deployment: str, rule: str, where: str,
+                              line: int) -> None:
+    found = [f for f in lint(tmp_path, deployment) if f.rule == rule]
+    assert len(found) == 1, found
+    finding = found[0]
+    assert (finding.where, finding.line) == (where, line)
+    assert str(finding).startswith(f"{RULES[rule][0]} {rule} {where}: ")
+    assert "(fix: " in str(finding)
+
+
+def test_unbounded_queue_per_caller(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(HEAD + "tests.config.apps.text_ml:batched\n")
+    findings = lint_config(load_config(path))
+    (queue,) = [f for f in findings if f.rule == "SRG104"]
+    assert queue.where == "a/Batched.max_queued_requests" and "per caller" in queue.message
+
+
+def test_top_level_rules(tmp_path: Path) -> None:
+    findings = lint(tmp_path, GOOD, head="http_options: {keep_alive_timeout_s: 5}\n"
+                                         "applications:\n- name: a\n  import_path: ")
+    assert rules(findings) == {"SRG108", "SRG110"}
+    assert {f.where for f in findings} == {"http_options.request_timeout_s",
+                                           "http_options.keep_alive_timeout_s"}
+
+
+def test_batch_rule_needs_the_code_and_says_when_it_is_missing(tmp_path: Path) -> None:
+    assert rules(lint(tmp_path, "    max_ongoing_requests: 8\n", import_code=False)) == {
+        "SRG109", "SRG112"}
+    findings = lint(tmp_path, GOOD, import_path="no_such_module:app")
+    assert rules(findings) == {"SRG002"}
+    assert "cannot import" in findings[0].message
+
+
+def test_code_options_count_and_unknown_deployments_are_errors(tmp_path: Path) -> None:
+    # Batched's decorator sets max_ongoing_requests=4; the batch of 16 cannot fill.
+    path = tmp_path / "serve.yaml"
+    path.write_text(HEAD + "tests.config.apps.text_ml:batched\n  deployments:\n"
+                           "  - name: Batchd\n    max_queued_requests: 1\n")
+    findings = lint_config(load_config(path))
+    assert "SRG003" in rules(findings) and "SRG103" in rules(findings)
+    (batch,) = [f for f in findings if f.rule == "SRG103"]
+    assert "max_batch_size 16, above max_ongoing_requests 4" in batch.message
+
+
+def test_num_replicas_auto_is_not_capped_at_one() -> None:
+    findings = lint_config(load_config(CONFIGS / "ray_docs_fruit.yaml"), import_code=False)
+    assert "SRG101" not in rules(findings)
+    assert "SRG001" in rules(findings)
+
+
+def test_every_rule_is_exercised_and_documented() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for rule, (level, _) in RULES.items():
+        assert level in ("ERROR", "WARNING", "INFO")
+        assert f"`{rule}`" in readme, f"README's lint table lacks {rule}"
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "lint", str(CONFIGS / "traps.yaml")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("ERROR SRG101 traps/Batched.autoscaling_config.max_replicas: ")
+               for line in out)
+    good = tmp_path / "good.yaml"
+    good.write_text(HEAD + "tests.config.apps.text_ml:batched\n  deployments:\n"
+                           "  - name: Batched\n    max_queued_requests: 64\n" + GOOD)
+    assert main(["config", "lint", str(good)]) == 0
+    warned = tmp_path / "warned.yaml"
+    warned.write_text(good.read_text().replace("http_options: {request_timeout_s: 30}\n", ""))
+    assert main(["config", "lint", str(warned)]) == 0
+    assert main(["config", "lint", "--strict", str(warned)]) == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("applications:\n- name: a\n  import_pat: m:a\n")
+    assert main(["config", "lint", str(bad)]) == 1
+    assert f"{bad}:3: applications[0].import_pat: unknown key" in capsys.readouterr().err

@@ -1,0 +1,179 @@
+"""`surge run config.yaml`, `surge deploy` of a change under load, `surge status`, shutdown.
+
+The CLI runs as real subprocesses against a real instance on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """
+http_options:
+  port: {port}
+  request_timeout_s: 30
+applications:
+- name: text_ml
+  route_prefix: /summarize
+  import_path: tests.config.apps.text_ml:app
+  runtime_env:
+    env_vars: {{TEXT_ML_MODE: e2e}}
+  deployments:
+  - name: Translator
+    num_replicas: 2
+    max_ongoing_requests: {translator_limit}
+    user_config: {{language: {language}}}
+  - name: Summarizer
+    num_replicas: 2
+    max_queued_requests: 1000
+    user_config: {{min_length: {min_length}}}
+"""
+
+
+def _surge(*args: str, env: dict[str, str],
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "surge.cli.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            seen.append(lines.get(timeout=0.2))
+        except queue.Empty:
+            if process.poll() is not None:
+                break
+            continue
+        if needle in seen[-1]:
+            return seen
+    raise AssertionError(f"no {needle!r} from surge run; got:\n{''.join(seen)}")
+
+
+class Load:
+    """A closed loop of GETs in a thread; every outcome counted."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.outcomes: Counter[str] = Counter()
+        self.bodies: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self.stop.is_set():
+                try:
+                    response = client.get(self.url, params={"text": "x"})
+                    self.outcomes[str(response.status_code)] += 1
+                    if response.status_code == 200:
+                        self.bodies.append(response.json())
+                except httpx.HTTPError as exc:
+                    self.outcomes[type(exc).__name__] += 1
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(15)
+
+
+def test_run_deploy_under_load_status_shutdown(tmp_path: Path) -> None:
+    http_port = free_port()
+    env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    first = tmp_path / "config.yaml"
+    first.write_text(CONFIG.format(port=http_port, language="german", min_length=1,
+                                   translator_limit=8))
+    process = subprocess.Popen([sys.executable, "-m", "surge.cli.main", "run", str(first)],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for_line(process, "Ctrl-C to stop", timeout=30)
+        url = f"http://127.0.0.1:{http_port}/summarize"
+        assert httpx.get(url, params={"text": "a"}).json() == {
+            "text": "german:a", "min_length": 1, "env": "e2e"}
+
+        # user_config changes reconfigure in place; max_ongoing_requests rolls Translator.
+        second = tmp_path / "second.yaml"
+        second.write_text(CONFIG.format(port=http_port, language="italian", min_length=3,
+                                        translator_limit=16))
+        with Load(url) as load:
+            time.sleep(0.5)
+            deployed = _surge("deploy", str(second), env=env)
+            time.sleep(0.5)
+        assert deployed.returncode == 0, deployed.stderr
+        assert "RUNNING" in deployed.stdout
+        assert set(load.outcomes) == {"200"}, load.outcomes
+        assert load.outcomes["200"] > 50
+        assert load.bodies[-1] == {"text": "italian:x", "min_length": 3, "env": "e2e"}
+
+        status = _surge("status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        data = json.loads(status.stdout)
+        deployments = data["applications"]["text_ml"]["deployments"]
+        assert deployments["Translator"]["replica_states"] == {"RUNNING": 2}
+        assert deployments["Summarizer"]["replica_states"] == {"RUNNING": 2}
+
+        # An application missing from the file is deleted.
+        third = tmp_path / "third.yaml"
+        third.write_text("""
+applications:
+- name: translate
+  route_prefix: /translate
+  import_path: tests.config.apps.text_ml:builder
+  args: {language: french}
+""")
+        deployed = _surge("deploy", str(third), env=env)
+        assert deployed.returncode == 0, deployed.stderr
+        assert "application 'text_ml' deleted" in deployed.stdout
+        data = json.loads(_surge("status", "--json", env=env).stdout)
+        assert list(data["applications"]) == ["translate"]
+
+        stopped = _surge("shutdown", env=env)
+        assert stopped.returncode == 0, stopped.stderr
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_deploy_with_a_bad_config_names_file_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("applications:\n- name: a\n  import_path: x:y\n  deployments:\n"
+                   "  - name: D\n    max_ongoing_request: 3\n")
+    env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}")
+    result = _surge("deploy", str(bad), env=env)
+    assert result.returncode == 1
+    assert (f"{bad}:6: applications[0].deployments[0].max_ongoing_request: unknown key. "
+            "Did you mean 'max_ongoing_requests'?") in result.stderr
