@@ -56,6 +56,7 @@ class RouterRuntime:
         self._closing = False
         self._reporter: asyncio.TimerHandle | None = None
         self._urgent: asyncio.TimerHandle | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -142,18 +143,21 @@ class RouterRuntime:
                     self.address)
         if self.on_controller_lost is not None:
             self.on_controller_lost()
-        else:
-            self.loop.create_task(self._reconnect())
+        elif self._reconnecting is None:
+            self._reconnecting = self.loop.create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        while not self._closing:
-            await asyncio.sleep(RECONNECT_INTERVAL_S)
-            try:
-                await self.connect()
-                log.info("%s reconnected to the controller", self.role)
-                return
-            except (ControllerUnavailableError, ConnectionError):
-                continue
+        try:
+            while not self._closing:
+                await asyncio.sleep(RECONNECT_INTERVAL_S)
+                try:
+                    await self.connect()
+                    log.info("%s reconnected to the controller", self.role)
+                    return
+                except (ControllerUnavailableError, ConnectionError):
+                    continue
+        finally:
+            self._reconnecting = None
 
     def expect_disconnect(self) -> None:
         """The controller is being shut down on purpose: do not reconnect."""
@@ -161,6 +165,8 @@ class RouterRuntime:
 
     def close(self) -> None:
         self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         if self._reporter is not None:
             self._reporter.cancel()
         for router in self.routers.values():
