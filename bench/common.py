@@ -212,8 +212,8 @@ def run_wrk(url: str, connections: int, duration_s: float, cpu_pids: list[int],
     if rate is None or count is None:
         raise RuntimeError(f"wrk failed against {url}:\n{out}")
     rps, requests = float(rate.group(1)), int(count.group(1))
-    p50 = re.search(r"50%\s+(\S+)", out)
-    p99 = re.search(r"99%\s+(\S+)", out)
+    p50 = re.search(r"^\s*50%\s+(\S+)", out, re.M)
+    p99 = re.search(r"^\s*99%\s+(\S+)", out, re.M)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
                        out)

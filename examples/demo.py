@@ -1,112 +1,101 @@
-"""surge demo: deploy an echo app, load it, then overload a slow one and watch the 503s.
+"""surge demo: a traffic pulse against a small real model, with autoscaling and a report.
 
-Run with `make demo`. Everything stays on 127.0.0.1 and stops by itself.
+Run with `make demo`. It starts surge on this machine (controller, HTTP proxy, replica
+processes; everything on 127.0.0.1), deploys examples/mlp.py (a numpy MLP, ~20 ms of
+simulated accelerator time per batch) with the proactive autoscaling policy (1 to 8
+replicas), then runs `surge pulse`: 100 requests/s for 5 s, a ramp to 2,000
+requests/s in 500 ms, 20 s at the peak, back down. It prints the live progress, the
+summary table and the path of the HTML report, and shuts everything down.
+
+Environment: SURGE_DEMO_PORT (HTTP, default 8000), SURGE_ADDRESS (control address,
+default 127.0.0.1:52800), SURGE_DEMO_PEAK (default 2000), SURGE_DEMO_HOLD_S (default
+20), SURGE_DEMO_ACCELERATOR_MS (default 20), SURGE_DEMO_OUT (default reports/demo).
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
-import statistics
+import resource
+import subprocess
 import sys
 import time
-from typing import Any
+import urllib.request
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# ERROR: keeps shutdown chatter (the proxy noting each replica it loses) out of the demo
+os.environ.setdefault("SURGE_LOG_LEVEL", "ERROR")
 
-from examples.echo import Echo
-from surge import serve
+from examples.mlp import MLP, example_body  # noqa: E402
+from surge import serve  # noqa: E402
 
 PORT = int(os.environ.get("SURGE_DEMO_PORT", "8000"))
-os.environ.setdefault("SURGE_LOG_LEVEL", "WARNING")
+PEAK = os.environ.get("SURGE_DEMO_PEAK", "2000")
+HOLD_S = os.environ.get("SURGE_DEMO_HOLD_S", "20")
+OUT = Path(os.environ.get("SURGE_DEMO_OUT", str(ROOT / "reports" / "demo")))
 
 
-@serve.deployment(max_ongoing_requests=2, max_queued_requests=4)
-class Slow:
-    async def __call__(self, request: Any) -> str:
-        await asyncio.sleep(0.1)
-        return "slow but fine"
+def _check(url: str, body: str) -> dict[str, object]:
+    request = urllib.request.Request(url, data=body.encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, object] = json.loads(response.read())
+    return answer
 
 
-async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-               path: str) -> int:
-    writer.write(f"GET {path} HTTP/1.1\r\nhost: demo\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    await reader.readexactly(length)
-    return status
+def _allow_connections(wanted: int) -> int:
+    """Raise this process's descriptor limit (surge's processes inherit it); how many
+    client connections the pulse may then open without starving the proxy."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 2 * wanted + 256
+    if soft != resource.RLIM_INFINITY and soft < target:
+        soft = target if hard == resource.RLIM_INFINITY else min(target, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return wanted if soft == resource.RLIM_INFINITY else min(wanted, (soft - 256) // 2)
 
 
-async def load(path: str, connections: int, seconds: float) -> tuple[list[float], dict[int, int]]:
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    stop = time.perf_counter() + seconds
-
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", PORT)
-        while time.perf_counter() < stop:
-            started = time.perf_counter()
-            status = await _get(reader, writer, path)
-            latencies.append(time.perf_counter() - started)
-            statuses[status] = statuses.get(status, 0) + 1
-        writer.close()
-
-    await asyncio.gather(*[worker() for _ in range(connections)])
-    return latencies, statuses
+def _replicas() -> str:
+    deployment = serve.status().applications["mlp"].deployments["MLP"]
+    return ", ".join(f"{n} {state}" for state, n in sorted(deployment.replica_states.items()))
 
 
-async def burst(path: str, count: int) -> list[tuple[int, float]]:
-    async def one() -> tuple[int, float]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", PORT)
-        started = time.perf_counter()
-        status = await _get(reader, writer, path)
-        writer.close()
-        return status, time.perf_counter() - started
-
-    return list(await asyncio.gather(*[one() for _ in range(count)]))
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def main() -> None:
-    print(f"starting surge (controller, proxy on 127.0.0.1:{PORT}, replicas) ...")
-    started = time.perf_counter()
+def main() -> int:
+    started = time.monotonic()
+    # The first second of the pulse queues ~1,000 requests: let each have a connection.
+    connections = _allow_connections(4000)
+    print(f"starting surge (controller, HTTP proxy on 127.0.0.1:{PORT}, replicas) ...",
+          flush=True)
     serve.start(http_options={"port": PORT})
-    handle = serve.run(Echo.bind(), name="echo", route_prefix="/echo")
-    serve.run(Slow.bind(), name="slow", route_prefix="/slow")
-    print(f"  two applications running after {time.perf_counter() - started:.2f} s")
-    print(f"  handle call: Echo.double(21) = {handle.double.remote(21).result(timeout_s=10)}")
-
-    print("\n1) echo under steady load: 16 keep-alive connections for 3 s (the client shares "
-          "the 2 cores)")
-    latencies, statuses = asyncio.run(load("/echo?value=hi", 16, 3.0))
-    latencies.sort()
-    print(f"  {len(latencies) / 3.0:,.0f} requests/s  p50 {ms(statistics.median(latencies))}  "
-          f"p99 {ms(latencies[int(len(latencies) * 0.99)])}  statuses {statuses}")
-
-    print("\n2) a burst of 60 concurrent requests at a deployment that can hold 2 running + 4 "
-          "queued (100 ms each)")
-    results = asyncio.run(burst("/slow", 60))
-    ok = [t for s, t in results if s == 200]
-    rejected = [t for s, t in results if s == 503]
-    print(f"  200: {len(ok)} (slowest {ms(max(ok))})   503: {len(rejected)} "
-          f"(answered within {ms(max(rejected)) if rejected else '-'}, with Retry-After)")
-    print("  overload is answered at once with a clear 503 instead of a timeout.")
-
-    status = serve.status()
-    for name, app in status.applications.items():
-        print(f"\nstatus: {name}: {app.status.value}, "
-              + ", ".join(f"{d}: {o.status.value} {o.replica_states}"
-                          for d, o in app.deployments.items()))
-    serve.shutdown()
-    print("\nshut down; no surge process is left running.")
+    try:
+        serve.run(MLP.bind(), name="mlp", route_prefix="/mlp")
+        url = f"http://127.0.0.1:{PORT}/mlp"
+        body = example_body()
+        print(f"  MLP deployed in {time.monotonic() - started:.1f} s; replicas: {_replicas()}")
+        print(f"  POST {url} -> {_check(url, body)}")
+        command = [sys.executable, "-m", "surge.cli.main", "pulse", url, "-X", "POST",
+                   "-H", "content-type: application/json", "--body", body,
+                   "--baseline", "100", "--peak", PEAK, "--baseline-s", "5", "--ramp", "0.5",
+                   "--hold", HOLD_S, "--after", "5", "--slo-ms", "100",
+                   "--connections", str(connections), "--out", str(OUT)]
+        control = os.environ.get("SURGE_ADDRESS")
+        if control:
+            command += ["--surge-address", control]
+        print(f"\nsurge pulse {url} -X POST --body '{{\"features\": [...]}}' --baseline 100 "
+              f"--peak {PEAK} --ramp 0.5 --hold {HOLD_S} --slo-ms 100 --connections "
+              f"{connections} --out {OUT}\n",
+              flush=True)
+        code = subprocess.call(command)
+        print(f"\nreplicas after the pulse: {_replicas()}")
+    finally:
+        serve.shutdown()
+    print(f"shut down; no surge process is left running. {time.monotonic() - started:.0f} s "
+          "in all.")
+    if code == 0:
+        print(f"open {OUT / 'report.html'} for the plots.")
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

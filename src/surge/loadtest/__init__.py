@@ -1,11 +1,13 @@
 """`surge pulse`: an open-loop pulse load generator against any HTTP URL, and its report.
 
-schedule (rates -> arrival times, pure)  stats (per-100 ms record and summary, pure)
-generator (the asyncio shell)  replicas (surge replica counts)  options  runner  report
+schedule (rates -> arrival times, pure; shared with `surge simulate`)  stats (the
+per-100 ms record and the summary, pure)  generator (the asyncio shell)  replicas
+(surge replica counts)  options  runner (workers, progress)  report (JSON, HTML, PNG).
+
+Importing the package stays light (numpy only): the generator, runner and report are
+imported from their modules by whoever runs a pulse.
 """
 
-from surge.loadtest.options import PulseOptions
-from surge.loadtest.runner import PulseResult, run_pulse
-from surge.loadtest.schedule import Schedule, Segment, pulse
+from surge.loadtest.schedule import ARRIVALS, Schedule, Segment, arrival_times, pulse
 
-__all__ = ["PulseOptions", "PulseResult", "Schedule", "Segment", "pulse", "run_pulse"]
+__all__ = ["ARRIVALS", "Schedule", "Segment", "arrival_times", "pulse"]

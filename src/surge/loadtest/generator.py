@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -114,13 +115,14 @@ def _transport(conn: _Connection) -> asyncio.Transport:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; `scheduled` >= 0 while a request is in flight."""
 
-    __slots__ = ("parser", "pool", "scheduled", "transport")
+    __slots__ = ("closed", "parser", "pool", "scheduled", "transport")
 
     def __init__(self, pool: PulseGenerator) -> None:
         self.pool = pool
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.scheduled = -1.0
+        self.closed = False  # connection_lost came: never write to it again
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -156,6 +158,7 @@ class _Connection(asyncio.Protocol):
             pool._idle.append(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         self.pool._lost(self)
 
 
@@ -211,13 +214,31 @@ class PulseGenerator:
         self.record.reserve(int((self.plan.schedule.duration_s + self._timeout + 1)
                                 * POINTS_PER_S))
         deadline = math.inf if self.plan.max_time_s is None else self.plan.max_time_s
-        await self._warm_up()
+        chunks = self._chunks()
+        first = next(chunks)  # numpy and the rng warmed up before t=0, not at it
+        # Objects that exist now are never garbage: keep the collector's pauses short.
+        gc.collect()
+        gc.freeze()
         try:
-            await self._send_all(deadline)
+            await self._warm_up()
+            await self._send_all(deadline, first, chunks)
             await self._drain(deadline)
         finally:
             self._close()
+            gc.unfreeze()
         return self.record
+
+    def _chunks(self) -> Iterator[tuple[float, list[float]]]:
+        """(end of the chunk, sorted send times in it), CHUNK_S of schedule at a time."""
+        plan = self.plan
+        rng = np.random.default_rng([plan.seed, plan.worker])
+        start = 0.0
+        while True:
+            end = start + CHUNK_S
+            yield end, arrival_times(plan.schedule, start, end, arrivals=plan.arrivals,
+                                     rng=rng, worker=plan.worker,
+                                     workers=plan.workers).tolist()
+            start = end
 
     async def _warm_up(self) -> None:
         # Connections opened before t=0 are free; a refused one is no request's error yet.
@@ -233,17 +254,19 @@ class PulseGenerator:
                     max(self._t0 - self._now(), 0.01))
             except (OSError, TimeoutError):
                 break
+            if conn.closed:
+                break
             self._opened(conn)
             self._idle.append(conn)
         delay = self._t0 - self._now()
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _send_all(self, deadline: float) -> None:
-        plan, schedule = self.plan, self.plan.schedule
-        rng = np.random.default_rng([plan.seed, plan.worker])
-        chunk_end, index = 0.0, 0
-        times: list[float] = []
+    async def _send_all(self, deadline: float, first: tuple[float, list[float]],
+                        chunks: Iterator[tuple[float, list[float]]]) -> None:
+        duration = self.plan.schedule.duration_s
+        chunk_end, times = first
+        index = 0
         next_sweep = 0.0
         while True:
             now = self._now() - self._t0
@@ -251,12 +274,9 @@ class PulseGenerator:
                 self.stopped_early = True
                 return
             while index >= len(times):
-                if chunk_end >= schedule.duration_s:
+                if chunk_end >= duration:
                     return
-                times = arrival_times(schedule, chunk_end, chunk_end + CHUNK_S,
-                                      arrivals=plan.arrivals, rng=rng, worker=plan.worker,
-                                      workers=plan.workers).tolist()
-                chunk_end += CHUNK_S
+                chunk_end, times = next(chunks)
                 index = 0
             count = len(times)
             idle, record, transport_of = self._idle, self.record, _transport
@@ -265,8 +285,8 @@ class PulseGenerator:
                 scheduled = times[index]
                 index += 1
                 record.sent_at(int(scheduled * POINTS_PER_S + _EPS), now - scheduled)
-                if idle and not self._templated:
-                    conn = idle.pop()
+                conn = idle.pop() if idle and not self._templated else None
+                if conn is not None and not conn.closed:
                     conn.scheduled = scheduled
                     self._in_flight += 1
                     transport_of(conn).write(self._request)
@@ -325,6 +345,11 @@ class PulseGenerator:
             self._connect()
 
     def _send(self, conn: _Connection, scheduled: float) -> None:
+        if conn.closed:  # the server closed it before it could carry this request
+            now = self._now() - self._t0
+            self.record.error_at("connection", int(scheduled * POINTS_PER_S + _EPS),
+                                 int(now * POINTS_PER_S + _EPS))
+            return
         conn.scheduled = scheduled
         self._in_flight += 1
         if self._templated:
@@ -400,6 +425,9 @@ class PulseGenerator:
             self._connect_failed(exc)
             return
         self._connecting -= 1
+        if conn.closed:  # accepted and closed at once (e.g. a server out of descriptors)
+            self._connect_failed(ConnectionResetError("closed by the server on connect"))
+            return
         self._opened(conn)
         now = self._now() - self._t0
         scheduled = self._next_waiting(now) if self._waiting else None

@@ -2,9 +2,10 @@
 
 The sampler speaks surge's control protocol (`hello`, then `status` calls) to the
 instance at `--surge-address` (else SURGE_ADDRESS, else the default control port). An
-address found by default is used only if that instance's HTTP address is the target's,
-so pulsing nginx next to an unrelated surge never reports its replicas. No instance
-reachable means no replica counts (null in the report), never an error.
+address not given with the flag is used only if that instance's HTTP address is the
+target's, so pulsing nginx next to an unrelated surge never reports its replicas (the
+flag forces it, e.g. behind a load balancer). No instance reachable means no replica
+counts (null in the report), never an error.
 
 `count_replicas` is the pure part: RUNNING and target replicas of the application whose
 route prefix matches the target path (longest prefix), else of every application.
@@ -30,14 +31,14 @@ STATUS_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 
 
-def default_address(explicit: str | None) -> tuple[str, bool]:
-    """(address, chosen by the user?): --surge-address, SURGE_ADDRESS, the default port."""
-    if explicit:
-        return explicit, True
+def default_address(flag: str | None) -> tuple[str, str]:
+    """(address, where it came from): "flag", "env" (SURGE_ADDRESS) or "default"."""
+    if flag:
+        return flag, "flag"
     env = os.environ.get("SURGE_ADDRESS")
     if env:
-        return env, True
-    return f"127.0.0.1:{DEFAULT_CONTROL_PORT}", False
+        return env, "env"
+    return f"127.0.0.1:{DEFAULT_CONTROL_PORT}", "default"
 
 
 def same_endpoint(http_address: str, host: str, port: int) -> bool:
@@ -78,19 +79,26 @@ class ReplicaSampler:
         return f"<ReplicaSampler {self.address} samples={len(self.samples)}>"
 
     @classmethod
-    async def connect(cls, address: str, explicit: bool, host: str, port: int, path: str,
+    async def connect(cls, address: str, source: str, host: str, port: int, path: str,
                       notice: Callable[[str], None]) -> ReplicaSampler | None:
+        """A sampler for the instance at `address` if it is the target's, else None."""
         try:
             peer = await connect_rpc(address, None, timeout=CONNECT_TIMEOUT_S)
             await peer.call("hello", timeout=STATUS_TIMEOUT_S, role="pulse", pid=os.getpid())
             status = await peer.call("status", timeout=STATUS_TIMEOUT_S)
         except Exception as exc:  # any failure means: no replica counts
-            if explicit:
+            if source != "default":
                 notice(f"no surge instance answers at {address} ({type(exc).__name__}); "
                        "replica counts will be null")
             return None
-        if not isinstance(status, ServeStatus) or (
-                not explicit and not same_endpoint(status.http_address, host, port)):
+        if not isinstance(status, ServeStatus):
+            peer.close()
+            return None
+        if source != "flag" and not same_endpoint(status.http_address, host, port):
+            if source == "env":
+                notice(f"the surge instance at SURGE_ADDRESS={address} serves "
+                       f"{status.http_address or 'no HTTP'}, not {host}:{port}: replica "
+                       "counts will be null (--surge-address forces it)")
             peer.close()
             return None
         return cls(peer, address, path)

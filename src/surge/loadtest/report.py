@@ -21,7 +21,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 __all__ = ["PLOTS", "compare_table", "load_report", "summary_table", "write_compare",
            "write_report"]
@@ -222,6 +222,13 @@ def _plot_status(ax: Axes, report: dict[str, Any]) -> None:
     _shade_pulse(ax, report["summary"])
 
 
+def _plain_log_ticks(ax: Axes) -> None:
+    """Log scale labelled 1, 2, 3, 5, 10, 20, ... ms rather than 10^k."""
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _plot_latency(ax: Axes, report: dict[str, Any], label: str = "",
                   which: Sequence[str] = ("p50", "p90", "p99")) -> None:
     series, t = report["series"], _times(report["series"])
@@ -233,6 +240,7 @@ def _plot_latency(ax: Axes, report: dict[str, Any], label: str = "",
     slo = report["summary"]["slo_ms"]
     ax.axhline(slo, color="black", ls="--", lw=0.8, label=f"SLO {slo:g} ms")
     ax.set_yscale("log")
+    _plain_log_ticks(ax)
     ax.set_ylabel("latency (ms, 2xx)")
     ax.set_title("latency of 2xx responses by scheduled send time", fontsize=10, loc="left")
     ax.legend(loc="upper right", fontsize=8, ncol=4)
@@ -404,6 +412,7 @@ def write_compare(reports: Sequence[dict[str, Any]], names: Sequence[str],
     axes[0].set_ylabel("requests/s")
     axes[1].set_ylabel("p99 (ms, 2xx)")
     axes[1].set_yscale("log")
+    _plain_log_ticks(axes[1])
     axes[2].set_ylabel("replicas")
     axes[2].set_xlabel("seconds since the start of the schedule")
     for ax in axes:

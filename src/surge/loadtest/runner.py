@@ -15,8 +15,9 @@ and repeated in the summary: the offered load is never lowered to hide it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import multiprocessing
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -43,12 +44,14 @@ from surge.loadtest.stats import (
     summarize,
 )
 
-__all__ = ["Progress", "PulseResult", "build_report", "run_pulse"]
+__all__ = ["Progress", "PulseResult", "build_report", "raise_fd_limit", "run_pulse"]
 
 PROGRESS_EVERY_S = 1.0
 SNAPSHOT_EVERY_S = 0.5
 # Workers need this long to start (spawned interpreters importing numpy): t0 waits.
 START_MARGIN_S = 0.3
+# File descriptors beyond the connections: stdio, pipes, the control connection, imports.
+FD_SPARE = 64
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,20 @@ class _Console:
             print(file=self.stream, flush=True)
 
 
+def raise_fd_limit(connections: int, notice: Callable[[str], None]) -> None:
+    """Let this process hold `connections` sockets (raise the soft RLIMIT_NOFILE)."""
+    wanted = connections + FD_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < wanted:
+        notice(f"WARNING: only {new} file descriptors are allowed (ulimit -n), fewer than "
+               f"{connections} connections need; connecting past that fails as connection "
+               "errors")
+
+
 # -- workers ------------------------------------------------------------------------------
 
 
@@ -152,7 +169,11 @@ def _worker_main(plan: Plan, pipe: Connection) -> None:
 
 
 async def _worker(plan: Plan, pipe: Connection) -> None:
-    generator = PulseGenerator(plan, notice=lambda message: pipe.send(("notice", message)))
+    def notice(message: str) -> None:
+        pipe.send(("notice", message))
+
+    raise_fd_limit(plan.connections, notice)
+    generator = PulseGenerator(plan, notice=notice)
     pipe.send(("ready", None))
     t0 = pipe.recv()
     task = asyncio.ensure_future(generator.run(t0))
@@ -165,11 +186,12 @@ async def _worker(plan: Plan, pipe: Connection) -> None:
 class _Workers:
     """N spawned generator processes and their messages, read on this loop."""
 
-    def __init__(self, options: PulseOptions, console: _Console) -> None:
+    def __init__(self, options: PulseOptions, console: _Console, clock: Clock) -> None:
         context = multiprocessing.get_context("spawn")
         self.console = console
+        self.clock = clock  # must be the system's: the workers read CLOCK_MONOTONIC too
         self.pipes: list[Connection] = []
-        self.processes = []
+        self.processes: list[multiprocessing.process.BaseProcess] = []
         for worker in range(options.workers):
             here, there = context.Pipe()
             process = context.Process(target=_worker_main, args=(options.plan(worker), there),
@@ -182,19 +204,25 @@ class _Workers:
         self.records: dict[int, Record] = {}
         self.stopped_early = False
         self.messages: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        for index, pipe in enumerate(self.pipes):
-            loop.add_reader(pipe.fileno(), self._readable, index)
+        # One reading thread per pipe: recv() blocks until a whole message is in, which
+        # the loop must not do (and the pipe must stay blocking for it).
+        self.threads = concurrent.futures.ThreadPoolExecutor(len(self.pipes),
+                                                             "surge-pulse-reader")
+        self.readers = [asyncio.ensure_future(self._read(index)) for index in
+                        range(len(self.pipes))]
 
-    def _readable(self, index: int) -> None:
+    async def _read(self, index: int) -> None:
         pipe = self.pipes[index]
-        try:
-            while pipe.poll():
-                kind, value = pipe.recv()
-                self.messages.put_nowait((index, kind, value))
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(pipe.fileno())
-            self.messages.put_nowait((index, "died", None))
+        while True:
+            try:
+                kind, value = await asyncio.get_running_loop().run_in_executor(
+                    self.threads, pipe.recv)
+            except (EOFError, OSError):
+                self.messages.put_nowait((index, "died", None))
+                return
+            self.messages.put_nowait((index, kind, value))
+            if kind == "done":
+                return
 
     async def start(self) -> float:
         ready: set[int] = set()
@@ -203,7 +231,7 @@ class _Workers:
             self._handle(index, kind, value)
             if kind == "ready":
                 ready.add(index)
-        t0 = time.monotonic() + START_MARGIN_S
+        t0 = self.clock.monotonic() + START_MARGIN_S
         for pipe in self.pipes:
             pipe.send(t0)
         return t0
@@ -233,16 +261,12 @@ class _Workers:
     def progress(self) -> Progress | None:
         return Progress.merge(list(self.latest.values())) if self.latest else None
 
-    def pump(self) -> None:
-        while not self.messages.empty():
-            self._handle(*self.messages.get_nowait())
-
     def close(self) -> None:
-        loop = asyncio.get_running_loop()
+        for reader in self.readers:
+            reader.cancel()
         for pipe in self.pipes:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(pipe.fileno())
             pipe.close()
+        self.threads.shutdown(wait=False, cancel_futures=True)
         for process in self.processes:
             process.join(timeout=5)
             if process.is_alive():
@@ -253,9 +277,9 @@ class _Workers:
 
 
 async def _sampler(options: PulseOptions, console: _Console) -> ReplicaSampler | None:
-    address, explicit = default_address(options.surge_address)
+    address, source = default_address(options.surge_address)
     target = options.plan().target
-    return await ReplicaSampler.connect(address, explicit, target.host, target.port,
+    return await ReplicaSampler.connect(address, source, target.host, target.port,
                                         target.path, console.notice)
 
 
@@ -272,10 +296,12 @@ async def _show_progress(source: Callable[[], Progress | None], console: _Consol
 
 
 async def _run(options: PulseOptions, console: _Console, clock: Clock) -> PulseResult:
+    started_at = clock.wall()
     sampler = await _sampler(options, console)
     stop = asyncio.Event()
     workers: _Workers | None = None
     if options.workers == 1:
+        raise_fd_limit(options.connections, console.notice)
         generator = PulseGenerator(options.plan(), clock, notice=console.notice)
         t0 = clock.monotonic() + START_MARGIN_S
         job: asyncio.Future[Record] = asyncio.ensure_future(generator.run(t0))
@@ -283,7 +309,7 @@ async def _run(options: PulseOptions, console: _Console, clock: Clock) -> PulseR
         def source() -> Progress | None:
             return Progress.of(generator)
     else:
-        workers = _Workers(options, console)
+        workers = _Workers(options, console, clock)
         t0 = await workers.start()
         job = asyncio.ensure_future(workers.finish())
 
@@ -304,18 +330,21 @@ async def _run(options: PulseOptions, console: _Console, clock: Clock) -> PulseR
         console.done()
     stopped = workers.stopped_early if workers else generator.stopped_early
     samples = tuple(sampler.samples) if sampler else ()
-    report = build_report(options, record, samples if sampler else None, stopped)
+    report = build_report(options, record, samples if sampler else None, stopped,
+                          started_at=started_at)
     return PulseResult(report, record, samples)
 
 
 def build_report(options: PulseOptions, record: Record,
-                 samples: tuple[ReplicaSample, ...] | None,
-                 stopped_early: bool = False) -> dict[str, Any]:
+                 samples: tuple[ReplicaSample, ...] | None, stopped_early: bool = False,
+                 started_at: float | None = None) -> dict[str, Any]:
     """report.json's content: the run's parameters, the summary and the series."""
     points = replica_points(samples, record.points) if samples is not None else None
     run = options.describe()
+    when = None if started_at is None else \
+        time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at))
     run.update(stopped_early=stopped_early, replicas_sampled=samples is not None,
-               started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+               started_at=when)
     return {"version": 1, "run": run,
             "summary": summarize(record, options.schedule, options.slo_ms, samples or ()),
             "series": series(record, points)}

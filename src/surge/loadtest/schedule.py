@@ -62,6 +62,7 @@ class Segment:
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
 
     @property
     def expected(self) -> float:
@@ -135,11 +136,12 @@ class Schedule:
     def time_of(self, counts: FloatArray) -> FloatArray:
         """Inverse of `expected`: the time at which each expected count is reached."""
         starts, cumulative = self._starts, self._counts
+        counts = np.asarray(counts, dtype=np.float64)
         index = np.searchsorted(cumulative, counts, side="right") - 1
         index = np.clip(index, 0, len(self.segments) - 1)
-        r0 = np.array([s.start_rps for s in self.segments])[index]
-        r1 = np.array([s.end_rps for s in self.segments])[index]
-        duration = np.array([s.duration_s for s in self.segments])[index]
+        r0 = np.array([s.start_rps for s in self.segments], dtype=np.float64)[index]
+        r1 = np.array([s.end_rps for s in self.segments], dtype=np.float64)[index]
+        duration = np.array([s.duration_s for s in self.segments], dtype=np.float64)[index]
         x = counts - cumulative[index]
         half_slope = np.divide(r1 - r0, 2 * duration, out=np.zeros_like(r0),
                                where=duration > 0)

@@ -126,6 +126,7 @@ class Record:
         self.errors: dict[str, list[int]] = {}  # by completion point
         self.errors_sent: dict[str, list[int]] = {}  # by scheduled point
         self.latency: list[Histogram] = []  # 2xx, by scheduled point
+        self.latency_done: list[Histogram] = []  # 2xx, by completion point (live line)
         self.lag_max: list[float] = []  # seconds, by scheduled point
         self.lag: Histogram = {}
         self.unanswered = 0
@@ -143,7 +144,8 @@ class Record:
         """Allocate `points` points up front so the hot path never grows a list."""
         for counts in (self.offered, self.ok):
             counts.extend([0] * (points - len(counts)))
-        self.latency.extend({} for _ in range(points - len(self.latency)))
+        for histograms in (self.latency, self.latency_done):
+            histograms.extend({} for _ in range(points - len(histograms)))
         self.lag_max.extend([0.0] * (points - len(self.lag_max)))
 
     def sent_at(self, point: int, lag_s: float) -> None:
@@ -162,15 +164,18 @@ class Record:
         try:
             self.ok[done_point] += 1
             histogram = self.latency[sent_point]
+            done = self.latency_done[done_point]
         except IndexError:
             self.reserve(max(sent_point, done_point) + 1)
             self.ok[done_point] += 1
             histogram = self.latency[sent_point]
+            done = self.latency_done[done_point]
         us = int(latency_s * 1_000_000)  # latency_key(), inlined
         if us >= _EXACT_BELOW_US:
             shift = us.bit_length() - _SIGNIFICANT_BITS
             us = (us >> shift) << shift
         histogram[us] = histogram.get(us, 0) + 1
+        done[us] = done.get(us, 0) + 1
 
     def error_at(self, kind: str, sent_point: int, done_point: int) -> None:
         _add(self.errors.setdefault(kind, []), done_point)
@@ -213,7 +218,8 @@ class Record:
                                  f"{self.unanswered}")
 
     def window(self, first: int, last: int) -> Window:
-        """Points [first, last): offered by scheduled time, answers by completion time."""
+        """Points [first, last): offered by scheduled time, answers (and their latency)
+        by completion time, so a slow answer shows when it arrives."""
         span = range(max(first, 0), last)
 
         def total(counts: Sequence[int]) -> int:
@@ -222,7 +228,8 @@ class Record:
         return Window(
             seconds=len(span) * BUCKET_S, offered=total(self.offered), ok=total(self.ok),
             errors=sum(total(counts) for counts in self.errors.values()),
-            latency=merge_histograms(self.latency[i] for i in span if i < len(self.latency)))
+            latency=merge_histograms(self.latency_done[i] for i in span
+                                     if i < len(self.latency_done)))
 
     def merge(self, other: Record) -> None:
         for counts, more in ((self.offered, other.offered), (self.ok, other.ok)):
@@ -235,10 +242,13 @@ class Record:
                 counts = mine.setdefault(kind, [])
                 for point, n in enumerate(more):
                     _add(counts, point, n)
-        for point, histogram in enumerate(other.latency):
-            if point >= len(self.latency):
-                self.latency.extend({} for _ in range(point + 1 - len(self.latency)))
-            self.latency[point] = merge_histograms([self.latency[point], histogram])
+        for mine_h, theirs_h in ((self.latency, other.latency),
+                                 (self.latency_done, other.latency_done)):
+            for point, histogram in enumerate(theirs_h):
+                if point >= len(mine_h):
+                    mine_h.extend({} for _ in range(point + 1 - len(mine_h)))
+                if histogram:
+                    mine_h[point] = merge_histograms([mine_h[point], histogram])
         for point, lag in enumerate(other.lag_max):
             if point >= len(self.lag_max):
                 self.lag_max.extend([0.0] * (point + 1 - len(self.lag_max)))
