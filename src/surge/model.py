@@ -101,6 +101,8 @@ class DeploymentStatusOverview:
     replica_states: dict[str, int]
     message: str = ""
     target_replicas: int = 0
+    # Over the last second: offered/completed/rejected per second, queued and ongoing now.
+    rates: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,8 @@ class ServeStatus:
                     "route_prefix": app.route_prefix,
                     "deployments": {
                         dname: {"status": d.status.value, "replica_states": d.replica_states,
-                                "message": d.message, "target_replicas": d.target_replicas}
+                                "message": d.message, "target_replicas": d.target_replicas,
+                                "rates": dict(d.rates)}
                         for dname, d in app.deployments.items()
                     },
                 }

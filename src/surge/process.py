@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent", "set_title"]
+__all__ = ["die_with_parent", "raise_fd_limit", "set_title"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -32,3 +32,18 @@ def die_with_parent(expected_parent: int) -> None:
             pass
     if expected_parent and os.getppid() != expected_parent:
         os._exit(0)
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft open-file limit to the hard one: every connection is a descriptor."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return int(target)
+        return int(soft)
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
+        return -1

@@ -72,6 +72,8 @@ def test_cli_status_and_shutdown_reach_the_running_instance(surge_instance) -> N
     assert data["applications"]["cli"]["deployments"]["Fine"]["replica_states"] == {
         "RUNNING": 1}
     assert any(r["deployment"] == "Fine" and r["state"] == "RUNNING" for r in data["replicas"])
+    assert set(data["applications"]["cli"]["deployments"]["Fine"]["rates"]) == {
+        "offered_per_s", "completed_per_s", "rejected_per_s", "queued", "ongoing"}
     text = subprocess.run([sys.executable, "-m", "surge.cli.main", "status"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert "cli" in text.stdout and "RUNNING" in text.stdout

@@ -187,10 +187,26 @@ class Controller:
         return True
 
     async def rpc_status(self, peer: RpcPeer) -> ServeStatus:
+        applications = {}
+        for name, app in self.apps.items():
+            overview = app.status()
+            for dname, deployment in overview.deployments.items():
+                deployment.rates.update(self._rates(DeploymentId(name, dname)))
+            applications[name] = overview
         return ServeStatus(
-            applications={name: app.status() for name, app in self.apps.items()},
+            applications=applications,
             proxies={pid: "HEALTHY" for pid in self.proxy_workers} or {"local": "UNHEALTHY"},
             http_address=self.proxy_address, control_address=self.address)
+
+    def _rates(self, did: DeploymentId) -> dict[str, float]:
+        recent = list(self.load.series.get(did, ()))[-10:]
+        span = sum(s.duration_s for s in recent)
+        if not recent or span <= 0:
+            return {}
+        return {"offered_per_s": sum(s.arrivals for s in recent) / span,
+                "completed_per_s": sum(s.completions for s in recent) / span,
+                "rejected_per_s": sum(s.rejections for s in recent) / span,
+                "queued": recent[-1].queued, "ongoing": recent[-1].ongoing}
 
     async def rpc_ingress(self, peer: RpcPeer, app: str) -> str | None:
         record = self.apps.get(app)

@@ -17,7 +17,7 @@ import sys
 from surge.backends.local import LocalBackend
 from surge.config import HTTPOptions
 from surge.controller.controller import Controller
-from surge.process import die_with_parent, set_title
+from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
 log = logging.getLogger("surge.controller")
@@ -68,6 +68,7 @@ async def serve(address: str, http: HTTPOptions) -> int:
 def main(argv: list[str]) -> int:
     address, options = argv[0], json.loads(argv[1])
     set_title("surge:controller")
+    raise_fd_limit()
     die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C
     logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"), stream=sys.stderr,

@@ -17,7 +17,7 @@ import socket
 
 from surge.errors import BackPressureError
 from surge.model import DeploymentId, ProxySpec, RouteTable
-from surge.process import die_with_parent, set_title
+from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.proxy.http import Exchange, HttpConnection, decode_path, make_request
 from surge.router.replica_link import Pending
 from surge.router.runtime import RouterRuntime, set_runtime
@@ -182,6 +182,7 @@ def main(argv: list[str]) -> int:
     controller = argv[0]
     proxy_id = argv[1] if len(argv) > 1 else "proxy-0"
     set_title("surge:proxy")
+    raise_fd_limit()
     die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"),

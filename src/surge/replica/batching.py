@@ -1,8 +1,11 @@
 """`@serve.batch`: gather concurrent calls into one list call.
 
 A batch flushes when it holds `max_batch_size` items or `batch_wait_timeout_s` after
-its first item arrived, whichever comes first. The wrapped method takes a list and
-returns a list of the same length; each caller gets its own element (or the exception).
+its first item arrived, whichever comes first, if a batch slot is free
+(`max_concurrent_batches`); while every slot is busy, items keep gathering and the
+next batch leaves the moment a slot frees. (Ray Serve flushes on the timeout anyway and
+queues tiny batches behind a slow one.) The wrapped method takes a list and returns a
+list of the same length; each caller gets its own element (or the exception).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ class _Batcher:
         self.timeout_s = timeout_s
         self.items: list[tuple[Any, asyncio.Future[Any]]] = []
         self.timer: asyncio.TimerHandle | None = None
-        self.slots = asyncio.Semaphore(max_concurrent_batches)
+        self.max_concurrent = max_concurrent_batches
+        self.running = 0
         self.owner: Any = None
 
     def add(self, owner: Any, item: Any) -> asyncio.Future[Any]:
@@ -41,32 +45,47 @@ class _Batcher:
         return future
 
     def _flush(self) -> None:
+        """Send a batch if a slot is free; otherwise the next finishing batch sends it."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        items, self.items = self.items, []
-        if items:
-            asyncio.get_running_loop().create_task(self._run(items))
+        if not self.items or self.running >= self.max_concurrent:
+            return
+        items = self.items[: self.max_batch_size]
+        del self.items[: self.max_batch_size]
+        self.running += 1
+        asyncio.get_running_loop().create_task(self._run(items))
+        if self.items:  # more than one batch's worth waiting
+            self._flush()
+
+    def _slot_freed(self) -> None:
+        self.running -= 1
+        self._flush()
 
     async def _run(self, items: list[tuple[Any, asyncio.Future[Any]]]) -> None:
-        async with self.slots:
-            inputs = [item for item, _ in items]
-            try:
-                args = (inputs,) if self.owner is None else (self.owner, inputs)
-                results = await self.func(*args)
-                if not isinstance(results, list) or len(results) != len(items):
-                    raise TypeError(
-                        f"a @serve.batch method must return a list of {len(items)} results, "
-                        f"got {type(results).__name__}"
-                        + (f" of length {len(results)}" if isinstance(results, list) else ""))
-            except Exception as exc:
-                for _, future in items:
-                    if not future.done():
-                        future.set_exception(exc)
-                return
-            for (_, future), result in zip(items, results, strict=True):
+        try:
+            await self._call(items)
+        finally:
+            self._slot_freed()
+
+    async def _call(self, items: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+        inputs = [item for item, _ in items]
+        try:
+            args = (inputs,) if self.owner is None else (self.owner, inputs)
+            results = await self.func(*args)
+            if not isinstance(results, list) or len(results) != len(items):
+                raise TypeError(
+                    f"a @serve.batch method must return a list of {len(items)} results, "
+                    f"got {type(results).__name__}"
+                    + (f" of length {len(results)}" if isinstance(results, list) else ""))
+        except Exception as exc:
+            for _, future in items:
                 if not future.done():
-                    future.set_result(result)
+                    future.set_exception(exc)
+            return
+        for (_, future), result in zip(items, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
 
 def batch(_func: Callable[..., Any] | None = None, *, max_batch_size: int = 10,

@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 
 from surge.model import ImportedTarget, ReplicaSpec
-from surge.process import die_with_parent, set_title
+from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
@@ -147,6 +147,7 @@ def main(argv: list[str]) -> int:
     controller, replica_id, app, deployment = argv[:4]
     parent = int(os.environ.get("SURGE_PARENT_PID", "0"))
     set_title(f"surge:replica:{app}:{deployment}")
+    raise_fd_limit()
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"),

@@ -86,6 +86,7 @@ class Router:
         self.rejected = 0
         self.arrived = 0
         self.on_pressure: Callable[[], None] | None = None
+        self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
 
     def __repr__(self) -> str:
@@ -241,7 +242,9 @@ class Router:
         slot = self._by_id.pop(link.replica_id, None)
         if slot is not None:
             self._routable.remove(slot)
-            log.warning("lost connection to replica %s of %s", link.replica_id, self.deployment)
+            level = logging.DEBUG if self.closing else logging.WARNING
+            log.log(level, "lost connection to replica %s of %s", link.replica_id,
+                    self.deployment)
         self._loop.call_soon(self._drain)
 
     def _drain_rate(self) -> float:

@@ -162,9 +162,11 @@ class RouterRuntime:
     def expect_disconnect(self) -> None:
         """The controller is being shut down on purpose: do not reconnect."""
         self._closing = True
+        for router in self.routers.values():
+            router.closing = True
 
     def close(self) -> None:
-        self._closing = True
+        self.expect_disconnect()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         if self._reporter is not None:
