@@ -32,6 +32,7 @@ TESTING = "testing"  # the public fakes: may use anything below cli; only cli ma
 ALLOWED: dict[tuple[str, str], str] = {
     ("proxy", "router"): "the proxy forwards every request through a Router",
     ("replica", "router"): "deployment handles inside a replica route through a Router",
+    ("sim", "loadtest"): "a simulation shares surge pulse's schedule format and report",
 }
 
 SIM_FORBIDDEN = frozenset({"proxy", "router", "replica", "transport"})

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from surge.config import AutoscalingConfig, ScheduleWindow, parse_schedule
 from surge.errors import ConfigError
-from surge.policy.schedule import Floors, floors_at
+from surge.policy.schedule import Floors, floors_at, with_floors
 
 FESTIVAL = parse_schedule([{"start": "23:50", "end": "00:30", "min_replicas": 8,
                             "standby_replicas": 4}])
@@ -75,3 +75,13 @@ def test_autoscaling_config_validates_its_schedule() -> None:
 def test_floors_never_go_below_the_baseline(second: int, low: int, spare: int) -> None:
     floors = floors_at(FESTIVAL, second, low, spare)
     assert floors.min_replicas >= low and floors.standby_replicas >= spare
+
+
+def test_with_floors_raises_min_and_max_only_when_the_floor_is_higher() -> None:
+    config = AutoscalingConfig(min_replicas=2, max_replicas=6, standby_replicas=1)
+    assert with_floors(config, Floors(2, 5)) is config
+    assert with_floors(config, Floors(1, 0)) is config
+    raised = with_floors(config, Floors(4, 0))
+    assert (raised.min_replicas, raised.max_replicas, raised.standby_replicas) == (4, 6, 1)
+    above = with_floors(config, Floors(9, 0))
+    assert (above.min_replicas, above.max_replicas) == (9, 9)

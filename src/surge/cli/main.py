@@ -1,4 +1,7 @@
-"""`surge run | status | shutdown | pulse`: operate and load-test surge from the shell.
+"""`surge run | deploy | status | shutdown | build | config | pulse | simulate`.
+
+Operate (run, deploy, status, shutdown), write and check configs (build, config lint),
+load-test and rehearse (pulse, simulate).
 
 Every command that talks to a running instance finds it at `--address`, else
 SURGE_ADDRESS, else 127.0.0.1:52800. `surge pulse` loads any HTTP URL (see
@@ -15,6 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from surge.cli import config_cmds as _config_cmds
+from surge.cli.simulate import add_parser as _simulate_parser
+from surge.cli.simulate import simulate_command as _simulate
 from surge.errors import RayServeException
 
 __all__ = ["main"]
@@ -24,8 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="surge", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="deploy module:app locally and block until Ctrl-C")
-    run.add_argument("target", help="import path of a bound application, e.g. echo:app")
+    run = commands.add_parser("run", help="deploy module:app or config.yaml locally and block "
+                                          "until Ctrl-C")
+    run.add_argument("target", help="import path of a bound application, e.g. echo:app, or "
+                                    "a Ray Serve-style config file, e.g. config.yaml")
     run.add_argument("--name", default="default", help="application name (default: default)")
     run.add_argument("--route-prefix", default="/", help="HTTP route prefix (default: /)")
     run.add_argument("--host", default=None, help="HTTP host (default 127.0.0.1)")
@@ -38,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
     shutdown = commands.add_parser("shutdown", help="stop the running instance")
     shutdown.add_argument("--address", help="control address host:port")
+    _config_cmds.add_parsers(commands)
     _pulse_parser(commands)
+    _simulate_parser(commands)
     return parser
 
 
@@ -75,7 +85,7 @@ def _pulse_parser(commands: Any) -> None:
     limits.add_argument("--slo-ms", type=float, help="latency SLO for the p99 (default 100)")
     limits.add_argument("--timeout", type=float, metavar="S",
                         help="per-request timeout from its scheduled time (default 10)")
-    limits.add_argument("--connections", type=int, help="open connections at most (default 512)")
+    limits.add_argument("--connections", type=int, help="open connections at most (default 1024)")
     limits.add_argument("--max-time", type=float, metavar="S",
                         help="bound on the whole run, draining included")
     limits.add_argument("--workers", type=int, help="generator processes (default 1)")
@@ -83,7 +93,7 @@ def _pulse_parser(commands: Any) -> None:
     out.add_argument("--out", metavar="DIR", help="report directory (default reports/pulse-TIME)")
     out.add_argument("--surge-address", metavar="HOST:PORT",
                      help="surge control address, to sample replica counts (default: "
-                          "SURGE_ADDRESS, else 127.0.0.1:52800 if that instance serves URL)")
+                          "SURGE_ADDRESS, else 127.0.0.1:52800, if that instance serves URL)")
     out.add_argument("--quiet", action="store_true", help="no live progress line")
     out.add_argument("--compare", nargs="+", metavar="REPORT",
                      help="compare report.json files side by side instead of running")
@@ -107,6 +117,10 @@ def _import_app(target: str) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from surge import serve
 
+    if _config_cmds.is_config_path(args.target):
+        _config_cmds.run_config(args)
+        _block()
+        return 0
     app = _import_app(args.target)
     http: dict[str, Any] = {}
     if args.host:
@@ -162,6 +176,12 @@ def _status(args: argparse.Namespace) -> int:
         for dname, dep in app["deployments"].items():
             states = " ".join(f"{k}={v}" for k, v in sorted(dep["replica_states"].items()))
             print(f"  {dname:<18} {dep['status']:<12} target {dep['target_replicas']}  {states}")
+            rates = dep.get("rates") or {}
+            if rates:
+                print(f"  {'':<18} {rates['offered_per_s']:,.0f} req/s offered, "
+                      f"{rates['completed_per_s']:,.0f} served, "
+                      f"{rates['rejected_per_s']:,.0f} rejected; {rates['queued']:.0f} queued, "
+                      f"{rates['ongoing']:.0f} ongoing")
     return 0
 
 
@@ -234,7 +254,11 @@ def _pulse(args: argparse.Namespace) -> int:
         print(f"surge pulse: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out or f"reports/pulse-{time.strftime('%Y%m%d-%H%M%S')}")
-    result = run_pulse(options, quiet=args.quiet)
+    try:
+        result = run_pulse(options, quiet=args.quiet)
+    except RuntimeError as exc:  # a worker process died: there is no whole run to report
+        print(f"surge pulse: {exc}", file=sys.stderr)
+        return 1
     paths = write_report(result.report, out)
     print(summary_table(result.report))
     print(f"\nreport: {paths['html'].resolve()}\n        {paths['json'].resolve()}")
@@ -247,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SURGE_ADDRESS"] = args.address
     try:
         handler = {"run": _run, "status": _status, "shutdown": _shutdown,
-                   "pulse": _pulse}[args.command]
+                   "pulse": _pulse, "simulate": _simulate,
+                   "deploy": _config_cmds.deploy_command,
+                   "build": _config_cmds.build_command,
+                   "config": _config_cmds.config_command}[args.command]
         return handler(args)
     except RayServeException as exc:
         print(f"surge {args.command}: {exc}", file=sys.stderr)

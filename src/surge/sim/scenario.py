@@ -1,0 +1,405 @@
+"""Scenario files: a cluster, a service, traffic, a deployment config and an SLO, in YAML.
+
+`load_scenario(path)` reads and validates one (every error names the file and the
+field); `Scenario.from_mapping` does the same for a dict, so sweeps re-validate each
+variant. Overrides use dotted paths into the YAML (`deployment.autoscaling_config.
+min_replicas`) or short aliases (`min_replicas`, `policy`, `startup_s`: see ALIASES).
+A scenario may name `variants`: mappings of overrides, run with `--sweep variant=a,b`.
+The annotated example is examples/scenarios/pulse-1m-qps.yaml.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from surge.config import AutoscalingConfig, DeploymentConfig, build_deployment_config
+from surge.errors import ConfigError
+from surge.loadtest.schedule import ARRIVALS, Schedule
+from surge.model import DeploymentId
+from surge.policy.resolve import resolve_policy
+from surge.sim.distributions import Distribution, parse_distribution
+from surge.sim.traffic import parse_schedule
+
+__all__ = ["ALIASES", "Batching", "Cluster", "Control", "Scenario", "ScenarioError",
+           "Service", "Traffic", "apply_overrides", "load_scenario", "resolve_key"]
+
+# A request unanswered this long after it arrived has timed out (the client gave up):
+# `surge pulse`'s default, so a calibration run and its simulation agree.
+DEFAULT_TIMEOUT_S = 10.0
+# Fine steps of the request flow while queues or capacity bind: 1 ms resolves a 5 ms
+# service time and a 200 ms SLO; quiet ticks are one step (see sim/flow.py).
+DEFAULT_FINE_STEP_MS = 1.0
+# Surge's standby activation: a route-table push, tens of milliseconds.
+DEFAULT_STANDBY_ACTIVATION_S = 0.05
+# A stopped replica finishes its in-flight requests, then its process exits.
+DEFAULT_DRAIN_S = 1.0
+# Routers push load reports this often (router/runtime.py's LOAD_REPORT_INTERVAL_S).
+DEFAULT_REPORT_INTERVAL_S = 0.1
+
+_TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
+        "deployment", "slo_ms", "control", "fine_step_ms", "variants")
+_CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s")
+_CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
+            "standby_activation_s", "drain_s")
+_SERVICE = ("service_time_ms", "overhead_ms", "batching")
+_BATCHING = ("max_batch_size", "batch_wait_timeout_s", "per_item_ms")
+_TRAFFIC = ("schedule", "arrivals", "timeout_s")
+
+_AUTOSCALING_FIELDS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
+ALIASES: dict[str, str] = {
+    **{name: f"deployment.autoscaling_config.{name}" for name in _AUTOSCALING_FIELDS
+       if name != "policy"},
+    "policy": "deployment.autoscaling_config.policy.policy_function",
+    "policy_kwargs": "deployment.autoscaling_config.policy.policy_kwargs",
+    **{name: f"deployment.{name}" for name in ("num_replicas", "max_ongoing_requests",
+                                               "max_queued_requests")},
+    **{name: f"cluster.{name}" for name in _CLUSTER},
+    **{name: f"service.{name}" for name in _SERVICE},
+    **{name: f"traffic.{name}" for name in ("arrivals", "timeout_s")},
+    **{name: f"control.{name}" for name in _CONTROL},
+}  # `schedule` is the autoscaling floors' schedule; traffic's is `traffic.schedule`
+
+
+class ScenarioError(ConfigError):
+    """A scenario file (or an override) is invalid; the message names file and field."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    replicas_per_node: int
+    proxies_per_node: int
+    startup_s: Distribution
+    standby_activation_s: float
+    drain_s: float
+
+    @property
+    def replica_slots(self) -> int:
+        return self.nodes * self.replicas_per_node
+
+    @property
+    def proxies(self) -> int:
+        return self.nodes * self.proxies_per_node
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Ray's @serve.batch: one batch at a time per replica, up to max_batch_size."""
+
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    per_item_s: float  # added to the batch's time per request in it, beyond the first
+
+
+@dataclass(frozen=True)
+class Service:
+    time_s: Distribution  # one call (one batch, when batching)
+    overhead_s: float  # proxy and network: latency, not replica time
+    batching: Batching | None = None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    schedule: Schedule
+    arrivals: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Control:
+    """How the controller sees load: report cadence, urgent reports, its clock's phase."""
+
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+    urgent_decisions: bool = True
+    clock_offset_s: float | None = None  # None: drawn from the seed
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    start_time_s: int  # local second of day at t=0
+    cluster: Cluster
+    service: Service
+    traffic: Traffic
+    deployment: DeploymentConfig
+    slo_ms: float
+    fine_step_s: float
+    control: Control = field(default_factory=Control)
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    description: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    source: str = "<scenario>"
+
+    @property
+    def autoscaling(self) -> AutoscalingConfig | None:
+        return self.deployment.autoscaling_config
+
+    @property
+    def per_replica_rps(self) -> float:
+        """What one replica serves at max_ongoing_requests in flight (the oracle's unit)."""
+        mean = self.service.time_s.mean
+        batching = self.service.batching
+        if batching is None:
+            return self.deployment.max_ongoing_requests / mean
+        size = min(batching.max_batch_size, self.deployment.max_ongoing_requests)
+        return size / (mean + batching.per_item_s * (size - 1))
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str = "<scenario>",
+                     base: Path | None = None) -> Scenario:
+        try:
+            return _build(data, source, base)
+        except ScenarioError:
+            raise
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ScenarioError(f"{source}: {exc}") from None
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
+        data = apply_overrides(self.raw, overrides, self.source)
+        base = Path(self.source).parent if self.source != "<scenario>" else None
+        return Scenario.from_mapping(data, self.source, base)
+
+
+# -- validation -----------------------------------------------------------------------------
+
+
+def _unknown(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" Known: {', '.join(known)}."
+            raise ScenarioError(f"{where}: unknown key {key!r}.{hint}")
+
+
+def _section(data: Mapping[str, Any], key: str, known: Sequence[str], where: str,
+             required: bool = True) -> Mapping[str, Any]:
+    section = data.get(key)
+    if section is None and not required:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ScenarioError(f"{where}.{key} must be a mapping"
+                            f"{'' if section is not None else ' (it is missing)'}")
+    _unknown(section, known, f"{where}.{key}")
+    return section
+
+
+def _number(section: Mapping[str, Any], key: str, where: str, default: Any = None, *,
+            integer: bool = False, minimum: float = 0.0, strict: bool = False) -> Any:
+    value = section.get(key, default)
+    ok = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
+    if ok and not integer:
+        ok = math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):
+        kind = "an integer" if integer else "a number"
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ScenarioError(f"{where}.{key} must be {kind} {bound}, got {value!r}")
+    return value
+
+
+def _start_time(value: Any, where: str) -> int:
+    text = "00:00" if value is None else value
+    parts = text.split(":") if isinstance(text, str) else []
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        raise ScenarioError(f"{where}.start_time must be a time of day like '23:50', got "
+                            f"{value!r}")
+    hours, minutes = int(parts[0]), int(parts[1])
+    seconds = int(parts[2]) if len(parts) == 3 else 0
+    if hours > 23 or minutes > 59 or seconds > 59:
+        raise ScenarioError(f"{where}.start_time {value!r} is not a time of day")
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
+    section = _section(data, "cluster", _CLUSTER, where)
+    w = f"{where}.cluster"
+    if "startup_s" not in section:
+        raise ScenarioError(f"{w}.startup_s is missing: how long a new replica takes to "
+                            "serve (a number of seconds or a distribution)")
+    try:
+        startup = parse_distribution(section["startup_s"], f"{w}.startup_s")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    return Cluster(
+        nodes=_number(section, "nodes", w, integer=True, minimum=1),
+        replicas_per_node=_number(section, "replicas_per_node", w, integer=True, minimum=1),
+        proxies_per_node=_number(section, "proxies_per_node", w, 1, integer=True, minimum=1),
+        startup_s=startup,
+        standby_activation_s=float(_number(section, "standby_activation_s", w,
+                                           DEFAULT_STANDBY_ACTIVATION_S)),
+        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)))
+
+
+def _service(data: Mapping[str, Any], where: str) -> Service:
+    section = _section(data, "service", _SERVICE, where)
+    w = f"{where}.service"
+    if "service_time_ms" not in section:
+        raise ScenarioError(f"{w}.service_time_ms is missing (a number of ms or a "
+                            "distribution like {distribution: lognormal, mean: 5, p99: 15})")
+    try:
+        time_ms = parse_distribution(section["service_time_ms"], f"{w}.service_time_ms")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    if time_ms.mean <= 0:
+        raise ScenarioError(f"{w}.service_time_ms must have a mean > 0")
+    batching = None
+    if section.get("batching") is not None:
+        b = _section(section, "batching", _BATCHING, w)
+        bw = f"{w}.batching"
+        batching = Batching(
+            max_batch_size=_number(b, "max_batch_size", bw, integer=True, minimum=1),
+            batch_wait_timeout_s=float(_number(b, "batch_wait_timeout_s", bw, 0.0)),
+            per_item_s=float(_number(b, "per_item_ms", bw, 0.0)) / 1000)
+    return Service(time_s=time_ms.scaled(0.001),
+                   overhead_s=float(_number(section, "overhead_ms", w, 0.0)) / 1000,
+                   batching=batching)
+
+
+def _traffic(data: Mapping[str, Any], where: str, base: Path | None) -> Traffic:
+    section = _section(data, "traffic", _TRAFFIC, where)
+    w = f"{where}.traffic"
+    if "schedule" not in section:
+        raise ScenarioError(f"{w}.schedule is missing (the `surge pulse` format: "
+                            "{baseline_rps, peak_rps, ...} or a list of steps)")
+    try:
+        schedule = parse_schedule(section["schedule"], f"{w}.schedule", base)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    arrivals = section.get("arrivals", "uniform")
+    if arrivals not in ARRIVALS:
+        raise ScenarioError(f"{w}.arrivals must be one of {', '.join(ARRIVALS)}, got "
+                            f"{arrivals!r}")
+    return Traffic(schedule, arrivals,
+                   float(_number(section, "timeout_s", w, DEFAULT_TIMEOUT_S, strict=True)))
+
+
+def _deployment(data: Mapping[str, Any], where: str) -> DeploymentConfig:
+    section = data.get("deployment")
+    if not isinstance(section, Mapping):
+        raise ScenarioError(f"{where}.deployment must be a mapping (a Ray Serve config "
+                            "`deployments:` entry)")
+    options = dict(section)
+    name = options.pop("name", "Model")
+    try:
+        config = build_deployment_config(str(name), options, f"{where}.deployment")
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
+    if config.autoscaling_config is None and config.num_replicas is None:
+        raise ScenarioError(f"{where}.deployment: give num_replicas or autoscaling_config")
+    if config.autoscaling_config is not None:  # as a deploy fails on a bad policy
+        try:
+            resolve_policy(config.autoscaling_config, DeploymentId("sim", config.name))
+        except Exception as exc:
+            raise ScenarioError(f"{where}.deployment.autoscaling_config.policy: "
+                                f"{exc}") from None
+    return config
+
+
+def _control(data: Mapping[str, Any], where: str) -> Control:
+    section = _section(data, "control", _CONTROL, where, required=False)
+    w = f"{where}.control"
+    urgent = section.get("urgent_decisions", True)
+    if not isinstance(urgent, bool):
+        raise ScenarioError(f"{w}.urgent_decisions must be true or false, got {urgent!r}")
+    offset = section.get("clock_offset_s")
+    return Control(
+        report_interval_s=float(_number(section, "report_interval_s", w,
+                                        DEFAULT_REPORT_INTERVAL_S)),
+        urgent_decisions=urgent,
+        clock_offset_s=None if offset is None else float(
+            _number(section, "clock_offset_s", w)))
+
+
+def _variants(data: Mapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
+    variants = data.get("variants") or {}
+    if not isinstance(variants, Mapping):
+        raise ScenarioError(f"{where}.variants must map names to override mappings")
+    for name, overrides in variants.items():
+        if not isinstance(overrides, Mapping):
+            raise ScenarioError(f"{where}.variants.{name} must be a mapping of overrides "
+                                "like {policy: proactive, standby_replicas: 64}")
+    return {str(name): dict(overrides) for name, overrides in variants.items()}
+
+
+def _build(data: Any, source: str, base: Path | None) -> Scenario:
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{source}: a scenario is a mapping (cluster, service, traffic, "
+                            "deployment, ...)")
+    _unknown(data, _TOP, source)
+    where = source
+    variants = _variants(data, where)
+    scenario = Scenario(
+        name=str(data.get("name") or Path(source).stem),
+        seed=_number(data, "seed", where, 0, integer=True),
+        start_time_s=_start_time(data.get("start_time"), where),
+        cluster=_cluster(data, where), service=_service(data, where),
+        traffic=_traffic(data, where, base), deployment=_deployment(data, where),
+        slo_ms=float(_number(data, "slo_ms", where, 200.0, strict=True)),
+        fine_step_s=float(_number(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
+                                  strict=True)) / 1000,
+        control=_control(data, where), variants=variants,
+        description=str(data.get("description") or ""),
+        raw=copy.deepcopy(dict(data)), source=source)
+    for name, overrides in variants.items():  # a bad variant fails now, not mid-sweep
+        varied = apply_overrides(data, overrides, f"{source}: variant {name!r}")
+        varied.pop("variants", None)
+        _build(varied, f"{source} (variant {name!r})", base)
+    return scenario
+
+
+# -- overrides ------------------------------------------------------------------------------
+
+
+def resolve_key(key: str) -> str:
+    """A dotted path into the scenario, from itself or a short alias."""
+    if "." in key:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in _TOP:
+        return key
+    close = difflib.get_close_matches(key, [*ALIASES, *_TOP], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ScenarioError(f"unknown scenario key {key!r}: give a dotted path like "
+                        f"deployment.autoscaling_config.min_replicas or an alias.{hint}")
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any],
+                    where: str = "override") -> dict[str, Any]:
+    """A deep copy of `data` with each dotted path (or alias) set to its value."""
+    result: dict[str, Any] = copy.deepcopy(dict(data))
+    for key, value in overrides.items():
+        path = resolve_key(str(key)).split(".")
+        node: Any = result
+        for depth, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ScenarioError(f"{where}: cannot set {key!r}: "
+                                    f"{'.'.join(path[:depth + 1])} is not a mapping")
+            node = child
+        node[path[-1]] = copy.deepcopy(value)
+    return result
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{source}: cannot read the scenario: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    return Scenario.from_mapping(data, str(source), source.parent)
