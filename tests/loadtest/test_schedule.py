@@ -165,3 +165,10 @@ def test_uniform_count_is_the_ceiling_of_the_total(parts: list[Segment]) -> None
     times = arrival_times(schedule, 0, schedule.duration_s)
     assert abs(len(times) - schedule.total) < 1 + 1e-6
     assert np.all(np.diff(times) >= -1e-12)
+
+
+def test_time_of_stays_inside_the_segment_at_subnormal_rates() -> None:
+    tiny = 1.1125369292536007e-308
+    schedule = Schedule((Segment(1.0, tiny, tiny),))
+    t = float(schedule.time_of(np.array([schedule.total]))[0])
+    assert 0 <= t <= 1.0

@@ -149,6 +149,9 @@ class Schedule:
         root = np.sqrt(np.maximum(r0 * r0 + 4 * half_slope * x, 0.0))
         denominator = r0 + root
         dt = np.divide(2 * x, denominator, out=np.zeros_like(x), where=denominator > 0)
+        # A count inside a segment is reached within it; this also absorbs underflow at
+        # subnormal rates (r0 * r0 == 0 while r0 > 0).
+        dt = np.clip(dt, 0.0, duration)
         times: FloatArray = starts[index] + dt
         return times
 
