@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -29,14 +31,14 @@ class Running:
         return f"http://127.0.0.1:{self.http_port}"
 
 
-@pytest.fixture(scope="module")
-def surge_instance() -> Iterator[Running]:
-    """One surge instance (controller + proxy) per test module, this process its driver."""
+@contextlib.contextmanager
+def running_instance(**http_options: Any) -> Iterator[Running]:
+    """Start surge on free loopback ports with these HTTP options; shut it down after."""
     control = f"127.0.0.1:{free_port()}"
     http_port = free_port()
     previous = os.environ.get("SURGE_ADDRESS")
     os.environ["SURGE_ADDRESS"] = control
-    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port, **http_options})
     try:
         yield Running(http_port, control)
     finally:
@@ -45,6 +47,13 @@ def surge_instance() -> Iterator[Running]:
             os.environ.pop("SURGE_ADDRESS", None)
         else:
             os.environ["SURGE_ADDRESS"] = previous
+
+
+@pytest.fixture(scope="module")
+def surge_instance() -> Iterator[Running]:
+    """One surge instance (controller + proxy) per test module, this process its driver."""
+    with running_instance() as running:
+        yield running
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ limits are per-instance options; only one instance may run in a process at a tim
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 from starlette.requests import Request
 
 from surge import serve
-from tests.e2e.conftest import Running, free_port
+from tests.e2e.conftest import Running, running_instance
 from tests.e2e.test_http import RawConnection, chunked, request_bytes
 
 pytestmark = pytest.mark.e2e
@@ -40,22 +39,10 @@ class Limited:
 
 @pytest.fixture(scope="module")
 def limited_instance() -> Iterator[Running]:
-    control = f"127.0.0.1:{free_port()}"
-    http_port = free_port()
-    previous = os.environ.get("SURGE_ADDRESS")
-    os.environ["SURGE_ADDRESS"] = control
-    serve.start(http_options={"host": "127.0.0.1", "port": http_port,
-                              "request_timeout_s": TIMEOUT_S, "max_body_bytes": LIMIT,
-                              "keep_alive_timeout_s": KEEP_ALIVE_S})
-    try:
+    with running_instance(request_timeout_s=TIMEOUT_S, max_body_bytes=LIMIT,
+                          keep_alive_timeout_s=KEEP_ALIVE_S) as running:
         serve.run(Limited.bind(), name="limited", route_prefix="/limited")
-        yield Running(http_port, control)
-    finally:
-        serve.shutdown()
-        if previous is None:
-            os.environ.pop("SURGE_ADDRESS", None)
-        else:
-            os.environ["SURGE_ADDRESS"] = previous
+        yield running
 
 
 @pytest.fixture
@@ -226,21 +213,10 @@ def test_a_pipelined_upload_is_not_cut_by_the_keep_alive_timeout(
 def guarded() -> Iterator[Running]:
     """An instance with small header limits, a short header timeout and 3 connections."""
     serve.shutdown()
-    control = f"127.0.0.1:{free_port()}"
-    http_port = free_port()
-    previous = os.environ.get("SURGE_ADDRESS")
-    os.environ["SURGE_ADDRESS"] = control
-    serve.start(http_options={"port": http_port, "max_header_bytes": 2048,
-                              "request_header_timeout_s": 0.5, "max_connections": 3})
-    serve.run(Limited.bind(), name="quick", route_prefix="/quick")
-    try:
-        yield Running(http_port, control)
-    finally:
-        serve.shutdown()
-        if previous is None:
-            os.environ.pop("SURGE_ADDRESS", None)
-        else:
-            os.environ["SURGE_ADDRESS"] = previous
+    with running_instance(max_header_bytes=2048, request_header_timeout_s=0.5,
+                          max_connections=3) as running:
+        serve.run(Limited.bind(), name="quick", route_prefix="/quick")
+        yield running
 
 
 def _raw(port: int, data: bytes, wait_s: float = 5.0) -> bytes:
