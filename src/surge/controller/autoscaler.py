@@ -11,14 +11,17 @@ decisions for status and metrics.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from surge.config import AutoscalingConfig
+from surge.controller.state import DeploymentRecord
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscaling import Decision, LoadSample, PolicyState, ScalingInputs
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
+from surge.policy.schedule import floors_at, with_floors
 
 __all__ = ["Autoscaler", "LoadTracker", "resolve_policy"]
 
@@ -69,6 +72,18 @@ class LoadTracker:
                           rejections=rejections, queued=sum(q for q, _ in gauges),
                           ongoing=sum(f for _, f in gauges), duration_s=now - since)
 
+    def rates(self, deployment: DeploymentId, seconds: float = 1.0) -> dict[str, float]:
+        """Offered/completed/rejected per second over the last `seconds`; queued, ongoing now."""
+        series = self.series.get(deployment, ())
+        recent = list(series)[-max(1, round(seconds / self.tick_s)):]
+        span = sum(s.duration_s for s in recent)
+        if not recent or span <= 0:
+            return {}
+        return {"offered_per_s": sum(s.arrivals for s in recent) / span,
+                "completed_per_s": sum(s.completions for s in recent) / span,
+                "rejected_per_s": sum(s.rejections for s in recent) / span,
+                "queued": recent[-1].queued, "ongoing": recent[-1].ongoing}
+
     def drop(self, deployment: DeploymentId) -> None:
         self.series.pop(deployment, None)
         self._counters.pop(deployment, None)
@@ -85,12 +100,30 @@ class DecisionRecord:
     signals: Mapping[str, float]
 
 
+def _second_of_day() -> float:
+    local = time.localtime()
+    return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec
+
+
 class Autoscaler:
     def __init__(self) -> None:
         self.states: dict[DeploymentId, PolicyState] = {}
         self.policies: dict[DeploymentId, tuple[AutoscalingConfig, Policy]] = {}
         self.decisions: deque[DecisionRecord] = deque(maxlen=500)
         self.last: dict[DeploymentId, Decision] = {}
+
+    def scale(self, record: DeploymentRecord, samples: Sequence[LoadSample],
+              now: float) -> None:
+        """Set `record.target` (and its standby floor) from its policy and the schedule."""
+        config = record.config.autoscaling_config
+        assert config is not None
+        floors = floors_at(config.schedule_windows, _second_of_day(), config.min_replicas,
+                           config.standby_replicas)
+        record.standby_floor = floors.standby_replicas
+        inputs = ScalingInputs(now=now, running=len(record.running_current),
+                               target=record.target, samples=samples,
+                               startup_lead_s=record.startup_lead_s)
+        record.target = self.decide(record.id, with_floors(config, floors), inputs)
 
     def decide(self, deployment: DeploymentId, config: AutoscalingConfig,
                inputs: ScalingInputs) -> int:

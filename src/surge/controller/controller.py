@@ -9,7 +9,6 @@ control connection (RPC methods `rpc_*`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import secrets
@@ -41,7 +40,7 @@ from surge.model import (
     ServeStatus,
 )
 from surge.policy.admission import queue_share
-from surge.policy.autoscaling import LoadSample, ScalingInputs
+from surge.policy.autoscaling import LoadSample
 from surge.policy.lifecycle import ReplicaState
 from surge.policy.reconcile import (
     ActivateReplica,
@@ -50,7 +49,6 @@ from surge.policy.reconcile import (
     StopReplica,
     reconcile,
 )
-from surge.policy.schedule import floors_at
 from surge.transport.rpc import RpcPeer
 
 __all__ = ["Controller"]
@@ -65,11 +63,6 @@ PROXY_PREFIX = "proxy-"
 
 def is_proxy(process_id: str) -> bool:
     return process_id.startswith(PROXY_PREFIX)
-
-
-def _second_of_day() -> float:
-    local = time.localtime()
-    return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec
 
 
 class Controller:
@@ -191,22 +184,12 @@ class Controller:
         for name, app in self.apps.items():
             overview = app.status()
             for dname, deployment in overview.deployments.items():
-                deployment.rates.update(self._rates(DeploymentId(name, dname)))
+                deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
             applications[name] = overview
         return ServeStatus(
             applications=applications,
             proxies={pid: "HEALTHY" for pid in self.proxy_workers} or {"local": "UNHEALTHY"},
             http_address=self.proxy_address, control_address=self.address)
-
-    def _rates(self, did: DeploymentId) -> dict[str, float]:
-        recent = list(self.load.series.get(did, ()))[-10:]
-        span = sum(s.duration_s for s in recent)
-        if not recent or span <= 0:
-            return {}
-        return {"offered_per_s": sum(s.arrivals for s in recent) / span,
-                "completed_per_s": sum(s.completions for s in recent) / span,
-                "rejected_per_s": sum(s.rejections for s in recent) / span,
-                "queued": recent[-1].queued, "ongoing": recent[-1].ongoing}
 
     async def rpc_ingress(self, peer: RpcPeer, app: str) -> str | None:
         record = self.apps.get(app)
@@ -275,9 +258,9 @@ class Controller:
         replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid)
         replica.peer = peer
         now = time.monotonic()
-        running = sum(1 for r in deployment.running if r.version == deployment.version)
         standby = deployment.standby_wanted
-        replica.move(ReplicaState.STANDBY if running >= deployment.target and standby
+        replica.move(ReplicaState.STANDBY if len(deployment.running_current) >= deployment.target
+                     and standby
                      else ReplicaState.RUNNING)
         replica.next_health_check = now + deployment.config.health_check_period_s
         deployment.constructor_failures = 0
@@ -430,23 +413,12 @@ class Controller:
 
     def _autoscale(self, deployment: DeploymentRecord, now: float,
                    open_bucket: LoadSample | None = None) -> None:
-        config = deployment.config.autoscaling_config
-        if config is None or deployment.deleting:
+        if deployment.config.autoscaling_config is None or deployment.deleting:
             return
-        floors = floors_at(config.schedule_windows, _second_of_day(), config.min_replicas,
-                           config.standby_replicas)
-        deployment.standby_floor = floors.standby_replicas
-        if floors.min_replicas > config.min_replicas:
-            config = dataclasses.replace(
-                config, min_replicas=floors.min_replicas,
-                max_replicas=max(config.max_replicas, floors.min_replicas))
-        running = sum(1 for r in deployment.running if r.version == deployment.version)
         samples: Sequence[LoadSample] = self.load.series.get(deployment.id, ())
         if open_bucket is not None:
             samples = [*samples, open_bucket]
-        inputs = ScalingInputs(now=now, running=running, target=deployment.target,
-                               samples=samples, startup_lead_s=deployment.startup_lead_s)
-        deployment.target = self.autoscaler.decide(deployment.id, config, inputs)
+        self.autoscaler.scale(deployment, samples, now)
 
     def _reconcile(self, deployment: DeploymentRecord, now: float) -> None:
         observed = [ObservedReplica(r.replica_id, r.state, r.version, r.started_at)

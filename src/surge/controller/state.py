@@ -86,6 +86,11 @@ class DeploymentRecord:
         return self.constructor_failures >= MAX_CONSTRUCTOR_FAILURES and not self.running
 
     @property
+    def running_current(self) -> list[ReplicaRecord]:
+        """RUNNING replicas of the deployment's current version."""
+        return [r for r in self.running if r.version == self.version]
+
+    @property
     def running(self) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
 
@@ -93,7 +98,7 @@ class DeploymentRecord:
         counts: dict[str, int] = {}
         for replica in self.replicas.values():
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
-        current = [r for r in self.running if r.version == self.version]
+        current = self.running_current
         outdated = [r for r in self.replicas.values() if r.version != self.version and r.alive]
         if self.failed:
             status, message = DeploymentStatus.UNHEALTHY, self.last_error
