@@ -59,6 +59,7 @@ def _ms(value: Any) -> str:
 
 
 def _phase_column(phase: dict[str, Any] | None) -> dict[str, str]:
+    """One column of the summary table: a phase, or the whole run's summary (same keys)."""
     if not phase:
         return {}
     errors = phase["errors"]
@@ -69,17 +70,6 @@ def _phase_column(phase: dict[str, Any] | None) -> dict[str, str]:
             "connection": _int(errors.get("connection", 0)), "other": _int(other),
             "p50": _ms(phase["p50_ms"]), "p90": _ms(phase["p90_ms"]),
             "p99": _ms(phase["p99_ms"]), "p999": _ms(phase["p999_ms"])}
-
-
-def _total_column(summary: dict[str, Any]) -> dict[str, str]:
-    errors = summary["errors"]
-    sent = summary["sent"]
-    other = sum(n for kind, n in errors.items() if kind not in ("503", "timeout", "connection"))
-    return {"sent": _int(sent), "ok": _pct(summary["ok"], sent),
-            "503": _pct(errors.get("503", 0), sent), "timeout": _int(errors.get("timeout", 0)),
-            "connection": _int(errors.get("connection", 0)), "other": _int(other),
-            "p50": _ms(summary["p50_ms"]), "p90": _ms(summary["p90_ms"]),
-            "p99": _ms(summary["p99_ms"]), "p999": _ms(summary["p999_ms"])}
 
 
 _ROWS = (("sent", "requests sent"), ("ok", "ok (2xx)"), ("503", "503 (overload)"),
@@ -144,7 +134,7 @@ def summary_table(report: dict[str, Any]) -> str:
     """The post-mortem table, as aligned plain text."""
     s = report["summary"]
     columns = [("baseline", _phase_column(s["baseline"])), ("pulse", _phase_column(s["pulse"])),
-               ("whole run", _total_column(s))]
+               ("whole run", _phase_column(s))]
     columns = [(name, column) for name, column in columns if column]
     width = max(len(label) for _, label in _ROWS) + 2
     lines = [_title(report), "",
@@ -163,7 +153,7 @@ def compare_table(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> st
     rows: list[tuple[str, list[str]]] = []
     for key, label in _ROWS:
         rows.append((f"pulse {label}" if key != "sent" else "pulse requests sent",
-                     [(_phase_column(r["summary"]["pulse"]) or _total_column(r["summary"]))[key]
+                     [(_phase_column(r["summary"]["pulse"]) or _phase_column(r["summary"]))[key]
                       for r in reports]))
     for index, (label, _) in enumerate(_facts(reports[0])):
         rows.append((label, [_facts(r)[index][1] for r in reports]))
@@ -313,7 +303,7 @@ img { max-width: 100%; } code { background: #f4f4f4; padding: 1px 4px; }
 def _html_table(report: dict[str, Any]) -> str:
     s = report["summary"]
     columns = [("baseline", _phase_column(s["baseline"])), ("pulse", _phase_column(s["pulse"])),
-               ("whole run", _total_column(s))]
+               ("whole run", _phase_column(s))]
     columns = [(name, column) for name, column in columns if column]
     head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns)
     rows = [f"<tr><th></th>{head}</tr>"]

@@ -72,6 +72,15 @@ class RouterRuntime:
         if self._reporter is None:
             self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
 
+    def _push_load(self, topic: str) -> None:
+        """Send what changed in every router since its last report, if anything did."""
+        peer = self.peer
+        if peer is not None and not peer.is_closed:
+            reports = [r for r in (router.load_report() for router in self.routers.values())
+                       if r is not None]
+            if reports:
+                peer.push(topic, reports)
+
     def _urgent_report(self) -> None:
         """Report within a few ms (once): a queue started to grow."""
         if self._urgent is None and not self._closing:
@@ -79,23 +88,13 @@ class RouterRuntime:
 
     def _send_urgent(self) -> None:
         self._urgent = None
-        peer = self.peer
-        if peer is not None and not peer.is_closed:
-            reports = [r for r in (router.load_report() for router in self.routers.values())
-                       if r is not None]
-            if reports:
-                peer.push("load_urgent", reports)
+        self._push_load("load_urgent")
 
     def _report_load(self) -> None:
         self._reporter = None
         if self._closing:
             return
-        peer = self.peer
-        if peer is not None and not peer.is_closed:
-            reports = [r for r in (router.load_report() for router in self.routers.values())
-                       if r is not None]
-            if reports:
-                peer.push("load", reports)
+        self._push_load("load")
         self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
 
     def router(self, deployment: DeploymentId) -> Router:

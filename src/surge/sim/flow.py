@@ -202,15 +202,10 @@ class Flow:
     def _admit(self, t: float, arrivals: int, free: int, routable: int, rate: float) -> None:
         if not arrivals:
             return
-        point = self.point
-        self.offered[point] += arrivals
-        self._arrivals += arrivals
-        self.totals["arrived"] += arrivals
+        point = self._offer(arrivals)
         direct = min(arrivals, free) if free > 0 and not self.queue else 0
         if direct:
-            key = round(self._delay_s(routable, rate) * 1e6)
-            delays = self.delays[point]
-            delays[key] = delays.get(key, 0) + direct
+            self._record_delay(direct, routable, rate)
             self.ongoing += direct
         overflow = arrivals - direct
         if not overflow:
@@ -247,15 +242,23 @@ class Flow:
         self._admit_quietly(arrivals, routable, rate_end)
 
     def _admit_quietly(self, arrivals: int, routable: int, rate: float) -> None:
-        if not arrivals:
-            return
+        if arrivals:
+            self._offer(arrivals)
+            self._record_delay(arrivals, routable, rate)
+
+    def _offer(self, arrivals: int) -> int:
+        """Count arrivals at the current report point; returns that point."""
         point = self.point
         self.offered[point] += arrivals
         self._arrivals += arrivals
         self.totals["arrived"] += arrivals
+        return point
+
+    def _record_delay(self, count: int, routable: int, rate: float) -> None:
+        """`count` requests started at once, each with the current routing delay."""
         key = round(self._delay_s(routable, rate) * 1e6)
-        delays = self.delays[point]
-        delays[key] = delays.get(key, 0) + arrivals
+        delays = self.delays[self.point]
+        delays[key] = delays.get(key, 0) + count
 
     # -- the tick's load sample ----------------------------------------------------------------
 
