@@ -110,7 +110,7 @@ def _start_controller(address: str,
                       http: HTTPOptions) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     options = {k: getattr(http, k) for k in http.__dataclass_fields__}
     env = dict(os.environ)
-    paths = [p for p in (*_user_sys_path(), env.get("PYTHONPATH", "")) if p]
+    paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["SURGE_PARENT_PID"] = str(os.getpid())
     process = subprocess.Popen(
@@ -146,7 +146,7 @@ def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
     return data.decode(errors="replace").split("\n", 1)[0].strip()
 
 
-def _user_sys_path() -> tuple[str, ...]:
+def user_sys_path() -> tuple[str, ...]:
     """Where the user's modules live, so replicas can import them by reference."""
     main = sys.modules.get("__main__")
     entries = [os.getcwd()]
@@ -156,10 +156,6 @@ def _user_sys_path() -> tuple[str, ...]:
     entries += [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
                 and not p.startswith(sys.base_prefix)]
     return tuple(dict.fromkeys(entries))
-
-
-def user_sys_path() -> tuple[str, ...]:
-    return _user_sys_path()
 
 
 _hooks_installed = False

@@ -125,15 +125,19 @@ class Autoscaler:
                                startup_lead_s=record.startup_lead_s)
         record.target = self.decide(record.id, with_floors(config, floors), inputs)
 
+    def prepare(self, deployment: DeploymentId, config: AutoscalingConfig) -> Policy:
+        """The deployment's policy, built once per policy spec (raises ConfigError if bad)."""
+        cached = self.policies.get(deployment)
+        if cached is None or cached[0].policy != config.policy:
+            cached = (config, resolve_policy(config, deployment))
+            self.policies[deployment] = cached
+        return cached[1]
+
     def decide(self, deployment: DeploymentId, config: AutoscalingConfig,
                inputs: ScalingInputs) -> int:
         state = self.states.get(deployment, PolicyState())
         try:
-            cached = self.policies.get(deployment)
-            if cached is None or cached[0].policy != config.policy:
-                cached = (config, resolve_policy(config, deployment))
-                self.policies[deployment] = cached
-            decision = cached[1](inputs, config, state)
+            decision = self.prepare(deployment, config)(inputs, config, state)
         except Exception as exc:  # a user policy must not stop the control loop
             log.error("autoscaling policy of %s failed: %r; keeping %d replicas", deployment,
                       exc, inputs.target)

@@ -18,7 +18,7 @@ from typing import Any
 
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
 from surge.config import AppSpec, HTTPOptions, default_proxy_workers
-from surge.controller.autoscaler import Autoscaler, LoadTracker, resolve_policy
+from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     AppRecord,
@@ -294,7 +294,7 @@ class Controller:
             scaling = spec.config.autoscaling_config
             if scaling is not None:
                 try:
-                    resolve_policy(scaling, DeploymentId(app.name, spec.config.name))
+                    self.autoscaler.prepare(DeploymentId(app.name, spec.config.name), scaling)
                 except ConfigError as exc:
                     raise ConfigError(f"deployment {spec.config.name!r}: {exc}") from None
                 except Exception as exc:

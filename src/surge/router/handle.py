@@ -143,7 +143,7 @@ class _Request:
                 or any(isinstance(v, DeploymentResponse) for v in self.kwargs.values())
                 or not self.runtime.router(self.deployment).ready.is_set())
 
-    def submit_now(self, sink: _UnarySink) -> Pending | None:
+    def submit_now(self, sink: _UnarySink | _StreamSink) -> Pending | None:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
         pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
                                stream=self.stream, model_id=self.model_id), sink)
@@ -154,19 +154,14 @@ class _Request:
             return None
         return pending
 
-    async def _start(self, sink: _UnarySink | _StreamSink) -> Pending:
-        args, kwargs = self.args, self.kwargs
-        if any(isinstance(a, DeploymentResponse) for a in args) or any(
-                isinstance(v, DeploymentResponse) for v in kwargs.values()):
-            args = tuple([await _resolve(a) for a in args])
-            kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
+    async def _start(self, sink: _UnarySink | _StreamSink) -> Pending | None:
+        """Resolve response arguments and wait for a replica set, then send."""
+        self.args = tuple([await _resolve(a) for a in self.args])
+        self.kwargs = {k: await _resolve(v) for k, v in self.kwargs.items()}
         router = self.runtime.router(self.deployment)
         if not router.ready.is_set():
             await router.ready.wait()
-        pending = Pending(Call(id=0, method=self.method, payload=dumps((args, kwargs)),
-                               stream=self.stream, model_id=self.model_id), sink)
-        router.submit(pending)
-        return pending
+        return self.submit_now(sink)
 
     async def unary(self) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -174,7 +169,8 @@ class _Request:
         try:
             return await future
         except asyncio.CancelledError:
-            self.runtime.router(self.deployment).cancel(pending)
+            if pending is not None:
+                self.runtime.router(self.deployment).cancel(pending)
             raise
 
 
