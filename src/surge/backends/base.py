@@ -6,7 +6,7 @@ Each file in this package implements the same shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from surge.config import ReplicaResources
@@ -32,7 +32,6 @@ class ReplicaLaunch:
 class Exit:
     process_id: str
     returncode: int | None
-    details: dict[str, str] = field(default_factory=dict)
 
 
 class Backend(Protocol):

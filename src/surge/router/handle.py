@@ -268,7 +268,6 @@ class DeploymentResponseGenerator:
         self._runtime = request.runtime
         self._request = request
         self._sink: _StreamSink | None = None
-        self._started: concurrent.futures.Future[Any] | asyncio.Task[Any] | None = None
         self._done = False
 
     async def _next(self) -> Any:

@@ -303,5 +303,3 @@ class Simulation:
     def replica_seconds(self) -> float:
         return self.cluster.replica_seconds(0.0, self.duration_s)
 
-    def decisions_between(self, start: float, end: float) -> Sequence[DecisionLog]:
-        return [d for d in self.decisions if start <= d.t < end]

@@ -91,13 +91,6 @@ class Flow:
         return (f"<Flow ongoing={self.ongoing} queued={self.queued}/{self.queue_limit} "
                 f"{self.totals}>")
 
-    def grow(self, points: int) -> None:
-        """Room for `points` more points (the drain after the schedule)."""
-        for counts in (self.offered, self.ok, self.rejected, self.timeouts_sent,
-                       self.timeouts_done):
-            counts.extend([0] * points)
-        self.delays.extend({} for _ in range(points))
-
     # -- arrivals ----------------------------------------------------------------------
 
     def _arrive(self, end: float) -> int:
