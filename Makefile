@@ -2,14 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean dashboard-png
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	touch $@
 
 demo: install
@@ -20,7 +20,12 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint
+	sh scripts/ensure-chromium.sh
 	$(PY) -m pytest
+
+dashboard-png: install  # regenerate docs/dashboard.png (a short pulse, then a screenshot)
+	sh scripts/ensure-chromium.sh
+	$(PY) scripts/dashboard_screenshot.py docs/dashboard.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

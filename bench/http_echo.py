@@ -1,6 +1,13 @@
 """HTTP echo: surge vs Ray Serve 2.60 vs a raw uvloop+httptools server, driven by wrk.
 
     python bench/http_echo.py [--duration 10] [--reps 3] [--systems raw,surge,...]
+    python bench/http_echo.py --systems surge_nometrics,surge,surge_access,surge_access_all
+        # what metrics recording and access logs cost (req/s with and without them)
+    python bench/http_echo.py --systems surge,surge_tls --wrk-threads 1 --rounds 3
+        # what TLS costs (HTTPS with a throwaway certificate; wrk keeps connections open;
+        # this machine's wrk sometimes makes no HTTPS request at all with 2 threads)
+    python bench/http_echo.py --systems surge,surge_ray
+        # one proxy on the ray backend vs the local backend (needs surge[ray])
 
 Each system serves the same echo app (`{"echo": value}` from a query parameter) on
 127.0.0.1 and is loaded by wrk at c=8 and c=64; the median of the repetitions is
@@ -11,6 +18,7 @@ serving processes (proxy + replicas, from /proc) and of the whole process tree.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,18 +38,37 @@ from bench.common import (
 SYSTEMS = {
     "raw": "raw uvloop+httptools (1 process)",
     "surge": "surge, default config",
+    # The cost of observability (metrics are on by default; see README "Observability"):
+    "surge_nometrics": "surge, metrics off (SURGE_DASHBOARD=off), no access log",
+    "surge_access": "surge, metrics + access log at INFO (default sampling: <=10 lines/s)",
+    "surge_access_all": "surge, metrics + an access-log line for every request",
+    "surge_tls": "surge, default config, HTTPS (TLS 1.3, ECDSA P-256 certificate)",
+    "surge_ray": "surge on the ray backend (1 Ray node; proxy, replica in Ray actors)",
     "ray": "Ray Serve, default config (max_ongoing_requests=5)",
     "ray_mor100": "Ray Serve, max_ongoing_requests=100",
     "ray_direct": "Ray Serve, RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress), mor=100",
 }
 
 
+OBSERVABILITY = {  # environment of each surge variant (the app logs at WARNING otherwise)
+    "surge_nometrics": {"SURGE_DASHBOARD": "off",
+                        "SURGE_LOGGING_CONFIG": json.dumps({"enable_access_log": False})},
+    "surge_access": {"SURGE_LOGGING_CONFIG": json.dumps({"log_level": "INFO"})},
+    "surge_access_all": {"SURGE_LOGGING_CONFIG": json.dumps(
+        {"log_level": "INFO", "access_log_max_per_s": 0, "encoding": "JSON"})},
+}
+
+
 def _argv(system: str, port: int) -> tuple[list[str], dict[str, str]]:
     if system == "raw":
         return [sys.executable, str(APPS / "raw_server.py"), str(port)], {}
-    if system == "surge":
-        return [sys.executable, str(APPS / "surge_echo.py"), str(port)], {
-            "SURGE_ADDRESS": f"127.0.0.1:{free_port()}"}
+    if system.startswith("surge"):
+        env = {"SURGE_ADDRESS": f"127.0.0.1:{free_port()}", **OBSERVABILITY.get(system, {})}
+        if system == "surge_tls":
+            env["SURGE_BENCH_TLS"] = _throwaway_certificate()
+        if system == "surge_ray":
+            env["SURGE_BENCH_RAY"] = "1"
+        return [sys.executable, str(APPS / "surge_echo.py"), str(port)], env
     ray = ray_python()
     script = str(APPS / "ray_echo.py")
     if system == "ray":
@@ -51,15 +78,25 @@ def _argv(system: str, port: int) -> tuple[list[str], dict[str, str]]:
     return [ray, script, str(port), "100"], {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
+def _throwaway_certificate() -> str:
+    """'CERT:KEY' of a certificate for 127.0.0.1 made for this run (tests/certs.py)."""
+    import tempfile
+
+    from tests.certs import make_pki
+
+    pki = make_pki(Path(tempfile.mkdtemp(prefix="surge-bench-tls-")))
+    return f"{pki.cert}:{pki.key}"
+
+
 def measure(system: System, connections: int, duration: float,
-            reps: int) -> tuple[WrkResult, float]:
+            reps: int, threads: int = 2) -> tuple[WrkResult, float]:
     serving, everything = system.serving_pids(), system.pids()
     runs, totals = [], []
     for _ in range(reps):
         from bench.common import cpu_seconds
 
         before = cpu_seconds(everything)
-        result = run_wrk(system.url, connections, duration, serving)
+        result = run_wrk(system.url, connections, duration, serving, threads)
         totals.append((cpu_seconds(everything) - before) / max(result.requests, 1) * 1e6)
         runs.append(result)
     totals.sort()
@@ -72,22 +109,33 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--concurrency", default="8,64")
+    parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the systems in turn this many times and report medians: "
+                             "interleaving evens out a noisy machine for A/B comparisons")
     args = parser.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     levels = [int(c) for c in args.concurrency.split(",")]
-    table: dict[tuple[str, int], tuple[WrkResult, float]] = {}
-    for name in systems:
-        argv, env = _argv(name, free_port())
-        print(f"== {SYSTEMS[name]}", flush=True)
-        with start_system(name, argv, env) as system:
-            run_wrk(system.url, 8, 1.0, [])  # warm-up
-            for c in levels:
-                table[(name, c)] = measure(system, c, args.duration, args.reps)
-                r, total = table[(name, c)]
-                print(f"   c={c:<3} {r.rps:>9,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
-                      f"p99 {r.p99_ms:8.2f} ms  non-2xx {r.non_2xx}  errors {r.errors}  "
-                      f"cpu/req {r.cpu_us_per_request:7.0f} us (all {total:7.0f} us)",
-                      flush=True)
+    rounds: dict[tuple[str, int], list[tuple[WrkResult, float]]] = {}
+    for _ in range(args.rounds):
+        for name in systems:
+            argv, env = _argv(name, free_port())
+            print(f"== {SYSTEMS[name]}", flush=True)
+            with start_system(name, argv, env) as system:
+                run_wrk(system.url, 8, 1.0, [])  # warm-up
+                for c in levels:
+                    r, total = measure(system, c, args.duration, args.reps,
+                                       args.wrk_threads)
+                    rounds.setdefault((name, c), []).append((r, total))
+                    print(f"   c={c:<3} {r.rps:>9,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                          f"p99 {r.p99_ms:8.2f} ms  non-2xx {r.non_2xx}  errors {r.errors}  "
+                          f"cpu/req {r.cpu_us_per_request:7.0f} us (all {total:7.0f} us)",
+                          flush=True)
+    for key, runs in rounds.items():  # a round where wrk made no request says nothing
+        rounds[key] = [run for run in runs if run[0].requests > 0] or runs
+    table: dict[tuple[str, int], tuple[WrkResult, float]] = {
+        key: (median_result([r for r, _ in runs]), sorted(t for _, t in runs)[len(runs) // 2])
+        for key, runs in rounds.items()}
     print()
     print("| system | c | req/s | p50 ms | p99 ms | non-2xx | socket errors "
           "| CPU µs/req (proxy+replica) | CPU µs/req (all processes) |")
@@ -108,6 +156,24 @@ def main() -> None:
         "vs_ray_default": surge / rps("ray", c_hi),
         "vs_raw": surge / rps("raw", c_hi),
     }
+    if ("surge_tls", c_hi) in table and ("surge", c_hi) in table:
+        print()
+        for c in levels:
+            plain, tls = table[("surge", c)][0], table[("surge_tls", c)][0]
+            print(f"TLS cost at c={c}: {tls.rps:,.0f} vs {plain.rps:,.0f} req/s = "
+                  f"{tls.rps / plain.rps - 1:+.1%}; CPU/req {tls.cpu_us_per_request:,.0f} vs "
+                  f"{plain.cpu_us_per_request:,.0f} us")
+    base = rps("surge_nometrics", c_hi)
+    if base == base:  # measured: what metrics and access logs cost, relative to none
+        print()
+        for name in ("surge", "surge_access", "surge_access_all"):
+            if (name, c_hi) in table:
+                cpu = table[(name, c_hi)][0].cpu_us_per_request
+                cpu_base = table[("surge_nometrics", c_hi)][0].cpu_us_per_request
+                print(f"observability cost at c={c_hi}: {name} {rps(name, c_hi):,.0f} req/s "
+                      f"vs {base:,.0f} without metrics = {1 - rps(name, c_hi) / base:+.1%} "
+                      f"throughput; CPU {cpu:.0f} vs {cpu_base:.0f} us/req "
+                      f"= {cpu / cpu_base - 1:+.1%}")
     print()
     for key, value in ratios.items():
         print(f"surge/{key[3:]} at c={c_hi}: {value:.2f}x")

@@ -321,9 +321,10 @@ def test_ray_only_keys_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixt
                "num_cpus": 2}
     with caplog.at_level(logging.WARNING, logger="surge.config"):
         resources = ReplicaResources.from_ray_actor_options(options, "dep.ray_actor_options")
-    assert resources == ReplicaResources(num_cpus=2.0)
+    # custom resources are kept: the ray backend places replicas by them
+    assert resources == ReplicaResources(num_cpus=2.0, resources={"custom": 1.0})
     assert [r.getMessage() for r in caplog.records] == [
-        "dep.ray_actor_options: max_concurrency, memory, resources accepted but not used by "
+        "dep.ray_actor_options: max_concurrency, memory accepted but not used by "
         "the local backend"]
 
 

@@ -24,7 +24,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
     frozenset({"transport", "backends"}),
     frozenset({"policy"}),
-    frozenset({"model", "config", "errors", "clock", "process"}),
+    frozenset({"model", "config", "errors", "clock", "process", "control_auth", "node",
+               "observability"}),
 )
 MIDDLE = LAYERS[1]  # its parts may not import each other, except ALLOWED edges
 TESTING = "testing"  # the public fakes: may use anything below cli; only cli may use them

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from surge.errors import ConfigError
+from surge.model import AccessTokens
 
 __all__ = [
     "DEFAULT_CONTROL_PORT",
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUED_REQUESTS",
     "QUEUE_SAFETY_LIMIT",
     "AppSpec",
+    "AuthConfig",
     "AutoscalingConfig",
     "DeploymentConfig",
     "DeploymentSpec",
@@ -63,6 +65,10 @@ DEFAULT_MAX_BODY_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 # A request whose headers take longer than this to arrive (slowloris) gets 408.
 DEFAULT_REQUEST_HEADER_TIMEOUT_S = 30.0
+# A request body that stops arriving for this long gets 408 (nginx's client_body_timeout,
+# also a silence between reads, is 60 s); without it a truncated body held its
+# connection forever.
+DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0
 # Open client connections per proxy worker; more are answered 503 and closed.
 DEFAULT_MAX_CONNECTIONS = 10_000
 # Ray/uvicorn's keep-alive; long enough for load balancers that reuse connections.
@@ -71,6 +77,9 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_S = 90.0
 DEFAULT_CONTROL_PORT = 52800
 # "auto" in Ray Serve means autoscaling between 1 and 100 replicas.
 AUTO_MAX_REPLICAS = 100
+
+# Client-certificate modes, in the order of ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED.
+CERT_REQS = ("none", "optional", "required")
 
 ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 PROXY_LOCATIONS = ("EveryNode", "HeadOnly", "Disabled", "NoServer")
@@ -267,9 +276,18 @@ class HTTPOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     request_header_timeout_s: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S
+    request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     location: str = "EveryNode"
     proxy_workers: int | None = None  # None: default_proxy_workers()
+    # TLS (Ray Serve's and uvicorn's names). A certificate turns the port into HTTPS only;
+    # the files are checked when the options are given (proxy/tls.py) and read by each
+    # proxy worker. ssl_ca_certs verifies client certificates (mutual TLS): then
+    # ssl_cert_reqs defaults to "required".
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: str | int | None = None  # "none" | "optional" | "required" (or 0/1/2)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and not isinstance(self.port, bool)
@@ -280,16 +298,44 @@ class HTTPOptions:
         _number("max_body_bytes", self.max_body_bytes, minimum=0)
         _integer("max_header_bytes", self.max_header_bytes, minimum=1024)
         _number("request_header_timeout_s", self.request_header_timeout_s, minimum=0.1)
+        _number("request_body_timeout_s", self.request_body_timeout_s, minimum=0.1)
         _integer("max_connections", self.max_connections, minimum=1)
         if self.proxy_workers is not None:
             _integer("proxy_workers", self.proxy_workers, minimum=1)
         _require(self.location in PROXY_LOCATIONS,
                  f"proxy location must be one of {PROXY_LOCATIONS}, got {self.location!r}.")
+        self._check_tls_shape()
+
+    def _check_tls_shape(self) -> None:
+        """The TLS keys fit together; proxy/tls.py checks the files themselves."""
+        for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, str) and bool(value)),
+                     f"{name} must be the path of a PEM file, got {value!r}.")
+        _require(self.ssl_certfile is not None or (self.ssl_keyfile is None
+                                                   and self.ssl_ca_certs is None),
+                 "ssl_keyfile and ssl_ca_certs need ssl_certfile (the server's certificate).")
+        reqs = self.ssl_cert_reqs
+        if isinstance(reqs, int) and not isinstance(reqs, bool) and reqs in (0, 1, 2):
+            reqs = CERT_REQS[reqs]  # uvicorn's spelling: ssl.CERT_NONE/OPTIONAL/REQUIRED
+        _require(reqs is None or reqs in CERT_REQS,
+                 f"ssl_cert_reqs must be one of {', '.join(CERT_REQS)}, got "
+                 f"{self.ssl_cert_reqs!r}.")
+        _require(reqs in (None, "none") or self.ssl_ca_certs is not None,
+                 f"ssl_cert_reqs {reqs!r} needs ssl_ca_certs: the CA bundle that client "
+                 "certificates are verified against.")
+        if reqs is None:
+            reqs = "required" if self.ssl_ca_certs is not None else "none"
+        object.__setattr__(self, "ssl_cert_reqs", reqs)
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_certfile is not None
 
 
-RAY_ACTOR_OPTION_KEYS_IMPLEMENTED = ("num_cpus", "num_gpus", "runtime_env")
+RAY_ACTOR_OPTION_KEYS_IMPLEMENTED = ("num_cpus", "num_gpus", "runtime_env", "resources")
 RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
-    "memory", "resources", "accelerator_type", "max_concurrency", "object_store_memory",
+    "memory", "accelerator_type", "max_concurrency", "object_store_memory",
     "scheduling_strategy", "label_selector", "max_restarts", "max_task_retries",
 )
 
@@ -301,6 +347,8 @@ class ReplicaResources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     env_vars: Mapping[str, str] = field(default_factory=dict)
+    # Ray's custom resources ({"accelerator_x": 1}); placement on the ray backend only.
+    resources: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_ray_actor_options(cls, options: Mapping[str, Any] | None,
@@ -329,7 +377,13 @@ class ReplicaResources:
         num_gpus = options.get("num_gpus", 0.0)
         _number(f"{where}.num_cpus", num_cpus, minimum=0)
         _number(f"{where}.num_gpus", num_gpus, minimum=0)
-        return cls(num_cpus=float(num_cpus), num_gpus=float(num_gpus), env_vars=dict(env_vars))
+        custom = options.get("resources") or {}
+        _require(isinstance(custom, Mapping) and all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and v >= 0 for k, v in custom.items()),
+            f"{where}.resources must map resource names to amounts >= 0, e.g. {{'tpu': 1}}.")
+        return cls(num_cpus=float(num_cpus), num_gpus=float(num_gpus), env_vars=dict(env_vars),
+                   resources={k: float(v) for k, v in custom.items()})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -441,6 +495,38 @@ class DeploymentSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AuthConfig:
+    """Bearer-token authentication of one application's HTTP route (read by api/auth.py).
+
+    It says where the tokens are, never what they are: `tokens_env` names an environment
+    variable of the process that deploys (tokens separated by commas or whitespace),
+    `tokens_file` a file with one token per line (`#` starts a comment). From Python,
+    `tokens` may give them directly (say, fetched from a secrets manager); a config file
+    cannot. A request needs `Authorization: Bearer <one of them>`.
+    """
+
+    tokens_env: str | None = None
+    tokens_file: str | None = None
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        env = self.tokens_env
+        _require(env is None or (isinstance(env, str) and env.isidentifier()),
+                 f"tokens_env must name an environment variable (like APP_TOKENS), "
+                 f"got {env!r}.")
+        _require(self.tokens_file is None or (isinstance(self.tokens_file, str)
+                                              and bool(self.tokens_file)),
+                 f"tokens_file must be the path of a file, got {self.tokens_file!r}.")
+        _require(isinstance(self.tokens, list | tuple)
+                 and all(isinstance(t, str) for t in self.tokens),
+                 "tokens must be a list of strings.")
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        _require(env is not None or self.tokens_file is not None or bool(self.tokens),
+                 "auth needs tokens_env (an environment variable holding the tokens) or "
+                 "tokens_file (a file with one token per line).")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AppSpec:
     """One application: its route, its ingress deployment, and all its deployments."""
 
@@ -449,6 +535,7 @@ class AppSpec:
     ingress: str
     deployments: tuple[DeploymentSpec, ...]
     sys_path: tuple[str, ...] = ()
+    auth: AccessTokens | None = None  # None: HTTP requests need no credentials
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str), "application name must be a string.")

@@ -14,7 +14,9 @@
     │                                    sent back as itself; the message holds its traceback
     ├── DeployFailedError                an application could not be deployed (constructor
     │                                    failed, import failed); the message says why
-    └── ControllerUnavailableError       no surge instance answers at the control address
+    ├── ControllerUnavailableError       no surge instance answers at the control address
+    └── ControlAuthError (PermissionError) the instance refused this process's control token:
+                                         set SURGE_CONTROL_TOKEN to that instance's token
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "BackPressureError",
     "ConfigError",
+    "ControlAuthError",
     "ControllerUnavailableError",
     "DeployFailedError",
     "DeploymentUnavailableError",
@@ -100,3 +103,7 @@ class DeployFailedError(RayServeException):
 
 class ControllerUnavailableError(RayServeException):
     """No surge controller answers at the control address."""
+
+
+class ControlAuthError(RayServeException, PermissionError):
+    """The control API refused this connection: its token is missing or wrong."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "AccessTokens",
     "ApplicationStatus",
     "ApplicationStatusOverview",
     "DeploymentId",
@@ -42,6 +43,8 @@ class ReplicaInfo:
     address: str  # "host:port" of its frame server
     pid: int
     node_id: str = "local"
+    # A Unix socket for routers on the same node (multi-node backends listen on both).
+    local_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,25 @@ class ReplicaSet:
     max_ongoing_requests: int
     queue_limit: int  # this router's share of the deployment's queue budget
     version: int = 0
+    # Set when no replica will come (the deployment failed to start): why, in words safe
+    # to show a client. Routers then answer at once instead of queueing until a timeout.
+    unavailable: str = ""
+
+
+@dataclass(frozen=True, repr=False)
+class AccessTokens:
+    """The bearer tokens one application accepts, as SHA-256 digests (never the tokens).
+
+    Tokens are read once, by the process that deploys the application; the controller
+    and the proxies only ever hold their digests, so a route table that ends up in a log,
+    a pickle or a core dump gives nobody a usable credential.
+    """
+
+    digests: tuple[bytes, ...]
+    source: str = ""  # where they were read ("env APP_TOKENS"), for messages: no secret
+
+    def __repr__(self) -> str:
+        return f"AccessTokens({len(self.digests)} token(s) from {self.source or '?'})"
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,7 @@ class RouteTarget:
     app: str
     deployment: str
     route_prefix: str
+    auth: AccessTokens | None = None  # None: the route is open to every client
 
 
 @dataclass(frozen=True)
@@ -122,12 +145,16 @@ class ServeStatus:
     proxies: dict[str, str] = field(default_factory=dict)
     http_address: str = ""
     control_address: str = ""
+    proxy_addresses: dict[str, str] = field(default_factory=dict)  # proxy id -> host:port
+    dashboard_address: str = ""  # http://host:port of the dashboard and /metrics; "": off
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "control_address": self.control_address,
             "http_address": self.http_address,
+            "dashboard_address": self.dashboard_address,
             "proxies": dict(self.proxies),
+            "proxy_addresses": dict(self.proxy_addresses),
             "applications": {
                 name: {
                     "status": app.status.value,
@@ -174,6 +201,11 @@ class ProxySpec:
     max_header_bytes: int = 64 * 1024
     request_header_timeout_s: float = 30.0
     max_connections: int = 10_000
+    request_body_timeout_s: float = 30.0
+    ssl_certfile: str | None = None  # set: the proxy serves HTTPS only (proxy/tls.py)
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: str = "none"  # client certificates: "none" | "optional" | "required"
 
 
 @dataclass(frozen=True)

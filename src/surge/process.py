@@ -1,13 +1,27 @@
-"""Process-level helpers for surge's own processes: titles and dying with the parent."""
+"""Process-level helpers for surge's own processes: titles, lifetimes, descriptors.
+
+Lifetimes: the controller dies with the process that started it (its supervisor,
+SURGE_SUPERVISOR_PID) through a parent-death signal. Proxies, the fork server and
+replicas must outlive a controller that crashes (the supervisor restarts it and they
+re-attach), so they watch the supervisor itself through a pidfd and leave when it does.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
+from collections.abc import Callable
 
-__all__ = ["die_with_parent", "raise_fd_limit", "set_title"]
+__all__ = ["SUPERVISOR_ENV", "die_with_parent", "pid_gone", "raise_fd_limit", "set_title",
+           "supervisor_pid", "watch_supervisor"]
+
+SUPERVISOR_ENV = "SURGE_SUPERVISOR_PID"
+SUPERVISOR_POLL_S = 0.5  # only where pidfds are missing (old kernels)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,3 +61,57 @@ def raise_fd_limit() -> int:
         return int(soft)
     except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
         return -1
+
+
+def supervisor_pid() -> int:
+    return int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits; None without pidfd support."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def pid_gone(pid: int, pidfd: int | None) -> bool:
+    if pidfd is not None:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def watch_supervisor(loop: asyncio.AbstractEventLoop, on_gone: Callable[[], None]) -> bool:
+    """Call `on_gone` once when the supervisor exits. False: this process has none."""
+    pid = supervisor_pid()
+    if not pid:
+        return False
+    fd = open_pidfd(pid)
+    if fd is None and pid_gone(pid, None):
+        loop.call_soon(on_gone)
+        return True
+
+    def gone() -> None:
+        if fd is not None:
+            loop.remove_reader(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        on_gone()
+
+    def poll() -> None:
+        if pid_gone(pid, None):
+            on_gone()
+        else:
+            loop.call_later(SUPERVISOR_POLL_S, poll)
+
+    if fd is not None:
+        loop.add_reader(fd, gone)
+    else:
+        loop.call_later(SUPERVISOR_POLL_S, poll)
+    return True

@@ -33,7 +33,9 @@ def test_ray_docs_multi_app_config_parses_as_is() -> None:
     assert summarizer.options["autoscaling_config"]["max_replicas"] == 4
     assert config.applications[1].args == {"language": "italian"}
     warned = "\n".join(config.warnings)
-    assert "grpc_options" in warned and "logs_dir" in warned
+    assert "grpc_options" in warned and "logs_dir" not in warned  # logging_config is real
+    assert config.logging is not None and config.logging.encoding == "TEXT"
+    assert config.logging.logs_dir is None and config.logging.enable_access_log
     assert config.warnings[0].startswith(f"{CONFIGS / 'ray_docs_multi_app.yaml'}:10: ")
 
 
@@ -110,7 +112,7 @@ def test_yaml_num_replicas_replaces_code_autoscaling_and_back() -> None:
      "route_prefix: /b}\n", ":3: applications[1].name: application name 'a' is used twice"),
     ("applications:\n- name: a\n  import_path: m:app\n  runtime_env:\n    env_var: {}\n",
      ":5: applications[0].runtime_env.env_var: unknown key. Did you mean 'env_vars'?"),
-    ("backend: ray\n", ":1: backend: backend 'ray' is not available"),
+    ("backend: k8s\n", ":1: backend: backend 'k8s' is not available"),
     ("http_options:\n  port: 99999\n", ":2: http_options.port: port must be an integer"),
     ("applications: [\n", ":2: not valid YAML"),
 ])

@@ -130,3 +130,44 @@ def test_accepts_any_sequence() -> None:
             return (4, 4, 0)[index]
 
     assert choose_replica(Loads(), 4, ScriptedRandom(0, 0)) == 2
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "local", "draws", "expected", "sampled"),
+    [
+        # no preference: local 0 (caller's node unknown) or every replica local
+        ([3, 1, 0], 0, (2, 0), 2, [3, 2]),
+        ([3, 1, 0], 3, (2, 0), 2, [3, 2]),
+        # the two local replicas (indexes 0, 1) are sampled first; idle remote 2 is ignored
+        ([3, 1, 0], 2, (0, 0), 1, [2, 1]),
+        # one local replica with room: no sampling, it is taken
+        ([4, 0, 0], 1, (), 0, []),
+        # every local replica full: fall back to all (pair 2, 0 -> index 2)
+        ([5, 5, 0, 1], 2, (0, 0, 2, 0), 2, [2, 1, 4, 3]),
+        # one local replica, full: fall back to the remote ones
+        ([5, 2, 1], 1, (1, 1), 2, [3, 2]),
+        # nobody has room anywhere
+        ([5, 5, 5], 1, (0, 0), NO_REPLICA, [3, 2]),
+    ],
+)
+def test_local_replicas_first(in_flight: list[int], local: int, draws: tuple[int, ...],
+                              expected: int, sampled: list[int]) -> None:
+    rng = ScriptedRandom(*draws)
+    assert choose_replica(in_flight, 5, rng, local=local) == expected
+    assert rng.draws == []
+    assert rng.calls == sampled
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=12), st.integers(0, 12),
+       st.integers(0, 2**32 - 1))
+def test_locality_never_picks_full_and_prefers_local_room(in_flight: list[int], local: int,
+                                                          seed: int) -> None:
+    capacity = 5
+    local = min(local, len(in_flight))
+    index = choose_replica(in_flight, capacity, random.Random(seed), local=local)
+    if index == NO_REPLICA:
+        assert all(load >= capacity for load in in_flight)
+        return
+    assert in_flight[index] < capacity
+    if 0 < local < len(in_flight) and any(load < capacity for load in in_flight[:local]):
+        assert index < local

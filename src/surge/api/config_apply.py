@@ -22,12 +22,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from surge.api.auth import resolve_auth
 from surge.api.config_file import AppConfig, ServeConfig
 from surge.api.deployment import Application, Deployment, build_app_spec
 from surge.api.instance import Instance, connect_or_start, user_sys_path
+from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.config import AppSpec, AutoscalingConfig
 from surge.errors import ConfigError, DeployFailedError
 from surge.model import ApplicationStatus, ApplicationStatusOverview
+from surge.observability.config import child_environment
 
 __all__ = [
     "application_with_overrides",
@@ -201,8 +204,12 @@ def build_specs(config: ServeConfig) -> list[AppSpec]:
             raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
         bound = application_with_overrides(root, app, config.where)
         try:
+            auth = resolve_auth(app.auth, "auth")
+        except ConfigError as exc:
+            raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
+        try:
             specs.append(build_app_spec(bound, app.name, app.route_prefix,
-                                        (*search, *user_sys_path())))
+                                        (*search, *user_sys_path()), auth))
         except ConfigError as exc:
             raise ConfigError(f"{config.where(app.path)}: {exc}") from None
     return specs
@@ -214,7 +221,11 @@ def apply_config(config: ServeConfig, *, start: bool,
     specs = build_specs(config)
     if config.log_level and start:
         os.environ.setdefault("SURGE_LOG_LEVEL", config.log_level)
-    instance = connect_or_start(config.http_options, start=start)
+    with child_environment(config.logging if start else None, None):
+        ray_address = config.ray_address or (
+            caller_ray_address() if config.backend == "ray" else None)
+        instance = connect_or_start(config.http_options, start=start,
+                                    backend=BackendChoice(config.backend, ray_address))
     existing = instance.call("status", timeout=10).applications
     wanted = {spec.name for spec in specs}
     removed = [name for name in existing if name not in wanted]

@@ -24,12 +24,15 @@ from surge.config import (
     PROXY_LOCATIONS,
     RAY_ACTOR_OPTION_KEYS_ACCEPTED,
     RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
+    AuthConfig,
     AutoscalingConfig,
     HTTPOptions,
     build_deployment_config,
     from_mapping,
 )
 from surge.errors import ConfigError
+from surge.observability.config import LoggingConfig
+from surge.proxy.tls import check_tls_files
 
 __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "parse_config"]
 
@@ -38,12 +41,12 @@ KeyPath = tuple[str | int, ...]
 TOP_KEYS = ("proxy_location", "http_options", "applications", "logging_config", "backend")
 TOP_RAY_ONLY = ("grpc_options", "target_capacity")
 HTTP_KEYS = tuple(f.name for f in dataclasses.fields(HTTPOptions) if f.name != "location")
-HTTP_RAY_ONLY = ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
-                 "middlewares", "num_cpus")
-LOGGING_KEYS = ("log_level",)
-LOGGING_RAY_ONLY = ("logs_dir", "encoding", "enable_access_log",
-                    "additional_log_standard_attrs")
-APP_KEYS = ("name", "route_prefix", "import_path", "args", "runtime_env", "deployments")
+HTTP_RAY_ONLY = ("ssl_keyfile_password", "middlewares", "num_cpus")
+LOGGING_KEYS = tuple(f.name for f in dataclasses.fields(LoggingConfig))
+LOGGING_RAY_ONLY: tuple[str, ...] = ()
+APP_KEYS = ("name", "route_prefix", "import_path", "args", "runtime_env", "deployments",
+            "auth")
+AUTH_KEYS = ("tokens_env", "tokens_file")
 APP_RAY_ONLY = ("autoscaling_policy", "external_scaler_enabled", "logging_config")
 RUNTIME_ENV_KEYS = ("env_vars",)
 RUNTIME_ENV_RAY_ONLY = ("working_dir", "py_modules", "py_executable", "pip", "conda", "uv",
@@ -60,7 +63,7 @@ AUTOSCALING_KEYS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
 # Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
 RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
            "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
-BACKENDS = ("local",)
+BACKENDS = ("local", "ray")  # backends/choice.py (the ray one needs `surge[ray]`)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -82,6 +85,7 @@ class AppConfig:
     env_vars: Mapping[str, str]
     deployments: tuple[DeploymentOverride, ...]
     path: KeyPath
+    auth: AuthConfig | None = None  # where its HTTP route's bearer tokens are (surge's key)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class ServeConfig:
     backend: str = "local"
     log_level: str | None = None
     applications: tuple[AppConfig, ...] = ()
+    ray_address: str | None = None  # not a key of the file: `surge run --address` sets it
+    logging: LoggingConfig | None = None  # the file's logging_config, if it has one
     warnings: tuple[str, ...] = ()
     lines: Mapping[KeyPath, int] = field(default_factory=dict, repr=False)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -213,12 +219,13 @@ def parse_config(data: Any, *, source: str = "<config>",
     if backend not in BACKENDS:
         check.error(("backend",), f"backend {backend!r} is not available; use one of "
                                   f"{', '.join(BACKENDS)}")
-    log_level = _log_level(check, used.get("logging_config"))
+    logging = _logging(check, used.get("logging_config"))
+    log_level = logging.log_level if logging is not None else None
     apps = _applications(check, used.get("applications"))
     if check.errors:
         raise ConfigError("\n".join(check.errors))
     return ServeConfig(source=source, http_options=http, backend=str(backend),
-                       log_level=log_level, applications=apps,
+                       log_level=log_level, applications=apps, logging=logging,
                        warnings=tuple(check.warnings), lines=dict(lines or {}), raw=top)
 
 
@@ -234,21 +241,36 @@ def _http_options(check: _Checker, used: Mapping[str, Any]) -> HTTPOptions:
         else:
             options["location"] = location
     try:
-        return from_mapping(HTTPOptions, options, "http_options")
+        http = from_mapping(HTTPOptions, options, "http_options")
     except ConfigError as exc:
         check.error(_blame(path, options, str(exc)), _strip(str(exc), "http_options"))
         return HTTPOptions()
+    try:
+        check_tls_files(http)
+    except ConfigError as exc:  # "http_options.ssl_keyfile: what is wrong"
+        where, _, message = str(exc).partition(": ")
+        key = where.removeprefix("http_options.").split("/")[0]
+        check.error((*path, key) if key in options else path, message)
+    return http
 
 
-def _log_level(check: _Checker, value: Any) -> str | None:
+def _logging(check: _Checker, value: Any) -> LoggingConfig | None:
+    """Ray's logging_config, all of it used (surge adds sampling and rotation keys)."""
     path: KeyPath = ("logging_config",)
+    if value is None:
+        return None
     data = check.mapping(value, path)
-    level = check.keys(data or {}, path, LOGGING_KEYS, LOGGING_RAY_ONLY).get("log_level")
+    used = check.keys(data or {}, path, LOGGING_KEYS, LOGGING_RAY_ONLY)
+    level = used.get("log_level")
     if level is not None and str(level).upper() not in LOG_LEVELS:
         check.error((*path, "log_level"), f"must be one of {', '.join(LOG_LEVELS)}, "
                                           f"got {level!r}")
         return None
-    return str(level).upper() if level is not None else None
+    try:
+        return from_mapping(LoggingConfig, used, "logging_config")
+    except ConfigError as exc:
+        check.error(_blame(path, used, str(exc)), _strip(str(exc), "logging_config"))
+        return None
 
 
 def _applications(check: _Checker, value: Any) -> tuple[AppConfig, ...]:
@@ -298,8 +320,32 @@ def _application(check: _Checker, item: Any, path: KeyPath) -> AppConfig | None:
     args = check.mapping(used.get("args"), (*path, "args")) or {}
     env_vars = _runtime_env(check, used.get("runtime_env"), (*path, "runtime_env"))
     deployments = _deployments(check, used.get("deployments"), (*path, "deployments"))
+    auth = _auth(check, used["auth"], (*path, "auth")) if "auth" in used else None
     return AppConfig(name=str(name), route_prefix=prefix, import_path=str(import_path),
-                     args=dict(args), env_vars=env_vars, deployments=deployments, path=path)
+                     args=dict(args), env_vars=env_vars, deployments=deployments, path=path,
+                     auth=auth)
+
+
+def _auth(check: _Checker, value: Any, path: KeyPath) -> AuthConfig | None:
+    """Where the tokens are; the tokens themselves are read at deploy time (api/auth.py)."""
+    data = check.mapping(value, path)
+    if data is None:
+        return None
+    if "tokens" in data:
+        check.error((*path, "tokens"), "surge does not take tokens written in a config file; "
+                                       "put them in an environment variable (tokens_env: "
+                                       "NAME) or a file (tokens_file: PATH)")
+        data = {k: v for k, v in data.items() if k != "tokens"}
+    used = check.keys(data, path, AUTH_KEYS)
+    file = used.get("tokens_file")
+    if isinstance(file, str) and file and not Path(file).is_absolute() \
+            and check.probe.source and Path(check.probe.source).is_file():
+        used["tokens_file"] = str(Path(check.probe.source).resolve().parent / file)
+    try:
+        return from_mapping(AuthConfig, used, "auth")
+    except ConfigError as exc:
+        check.error(_blame(path, used, str(exc)), _strip(str(exc), "auth"))
+        return None
 
 
 def _runtime_env(check: _Checker, value: Any, path: KeyPath) -> dict[str, str]:

@@ -8,11 +8,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from surge.api.auth import resolve_auth
 from surge.api.deployment import Application, build_app_spec
 from surge.api.instance import connect_or_start, current, disconnect, user_sys_path
-from surge.config import HTTPOptions, from_mapping
+from surge.backends.choice import BackendChoice, caller_ray_address
+from surge.config import AuthConfig, HTTPOptions, from_mapping
 from surge.errors import ConfigError, DeployFailedError, RayServeException
 from surge.model import ApplicationStatus, DeploymentId, ServeStatus
+from surge.observability.config import DashboardOptions, LoggingConfig, child_environment
+from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
 from surge.router.runtime import current_runtime
 
@@ -26,10 +30,32 @@ DEFAULT_APP_NAME = "default"
 
 def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           proxy_location: str | None = None, detached: bool = False,
+          logging_config: LoggingConfig | Mapping[str, Any] | None = None,
+          dashboard_host: str | None = None, dashboard_port: int | None = None,
+          backend: str = "local", ray_address: str | None = None,
           **_ray_only: Any) -> None:
-    """Start surge on this machine, or connect to the instance already running."""
+    """Start surge on this machine, or connect to the instance already running.
+
+    `backend="ray"` places replicas and proxies on the Ray cluster at `ray_address`
+    (default: the cluster this process joined with ray.init, else "auto"); the
+    controller stays a process on this machine.
+
+    `logging_config` is Ray's (encoding, log_level, logs_dir, enable_access_log, ...);
+    the dashboard and /metrics listen on `dashboard_host:dashboard_port` (default
+    SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
+    it). Both apply when this call starts surge; a running instance keeps its own.
+    """
     options = _http_options(http_options, proxy_location)
-    connect_or_start(options)
+    log_config = LoggingConfig.from_any(logging_config) if logging_config is not None else None
+    dashboard = None
+    if dashboard_host is not None or dashboard_port is not None:
+        base = DashboardOptions.from_env()
+        dashboard = DashboardOptions(host=dashboard_host or base.host,
+                                     port=base.port if dashboard_port is None else dashboard_port)
+    choice = BackendChoice(backend, (ray_address or caller_ray_address())
+                           if backend == "ray" else ray_address)
+    with child_environment(log_config, dashboard):
+        connect_or_start(options, backend=choice)
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
@@ -44,17 +70,25 @@ def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
         import dataclasses
 
         options = dataclasses.replace(options, location=str(proxy_location))
+    check_tls_files(options)
     return options
 
 
 def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str | None = "/",
         blocking: bool = False, _local_testing_mode: bool = False,
+        auth: AuthConfig | Mapping[str, Any] | None = None,
         **_ray_only: Any) -> DeploymentHandle:
-    """Deploy an application and wait until it runs; returns a handle to its ingress."""
+    """Deploy an application and wait until it runs; returns a handle to its ingress.
+
+    `auth` (surge's addition) makes its HTTP route require a bearer token, e.g.
+    `auth={"tokens_env": "APP_TOKENS"}` or `AuthConfig(tokens=[...])`; handles are not
+    affected (they are for trusted code).
+    """
     if isinstance(target, Application) and route_prefix == "/" and \
             target.deployment.route_prefix is not None:
         route_prefix = target.deployment.route_prefix
-    spec = build_app_spec(target, name, route_prefix, user_sys_path())
+    spec = build_app_spec(target, name, route_prefix, user_sys_path(),
+                          resolve_auth(auth, "serve.run(auth=...)"))
     instance = connect_or_start()
     instance.call("deploy", app=spec)
     overview = instance.call("wait_app", name=name, timeout_s=None)

@@ -17,7 +17,7 @@ import cloudpickle
 
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
 from surge.errors import ConfigError
-from surge.model import ImportedTarget
+from surge.model import AccessTokens, ImportedTarget
 from surge.router.handle import DeploymentHandle
 
 __all__ = ["Application", "Deployment", "build_app_spec", "deployment"]
@@ -190,7 +190,7 @@ class _Builder:
 
 
 def build_app_spec(app: Application, name: str, route_prefix: str | None,
-                   sys_path: tuple[str, ...] = ()) -> AppSpec:
+                   sys_path: tuple[str, ...] = (), auth: AccessTokens | None = None) -> AppSpec:
     if not isinstance(app, Application):
         hint = (" (call .bind() on it first)" if isinstance(app, Deployment) else "")
         raise ConfigError(f"serve.run expects an Application, got {type(app).__name__}{hint}")
@@ -198,6 +198,6 @@ def build_app_spec(app: Application, name: str, route_prefix: str | None,
     ingress = builder.visit(app)
     prefix = route_prefix if route_prefix is not None else None
     return AppSpec(name=name, route_prefix=prefix, ingress=ingress,
-                   deployments=tuple(builder.specs.values()), sys_path=sys_path)
+                   deployments=tuple(builder.specs.values()), sys_path=sys_path, auth=auth)
 
 

@@ -2,34 +2,34 @@
 
 `connect_or_start` first looks for a running instance at the control address
 (SURGE_ADDRESS, or 127.0.0.1:52800); if none answers it starts the controller as a
-child process (which starts the proxy) and waits for its `SURGE_READY` line. The
-process that started an instance shuts it down at exit, on SIGTERM and on Ctrl-C.
+child process (which starts the proxy) under a `Supervisor` that restarts it if it
+dies. The process that started an instance shuts it down at exit, on SIGTERM and on
+Ctrl-C.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
-import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Coroutine
 from typing import Any
 
+from surge.api.supervisor import Supervisor, user_sys_path
+from surge.backends.choice import BackendChoice
 from surge.config import DEFAULT_CONTROL_PORT, HTTPOptions
-from surge.errors import ControllerUnavailableError, RayServeException
+from surge.errors import ControllerUnavailableError
 from surge.router.runtime import BackgroundLoop, RouterRuntime, set_runtime, set_runtime_factory
 
-__all__ = ["Instance", "connect_or_start", "control_address", "current", "disconnect"]
+__all__ = ["Instance", "connect_or_start", "control_address", "current", "disconnect",
+           "user_sys_path"]
 
 log = logging.getLogger("surge")
 
-START_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 60.0
 
 
@@ -39,12 +39,17 @@ def control_address() -> str:
 
 class Instance:
     def __init__(self, address: str, loop: BackgroundLoop, runtime: RouterRuntime,
-                 process: subprocess.Popen[bytes] | None, http_address: str) -> None:
+                 supervisor: Supervisor | None, http_address: str) -> None:
         self.address = address
         self.loop = loop
         self.runtime = runtime
-        self.process = process
+        self.supervisor = supervisor  # set when this process started the instance
         self.http_address = http_address
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The controller process, when this process started the instance."""
+        return self.supervisor.process if self.supervisor is not None else None
 
     def __repr__(self) -> str:
         owned = f" pid={self.process.pid}" if self.process else ""
@@ -66,7 +71,7 @@ def current() -> Instance | None:
 
 
 def connect_or_start(http_options: HTTPOptions | None = None, *,
-                     start: bool = True) -> Instance:
+                     start: bool = True, backend: BackendChoice | None = None) -> Instance:
     global _instance
     with _lock:
         if _instance is not None:
@@ -82,18 +87,20 @@ def connect_or_start(http_options: HTTPOptions | None = None, *,
             if not start:
                 loop.stop()
                 raise
+            supervisor: Supervisor | None = None
             try:
-                process, ready = _start_controller(address, http_options or HTTPOptions())
-                _instance = _connect(ready["address"], loop, process)
+                supervisor = Supervisor(address, http_options or HTTPOptions(), backend)
+                _instance = _connect(supervisor.address, loop, supervisor)
             except BaseException:
                 loop.stop()
+                if supervisor is not None:
+                    supervisor.close()
                 raise
             _install_exit_hooks()
         return _instance
 
 
-def _connect(address: str, loop: BackgroundLoop,
-             process: subprocess.Popen[bytes] | None) -> Instance:
+def _connect(address: str, loop: BackgroundLoop, supervisor: Supervisor | None) -> Instance:
     async def make() -> tuple[RouterRuntime, dict[str, Any]]:
         runtime = RouterRuntime(address, "driver")
         await runtime.connect()
@@ -103,59 +110,7 @@ def _connect(address: str, loop: BackgroundLoop,
 
     runtime, hello = loop.run(make(), timeout=10)
     set_runtime(runtime)
-    return Instance(address, loop, runtime, process, hello.get("http_address", ""))
-
-
-def _start_controller(address: str,
-                      http: HTTPOptions) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    options = {k: getattr(http, k) for k in http.__dataclass_fields__}
-    env = dict(os.environ)
-    paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env["SURGE_PARENT_PID"] = str(os.getpid())
-    process = subprocess.Popen(
-        [sys.executable, "-m", "surge.controller", address, json.dumps(options)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    assert process.stdout is not None
-    line = _read_line(process, START_TIMEOUT_S)
-    process.stdout.close()
-    if line.startswith("SURGE_READY "):
-        ready: dict[str, Any] = json.loads(line.split(" ", 1)[1])
-        return process, ready
-    process.kill()
-    process.wait()
-    reason = line.split(" ", 1)[1] if line.startswith("SURGE_ERROR ") else (
-        line or "the controller exited without saying why (see its log above)")
-    raise RayServeException(f"could not start surge: {reason}")
-
-
-def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data and time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-        elif process.poll() is not None:
-            break
-    return data.decode(errors="replace").split("\n", 1)[0].strip()
-
-
-def user_sys_path() -> tuple[str, ...]:
-    """Where the user's modules live, so replicas can import them by reference."""
-    main = sys.modules.get("__main__")
-    entries = [os.getcwd()]
-    main_file = getattr(main, "__file__", None)
-    if main_file:
-        entries.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    entries += [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
-                and not p.startswith(sys.base_prefix)]
-    return tuple(dict.fromkeys(entries))
+    return Instance(address, loop, runtime, supervisor, hello.get("http_address", ""))
 
 
 _hooks_installed = False
@@ -189,12 +144,16 @@ def disconnect(shutdown: bool) -> None:
         if instance is None:
             return
         if shutdown:
+            if instance.supervisor is not None:
+                instance.supervisor.stopping = True
             instance.runtime.expect_disconnect()
             try:
                 instance.call("shutdown", timeout=10)
             except Exception as exc:
                 log.debug("shutdown call failed: %r", exc)
             _wait_gone(instance)
+            if instance.supervisor is not None:
+                instance.supervisor.close()
         instance.loop.run(_close(instance.runtime), timeout=5)
         instance.loop.stop()
         set_runtime(None)
@@ -205,12 +164,13 @@ async def _close(runtime: RouterRuntime) -> None:
 
 
 def _wait_gone(instance: Instance) -> None:
-    if instance.process is not None:
+    process = instance.process
+    if process is not None:
         try:
-            instance.process.wait(SHUTDOWN_TIMEOUT_S)
+            process.wait(SHUTDOWN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(instance.process.pid, signal.SIGKILL)
-            instance.process.wait()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         return
     deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
     peer = instance.runtime.peer

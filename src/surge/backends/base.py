@@ -43,6 +43,11 @@ class Backend(Protocol):
 
     def start_proxy(self, proxy_id: str) -> int: ...
 
+    def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
+              num_gpus: float = 0.0) -> None:
+        """Take over a live process a previous controller started (after a restart)."""
+        ...
+
     def terminate(self, process_id: str) -> None:
         """Ask the process to stop (SIGTERM: drain, then exit)."""
         ...

@@ -2,7 +2,9 @@
 
 Replicas are forked from a pre-imported template process (the fork server) when it
 is available, else started as fresh interpreters; the proxy is a child of the
-controller. Every process dies with its parent. GPUs are found from
+controller. With a supervisor (the process that started the instance) they outlive the
+controller and leave with the supervisor; a restarted controller `adopt`s them by pid.
+Their Unix sockets live in the instance's state directory (SURGE_STATE_DIR). GPUs are found from
 CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES
 (fractions share a GPU); CPUs are not reserved (processes may share cores).
 """
@@ -19,6 +21,7 @@ import tempfile
 
 from surge.backends.base import Exit, PlacementError, ReplicaLaunch
 from surge.backends.forking import ForkServer, ForkServerError
+from surge.process import open_pidfd, pid_gone
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -63,6 +66,16 @@ class GpuPool:
         self.held[owner] = picks
         return [gpu for gpu, _ in picks]
 
+    def claim(self, owner: str, gpus: list[str], amount: float) -> None:
+        """Account for GPUs an adopted replica already holds."""
+        known = [gpu for gpu in gpus if gpu in self.free]
+        if amount <= 0 or not known:
+            return
+        picks = [(known[0], amount)] if amount < 1 else [(gpu, 1.0) for gpu in known]
+        for gpu, share in picks:
+            self.free[gpu] -= share
+        self.held[owner] = picks
+
     def give_back(self, owner: str) -> None:
         for gpu, share in self.held.pop(owner, []):
             self.free[gpu] += share
@@ -81,8 +94,15 @@ class LocalBackend:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
-        self.socket_dir = tempfile.mkdtemp(prefix="surge-")
+        state_dir = os.environ.get("SURGE_STATE_DIR")
+        if state_dir:
+            self.socket_dir = os.path.join(state_dir, "sockets")
+            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        else:
+            self.socket_dir = tempfile.mkdtemp(prefix="surge-")
         self.forked: dict[str, int] = {}  # replica id -> pid, for fork-server children
+        # Processes a previous controller started: id -> (pid, pidfd or None).
+        self.adopted: dict[str, tuple[int, int | None]] = {}
         self.forkserver: ForkServer | None = None
         if use_forkserver:
             self.forkserver = ForkServer(self._env({}, ()))
@@ -130,6 +150,15 @@ class LocalBackend:
         self.processes[process_id] = process
         return process.pid
 
+    def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
+              num_gpus: float = 0.0) -> None:
+        """Take over a live process that a previous controller started."""
+        if process_id in self.adopted or process_id in self.processes:
+            return
+        self.adopted[process_id] = (pid, open_pidfd(pid))
+        if gpus:
+            self.gpus.claim(process_id, gpus, num_gpus)
+
     def terminate(self, process_id: str) -> None:
         self._signal(process_id, signal.SIGTERM)
 
@@ -137,7 +166,8 @@ class LocalBackend:
         self._signal(process_id, signal.SIGKILL)
 
     def _signal(self, process_id: str, signum: int) -> None:
-        forked = self.forked.get(process_id)
+        adopted = self.adopted.get(process_id)
+        forked = self.forked.get(process_id) or (adopted[0] if adopted else None)
         if forked is not None:
             try:
                 os.kill(forked, signum)
@@ -159,13 +189,21 @@ class LocalBackend:
                 del self.processes[process_id]
                 self.gpus.give_back(process_id)
                 exits.append(Exit(process_id, code))
+        for process_id, (pid, pidfd) in list(self.adopted.items()):
+            if pid_gone(pid, pidfd):
+                del self.adopted[process_id]
+                if pidfd is not None:
+                    os.close(pidfd)
+                self.gpus.give_back(process_id)
+                exits.append(Exit(process_id, None))
         if self.forkserver is not None:
             for process_id, code in self.forkserver.poll():
                 self.forked.pop(process_id, None)
                 self.gpus.give_back(process_id)
                 exits.append(Exit(process_id, code))
-            if not self.forkserver.alive:  # its children died with it (parent-death signal)
-                exits += [Exit(process_id, None) for process_id in self.forked]
+            if not self.forkserver.alive:  # its children outlive it: watch them by pid
+                for process_id, pid in self.forked.items():
+                    self.adopted[process_id] = (pid, open_pidfd(pid))
                 self.forked.clear()
                 self.forkserver.close()
                 self.forkserver = None
@@ -173,9 +211,13 @@ class LocalBackend:
 
     def alive(self) -> list[str]:
         running = [pid for pid, p in self.processes.items() if p.poll() is None]
-        return running + list(self.forked)
+        adopted = [p for p, (pid, fd) in self.adopted.items() if not pid_gone(pid, fd)]
+        return running + list(self.forked) + adopted
 
     def close(self) -> None:
         if self.forkserver is not None:
             self.forkserver.close()
+        for _, pidfd in self.adopted.values():
+            if pidfd is not None:
+                os.close(pidfd)
         shutil.rmtree(self.socket_dir, ignore_errors=True)

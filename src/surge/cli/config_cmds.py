@@ -78,6 +78,11 @@ def run_config(args: argparse.Namespace) -> None:
         config = dataclasses.replace(config, http_options=dataclasses.replace(
             config.http_options, **{k: v for k, v in (("host", args.host),
                                                       ("port", args.port)) if v}))
+    if getattr(args, "backend", None) or getattr(args, "ray_address", None):
+        import dataclasses
+
+        config = dataclasses.replace(config, backend=args.backend or config.backend,
+                                     ray_address=args.ray_address)
     instance = apply_config(config, start=True, progress=_progress)
     print(f"surge: {len(config.applications)} application(s) running at "
           f"http://{instance.http_address}; Ctrl-C to stop", flush=True)

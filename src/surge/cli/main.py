@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from surge.backends.choice import BACKENDS
 from surge.cli import config_cmds as _config_cmds
 from surge.cli.simulate import add_parser as _simulate_parser
 from surge.cli.simulate import simulate_command as _simulate
@@ -38,7 +39,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--route-prefix", default="/", help="HTTP route prefix (default: /)")
     run.add_argument("--host", default=None, help="HTTP host (default 127.0.0.1)")
     run.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
-    run.add_argument("--address", help="control address host:port")
+    run.add_argument("--address", help="control address host:port; with --backend ray, the "
+                                        "Ray cluster's address (e.g. auto), as `serve run`")
+    run.add_argument("--backend", choices=BACKENDS, default=None,
+                     help="where replicas run: local (default) or ray (a Ray cluster; "
+                          "pip install 'surge[ray]')")
+    run.add_argument("--dashboard-port", type=int, default=None,
+                     help="port of the dashboard and /metrics on 127.0.0.1 (default 52801; "
+                          "0: any free port; see `surge status`)")
 
     status = commands.add_parser("status", help="applications, deployments and replicas")
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -127,7 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         http["host"] = args.host
     if args.port is not None:
         http["port"] = args.port
-    serve.start(http_options=http or None)
+    serve.start(http_options=http or None, backend=args.backend or "local",
+                ray_address=args.ray_address)
     serve.run(app, name=args.name, route_prefix=args.route_prefix)
     print(f"surge: application {args.name!r} running; Ctrl-C to stop", flush=True)
     _block()
@@ -136,20 +145,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _block() -> None:
     """Wait for Ctrl-C (then shut down) or for the instance to be shut down elsewhere."""
-    import subprocess
-
     from surge import serve
     from surge.api.instance import current
 
     instance = current()
     try:
-        while instance is not None and instance.process is not None:
-            try:
-                instance.process.wait(timeout=1.0)
+        supervisor = instance.supervisor if instance is not None else None
+        while supervisor is not None:
+            if supervisor.ended.wait(timeout=1.0):
                 print("surge: the instance was shut down", flush=True)
                 return
-            except subprocess.TimeoutExpired:
-                continue
     except KeyboardInterrupt:
         print("surge: shutting down", flush=True)
     serve.shutdown()
@@ -166,7 +171,12 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"control {data['control_address']}   http {data['http_address'] or '-'}")
+    print(f"control {data['control_address']}   http {data['http_address'] or '-'}   "
+          f"dashboard {data.get('dashboard_address') or '-'}")
+    proxies = data.get("proxy_addresses") or {}
+    if set(proxies.values()) - {data["http_address"]}:  # proxies on several nodes (ray)
+        for proxy_id, address in sorted(proxies.items()):
+            print(f"  proxy {proxy_id:<24} {address}")
     if not data["applications"]:
         print("no applications")
     for name, app in data["applications"].items():
@@ -267,8 +277,13 @@ def _pulse(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.ray_address = None
+    if getattr(args, "backend", None) == "ray":  # --address names the Ray cluster
+        args.ray_address, args.address = args.address, None
     if getattr(args, "address", None):
         os.environ["SURGE_ADDRESS"] = args.address
+    if getattr(args, "dashboard_port", None) is not None:
+        os.environ["SURGE_DASHBOARD"] = f"127.0.0.1:{args.dashboard_port}"
     try:
         handler = {"run": _run, "status": _status, "shutdown": _shutdown,
                    "pulse": _pulse, "simulate": _simulate,

@@ -4,6 +4,11 @@ It is never on the request path. Every 0.1 s it observes process exits, reconcil
 each deployment (policy.reconcile), runs due health checks, and pushes changed replica
 sets to the routers that watch them. Drivers, proxies and replicas talk to it over the
 control connection (RPC methods `rpc_*`).
+
+Restarts: it checkpoints desired state and live members (controller/checkpoint.py).
+A restarted controller (`recover`) reloads them and, for up to RECOVERY_TIMEOUT_S,
+adopts the proxies and replicas that reconnect with their address in `hello`, pushing
+no replica sets meanwhile (routers keep their last ones); then it reconciles as usual.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import Any
 from surge.backends.base import Backend, PlacementError, ReplicaLaunch
 from surge.config import AppSpec, HTTPOptions, default_proxy_workers
 from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.checkpoint import Checkpoint
+from surge.controller.observer import Observer
+from surge.controller.recovery import Recovery
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     AppRecord,
@@ -39,6 +47,7 @@ from surge.model import (
     RouteTarget,
     ServeStatus,
 )
+from surge.node import LOCAL_NODE
 from surge.policy.admission import queue_share
 from surge.policy.autoscaling import LoadSample
 from surge.policy.lifecycle import ReplicaState
@@ -59,6 +68,9 @@ TICK_S = 0.1
 # At most one out-of-tick decision per deployment in this interval.
 URGENT_DECISION_INTERVAL_S = 0.02
 PROXY_PREFIX = "proxy-"
+# What routers tell callers of a deployment that failed to start (no user text: the
+# traceback is for the operator, in status()).
+UNAVAILABLE_FAILED = "its replicas failed to start; serve.status() shows the error"
 
 
 def is_proxy(process_id: str) -> bool:
@@ -66,7 +78,8 @@ def is_proxy(process_id: str) -> bool:
 
 
 class Controller:
-    def __init__(self, address: str, http: HTTPOptions, backend: Backend) -> None:
+    def __init__(self, address: str, http: HTTPOptions, backend: Backend,
+                 checkpoint: Checkpoint | None = None) -> None:
         self.address = address
         self.http = http
         self.backend = backend
@@ -80,6 +93,7 @@ class Controller:
         self.proxy_error = ""
         self.proxy_ready = asyncio.Event()
         self.proxy_workers: dict[str, int] = {}  # proxy id -> pid, once ready
+        self.proxy_addresses: dict[str, str] = {}  # proxy id -> host:port (one per node on ray)
         workers = http.proxy_workers
         self.proxy_count = workers if workers is not None else default_proxy_workers()
         self.changed = asyncio.Condition()
@@ -88,12 +102,14 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.load = LoadTracker(TICK_S)
         self.autoscaler = Autoscaler()
+        self.observer = Observer(self)  # metrics and dashboard (controller/observer.py)
+        self.recovery = Recovery(self, checkpoint or Checkpoint(None))
 
     def __repr__(self) -> str:
         return (f"<Controller {self.address} apps={len(self.apps)} "
                 f"replicas={len(self.replicas)} proxy={self.proxy_address or '-'}>")
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -107,7 +123,9 @@ class Controller:
         return await handler(peer, **kwargs)
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
-        if topic in ("load", "load_urgent"):
+        if topic == "telemetry":
+            self.observer.telemetry(value)
+        elif topic in ("load", "load_urgent"):
             for report in value:
                 assert isinstance(report, LoadReport)
                 self.load.report(id(peer), report)
@@ -121,7 +139,7 @@ class Controller:
         for deployment, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)
-                self._push_replica_set(deployment, force=True)
+                self.push_replica_set(deployment, force=True)
         replica = self.replicas.get(peer.info.get("replica_id", ""))
         if replica is not None and replica.state is ReplicaState.RUNNING and not self.stopping:
             log.warning("replica %s closed its control connection; replacing it",
@@ -135,16 +153,23 @@ class Controller:
         if role == "proxy":
             self.proxies.add(peer)
             peer.push("routes", self._routes())
+            if "address" in info:
+                self.recovery.adopt_proxy(info.get("proxy_id", f"{PROXY_PREFIX}{pid}"), pid,
+                                  info["address"])
+        elif role == "replica" and "address" in info:
+            self.recovery.adopt_replica(peer, pid, info)
         return {"controller_pid": os.getpid(), "http_address": self.proxy_address}
 
     async def rpc_watch(self, peer: RpcPeer, deployment: DeploymentId) -> None:
         self.watchers.setdefault(deployment, set()).add(peer)
-        self._push_replica_set(deployment, force=True)
+        self.push_replica_set(deployment, force=True)
 
     async def rpc_deploy(self, peer: RpcPeer, app: AppSpec) -> None:
         if self.stopping:
             raise ConfigError("the instance is shutting down")
-        self._apply(app)
+        await self.recovery.done.wait()
+        self.apply(app)
+        self.recovery.deployed(app)
         await self._notify()
 
     async def rpc_wait_app(self, peer: RpcPeer, name: str,
@@ -189,7 +214,8 @@ class Controller:
         return ServeStatus(
             applications=applications,
             proxies={pid: "HEALTHY" for pid in self.proxy_workers} or {"local": "UNHEALTHY"},
-            http_address=self.proxy_address, control_address=self.address)
+            http_address=self.proxy_address, control_address=self.address,
+            proxy_addresses=dict(self.proxy_addresses), dashboard_address=self.observer.url)
 
     async def rpc_ingress(self, peer: RpcPeer, app: str) -> str | None:
         record = self.apps.get(app)
@@ -204,7 +230,7 @@ class Controller:
                  "version": r.version} for r in self.replicas.values()]
 
     async def rpc_shutdown(self, peer: RpcPeer) -> None:
-        self._spawn(self.shutdown())
+        self.spawn(self.shutdown())
 
     # -- RPCs from proxies and replicas ------------------------------------------------------
 
@@ -219,16 +245,28 @@ class Controller:
                          reuse_port=self.proxy_count > 1,
                          max_header_bytes=h.max_header_bytes,
                          request_header_timeout_s=h.request_header_timeout_s,
-                         max_connections=h.max_connections)
+                         max_connections=h.max_connections,
+                         request_body_timeout_s=h.request_body_timeout_s,
+                         ssl_certfile=h.ssl_certfile,
+                         ssl_keyfile=h.ssl_keyfile, ssl_ca_certs=h.ssl_ca_certs,
+                         ssl_cert_reqs=str(h.ssl_cert_reqs))
 
     def start_proxies(self) -> None:
-        """Start the first proxy worker; the others follow once it has bound the port."""
-        self.backend.start_proxy(f"{PROXY_PREFIX}0")
+        """Start the first proxy worker (the others follow once it has bound the port),
+        or, after a restart, the workers that did not come back."""
+        if not self.proxy_address:
+            self.backend.start_proxy(f"{PROXY_PREFIX}0")
+            return
+        for index in range(self.proxy_count):
+            if f"{PROXY_PREFIX}{index}" not in self.proxy_workers:
+                self.backend.start_proxy(f"{PROXY_PREFIX}{index}")
 
     async def rpc_proxy_ready(self, peer: RpcPeer, address: str, pid: int) -> None:
         first = not self.proxy_address
-        self.proxy_address = address
-        self.proxy_workers[peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")] = pid
+        self.proxy_address = self.proxy_address or address  # node proxies have their own
+        proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
+        self.proxy_workers[proxy_id] = pid
+        self.proxy_addresses[proxy_id] = address
         if first:
             for index in range(1, self.proxy_count):
                 self.backend.start_proxy(f"{PROXY_PREFIX}{index}")
@@ -250,12 +288,15 @@ class Controller:
                            sys_path=deployment.sys_path)
 
     async def rpc_replica_ready(self, peer: RpcPeer, replica_id: str, address: str,
-                                pid: int) -> None:
+                                pid: int, node_id: str = LOCAL_NODE,
+                                local_address: str = "") -> None:
         replica = self.replicas.get(replica_id)
         if replica is None or replica.state is not ReplicaState.STARTING:
             return
         deployment = self.deployments[replica.deployment]
-        replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid)
+        replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid, node_id,
+                                   local_address)
+        replica.pid = replica.pid or pid  # the ray backend learns it only now
         replica.peer = peer
         now = time.monotonic()
         standby = deployment.standby_wanted
@@ -267,7 +308,7 @@ class Controller:
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
-        self._push_replica_set(deployment.id)
+        self.push_replica_set(deployment.id)
         await self._notify()
 
     async def rpc_replica_failed(self, peer: RpcPeer, replica_id: str, error: str) -> None:
@@ -284,7 +325,7 @@ class Controller:
 
     # -- desired state ---------------------------------------------------------------------
 
-    def _apply(self, app: AppSpec) -> None:
+    def apply(self, app: AppSpec) -> None:
         for other in self.apps.values():
             if (other.name != app.name and app.route_prefix is not None
                     and other.route_prefix == app.route_prefix):
@@ -320,10 +361,10 @@ class Controller:
                 if name not in records:
                     old.deleting, old.target = True, 0
         self.apps[app.name] = AppRecord(app.name, app.route_prefix, app.ingress, records,
-                                        time.time())
+                                        time.time(), auth=app.auth)
         self._push_routes()
         for record in records.values():
-            self._push_replica_set(record.id, force=True)
+            self.push_replica_set(record.id, force=True)
 
     def _update(self, record: DeploymentRecord, spec: Any, target: int,
                 sys_path: tuple[str, ...]) -> None:
@@ -333,7 +374,7 @@ class Controller:
             record.code_version = spec.code_version
         elif old_config.user_config != spec.config.user_config:
             for replica in record.running:
-                self._spawn(self._reconfigure(replica, spec.config.user_config))
+                self.spawn(self._reconfigure(replica, spec.config.user_config))
         record.spec, record.target, record.sys_path = spec, target, sys_path
         record.constructor_failures, record.last_error, record.deleting = 0, "", False
 
@@ -361,6 +402,9 @@ class Controller:
     def tick(self, now: float) -> None:
         self._observe_exits()
         self.load.close_bucket(now, list(self.deployments))
+        if self.recovery.active:  # re-attaching after a restart: change nothing yet
+            self.recovery.maybe_finish(now)
+            return
         for deployment in list(self.deployments.values()):
             self._autoscale(deployment, now)
             if not deployment.failed:
@@ -370,6 +414,7 @@ class Controller:
             if replica.stop_deadline is not None and now > replica.stop_deadline:
                 self.backend.kill(replica.replica_id)
         self._collect_deleted()
+        self.recovery.save_members()
 
     def _observe_exits(self) -> None:
         for exit_ in self.backend.poll_exits():
@@ -388,12 +433,13 @@ class Controller:
                 log.warning("replica %s of %s died (exit code %s); replacing it",
                             replica.replica_id, replica.deployment, exit_.returncode)
             if deployment is not None:
-                self._push_replica_set(deployment.id)
+                self.push_replica_set(deployment.id)
 
     def _proxy_exited(self, proxy_id: str, code: int | None) -> None:
         # The address stays: the restarted worker binds the same port again.
         self.proxy_workers.pop(proxy_id, None)
-        if self.stopping:
+        self.proxy_addresses.pop(proxy_id, None)
+        if self.stopping or proxy_id in self.backend.alive():  # already replaced
             return
         log.warning("%s exited with code %s; restarting it", proxy_id, code)
         self.backend.start_proxy(proxy_id)
@@ -431,7 +477,7 @@ class Controller:
                 replica.move(ReplicaState.RUNNING)
                 log.info("activated standby replica %s of %s (%s)", replica.replica_id,
                          deployment.id, action.reason)
-                self._push_replica_set(deployment.id)
+                self.push_replica_set(deployment.id)
             elif isinstance(action, StartReplicas):
                 for _ in range(action.count):
                     if not self._start_replica(deployment, now):
@@ -464,9 +510,9 @@ class Controller:
         timeout = self.deployments[replica.deployment].config.graceful_shutdown_timeout_s
         replica.stop_deadline = now + timeout + 2.0
         if was_running:
-            self._push_replica_set(replica.deployment)
+            self.push_replica_set(replica.deployment)
         if replica.peer is not None and not replica.peer.is_closed:
-            self._spawn(self._drain(replica, timeout))
+            self.spawn(self._drain(replica, timeout))
         else:
             self.backend.terminate(replica.replica_id)
 
@@ -483,7 +529,7 @@ class Controller:
             replica.move(ReplicaState.FAILED)
             log.warning("replica %s failed: %s", replica.replica_id, reason)
             if was_running:
-                self._push_replica_set(replica.deployment)
+                self.push_replica_set(replica.deployment)
         self.backend.kill(replica.replica_id)
 
     def _health_checks(self, deployment: DeploymentRecord, now: float) -> None:
@@ -495,7 +541,7 @@ class Controller:
                 continue
             replica.health_check_running = True
             replica.next_health_check = now + config.health_check_period_s
-            self._spawn(self._check(replica, config.health_check_timeout_s))
+            self.spawn(self._check(replica, config.health_check_timeout_s))
 
     async def _check(self, replica: ReplicaRecord, timeout_s: float) -> None:
         assert replica.peer is not None
@@ -526,11 +572,12 @@ class Controller:
                     del app.deployments[did.name]
                     if not app.deployments:
                         del self.apps[did.app]
+                        self.recovery.deleted(did.app)
 
     # -- pushes ----------------------------------------------------------------------------
 
     def _routes(self) -> RouteTable:
-        return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix)
+        return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
                                 for a in self.apps.values() if a.route_prefix is not None))
 
     def _push_routes(self) -> None:
@@ -538,21 +585,22 @@ class Controller:
         for proxy in self.proxies:
             proxy.push("routes", table)
 
-    def _push_replica_set(self, did: DeploymentId, force: bool = False) -> None:
+    def push_replica_set(self, did: DeploymentId, force: bool = False) -> None:
         deployment = self.deployments.get(did)
         watchers = self.watchers.get(did, set())
-        if deployment is None or not watchers:
+        if deployment is None or not watchers or self.recovery.active:
             return
         running = sorted((r.info for r in deployment.running if r.info is not None),
                          key=lambda info: info.replica_id)
         config = deployment.config
         share = queue_share(config.queue_limit, len(watchers))
-        key = (tuple(running), config.max_ongoing_requests, share)
+        unavailable = UNAVAILABLE_FAILED if deployment.failed else ""
+        key = (tuple(running), config.max_ongoing_requests, share, unavailable)
         if not force and self.pushed.get(did) == key:
             return
         self.pushed[did] = key
         replica_set = ReplicaSet(did, tuple(running), config.max_ongoing_requests, share,
-                                 deployment.version)
+                                 deployment.version, unavailable)
         for watcher in watchers:
             watcher.push("replica_set", replica_set)
 

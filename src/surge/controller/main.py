@@ -3,6 +3,9 @@
 Binds the control address, starts the proxy, and prints one line on stdout for the
 process that started it: `SURGE_READY {json}` once HTTP is served, or
 `SURGE_ERROR message` (then exits 1). SIGTERM shuts everything down cleanly.
+Connections must present SURGE_CONTROL_TOKEN first when it is set. With SURGE_RECOVER=1
+it is a restart: it reloads the checkpoint in SURGE_STATE_DIR and re-attaches to the
+previous controller's proxies and replicas before it starts any.
 """
 
 from __future__ import annotations
@@ -14,9 +17,16 @@ import os
 import signal
 import sys
 
-from surge.backends.local import LocalBackend
+from surge.backends.choice import BackendChoice, build_backend
 from surge.config import HTTPOptions
+from surge.control_auth import TOKEN_ENV
+from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
+from surge.controller.recovery import RECOVERY_TIMEOUT_S
+from surge.controller.web import DashboardServer, start_dashboard
+from surge.errors import ConfigError
+from surge.observability.config import DashboardOptions
+from surge.observability.logs import configure_logging
 from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
@@ -34,18 +44,31 @@ async def serve(address: str, http: HTTPOptions) -> int:
     loop = asyncio.get_running_loop()
     host, port = split_address(address)
     holder: list[Controller] = []
+    token = os.environ.get(TOKEN_ENV) or None
     try:
-        server = await loop.create_server(lambda: RpcPeer(holder[0]), host, port,
+        server = await loop.create_server(lambda: RpcPeer(holder[0], token), host, port,
                                           reuse_address=True)
     except OSError as exc:
         announce(f"SURGE_ERROR cannot listen on control address {address}: "
                  f"{exc.strerror or exc}; set SURGE_ADDRESS to a free host:port")
         return 1
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
-    controller = Controller(bound, http, LocalBackend(bound))
+    try:  # SURGE_BACKEND: set by the process that started the instance (backends/choice.py)
+        backend = build_backend(BackendChoice.from_env(os.environ), bound, http)
+    except ConfigError as exc:
+        announce(f"SURGE_ERROR {exc}")
+        server.close()
+        return 1
+    controller = Controller(bound, http, backend,
+                            Checkpoint(os.environ.get("SURGE_STATE_DIR")))
     holder.append(controller)
+    if os.environ.get("SURGE_RECOVER") == "1":
+        controller.recovery.restore()
     loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(controller.shutdown()))
     runner = loop.create_task(controller.run())
+    dashboard = await _dashboard(controller)
+    if controller.recovery.active:
+        await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
     if http.location not in ("Disabled", "NoServer"):
         controller.start_proxies()
         try:
@@ -58,11 +81,23 @@ async def serve(address: str, http: HTTPOptions) -> int:
             return 1
     announce("SURGE_READY " + json.dumps({"address": bound,
                                           "http_address": controller.proxy_address,
+                                          "dashboard_address": controller.observer.url,
                                           "pid": os.getpid()}))
     await controller.stopped.wait()
     runner.cancel()
+    if dashboard is not None:
+        dashboard.close()
     server.close()
     return 0
+
+
+async def _dashboard(controller: Controller) -> DashboardServer | None:
+    try:
+        options = DashboardOptions.from_env()
+    except ConfigError as exc:
+        log.warning("%s; the dashboard is off", exc)
+        return None
+    return await start_dashboard(controller, options)
 
 
 def main(argv: list[str]) -> int:
@@ -71,8 +106,7 @@ def main(argv: list[str]) -> int:
     raise_fd_limit()
     die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C
-    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s controller %(name)s: %(message)s")
+    configure_logging("controller")
     import uvloop
 
     code: int = uvloop.run(serve(address, HTTPOptions(**options)))

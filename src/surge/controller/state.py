@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from surge.config import DeploymentConfig, DeploymentSpec
 from surge.model import (
+    AccessTokens,
     ApplicationStatus,
     ApplicationStatusOverview,
     DeploymentId,
@@ -121,6 +122,7 @@ class AppRecord:
     deployments: dict[str, DeploymentRecord]
     deployed_at: float
     was_running: bool = False
+    auth: AccessTokens | None = None  # token digests its HTTP route requires
 
     def status(self) -> ApplicationStatusOverview:
         deployments = {name: d.status() for name, d in self.deployments.items()}

@@ -4,6 +4,12 @@ The router keeps, per replica, how many of its own requests are in flight there 
 replica that just rejected counts as full). Two distinct replicas are sampled and the
 less loaded one wins; if both are full, the least loaded replica with room is taken,
 so a free replica is never missed. Returns -1 when every replica is full.
+
+Locality (multi-node backends): the caller orders its replicas with those on its own
+node first and passes how many there are (`local`). The choice is made among those
+first and falls back to all replicas only when every local one is full, so a request
+crosses the network only when its node has no room. `local` of 0 or of all replicas
+means no preference (the local backend: one node).
 """
 
 from __future__ import annotations
@@ -26,9 +32,22 @@ class Loads(Protocol):
 
 
 def choose_replica(in_flight: Loads | Sequence[int], capacity: int,
-                   rng: random.Random) -> int:
-    """Index of the replica to send to, or NO_REPLICA if all have `capacity` in flight."""
+                   rng: random.Random, local: int = 0) -> int:
+    """Index of the replica to send to, or NO_REPLICA if all have `capacity` in flight.
+
+    The first `local` replicas are on the caller's node and are preferred.
+    """
     n = len(in_flight)
+    if 0 < local < n:
+        index = _choose(in_flight, capacity, rng, local)
+        if index != NO_REPLICA:
+            return index
+    return _choose(in_flight, capacity, rng, n)
+
+
+def _choose(in_flight: Loads | Sequence[int], capacity: int, rng: random.Random,
+            n: int) -> int:
+    """Power of two choices among the first `n` replicas."""
     if n == 0:
         return NO_REPLICA
     if n == 1:
@@ -40,12 +59,12 @@ def choose_replica(in_flight: Loads | Sequence[int], capacity: int,
     best = first if in_flight[first] <= in_flight[second] else second
     if in_flight[best] < capacity:
         return best
-    return _least_loaded_with_room(in_flight, capacity)
+    return _least_loaded_with_room(in_flight, capacity, n)
 
 
-def _least_loaded_with_room(in_flight: Loads | Sequence[int], capacity: int) -> int:
+def _least_loaded_with_room(in_flight: Loads | Sequence[int], capacity: int, n: int) -> int:
     best, best_load = NO_REPLICA, capacity
-    for index in range(len(in_flight)):
+    for index in range(n):
         load = in_flight[index]
         if load < best_load:
             best, best_load = index, load

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -31,6 +32,7 @@ from surge.errors import (
     RequestCancelledError,
 )
 from surge.policy.admission import retry_after_header
+from surge.policy.auth import Refusal
 from surge.proxy.responses import CONTINUE, chunk, forbids_body, head, simple
 from surge.router.replica_link import Pending
 from surge.router.router import Router
@@ -41,8 +43,12 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpConnection"]
 
-access_log = logging.getLogger("surge.access")
 log = logging.getLogger("surge.proxy")
+
+NO_ROUTE = ("", "", "")
+# surge_rejected_requests_total{reason} for requests refused before they reach a router.
+REFUSAL_REASONS = {400: "malformed", 408: "header_timeout", 413: "body_too_large",
+                   431: "headers_too_large"}
 
 _ids = itertools.count(1)
 _ID_PREFIX = os.urandom(4).hex()
@@ -52,11 +58,21 @@ def new_request_id() -> bytes:
     return f"{_ID_PREFIX}-{next(_ids):x}".encode()
 
 
+MAX_REQUEST_ID_BYTES = 200
+_PRINTABLE = bytes(range(0x21, 0x7F))
+
+
+def _usable_request_id(value: bytes) -> bool:
+    """A client's x-request-id is kept when it is 1-200 visible ASCII characters."""
+    return 0 < len(value) <= MAX_REQUEST_ID_BYTES and not value.translate(None, _PRINTABLE)
+
+
 class Exchange:
     """One request/response on a connection; the router's sink for it."""
 
-    __slots__ = ("conn", "detached", "done", "head_only", "http_10", "keep_alive", "no_body",
-                 "out", "pending", "request_id", "router", "streaming", "timer")
+    __slots__ = ("conn", "detached", "done", "head_only", "http_10", "keep_alive", "labels",
+                 "method", "no_body", "out", "path", "pending", "request_id", "router",
+                 "started", "status", "streaming", "timer")
 
     def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool, *,
                  head_only: bool = False, http_10: bool = False) -> None:
@@ -73,6 +89,13 @@ class Exchange:
         self.pending: Pending | None = None
         self.router: Router | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # For metrics and the access log: (application, deployment, route), method, when
+        # the request began (loop time) and the status it got.
+        self.labels: tuple[str, str, str] = NO_ROUTE
+        self.method = ""
+        self.path = ""
+        self.started = time.monotonic()  # the loop's clock has only millisecond resolution
+        self.status = 0
 
     # -- Sink ----------------------------------------------------------------------------
 
@@ -80,6 +103,7 @@ class Exchange:
         if self.done:
             return
         if isinstance(message, HttpStart):
+            self.status = message.status
             no_body = self.no_body = self.head_only or forbids_body(message.status)
             if message.more:
                 self.streaming = True
@@ -129,6 +153,7 @@ class Exchange:
             self.respond(503, str(exc).encode(),
                          [(b"retry-after", retry_after_header(exc.retry_after_s).encode())])
         elif isinstance(exc, DeploymentUnavailableError):
+            self.conn.proxy.recorder.rejected(self.labels[0], self.labels[1], "unavailable")
             self.respond(503, str(exc).encode(), [(b"retry-after", b"1")])
         elif isinstance(exc, ReplicaDiedError):
             self.respond(500, f"{exc}; the request may or may not have run.".encode())
@@ -143,6 +168,7 @@ class Exchange:
     def respond(self, status: int, body: bytes,
                 extra: list[tuple[bytes, bytes]] | None = None,
                 content_type: bytes = b"text/plain; charset=utf-8") -> None:
+        self.status = status
         self.write(simple(status, body, self.request_id, self.keep_alive, content_type, extra,
                           http_10=self.http_10, head_only=self.head_only))
         self.finish()
@@ -163,6 +189,7 @@ class Exchange:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.conn.proxy.record(self)
         self.conn.exchange_finished()
 
     def on_timeout(self, timeout_s: float) -> None:
@@ -173,7 +200,6 @@ class Exchange:
             return
         if self.pending is not None and self.router is not None:
             self.router.cancel(self.pending)
-        access_log.info("request %s timed out after %.3gs", self.request_id.decode(), timeout_s)
         if self.streaming:
             self.keep_alive = False
             self.finish()
@@ -185,22 +211,20 @@ class Exchange:
         if self.done:
             return
         self.done = True
+        self.status = 499  # logged and counted as 499, as Ray Serve does
+        self.conn.proxy.record(self)
         if self.detached and self.pending is not None:
-            access_log.info("request %s: client disconnected; it runs on "
-                            "(x-request-disconnect-disabled)", self.request_id.decode())
-            return  # the timer, if any, still bounds it
+            return  # it runs on (x-request-disconnect-disabled); the timer still bounds it
         if self.timer is not None:
             self.timer.cancel()
         if self.pending is not None and self.router is not None:
             self.router.cancel(self.pending)
-            access_log.info("request %s cancelled: client disconnected (499)",
-                            self.request_id.decode())
 
 
 class HttpConnection(asyncio.Protocol):
-    __slots__ = ("body", "body_size", "client", "exchanges", "header_bytes", "headers",
-                 "headers_done", "idle_since", "parser", "proxy", "receiving", "refused",
-                 "started_at", "transport", "upgraded", "url")
+    __slots__ = ("body", "body_at", "body_size", "client", "denial", "exchanges", "header_bytes",
+                 "headers", "headers_done", "idle_since", "parser", "proxy", "receiving",
+                 "refused", "started_at", "transport", "upgraded", "url")
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
@@ -219,12 +243,15 @@ class HttpConnection(asyncio.Protocol):
         self.started_at = 0.0  # loop time the current request began
         self.receiving = False  # between the first byte of a request and its end
         self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
+        self.denial: Refusal | None = None  # the request lacks its application's token
+        self.body_at = 0.0  # loop time the body last made progress (or the headers ended)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
         if len(self.proxy.connections) >= self.proxy.spec.max_connections:
+            self.proxy.recorder.rejected("", "", "connection_limit")
             refusal = simple(503, b"Too many connections; retry later.", new_request_id(),
                              keep_alive=False, extra=[(b"retry-after", b"1")])
             transport.write(refusal)  # type: ignore[attr-defined]
@@ -269,6 +296,7 @@ class HttpConnection(asyncio.Protocol):
         self.header_bytes = 0
         self.headers_done = False
         self.started_at = self.proxy.loop.time()
+        self.denial = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -287,6 +315,10 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        self.body_at = self.proxy.loop.time()
+        # Authentication comes before the body is buffered: a refused body is read and
+        # dropped (within max_body_bytes), so the connection stays usable.
+        self.denial = self.proxy.authenticate(self.url, self.headers)
         limit = self.proxy.spec.max_body_bytes
         expects_body = expects_continue = False
         for name, value in self.headers:
@@ -303,18 +335,20 @@ class HttpConnection(asyncio.Protocol):
         # A client that asked to hear "100 Continue" before sending its body (curl does
         # for bodies over 1 KiB) would otherwise wait a second for it. An interim
         # response may only go out when no earlier response is still owed.
-        if (expects_continue and expects_body and not self.exchanges
+        if (expects_continue and expects_body and not self.exchanges and self.denial is None
                 and self.parser.get_http_version() == "1.1"
                 and self.transport is not None and not self.transport.is_closing()):
             self.transport.write(CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)
+        self.body_at = self.proxy.loop.time()
         if self.body_size > self.proxy.spec.max_body_bytes:
             limit = self.proxy.spec.max_body_bytes
             self._refuse(413, f"Request body exceeds the limit of {limit} bytes.".encode())
             raise httptools.HttpParserCallbackError("body too large")
-        self.body.append(body)
+        if self.denial is None:
+            self.body.append(body)
 
     def on_message_complete(self) -> None:
         self.receiving = False
@@ -334,6 +368,10 @@ class HttpConnection(asyncio.Protocol):
             if name == b"x-request-disconnect-disabled":
                 exchange.detached = value.strip().lower() in (b"?1", b"1", b"true")
         self.exchanges.append(exchange)
+        if self.denial is not None:
+            exchange.respond(self.denial.status, self.denial.message,
+                             [(b"www-authenticate", self.denial.challenge)])
+            return
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         try:
             self.proxy.dispatch(exchange, parser.get_method().decode(), self.url, self.headers,
@@ -377,6 +415,12 @@ class HttpConnection(asyncio.Protocol):
         if self.receiving and not self.headers_done and now - self.started_at >= timeout:
             self._refuse(408, f"Request headers not received within {timeout:g}s.".encode())
 
+    def check_slow_body(self, now: float, timeout: float) -> None:
+        """Answer 408 when a body stops arriving (truncated, or sent to hold the slot)."""
+        if self.receiving and self.headers_done and now - self.body_at >= timeout:
+            self._refuse(408, f"Request body stalled for {timeout:g}s.".encode(),
+                         "body_timeout")
+
     def close_if_idle(self, now: float, timeout: float) -> None:
         since = self.idle_since
         if (since is not None and now - since >= timeout and not self.exchanges
@@ -386,15 +430,18 @@ class HttpConnection(asyncio.Protocol):
     def _request_id(self) -> bytes:
         """The client's x-request-id for the request being read, else a new one."""
         for name, value in self.headers:
-            if name == b"x-request-id" and value:
+            # Echoed in a header and written to logs: printable ASCII only, bounded
+            # (a non-UTF-8 id once left its request unanswered), else one of ours.
+            if name == b"x-request-id" and _usable_request_id(value):
                 return value
         return new_request_id()
 
-    def _refuse(self, status: int, body: bytes) -> None:
+    def _refuse(self, status: int, body: bytes, reason: str = "") -> None:
         """Answer an unreadable request and close: the stream cannot be trusted after it."""
         if self.refused or self.transport is None or self.transport.is_closing():
             return
         self.refused = True
+        self.proxy.recorder.rejected("", "", reason or REFUSAL_REASONS.get(status, str(status)))
         exchange = Exchange(self, self._request_id(), keep_alive=False)
         self.exchanges.append(exchange)
         exchange.respond(status, body)
@@ -412,8 +459,9 @@ def decode_path(url: bytes) -> tuple[str, bytes, bytes]:
 
 def make_request(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
                  body: bytes, client: str, route_prefix: str, request_id: bytes,
-                 http_version: str, root_path: str, raw_path: bytes) -> HttpRequest:
+                 http_version: str, root_path: str, raw_path: bytes,
+                 scheme: str = "http") -> HttpRequest:
     return HttpRequest(id=0, method=method, path=path, query=query, headers=headers, body=body,
                        client=client, route_prefix=route_prefix,
                        request_id=request_id.decode(), http_version=http_version,
-                       root_path=root_path, raw_path=raw_path)
+                       root_path=root_path, raw_path=raw_path, scheme=scheme)

@@ -8,17 +8,31 @@ briefly away, and exits when told to stop (SIGTERM) after finishing in-flight re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 import os
 import signal
 import socket
+import time
 
-from surge.errors import BackPressureError
+from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
 from surge.model import DeploymentId, ProxySpec, RouteTable
-from surge.process import die_with_parent, raise_fd_limit, set_title
+from surge.node import node_id, node_ip, placed, proxy_port
+from surge.observability.config import LoggingConfig, metrics_enabled
+from surge.observability.logs import AccessLog, configure_logging
+from surge.observability.recorder import Recorder, TelemetryReport
+from surge.policy.auth import Refusal, check_bearer
+from surge.process import (
+    die_with_parent,
+    raise_fd_limit,
+    set_title,
+    supervisor_pid,
+    watch_supervisor,
+)
 from surge.proxy.http import Exchange, HttpConnection, decode_path, make_request
+from surge.proxy.tls import server_context
 from surge.router.replica_link import Pending
 from surge.router.runtime import RouterRuntime, set_runtime
 
@@ -32,15 +46,23 @@ DRAIN_TIMEOUT_S = 5.0
 
 
 class Proxy:
-    def __init__(self, runtime: RouterRuntime, spec: ProxySpec) -> None:
+    def __init__(self, runtime: RouterRuntime, spec: ProxySpec, proxy_id: str = "proxy-0",
+                 logging_config: LoggingConfig | None = None) -> None:
         self.runtime = runtime
         self.spec = spec
+        self.recorder = Recorder("proxy", proxy_id)
+        self.metrics = metrics_enabled()  # off: no recording at all (nobody reads it)
+        self.access = AccessLog(logging_config or LoggingConfig.from_env(), proxy_id)
         self.port = spec.port  # the bound port once listening (spec.port may be 0)
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
         self.draining = False
         self._routes_version: RouteTable | None = None
-        shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s)
+        self._auth_routes: RouteTable | None = None  # the table _any_auth was computed for
+        self._any_auth = False
+        self.scheme = "https" if spec.ssl_certfile is not None else "http"
+        shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s,
+                       spec.request_body_timeout_s)
         self._sweep_interval = min(1.0, max(0.05, shortest / 4))
         self.loop.call_later(self._sweep_interval, self._sweep_idle)
 
@@ -51,6 +73,7 @@ class Proxy:
         for connection in list(self.connections):
             connection.close_if_idle(now, timeout)
             connection.check_slow_headers(now, header_timeout)
+            connection.check_slow_body(now, self.spec.request_body_timeout_s)
         self.loop.call_later(self._sweep_interval, self._sweep_idle)
 
     def __repr__(self) -> str:
@@ -59,6 +82,27 @@ class Proxy:
 
     def protocol(self) -> HttpConnection:
         return HttpConnection(self)
+
+    def record(self, exchange: Exchange) -> None:
+        """A request got its answer (or lost its client): count it, maybe log it."""
+        access = self.access
+        if not self.metrics and not access.enabled:
+            return
+        now = time.monotonic()
+        latency_ms = (now - exchange.started) * 1000.0
+        app, deployment, route = exchange.labels
+        if self.metrics:
+            self.recorder.http_request(
+                (app, deployment, route, exchange.method, exchange.status), latency_ms)
+        if access.enabled and access.wanted(now):
+            access.write(exchange.request_id.decode(errors="replace"), exchange.method,
+                         exchange.path, exchange.status, latency_ms, route=route,
+                         application=app, deployment=deployment)
+
+    def telemetry(self) -> TelemetryReport:
+        ongoing = sum(len(connection.exchanges) for connection in self.connections)
+        return self.recorder.drain({"ongoing_http_requests": ongoing,
+                                    "connections": len(self.connections)})
 
     def watch_routes(self) -> None:
         """Make sure every ingress deployment has a router (and so a replica set)."""
@@ -82,7 +126,9 @@ class Proxy:
     def dispatch(self, exchange: Exchange, method: str, url: bytes,
                  headers: list[tuple[bytes, bytes]], body: bytes, http_version: str) -> None:
         path, query, raw_path = decode_path(url)
+        exchange.method, exchange.path = method, path
         if path.startswith("/-/"):
+            exchange.labels = ("", "", path)
             self._builtin(exchange, path)
             return
         routes = self.runtime.routes
@@ -90,23 +136,48 @@ class Proxy:
             self.watch_routes()
         target = routes.match(path)
         if target is None:
-            exchange.respond(404, f"Path '{path}' not found. Ping http://{self.spec.host}:"
-                                  f"{self.port}{ROUTES} for available routes.".encode())
+            self.recorder.rejected("", "", "no_route")
+            exchange.respond(404, f"Path '{path}' not found. Ping {self.scheme}://"
+                                  f"{self.spec.host}:{self.port}{ROUTES} for available "
+                                  "routes.".encode())
             return
         router = self.runtime.router(DeploymentId(target.app, target.deployment))
+        exchange.labels = (target.app, target.deployment, target.route_prefix)
         request = make_request(method, path, query, headers, body, exchange.conn.client,
                                target.route_prefix, exchange.request_id, http_version,
-                               self.spec.root_path, raw_path)
+                               self.spec.root_path, raw_path, self.scheme)
         pending = Pending(request, exchange)
         exchange.pending, exchange.router = pending, router
         try:
             router.submit(pending)
-        except BackPressureError as exc:
+        except (BackPressureError, DeploymentUnavailableError) as exc:
             exchange.fail(exc)
             return
         timeout = self._timeout(headers)
         if timeout is not None and not exchange.done:
             exchange.timer = self.loop.call_later(timeout, exchange.on_timeout, timeout)
+
+    def authenticate(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> Refusal | None:
+        """The refusal for a request to an application that needs a token it lacks.
+
+        Called once the headers are in, before the body is read or anything is routed;
+        the same path decoding and route match as `dispatch`.
+        """
+        routes = self.runtime.routes
+        if routes is not self._auth_routes:
+            self._auth_routes = routes
+            self._any_auth = any(t.auth is not None for t in routes.targets)
+        if not self._any_auth:
+            return None
+        try:
+            path = decode_path(url)[0]
+        except Exception:
+            return None  # dispatch answers 400 for an unreadable target
+        target = None if path.startswith("/-/") else routes.match(path)
+        if target is None or target.auth is None:
+            return None
+        return check_bearer([v for n, v in headers if n == b"authorization"],
+                            target.auth.digests)
 
     def _timeout(self, headers: list[tuple[bytes, bytes]]) -> float | None:
         for name, value in headers:
@@ -141,30 +212,51 @@ class Proxy:
 
 async def serve(controller: str, proxy_id: str) -> int:
     stop = asyncio.Event()
-    runtime = RouterRuntime(controller, "proxy", hello={"proxy_id": proxy_id})
+    runtime = RouterRuntime(controller, "proxy", hello={"proxy_id": proxy_id,
+                                                        "node_id": node_id()})
     set_runtime(runtime)
-    runtime.on_controller_lost = stop.set
+    if not watch_supervisor(asyncio.get_running_loop(), stop.set) and not placed():
+        runtime.on_controller_lost = stop.set  # unsupervised: leave with the controller
     await runtime.connect()
     spec: ProxySpec = await runtime.call("proxy_spec")
+    # On the ray backend a node's proxy may be given its own port (nodes sharing an IP).
+    spec = dataclasses.replace(spec, port=proxy_port(spec.port))
     loop = asyncio.get_running_loop()
-    proxy = Proxy(runtime, spec)
+    proxy = Proxy(runtime, spec, proxy_id)
+    try:
+        tls = server_context(spec) if spec.ssl_certfile is not None else None
+    except ConfigError as exc:
+        await runtime.call("proxy_failed", error=f"cannot serve TLS: {exc}")
+        return 1
     try:
         sock = _bind(spec.host, spec.port, spec.reuse_port)
     except OSError as exc:
         await runtime.call("proxy_failed", error=f"cannot listen on {spec.host}:{spec.port}: "
                                                  f"{exc.strerror or exc}")
         return 1
-    server = await loop.create_server(proxy.protocol, sock=sock, backlog=4096)
+    # The handshake is bounded like the headers that follow it (slowloris before TLS).
+    server = await loop.create_server(
+        proxy.protocol, sock=sock, backlog=4096, ssl=tls,
+        ssl_handshake_timeout=spec.request_header_timeout_s if tls is not None else None)
     follower = loop.create_task(proxy.follow_routes())
+    if proxy.metrics:
+        runtime.report_telemetry(proxy.telemetry)
     port = proxy.port = sock.getsockname()[1]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await runtime.call("proxy_ready", address=f"{spec.host}:{port}", pid=os.getpid())
+    address = f"{_advertised_host(spec.host)}:{port}"
+    await runtime.call("proxy_ready", address=address, pid=os.getpid())
+    runtime.hello["address"] = address  # a restarted controller adopts us
     await stop.wait()
     follower.cancel()
     server.close()
     await proxy.drain()
     runtime.close()
     return 0
+
+
+def _advertised_host(host: str) -> str:
+    """Where clients reach this proxy: its node's IP when it listens on every interface."""
+    return (node_ip() or host) if host in ("0.0.0.0", "::", "") else host
 
 
 def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -183,11 +275,10 @@ def main(argv: list[str]) -> int:
     proxy_id = argv[1] if len(argv) > 1 else "proxy-0"
     set_title("surge:proxy")
     raise_fd_limit()
-    die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
+    if not supervisor_pid():
+        die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s proxy %(name)s: %(message)s")
-    logging.getLogger("surge.access").setLevel(logging.WARNING)
+    configure_logging("proxy", proxy_id)
     import uvloop
 
     code: int = uvloop.run(serve(controller, proxy_id))

@@ -41,7 +41,8 @@ def _child(argv: list[str], env: dict[str, str]) -> None:
         os.dup2(2, 1)  # our stdout is the fork server's pipe to the controller
         os.environ.clear()
         os.environ.update(env)
-        os.environ["SURGE_PARENT_PID"] = str(os.getppid())  # we die with the fork server
+        # Unsupervised, we die with the fork server; supervised, we outlive it.
+        os.environ["SURGE_PARENT_PID"] = str(os.getppid())
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         from surge.replica.main import main as replica_main
 

@@ -1,8 +1,10 @@
 """Replica process entry point: `python -m surge.replica CONTROLLER REPLICA_ID APP DEPLOYMENT`.
 
 Fetches its spec from the controller, builds the user object, listens on a loopback
-port and reports ready. It drains on SIGTERM or when the controller asks, and exits
-when the controller goes away (its replicas would otherwise be orphans).
+port and reports ready. It drains on SIGTERM or when the controller asks. It keeps
+serving when the controller goes away, and re-registers (`hello` with its address)
+with the restarted one; it leaves with the instance's supervisor (or, unsupervised,
+with the controller).
 """
 
 from __future__ import annotations
@@ -19,8 +21,19 @@ from typing import Any
 
 import cloudpickle
 
+from surge.control_auth import user_dir
+from surge.errors import ControllerUnavailableError
 from surge.model import ImportedTarget, ReplicaSpec
-from surge.process import die_with_parent, raise_fd_limit, set_title
+from surge.node import node_id, node_ip, placed
+from surge.observability.logs import configure_logging
+from surge.observability.recorder import Recorder, TelemetryReport
+from surge.process import (
+    die_with_parent,
+    raise_fd_limit,
+    set_title,
+    supervisor_pid,
+    watch_supervisor,
+)
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
@@ -74,6 +87,10 @@ class Replica:
             return {"ongoing": 0, "served": 0}
         return {"ongoing": server.ongoing, "served": server.served}
 
+    def telemetry(self) -> TelemetryReport:
+        assert self.server is not None
+        return self.server.recorder.drain({"processing": self.server.ongoing})
+
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)
         for entry in reversed(spec.sys_path):
@@ -99,41 +116,83 @@ class Replica:
         return True
 
     async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        if watch_supervisor(loop, self._on_sigterm) or placed():
+            self.runtime.on_controller_lost = None  # reconnect: the supervisor restarts it
         await self.runtime.connect()
-        if not await self.build():
+        try:
+            if not await self.build():
+                return 1
+        except ConnectionError:
+            log.warning("replica %s lost the controller before it was ready; exiting",
+                        self.replica_id)
             return 1
         assert self.spec is not None and self.user is not None
         name = f"{self.spec.deployment.app}:{self.spec.deployment.name}"
-        self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name)
-        loop = asyncio.get_running_loop()
-        listener, address = await self._listen()
+        deployment = self.spec.deployment
+        recorder = Recorder("replica", self.replica_id, deployment.app, deployment.name)
+        self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name, recorder)
+        if self.server.metrics:
+            self.runtime.report_telemetry(self.telemetry)
+        listeners, address, local_address = await self._listen()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
-        await self.runtime.call("replica_ready", replica_id=self.replica_id,
-                                address=address, pid=os.getpid())
+        where = {"address": address, "local_address": local_address, "node_id": node_id()}
+        try:
+            await self.runtime.call("replica_ready", replica_id=self.replica_id,
+                                    pid=os.getpid(), address=address,
+                                    local_address=local_address, node_id=where["node_id"])
+        except (ConnectionError, ControllerUnavailableError):
+            log.warning("replica %s lost the controller before it was ready; exiting",
+                        self.replica_id)
+            _close(listeners, address, local_address)
+            return 1
+        # What a restarted controller needs to adopt this replica when it reconnects.
+        self.runtime.hello.update(
+            app=self.spec.deployment.app, deployment=self.spec.deployment.name,
+            version=self.spec.version, gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            **where)
         await self.stop.wait()
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
-        listener.close()
-        if address.startswith("unix:"):
-            with contextlib.suppress(OSError):
-                os.unlink(address[5:])
+        _close(listeners, address, local_address)
         self.user.close()
         self.runtime.close()
         return 0
 
-    async def _listen(self) -> tuple[asyncio.Server, str]:
-        """A Unix socket when the backend gave us a directory (same host), else TCP."""
-        assert self.server is not None
-        loop = asyncio.get_running_loop()
+    async def _listen(self) -> tuple[list[asyncio.Server], str, str]:
+        """Where routers reach us: (listeners, address, local_address).
+
+        On the local backend a Unix socket in SURGE_SOCKET_DIR (cheaper than loopback
+        TCP). Placed on a node: TCP on the node's IP for routers on other nodes, plus a
+        Unix socket that routers on this node use instead.
+        """
         socket_dir = os.environ.get("SURGE_SOCKET_DIR")
         if socket_dir:
-            path = os.path.join(socket_dir, f"{self.replica_id}.sock")
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            listener = await loop.create_unix_server(self.server.protocol, path, backlog=4096)
-            return listener, f"unix:{path}"
-        listener = await loop.create_server(self.server.protocol, "127.0.0.1", 0, backlog=4096)
-        return listener, f"127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+            unix, path = await self._listen_unix(socket_dir)
+            return [unix], path, ""
+        assert self.server is not None
+        host = node_ip() or "127.0.0.1"
+        tcp = await asyncio.get_running_loop().create_server(
+            self.server.protocol, host, 0, backlog=4096)
+        address = f"{host}:{tcp.sockets[0].getsockname()[1]}"
+        if not placed():
+            return [tcp], address, ""
+        try:
+            unix, path = await self._listen_unix(os.path.join(user_dir(), "sockets"))
+        except OSError as exc:
+            log.warning("no Unix socket for this node's routers (%s); TCP only", exc)
+            return [tcp], address, ""
+        return [tcp, unix], address, path
+
+    async def _listen_unix(self, directory: str) -> tuple[asyncio.Server, str]:
+        assert self.server is not None
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        path = os.path.join(directory, f"{self.replica_id}.sock")
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        listener = await asyncio.get_running_loop().create_unix_server(
+            self.server.protocol, path, backlog=4096)
+        return listener, f"unix:{path}"
 
     def _on_sigterm(self) -> None:
         if self.server is not None and self.spec is not None:
@@ -143,16 +202,24 @@ class Replica:
             self.stop.set()
 
 
+def _close(listeners: list[asyncio.Server], *addresses: str) -> None:
+    for listener in listeners:
+        listener.close()
+    for address in addresses:
+        if address.startswith("unix:"):
+            with contextlib.suppress(OSError):
+                os.unlink(address[5:])
+
+
 def main(argv: list[str]) -> int:
     controller, replica_id, app, deployment = argv[:4]
     parent = int(os.environ.get("SURGE_PARENT_PID", "0"))
     set_title(f"surge:replica:{app}:{deployment}")
     raise_fd_limit()
-    die_with_parent(parent)
+    if not supervisor_pid():
+        die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s %(levelname)s replica {app}:{deployment} "
-                               "%(name)s: %(message)s")
+    configure_logging("replica", f"{app}:{replica_id}")
     import uvloop
 
     async def run() -> int:

@@ -12,10 +12,14 @@ import asyncio
 import functools
 import logging
 import pickle
+import time
 import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
+from surge.observability.config import metrics_enabled
+from surge.observability.logs import request_id_var
+from surge.observability.recorder import Recorder
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
 from surge.transport.messages import (
@@ -59,8 +63,12 @@ def _failure(request_id: int, exc: BaseException) -> Failure:
 
 
 class ReplicaServer:
-    def __init__(self, user: UserCode, max_ongoing_requests: int, name: str) -> None:
+    def __init__(self, user: UserCode, max_ongoing_requests: int, name: str,
+                 recorder: Recorder | None = None) -> None:
         self.user = user
+        # Processing latency and user errors per route (HTTP) or method (handle calls).
+        self.recorder = recorder or Recorder("replica", name)
+        self.metrics = metrics_enabled()  # off: no recording at all (nobody reads it)
         self.max_ongoing = max_ongoing_requests
         self.name = name
         self.ongoing = 0
@@ -104,7 +112,7 @@ class _Connection(FramedProtocol):
     def __init__(self, server: ReplicaServer) -> None:
         super().__init__()
         self.server = server
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.tasks: dict[int, asyncio.Task[bool]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,10 +124,14 @@ class _Connection(FramedProtocol):
             if not self.server.admit():
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
                 return
-            coro = self._http(message) if isinstance(message, HttpRequest) else self._call(message)
+            if isinstance(message, HttpRequest):
+                coro, route = self._http(message), message.route_prefix
+            else:
+                coro, route = self._call(message), message.method
             task = self._loop.create_task(coro)
             self.tasks[message.id] = task
-            task.add_done_callback(functools.partial(self._finished, message.id))
+            task.add_done_callback(functools.partial(self._finished, message.id, route,
+                                                     time.monotonic()))
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
@@ -127,14 +139,26 @@ class _Connection(FramedProtocol):
             running = self.tasks.get(message.id)
             if running is not None:
                 running.cancel()
+        else:  # a router sends nothing else: whatever sent this is not one of ours
+            log.warning("%s: closing a connection that sent a %s frame", self.server.name,
+                        type(message).__name__)
+            self.close()
 
-    def _finished(self, request_id: int, _task: asyncio.Task[None]) -> None:
+    def _finished(self, request_id: int, route: str, started: float,
+                  task: asyncio.Task[bool]) -> None:
         self.tasks.pop(request_id, None)
         self.disconnects.pop(request_id, None)
         self.server.release()
+        if task.cancelled():  # cancelled before it ran: its own handler never saw it
+            self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
+        if self.server.metrics:
+            ok = task.cancelled() or (task.exception() is None and task.result())
+            self.server.recorder.processed(route, (time.monotonic() - started) * 1000.0, ok)
 
-    async def _call(self, message: Call) -> None:
+    async def _call(self, message: Call) -> bool:
+        """Run a handle call; False when the user's code raised."""
         rid = message.id
+        request_id_var.set(message.request_id)  # this task's log lines carry it
         try:
             args, kwargs = pickle.loads(message.payload)
             result = await self.server.user.call(message.method, args, kwargs)
@@ -149,12 +173,16 @@ class _Connection(FramedProtocol):
         except Exception as exc:
             log.exception("%s.%s raised", self.server.name, message.method)
             self.send(_failure(rid, exc))
+            return False
+        return True
 
-    async def _http(self, message: HttpRequest) -> None:
+    async def _http(self, message: HttpRequest) -> bool:
+        """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
+        request_id_var.set(message.request_id)
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
-                           message.root_path, message.raw_path)
+                           message.root_path, message.raw_path, message.scheme)
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 
@@ -204,6 +232,8 @@ class _Connection(FramedProtocol):
                 self.send(HttpStart(id=rid, status=500,
                                     headers=[(b"content-type", b"text/plain; charset=utf-8")],
                                     body=_INTERNAL_ERROR, more=False))
+            return False
+        return True
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)

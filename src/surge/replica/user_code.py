@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -87,8 +88,9 @@ class UserCode:
             result = method(*args, **kwargs)
         else:
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(
-                self.pool, functools.partial(method, *args, **kwargs))
+            # In this request's context, so the user's log lines carry its request id.
+            result = await loop.run_in_executor(self.pool, functools.partial(
+                contextvars.copy_context().run, method, *args, **kwargs))
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -187,7 +189,8 @@ def _jsonable(value: Any) -> Any:
 
 def asgi_scope(method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
                client: str, route_prefix: str, http_version: str,
-               root_path: str = "", raw_path: bytes = b"") -> dict[str, Any]:
+               root_path: str = "", raw_path: bytes = b"",
+               scheme: str = "http") -> dict[str, Any]:
     host, _, port = client.rpartition(":")
     prefix = "" if route_prefix == "/" else route_prefix.rstrip("/")
     return {
@@ -195,7 +198,7 @@ def asgi_scope(method: str, path: str, query: bytes, headers: list[tuple[bytes, 
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": http_version,
         "method": method,
-        "scheme": "http",
+        "scheme": scheme,
         "path": path,
         "raw_path": raw_path or path.encode(),
         "query_string": query,

@@ -6,6 +6,11 @@ bounded FIFO queue (its share of `max_queued_requests`) and is sent when a respo
 frees a slot. A full queue rejects at once with `BackPressureError`. A replica that
 rejects (it is full because of other routers, or draining) counts as full until it
 answers again, and the request goes back to the head of the queue.
+
+On a multi-node backend the router knows its node: replicas there are kept at the
+front of the routable list and preferred (policy.routing's `local`). Links to other
+hosts use TCP keepalive, so a replica whose node vanished without closing the
+connection fails its in-flight requests within seconds instead of hanging them.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 
 from surge.config import QUEUE_SAFETY_LIMIT
-from surge.errors import BackPressureError
+from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
+from surge.node import LOCAL_NODE
 from surge.policy.admission import admit
 from surge.policy.routing import choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
@@ -32,6 +39,9 @@ log = logging.getLogger("surge.router")
 
 # How long a replica that rejected is treated as full if it sends us nothing else.
 SATURATION_HOLD_S = 0.02
+# TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
+# in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
+KEEPALIVE = (5, 1, 3)
 
 
 class _Slot:
@@ -62,8 +72,10 @@ class _Loads:
 
 class Router:
     def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, node_id: str = LOCAL_NODE) -> None:
         self.deployment = deployment
+        self.node_id = node_id
+        self._local = 0  # the first `_local` routable slots are on this router's node
         self._rng = rng or random.Random()
         self._now = now
         self._loop = asyncio.get_running_loop()
@@ -127,6 +139,20 @@ class Router:
         if not self._connecting:
             self.ready.set()
         self._drain()
+        if self._unavailable() is not None:  # nothing will come: end what waits, now
+            queued, self._queue = self._queue, deque()
+            for pending in queued:
+                error = self._unavailable()
+                if error is not None and not pending.cancelled:
+                    pending.sink.fail(error)  # one exception each: callers raise their own
+
+    def _unavailable(self) -> DeploymentUnavailableError | None:
+        """The error for a deployment that has no replica and will get none."""
+        current = self.replica_set
+        if current is None or not current.unavailable or current.replicas:
+            return None
+        return DeploymentUnavailableError(
+            f"Deployment {self.deployment} is unavailable: {current.unavailable}.")
 
     async def _connect(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         try:
@@ -140,9 +166,12 @@ class Router:
         try:
             if info.address.startswith("unix:"):
                 await self._loop.create_unix_connection(lambda: link, info.address[5:])
+            elif info.local_address and info.node_id == self.node_id:  # same node: no TCP
+                await self._loop.create_unix_connection(lambda: link, info.local_address[5:])
             else:
                 host, port = split_address(info.address)
-                await self._loop.create_connection(lambda: link, host, port)
+                transport, _ = await self._loop.create_connection(lambda: link, host, port)
+                _keepalive(transport.get_extra_info("socket"))
         except OSError as exc:
             log.warning("cannot reach replica %s at %s: %s", info.replica_id, info.address, exc)
             self._links.pop(info.replica_id, None)
@@ -157,13 +186,23 @@ class Router:
             return
         slot = _Slot(info, link)
         self._by_id[info.replica_id] = slot
-        self._routable.append(slot)
+        if info.node_id == self.node_id:
+            self._routable.insert(self._local, slot)
+            self._local += 1
+        else:
+            self._routable.append(slot)
         self._drain()
+
+    def _remove_slot(self, slot: _Slot) -> None:
+        index = self._routable.index(slot)
+        del self._routable[index]
+        if index < self._local:
+            self._local -= 1
 
     def _unroute(self, replica_id: str) -> None:
         slot = self._by_id.pop(replica_id, None)
         if slot is not None:
-            self._routable.remove(slot)
+            self._remove_slot(slot)
             if not slot.link.in_flight:
                 slot.link.close()
                 self._links.pop(replica_id, None)
@@ -171,13 +210,17 @@ class Router:
     # -- requests ----------------------------------------------------------------------
 
     def submit(self, pending: Pending) -> None:
-        """Send now, queue, or raise BackPressureError; never blocks."""
+        """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
+        replica will come); never blocks."""
         self.arrived += 1
         if not self._queue:
-            index = choose_replica(self._loads, self._max_ongoing, self._rng)
+            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
             if index >= 0:
                 self._routable[index].link.start(pending)
                 return
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            raise unavailable
         rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
         if rejection is not None:
             self.rejected += 1
@@ -204,7 +247,7 @@ class Router:
     def _drain(self) -> None:
         queue = self._queue
         while queue:
-            index = choose_replica(self._loads, self._max_ongoing, self._rng)
+            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
             if index < 0:
                 return
             pending = queue.popleft()
@@ -241,7 +284,7 @@ class Router:
             del self._links[link.replica_id]
         slot = self._by_id.pop(link.replica_id, None)
         if slot is not None:
-            self._routable.remove(slot)
+            self._remove_slot(slot)
             level = logging.DEBUG if self.closing else logging.WARNING
             log.log(level, "lost connection to replica %s of %s", link.replica_id,
                     self.deployment)
@@ -269,3 +312,16 @@ class Router:
         for link in list(self._links.values()):
             link.close()
         self._links.clear()
+
+
+def _keepalive(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    idle, interval, probes = KEEPALIVE
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+    except (OSError, AttributeError):  # not every platform has the TCP_KEEP* options
+        pass

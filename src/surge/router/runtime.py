@@ -17,6 +17,7 @@ from typing import Any
 
 from surge.errors import ControllerUnavailableError
 from surge.model import DeploymentId, ReplicaSet, RouteTable
+from surge.node import node_id
 from surge.router.router import Router
 from surge.transport.rpc import RpcPeer, connect_rpc
 
@@ -30,10 +31,13 @@ __all__ = [
 
 log = logging.getLogger("surge.runtime")
 
-RECONNECT_INTERVAL_S = 0.5
+RECONNECT_INTERVAL_S = 0.2  # a restarted controller is back in ~1 s
 # How often routers report their load to the controller (only what changed is sent).
 LOAD_REPORT_INTERVAL_S = 0.1
 # An urgent report (a queue started to grow) waits this long to gather the burst's start.
+# How often proxies and replicas send their request metrics (counter deltas): Prometheus
+# scrapes every 10-15 s and the dashboard samples every second, so 1 s loses nothing.
+TELEMETRY_INTERVAL_S = 1.0
 URGENT_REPORT_DELAY_S = 0.005
 
 RpcMethod = Callable[..., Awaitable[Any]]
@@ -57,6 +61,8 @@ class RouterRuntime:
         self._reporter: asyncio.TimerHandle | None = None
         self._urgent: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task[None] | None = None
+        self._telemetry: Callable[[], Any] | None = None
+        self._telemetry_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -97,10 +103,29 @@ class RouterRuntime:
         self._push_load("load")
         self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
 
+    def report_telemetry(self, source: Callable[[], Any]) -> None:
+        """Push `source()` (a TelemetryReport of counter deltas) every second, and at close."""
+        self._telemetry = source
+        if self._telemetry_timer is None:
+            self._telemetry_timer = self.loop.call_later(TELEMETRY_INTERVAL_S,
+                                                         self._push_telemetry)
+
+    def _push_telemetry(self, again: bool = True) -> None:
+        self._telemetry_timer = None
+        peer, source = self.peer, self._telemetry
+        if source is not None and peer is not None and not peer.is_closed:
+            try:  # drained only when it can be sent: a report is never lost on purpose
+                peer.push("telemetry", source())
+            except Exception:
+                log.exception("%s: cannot send telemetry", self.role)
+        if again and not self._closing:
+            self._telemetry_timer = self.loop.call_later(TELEMETRY_INTERVAL_S,
+                                                         self._push_telemetry)
+
     def router(self, deployment: DeploymentId) -> Router:
         router = self.routers.get(deployment)
         if router is None:
-            router = self.routers[deployment] = Router(deployment)
+            router = self.routers[deployment] = Router(deployment, node_id=node_id())
             router.on_pressure = self._urgent_report
             if self.peer is not None and not self.peer.is_closed:
                 self.loop.create_task(self._watch(deployment))
@@ -170,6 +195,9 @@ class RouterRuntime:
             self._reconnecting.cancel()
         if self._reporter is not None:
             self._reporter.cancel()
+        if self._telemetry_timer is not None:
+            self._telemetry_timer.cancel()
+            self._push_telemetry(again=False)  # the last second's counts
         for router in self.routers.values():
             router.close()
         if self.peer is not None:

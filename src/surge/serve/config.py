@@ -1,5 +1,12 @@
 """`surge.serve.config`, as `ray.serve.config`."""
 
-from surge.config import AutoscalingConfig, DeploymentConfig, HTTPOptions, ProxyLocation
+from surge.config import (
+    AuthConfig,
+    AutoscalingConfig,
+    DeploymentConfig,
+    HTTPOptions,
+    ProxyLocation,
+)
 
-__all__ = ["AutoscalingConfig", "DeploymentConfig", "HTTPOptions", "ProxyLocation"]
+__all__ = ["AuthConfig", "AutoscalingConfig", "DeploymentConfig", "HTTPOptions",
+           "ProxyLocation"]

@@ -3,6 +3,7 @@
 from surge.errors import (
     BackPressureError,
     ConfigError,
+    ControlAuthError,
     ControllerUnavailableError,
     DeployFailedError,
     DeploymentUnavailableError,
@@ -16,6 +17,7 @@ from surge.errors import (
 __all__ = [
     "BackPressureError",
     "ConfigError",
+    "ControlAuthError",
     "ControllerUnavailableError",
     "DeployFailedError",
     "DeploymentUnavailableError",

@@ -48,7 +48,13 @@ class FramedProtocol(asyncio.Protocol):
                 self.transport.close()
             return
         for message in messages:
-            self.message_received(message)
+            if self.transport is None or self.transport.is_closing():
+                return  # closed by an earlier message: the rest is not to be trusted
+            try:
+                self.message_received(message)
+            except Exception as exc:  # a bad message must not take its neighbours down
+                log.error("closing connection after a message it could not handle: %r", exc)
+                self.close()
 
     def send(self, message: Message) -> None:
         if self.is_closed:

@@ -40,6 +40,7 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     http_version: str = "1.1"
     root_path: str = ""
     raw_path: bytes = b""
+    scheme: str = "http"  # "https" when the proxy serves TLS
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):

@@ -8,17 +8,23 @@ configs and user code, never request bodies.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import pickle
 from typing import Any, Protocol
 
 import cloudpickle
 
-from surge.errors import ControllerUnavailableError
+from surge.control_auth import TOKEN_ENV, find_token, token_path
+from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.transport.connection import FramedProtocol
 from surge.transport.messages import Message, Push, Reply, Rpc
 
-__all__ = ["RpcHandler", "RpcPeer", "connect_rpc"]
+__all__ = ["AUTHENTICATE", "RpcHandler", "RpcPeer", "connect_rpc"]
+
+# The first frame on a connection to a peer that requires a token; its payload is the
+# raw token, never a pickle.
+AUTHENTICATE = "authenticate"
 
 
 class RpcHandler(Protocol):
@@ -34,9 +40,14 @@ class RemoteError(Exception):
 
 
 class RpcPeer(FramedProtocol):
-    def __init__(self, handler: RpcHandler | None) -> None:
+    """One end of a control connection; with `token`, the other end must present it
+    in its first frame, and nothing it sends is unpickled before that."""
+
+    def __init__(self, handler: RpcHandler | None, token: str | None = None) -> None:
         super().__init__()
         self.handler = handler
+        self._token = token.encode() if token else None
+        self.authenticated = token is None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.info: dict[str, Any] = {}  # what the other side told us about itself
@@ -61,8 +72,36 @@ class RpcPeer(FramedProtocol):
     def push(self, topic: str, value: Any) -> None:
         self.send(Push(topic=topic, payload=cloudpickle.dumps(value)))
 
+    async def authenticate(self, token: str, timeout: float | None = None) -> None:
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._waiting[call_id] = future
+        self.send(Rpc(id=call_id, method=AUTHENTICATE, payload=token.encode()))
+        try:
+            await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(call_id, None)
+
+    def _check_token(self, message: Message) -> None:
+        assert self._token is not None
+        if self.transport is None or self.transport.is_closing():
+            return  # refused already: ignore the rest of what it sent
+        if (isinstance(message, Rpc) and message.method == AUTHENTICATE
+                and hmac.compare_digest(message.payload, self._token)):
+            self.authenticated = True
+            self.send(Reply(id=message.id, ok=True, payload=cloudpickle.dumps(True)))
+            return
+        if isinstance(message, Rpc):
+            refusal = ControlAuthError(
+                "this surge instance requires its control token: set SURGE_CONTROL_TOKEN "
+                "(the process that started it publishes it for its user; see SECURITY.md)")
+            self.send(Reply(id=message.id, ok=False, payload=cloudpickle.dumps(refusal)))
+        self.close()
+
     def message_received(self, message: Message) -> None:
-        if isinstance(message, Reply):
+        if not self.authenticated:
+            self._check_token(message)
+        elif isinstance(message, Reply):
             future = self._waiting.get(message.id)
             if future is not None and not future.done():
                 value = pickle.loads(message.payload)
@@ -105,7 +144,8 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 async def connect_rpc(address: str, handler: RpcHandler | None,
-                      timeout: float = 5.0) -> RpcPeer:
+                      timeout: float = 5.0, token: str | None = None) -> RpcPeer:
+    """Connect and authenticate (with `token`, else the one `find_token` finds)."""
     host, port = split_address(address)
     loop = asyncio.get_running_loop()
     try:
@@ -115,4 +155,19 @@ async def connect_rpc(address: str, handler: RpcHandler | None,
         raise ControllerUnavailableError(
             f"no surge instance answers at {address} ({exc}); start one with serve.start() "
             "or `surge run`, or point SURGE_ADDRESS at a running one") from None
+    token = token or find_token(address)
+    if token:
+        try:
+            await peer.authenticate(token, timeout)
+        except ControlAuthError:
+            peer.close()
+            raise ControlAuthError(
+                f"the surge instance at {address} refused this process's control token; set "
+                f"{TOKEN_ENV} to its token (its starter wrote it to {token_path(address)})"
+            ) from None
+        except (TimeoutError, ConnectionError) as exc:
+            peer.close()
+            raise ControllerUnavailableError(
+                f"the surge instance at {address} did not accept the connection ({exc!r})"
+            ) from None
     return peer

@@ -1,0 +1,157 @@
+"""The process that starts an instance supervises its controller.
+
+`Supervisor` makes the instance's control token and private state directory, starts
+`python -m surge.controller` and waits for its `SURGE_READY` line. A thread then waits
+on the controller: if it dies (any exit but a clean shutdown's 0), the supervisor
+starts a new one on the same address with SURGE_RECOVER=1; it reloads the checkpoint
+from the state directory and re-attaches to the proxies and replicas, which kept
+serving from their last routes meanwhile. Restarts are bounded (MAX_RESTARTS within
+RESTART_WINDOW_S) so a controller that cannot start does not loop forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from surge.backends.choice import BackendChoice
+from surge.config import HTTPOptions
+from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
+from surge.errors import RayServeException
+from surge.process import SUPERVISOR_ENV
+
+__all__ = ["Supervisor", "user_sys_path"]
+
+log = logging.getLogger("surge")
+
+START_TIMEOUT_S = 60.0
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+RESTART_BACKOFF_S = 0.5
+
+
+class Supervisor:
+    def __init__(self, address: str, http: HTTPOptions,
+                 backend: BackendChoice | None = None) -> None:
+        self.http = http
+        self.backend = backend or BackendChoice()  # restarts come back on the same backend
+        # As the caller set it up (logging, dashboard): restarts must not lose it.
+        self.environment = dict(os.environ)
+        self.token = new_token()
+        self.state_dir = tempfile.mkdtemp(prefix="instance-", dir=user_dir())
+        self.stopping = False
+        self.restarts: collections.deque[float] = collections.deque()
+        self.ended = threading.Event()  # the instance is gone for good
+        try:
+            self.process, self.ready = self._launch(address, recover=False)
+        except BaseException:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            raise
+        self.address: str = self.ready["address"]
+        publish(self.address, self.token)
+        self._thread = threading.Thread(target=self._watch, name="surge-supervisor",
+                                        daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return (f"<Supervisor controller pid={self.process.pid} restarts={len(self.restarts)} "
+                f"stopping={self.stopping}>")
+
+    def _launch(self, address: str,
+                recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+        options = {k: getattr(self.http, k) for k in self.http.__dataclass_fields__}
+        env = dict(self.environment)
+        paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.update({"SURGE_PARENT_PID": str(os.getpid()), SUPERVISOR_ENV: str(os.getpid()),
+                    TOKEN_ENV: self.token, "SURGE_STATE_DIR": self.state_dir,
+                    "SURGE_RECOVER": "1" if recover else "0", **self.backend.env()})
+        process = subprocess.Popen(
+            [sys.executable, "-m", "surge.controller", address, json.dumps(options)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        assert process.stdout is not None
+        line = _read_line(process, START_TIMEOUT_S)
+        process.stdout.close()
+        if line.startswith("SURGE_READY "):
+            ready: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+            return process, ready
+        process.kill()
+        process.wait()
+        reason = line.split(" ", 1)[1] if line.startswith("SURGE_ERROR ") else (
+            line or "the controller exited without saying why (see its log above)")
+        raise RayServeException(f"could not start surge: {reason}")
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                code = self.process.wait()
+                if self.stopping or code == 0:  # shut down on purpose (here or elsewhere)
+                    return
+                if not self._may_restart():
+                    log.error("the surge controller keeps dying (%d restarts in %.0f s); not "
+                              "restarting it again. Proxies and replicas serve from their last "
+                              "routes; call serve.shutdown() and start again",
+                              MAX_RESTARTS, RESTART_WINDOW_S)
+                    return
+                log.warning("the surge controller (pid %d) exited with code %s; restarting it",
+                            self.process.pid, code)
+                try:
+                    self.process, _ = self._launch(self.address, recover=True)
+                    log.warning("the surge controller is back (pid %d)", self.process.pid)
+                except RayServeException as exc:
+                    log.error("%s", exc)
+                    time.sleep(RESTART_BACKOFF_S)
+        finally:
+            self.ended.set()
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
+            self.restarts.popleft()
+        self.restarts.append(now)
+        return len(self.restarts) <= MAX_RESTARTS
+
+    def close(self) -> None:
+        """After the instance shut down: forget its token and state."""
+        self.stopping = True
+        withdraw(self.address, self.token)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+        elif process.poll() is not None:
+            break
+    return data.decode(errors="replace").split("\n", 1)[0].strip()
+
+
+def user_sys_path() -> tuple[str, ...]:
+    """Where the user's modules live, so replicas can import them by reference."""
+    main = sys.modules.get("__main__")
+    entries = [os.getcwd()]
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        entries.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    entries += [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
+                and not p.startswith(sys.base_prefix)]
+    return tuple(dict.fromkeys(entries))

@@ -1,0 +1,75 @@
+"""Which backend an instance runs on, and how that choice reaches the controller.
+
+The process that starts an instance (serve.start, `surge run`) makes a
+`BackendChoice`; it travels to the controller process in its environment
+(SURGE_BACKEND, SURGE_RAY_ADDRESS), so a controller restarted by the supervisor
+comes back on the same backend, and `build_backend` makes it there. The local backend
+is the default and never imports Ray; `ray` needs `pip install 'surge[ray]'`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from surge.backends.base import Backend
+from surge.config import HTTPOptions
+from surge.errors import ConfigError
+
+__all__ = ["BACKENDS", "BackendChoice", "build_backend", "caller_ray_address"]
+
+BACKENDS = ("local", "ray")
+DEFAULT_BACKEND = "local"  # one machine, nothing to install
+BACKEND_ENV = "SURGE_BACKEND"
+RAY_ADDRESS_ENV = "SURGE_RAY_ADDRESS"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str = DEFAULT_BACKEND
+    # The Ray cluster (ray.init's address): None means "auto" (RAY_ADDRESS, else the
+    # cluster started on this machine with `ray start`).
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ConfigError(f"backend {self.name!r} is not available; use one of "
+                              f"{', '.join(BACKENDS)}")
+        if self.ray_address is not None and self.name != "ray":
+            raise ConfigError("ray_address is only used with backend='ray'")
+
+    def env(self) -> dict[str, str]:
+        env = {BACKEND_ENV: self.name}
+        if self.ray_address:
+            env[RAY_ADDRESS_ENV] = self.ray_address
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> BackendChoice:
+        return cls(environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
+                   environ.get(RAY_ADDRESS_ENV) or None)
+
+
+def caller_ray_address() -> str | None:
+    """The cluster this process is connected to, if it called ray.init (without importing
+    Ray when it did not)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    address = ray.get_runtime_context().gcs_address
+    return str(address) if address else None
+
+
+def build_backend(choice: BackendChoice, controller_address: str,
+                  http: HTTPOptions) -> Backend:
+    if choice.name == "ray":
+        try:
+            from surge.backends.ray import RayBackend
+        except ImportError as exc:
+            raise ConfigError(f"backend 'ray' needs Ray ({exc}); install it with "
+                              "pip install 'surge[ray]'") from None
+        return RayBackend(controller_address, http, choice.ray_address)
+    from surge.backends.local import LocalBackend
+
+    return LocalBackend(controller_address)

@@ -1,0 +1,93 @@
+"""The Ray actor that hosts one surge process (a replica or a proxy) on its node.
+
+Ray places the actor (num_cpus, num_gpus, custom resources), so the process lands on
+a node with room; the actor then starts `python -m surge.replica ...` (or
+`surge.proxy`) as its child with CUDA_VISIBLE_DEVICES set to the GPUs Ray assigned,
+SURGE_NODE_ID / SURGE_NODE_IP for its node, and SURGE_PARENT_PID so that the child
+dies with the actor (a killed actor, a lost node). The child is the same program, with
+the same process title, as on the local backend: Ray is never on the request path.
+
+`wait()` resolves when the child exits (its exit code); the backend watches that one
+object per process (`ray.wait`, no polling of the actor), and an actor that dies makes
+it raise instead. The actor is detached and named, so it outlives a controller that
+crashes and a restarted controller finds it by name. A live controller kills the actor
+as soon as it sees the child's exit; an actor still there ORPHAN_EXIT_S later has no
+controller, and leaves by itself, so a dead replica does not hold its GPU forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from typing import Any
+
+from surge.node import NODE_ID_ENV, NODE_IP_ENV
+
+__all__ = ["ProcessHost"]
+
+ORPHAN_EXIT_S = 30.0
+# What only makes sense on the controller's machine, never on a Ray node.
+LOCAL_ONLY_ENV = ("SURGE_SOCKET_DIR", "SURGE_SUPERVISOR_PID", "SURGE_STATE_DIR",
+                  "SURGE_RECOVER", "SURGE_BACKEND", "SURGE_RAY_ADDRESS")
+
+
+class ProcessHost:
+    """Wrapped with ray.remote by the backend; every method runs on the actor's loop."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+        self.started: asyncio.Event | None = None  # made on the actor's loop
+
+    async def start(self, module: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Start the child (from the event loop's thread: it outlives every call, so the
+        child's parent-death signal fires only when the actor itself dies)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        full = {k: v for k, v in os.environ.items() if k not in LOCAL_ONLY_ENV}
+        full.update(env)
+        full.update({NODE_ID_ENV: context.get_node_id(), NODE_IP_ENV: node_ip,
+                     "SURGE_PARENT_PID": str(os.getpid())})
+        gpus = [str(gpu) for gpu in ray.get_gpu_ids()]
+        if gpus:
+            full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        self.process = subprocess.Popen([sys.executable, "-m", module, *args], env=full,
+                                        stdin=subprocess.DEVNULL, close_fds=True)
+        self.info = {"pid": self.process.pid, "node_id": context.get_node_id(),
+                     "node_ip": node_ip, "gpus": gpus}
+        self._started().set()
+        asyncio.get_running_loop().create_task(self._leave_when_orphaned())
+        return self.info
+
+    async def wait(self) -> int:
+        """The child's exit code, once it exits (calls may arrive before `start` ran)."""
+        await self._started().wait()
+        assert self.process is not None
+        return await asyncio.get_running_loop().run_in_executor(None, self.process.wait)
+
+    async def describe(self) -> dict[str, Any]:
+        await self._started().wait()
+        return self.info
+
+    def _started(self) -> asyncio.Event:
+        if self.started is None:
+            self.started = asyncio.Event()
+        return self.started
+
+    async def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    async def _leave_when_orphaned(self) -> None:
+        assert self.process is not None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.process.wait)
+        await asyncio.sleep(ORPHAN_EXIT_S)
+        os._exit(0)

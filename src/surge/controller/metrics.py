@@ -1,0 +1,182 @@
+"""Prometheus text for a `MetricsSnapshot`, with Ray Serve's metric names where Ray has one.
+
+A custom prometheus_client collector turns the snapshot's label tuples into metric
+families at scrape time; nothing is registered per request, so a scrape costs
+O(series) and the data path never touches prometheus_client. Ray's names come without
+its `ray_` prefix (Ray's metrics agent adds it); counters get `_total` as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from surge.controller.observer import MetricsSnapshot
+from surge.observability.recorder import Histogram
+
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+APP_DEP = ["application", "deployment"]
+HTTP = ["application", "deployment", "route", "method", "status_code"]
+HTTP_ERRORS = ["application", "route", "method", "error_code"]
+DEPLOYMENT_HTTP_ERRORS = ["application", "deployment", "route", "method", "error_code"]
+REPLICA_ROUTE = ["application", "deployment", "replica", "route"]
+REPLICA = ["application", "deployment", "replica"]
+
+# The policy signals with a metric of their own; others go to surge_autoscaling_signal.
+SIGNALS = {
+    "rate": ("surge_autoscaling_arrival_rate",
+             "Offered requests/s the autoscaling policy saw at its last decision."),
+    "slope": ("surge_autoscaling_arrival_slope",
+              "Trend of the offered rate (requests/s per second) at the last decision."),
+    "projected_rate": ("surge_autoscaling_projected_rate",
+                       "Offered rate projected over the replica start-up lead time."),
+    "demand_replicas": ("surge_autoscaling_demand_replicas",
+                        "Replicas the projected demand needs (before bounds)."),
+    "service_time_s": ("surge_autoscaling_service_time_seconds",
+                       "Mean service time measured by Little's law."),
+}
+
+METRIC_NAMES = (
+    "serve_num_http_requests", "serve_num_http_error_requests",
+    "serve_num_deployment_http_error_requests", "serve_http_request_latency_ms",
+    "serve_num_ongoing_http_requests", "serve_deployment_request_counter",
+    "serve_deployment_error_counter", "serve_deployment_processing_latency_ms",
+    "serve_replica_processing_queries", "serve_deployment_replica_healthy",
+    "serve_deployment_replica_starts", "serve_deployment_queued_queries",
+    "serve_num_ongoing_requests_at_replicas", "serve_num_router_requests",
+    "serve_autoscaling_target_replicas", "surge_completed_requests",
+    "surge_rejected_requests", "surge_replicas", "surge_target_replicas",
+    "surge_autoscaling_decisions", "surge_proxy_connections",
+    *(name for name, _ in SIGNALS.values()), "surge_autoscaling_signal",
+)
+
+
+def _histogram(name: str, doc: str, labels: list[str],
+               data: Mapping[Any, Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, histogram in sorted(data.items(), key=lambda item: str(item[0])):
+        family.add_metric([str(v) for v in key], histogram.cumulative(), histogram.sum)
+    return family
+
+
+def _values(family: CounterMetricFamily | GaugeMetricFamily,
+            data: Mapping[Any, float]) -> CounterMetricFamily | GaugeMetricFamily:
+    for key, value in sorted(data.items(), key=lambda item: str(item[0])):
+        family.add_metric([str(v) for v in key], float(value))
+    return family
+
+
+def _counter(name: str, doc: str, labels: list[str],
+             data: Mapping[Any, float]) -> Metric:
+    return _values(CounterMetricFamily(name, doc, labels=labels), data)
+
+
+def _gauge(name: str, doc: str, labels: list[str],
+           data: Mapping[Any, float]) -> Metric:
+    return _values(GaugeMetricFamily(name, doc, labels=labels), data)
+
+
+def _http_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    counts = {key: h.count for key, h in s.http.items()}
+    errors: dict[tuple[object, ...], float] = {}
+    deployment_errors: dict[tuple[object, ...], float] = {}
+    for (app, dep, route, method, code), count in counts.items():
+        if code >= 400:
+            short = (app, route, method, code)
+            errors[short] = errors.get(short, 0) + count
+            full = (app, dep, route, method, code)
+            deployment_errors[full] = deployment_errors.get(full, 0) + count
+    yield _counter("serve_num_http_requests", "HTTP requests answered by the proxies "
+                   "(every status; 499: the client went away).", HTTP, counts)
+    yield _counter("serve_num_http_error_requests", "HTTP responses with status >= 400.",
+                   HTTP_ERRORS, errors)
+    yield _counter("serve_num_deployment_http_error_requests", "HTTP responses with status "
+                   ">= 400, by deployment.", DEPLOYMENT_HTTP_ERRORS, deployment_errors)
+    yield _histogram("serve_http_request_latency_ms", "End-to-end latency at the proxy, "
+                     "from the request's first byte to its response, in ms.", HTTP, s.http)
+    yield _gauge("serve_num_ongoing_http_requests", "Requests a proxy worker holds now.",
+                 ["proxy"], {(p, ): g.get("ongoing_http_requests", 0)
+                             for p, g in s.proxies.items()})
+    yield _gauge("surge_proxy_connections", "Open client connections per proxy worker.",
+                 ["proxy"], {(p, ): g.get("connections", 0) for p, g in s.proxies.items()})
+
+
+def _replica_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    yield _counter("serve_deployment_request_counter", "Requests a replica processed, by "
+                   "route (HTTP) or method (handle calls).", REPLICA_ROUTE,
+                   {key: h.count for key, h in s.processing.items()})
+    errors = {key: 0 for key in s.processing} | dict(s.errors)  # 0 until the first one
+    yield _counter("serve_deployment_error_counter", "Exceptions raised by user code.",
+                   REPLICA_ROUTE, errors)
+    yield _histogram("serve_deployment_processing_latency_ms", "Time a replica spent on a "
+                     "request, in ms.", REPLICA_ROUTE, s.processing)
+    yield _gauge("serve_replica_processing_queries", "Requests a replica is processing now.",
+                 REPLICA, s.replica_processing)
+    yield _gauge("serve_deployment_replica_healthy", "1 if the replica passes its health "
+                 "checks, else 0 (RUNNING and STANDBY replicas).", REPLICA, s.replica_healthy)
+    yield _counter("serve_deployment_replica_starts", "Replicas that came up (constructed).",
+                   APP_DEP, s.replica_starts)
+
+
+def _deployment_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    yield _gauge("serve_deployment_queued_queries", "Requests waiting in routers (proxies "
+                 "and handles) for a replica.", APP_DEP, s.queued)
+    yield _gauge("serve_num_ongoing_requests_at_replicas", "Requests sent to replicas and "
+                 "not yet answered.", APP_DEP, s.ongoing)
+    yield _counter("serve_num_router_requests", "Requests offered to the deployment's "
+                   "routers, rejected ones included.", APP_DEP, s.offered)
+    yield _counter("surge_completed_requests", "Requests the deployment's replicas "
+                   "answered.", APP_DEP, s.completed)
+    yield _counter("surge_rejected_requests", "Requests refused at once, by reason "
+                   "(queue_full: the queue budget was used up, 503; connection_limit, "
+                   "no_route, unavailable, malformed, header_timeout, body_timeout, "
+                   "body_too_large, headers_too_large at the proxy).", [*APP_DEP, "reason"],
+                   s.rejections)
+    yield _gauge("surge_replicas", "Replicas by lifecycle state.", [*APP_DEP, "state"],
+                 s.replicas_by_state)
+    yield _gauge("surge_target_replicas", "The replica count the controller works towards.",
+                 APP_DEP, s.target_replicas)
+    yield _gauge("serve_autoscaling_target_replicas", "The autoscaler's target.", APP_DEP,
+                 {k: v for k, v in s.target_replicas.items() if k in s.autoscaled})
+    yield _counter("surge_autoscaling_decisions", "Autoscaling decisions that changed the "
+                   "target, by kind (up, down, cold_start).", [*APP_DEP, "reason"],
+                   s.decisions)
+    named: dict[str, dict[tuple[object, ...], float]] = {name: {} for name in SIGNALS}
+    other: dict[tuple[object, ...], float] = {}
+    for (app, dep, signal), value in s.signals.items():
+        if signal in named:
+            named[signal][(app, dep)] = value
+        else:
+            other[(app, dep, signal)] = value
+    for signal, (name, doc) in SIGNALS.items():
+        yield _gauge(name, doc, APP_DEP, named[signal])
+    yield _gauge("surge_autoscaling_signal", "Other inputs the policy reported at its last "
+                 "decision.", [*APP_DEP, "signal"], other)
+
+
+class _Collector:
+    def __init__(self, snapshot: MetricsSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _http_families(self.snapshot)
+        yield from _replica_families(self.snapshot)
+        yield from _deployment_families(self.snapshot)
+
+
+def render(snapshot: MetricsSnapshot) -> bytes:
+    """The Prometheus text exposition (format 0.0.4) of `snapshot`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(snapshot))
+    return generate_latest(registry)

@@ -1,0 +1,188 @@
+"""Ray Serve's `logging_config` and where the controller's web server listens.
+
+Both reach every surge process through the environment, set by the driver only while
+it starts the controller (the controller hands its environment on to proxies and
+replicas, as it does SURGE_LOG_LEVEL): SURGE_LOGGING_CONFIG holds the logging config
+as JSON, SURGE_DASHBOARD the dashboard's host:port ("off" disables it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from surge.config import from_mapping
+from surge.errors import ConfigError
+
+__all__ = [
+    "DASHBOARD_ENV",
+    "DEFAULT_ACCESS_LOG_MAX_PER_S",
+    "DEFAULT_DASHBOARD_HOST",
+    "DEFAULT_DASHBOARD_PORT",
+    "DEFAULT_LOG_BACKUP_COUNT",
+    "DEFAULT_LOG_MAX_BYTES",
+    "LOGGING_ENV",
+    "DashboardOptions",
+    "LoggingConfig",
+    "child_environment",
+    "metrics_enabled",
+]
+
+LOGGING_ENV = "SURGE_LOGGING_CONFIG"
+DASHBOARD_ENV = "SURGE_DASHBOARD"
+LEVEL_ENV = "SURGE_LOG_LEVEL"
+
+# Next to the control port (52800). Not Ray's 8265: on a Ray head that one is taken.
+DEFAULT_DASHBOARD_PORT = 52801
+# Loopback: the page and /metrics have no authentication.
+DEFAULT_DASHBOARD_HOST = "127.0.0.1"
+# Access-log lines per second per process: every request of someone trying the service
+# is logged, while under load the log writes ~10 lines/s, a cost nobody can measure.
+DEFAULT_ACCESS_LOG_MAX_PER_S = 10
+# Rotation: 20 MiB x (1 + 5 backups) bounds each process's log files at 120 MiB.
+DEFAULT_LOG_MAX_BYTES = 20 * 1024 * 1024
+DEFAULT_LOG_BACKUP_COUNT = 5
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+ENCODINGS = ("TEXT", "JSON")
+OFF = ("off", "none", "disabled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    """Ray Serve's `LoggingConfig` (encoding, log_level, logs_dir, enable_access_log,
+    additional_log_standard_attrs), plus surge's access-log sampling and rotation."""
+
+    encoding: str = "TEXT"
+    log_level: str | None = None  # None: SURGE_LOG_LEVEL, else INFO
+    logs_dir: str | None = None  # None: stderr only; else also rotating files there
+    enable_access_log: bool = True
+    additional_log_standard_attrs: tuple[str, ...] = ()
+    access_log_sample_rate: float = 1.0  # fraction of requests considered (every Nth)
+    access_log_max_per_s: int = DEFAULT_ACCESS_LOG_MAX_PER_S  # 0: no limit
+    max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    backup_count: int = DEFAULT_LOG_BACKUP_COUNT
+
+    def __post_init__(self) -> None:
+        encoding = str(self.encoding).upper()
+        if encoding not in ENCODINGS:
+            raise ConfigError(f"encoding must be TEXT or JSON, got {self.encoding!r}.")
+        object.__setattr__(self, "encoding", encoding)
+        if self.log_level is not None:
+            level = str(self.log_level).upper()
+            if level not in LOG_LEVELS:
+                raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got "
+                                  f"{self.log_level!r}.")
+            object.__setattr__(self, "log_level", level)
+        if self.logs_dir is not None and not isinstance(self.logs_dir, str):
+            raise ConfigError(f"logs_dir must be a directory path, got {self.logs_dir!r}.")
+        if not isinstance(self.enable_access_log, bool):
+            raise ConfigError(f"enable_access_log must be true or false, got "
+                              f"{self.enable_access_log!r}.")
+        attrs = self.additional_log_standard_attrs
+        if isinstance(attrs, str) or not all(isinstance(a, str) for a in attrs):
+            raise ConfigError("additional_log_standard_attrs must be a list of LogRecord "
+                              "attribute names, e.g. [name, lineno].")
+        object.__setattr__(self, "additional_log_standard_attrs", tuple(attrs))
+        rate = self.access_log_sample_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ConfigError(f"access_log_sample_rate must be a number in [0, 1], got "
+                              f"{rate!r}.")
+        for name, minimum in (("access_log_max_per_s", 0), ("max_bytes", 1024),
+                              ("backup_count", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+    @property
+    def level(self) -> str:
+        return self.log_level or os.environ.get(LEVEL_ENV, "").upper() or "INFO"
+
+    @classmethod
+    def from_any(cls, value: LoggingConfig | Mapping[str, Any] | None) -> LoggingConfig:
+        if value is None:
+            return cls()
+        if isinstance(value, LoggingConfig):
+            return value
+        return from_mapping(cls, dict(value), "logging_config")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls) -> LoggingConfig:
+        """This process's config (a bad value in the environment falls back to defaults)."""
+        text = os.environ.get(LOGGING_ENV)
+        if not text:
+            return cls()
+        try:
+            return from_mapping(cls, json.loads(text), LOGGING_ENV)
+        except (ValueError, ConfigError):
+            return cls()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DashboardOptions:
+    """Where the controller serves /metrics and the dashboard page (port 0: any free one)."""
+
+    host: str = DEFAULT_DASHBOARD_HOST
+    port: int = DEFAULT_DASHBOARD_PORT
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or \
+                not 0 <= self.port <= 65535:
+            raise ConfigError(f"dashboard port must be an integer in 0..65535, got "
+                              f"{self.port!r}.")
+
+    def to_env(self) -> str:
+        return f"{self.host}:{self.port}" if self.enabled else "off"
+
+    @classmethod
+    def parse(cls, text: str) -> DashboardOptions:
+        """`host:port`, `:port`, `port` or `off`."""
+        text = text.strip()
+        if text.lower() in OFF:
+            return cls(enabled=False)
+        host, _, port = text.rpartition(":")
+        try:
+            number = int(port)
+        except ValueError:
+            raise ConfigError(f"{DASHBOARD_ENV} must be host:port, :port or off, got "
+                              f"{text!r}.") from None
+        return cls(host=host.strip("[]") or DEFAULT_DASHBOARD_HOST, port=number)
+
+    @classmethod
+    def from_env(cls) -> DashboardOptions:
+        text = os.environ.get(DASHBOARD_ENV)
+        return cls.parse(text) if text else cls()
+
+
+def metrics_enabled() -> bool:
+    """False when SURGE_DASHBOARD is "off": then nobody reads metrics, so proxies and
+    replicas record none (the baseline the echo bench compares against)."""
+    return os.environ.get(DASHBOARD_ENV, "").strip().lower() not in OFF
+
+
+@contextlib.contextmanager
+def child_environment(logging_config: LoggingConfig | None,
+                      dashboard: DashboardOptions | None) -> Iterator[None]:
+    """Set the variables for the processes started inside, then restore this process's."""
+    values = {LOGGING_ENV: logging_config.to_json() if logging_config else None,
+              DASHBOARD_ENV: dashboard.to_env() if dashboard else None}
+    saved = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is not None:
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old

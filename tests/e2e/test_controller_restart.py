@@ -1,0 +1,197 @@
+"""The controller dies; the data path keeps serving and the restarted one re-attaches.
+
+Also the control API's token: nothing a connection sends is unpickled before it
+presents the instance's token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from surge import serve
+from surge.api.instance import current
+from surge.control_auth import find_token, token_path
+from surge.errors import ControlAuthError
+from surge.serve.config import AuthConfig
+from surge.transport.framing import FrameEncoder
+from surge.transport.messages import Rpc
+from surge.transport.rpc import connect_rpc
+from tests.e2e.conftest import Running, running_instance
+
+pytestmark = pytest.mark.e2e
+
+
+@serve.deployment(num_replicas=2)
+class Echo:
+    def __call__(self, request: object) -> dict[str, int]:
+        return {"pid": os.getpid()}
+
+    def double(self, value: int) -> int:
+        return value * 2
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[Running]:
+    with running_instance() as running:
+        yield running
+
+
+def replica_pids() -> dict[str, int]:
+    instance = current()
+    assert instance is not None
+    return {r["replica_id"]: r["pid"] for r in instance.call("replicas", timeout=10)
+            if r["state"] == "RUNNING"}
+
+
+class Load:
+    """HTTP requests in a loop on a thread, counting outcomes by status (or error)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.outcomes: Counter[str] = Counter()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self.stop.is_set():
+                try:
+                    self.outcomes[str(client.get(self.url).status_code)] += 1
+                except httpx.HTTPError as exc:
+                    self.outcomes[type(exc).__name__] += 1
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def kill_controller() -> int:
+    instance = current()
+    assert instance is not None and instance.process is not None
+    old = instance.process.pid
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (instance.process is None or instance.process.pid == old) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert instance.process is not None and instance.process.pid != old, "no restart"
+    return instance.process.pid
+
+
+def test_killed_controller_restarts_and_reattaches_under_load(instance: Running) -> None:
+    handle = serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+    before = replica_pids()
+    assert len(before) == 2
+    with Load(f"{instance.url}/echo") as load:
+        time.sleep(0.5)
+        kill_controller()
+        time.sleep(2.0)  # serving across the restart and the re-attachment
+    assert load.outcomes["200"] > 0
+    assert set(load.outcomes) == {"200"}, load.outcomes
+    assert replica_pids() == before  # re-attached, not restarted
+    assert handle.double.remote(21).result(timeout_s=15) == 42
+    status = serve.status()
+    assert status.applications["echo"].status == "RUNNING"
+
+
+def test_restarted_controller_keeps_desired_state_and_accepts_deploys(
+        instance: Running) -> None:
+    serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+    kill_controller()
+    # The restored deployment is reconciled as before: a changed target applies.
+    serve.run(Echo.options(num_replicas=3).bind(), name="echo", route_prefix="/echo")
+    assert len(replica_pids()) == 3
+    with httpx.Client(timeout=10) as client:
+        assert client.get(f"{instance.url}/echo").status_code == 200
+    serve.delete("echo")
+    assert "echo" not in serve.status().applications
+
+
+def test_a_restarted_controller_keeps_an_apps_bearer_tokens(instance: Running) -> None:
+    token = "restart-test-token-0123456789"
+    serve.run(Echo.bind(), name="locked", route_prefix="/locked",
+              auth=AuthConfig(tokens=[token]))
+    kill_controller()
+    serve.run(Echo.options(num_replicas=1).bind(), name="other", route_prefix="/other")
+    with httpx.Client(timeout=10) as client:  # the new route table went out to the proxy
+        assert client.get(f"{instance.url}/other").status_code == 200
+        assert client.get(f"{instance.url}/locked").status_code == 401
+        ok = client.get(f"{instance.url}/locked", headers={"authorization": f"Bearer {token}"})
+        assert ok.status_code == 200
+    serve.delete("locked")
+    serve.delete("other")
+
+
+def test_replica_killed_while_controller_is_down_is_replaced(instance: Running) -> None:
+    serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+    victim_id, victim = sorted(replica_pids().items())[0]
+    instance_ = current()
+    assert instance_ is not None and instance_.process is not None
+    old = instance_.process.pid
+    os.kill(old, signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    pids: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            pids = replica_pids()
+        except Exception:
+            pids = {}
+        if len(pids) == 2 and victim_id not in pids:
+            break
+        time.sleep(0.2)
+    assert len(pids) == 2 and victim_id not in pids, pids
+    with httpx.Client(timeout=10) as client:
+        assert client.get(f"{instance.url}/echo").status_code == 200
+
+
+def test_control_api_refuses_a_wrong_or_missing_token(instance: Running) -> None:
+    address = instance.control_address
+    assert find_token(address)  # published for this user by the process that started it
+    assert oct(os.stat(token_path(address)).st_mode & 0o777) == "0o600"
+
+    async def connect(token: str) -> None:
+        peer = await connect_rpc(address, None, token=token)
+        peer.close()
+
+    with pytest.raises(ControlAuthError, match="refused"):
+        asyncio.run(connect("not-the-token"))
+    asyncio.run(connect(find_token(address) or ""))
+
+
+class _Boom:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (Path(self.path), "unpickled"))  # type: ignore[return-value]
+
+
+def test_nothing_is_unpickled_before_the_token(instance: Running, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    payload = pickle.dumps({"role": _Boom(str(marker)), "pid": 1})
+    frame = FrameEncoder().encode(Rpc(id=1, method="hello", payload=payload))
+    host, _, port = instance.control_address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frame)
+        sock.settimeout(10)
+        while sock.recv(65536):  # the refusal, then the controller closes the connection
+            pass
+    assert not marker.exists()
+    assert current() is not None and serve.status() is not None  # still serving

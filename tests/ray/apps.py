@@ -1,0 +1,36 @@
+"""Deployments for the ray backend's tests: each answers with where it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from surge import serve
+
+
+def whereami() -> dict[str, Any]:
+    return {"pid": os.getpid(), "node": os.environ.get("SURGE_NODE_ID", ""),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+@serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.25})
+class Where:
+    async def __call__(self, request: Any) -> dict[str, Any]:
+        return whereami()
+
+
+@serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.25, "num_gpus": 1})
+class OnGpu:
+    async def __call__(self, request: Any) -> dict[str, Any]:
+        return whereami()
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=4,
+                  ray_actor_options={"num_cpus": 0.25, "resources": {"doomed": 1}})
+class Slow:
+    """Pinned by a custom resource to the node the test removes (then to its spare)."""
+
+    async def __call__(self, request: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.3)
+        return whereami()

@@ -1,0 +1,131 @@
+"""A small multi-node Ray cluster on this machine, and a surge instance on it.
+
+Three Ray nodes (ray.cluster_utils.Cluster: separate raylets, one machine): the head
+with 1 CPU and no GPU, a "gpu" node with 2 CPUs and 2 logical GPUs, a "cpu" node with
+2 CPUs. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray use 127.0.0.1 for every node, so
+all traffic stays on loopback; nodes sharing that IP get distinct proxy ports
+(policy.placement.proxy_port). Fast GCS health checks make a removed node count as
+dead within ~2 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from surge import serve
+
+# Loopback for every node; a slow start (a busy 2-core machine) is not a failure.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_raylet_start_wait_time_s": "120"}
+SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                 "health_check_initial_delay_ms": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_run(count: int) -> int:
+    """A port p with p .. p+count-1 free now (node proxies take port+1, port+2, ...)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no run of free ports")
+
+
+@dataclass
+class RayCluster:
+    cluster: Any
+    head: Any
+    gpu_node: Any
+    cpu_node: Any
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def ray_cluster() -> Iterator[RayCluster]:
+    with environ(LOOPBACK_ENV):  # read when Ray is imported
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "num_gpus": 0, "include_dashboard": False,
+            # A free port: other Ray clusters on this machine may hold 8265.
+            "dashboard_port": free_port(), "_system_config": SYSTEM_CONFIG})
+        try:
+            gpu = cluster.add_node(num_cpus=2, num_gpus=2, resources={"gpu_node": 1})
+            cpu = cluster.add_node(num_cpus=2, resources={"cpu_node": 1})
+            cluster.wait_for_nodes()
+            yield RayCluster(cluster, cluster.head_node, gpu, cpu)
+        finally:
+            cluster.shutdown()
+
+
+@dataclass
+class Surge:
+    http_port: int
+    control_address: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+@contextlib.contextmanager
+def surge_on(cluster: RayCluster, **options: Any) -> Iterator[Surge]:
+    control = f"127.0.0.1:{free_port()}"
+    http_port = free_port_run(4)
+    with environ({**LOOPBACK_ENV, "SURGE_ADDRESS": control,
+                  "SURGE_DASHBOARD": f"127.0.0.1:{free_port()}"}):
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port}, backend="ray",
+                    ray_address=cluster.address, **options)
+        try:
+            yield Surge(http_port, control)
+        finally:
+            serve.shutdown()
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what or predicate}")
