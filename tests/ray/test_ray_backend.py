@@ -122,3 +122,26 @@ def test_process_titles_match_the_local_backend(surge: Surge) -> None:
             except OSError:
                 continue
     assert len(hosted_proxies) >= len(serve.status().proxy_addresses)
+
+
+def unix_connections(path: str) -> int:
+    """Accepted connections on the Unix socket at `path` (server-side entries carry it)."""
+    with open("/proc/net/unix") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    return sum(1 for row in rows if len(row) >= 8 and row[7] == path and row[5] == "03")
+
+
+def test_a_proxy_reaches_replicas_on_its_node_by_unix_socket(cluster: RayCluster,
+                                                             surge: Surge) -> None:
+    from surge.control_auth import user_dir
+
+    gpu_proxy = f"proxy-node-{cluster.gpu_node.node_id}"
+    address = wait_for(lambda: serve.status().proxy_addresses.get(gpu_proxy),
+                       what="the gpu node's proxy")
+    answers(f"http://{address}/gpu", 10)
+    sockets = os.path.join(user_dir(), "sockets")
+    gpu_replicas = [r for r in replicas() if r["app"] == "gpu"]
+    assert gpu_replicas
+    connected = [r for r in gpu_replicas
+                 if unix_connections(os.path.join(sockets, f"{r['replica_id']}.sock"))]
+    assert connected, "the node's proxy should use the replicas' Unix sockets"

@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from surge.control_auth import user_dir
+from surge.control_auth import TOKEN_ENV, user_dir
 from surge.errors import ControllerUnavailableError
 from surge.model import ImportedTarget, ReplicaSpec
 from surge.node import node_id, node_ip, placed
@@ -163,8 +163,9 @@ class Replica:
         """Where routers reach us: (listeners, address, local_address).
 
         On the local backend a Unix socket in SURGE_SOCKET_DIR (cheaper than loopback
-        TCP). Placed on a node: TCP on the node's IP for routers on other nodes, plus a
-        Unix socket that routers on this node use instead.
+        TCP). Placed on a node: TCP on the node's IP for routers on other nodes (they
+        present the control token first), plus a Unix socket that routers on this node
+        use instead.
         """
         socket_dir = os.environ.get("SURGE_SOCKET_DIR")
         if socket_dir:
@@ -172,8 +173,9 @@ class Replica:
             return [unix], path, ""
         assert self.server is not None
         host = node_ip() or "127.0.0.1"
-        tcp = await asyncio.get_running_loop().create_server(
-            self.server.protocol, host, 0, backlog=4096)
+        token = os.environ.get(TOKEN_ENV)
+        factory = self.server.protocol_requiring(token) if token else self.server.protocol
+        tcp = await asyncio.get_running_loop().create_server(factory, host, 0, backlog=4096)
         address = f"{host}:{tcp.sockets[0].getsockname()[1]}"
         if not placed():
             return [tcp], address, ""

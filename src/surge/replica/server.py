@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import pickle
 import time
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from surge.observability.config import metrics_enabled
@@ -34,7 +35,9 @@ from surge.transport.messages import (
     Message,
     Rejected,
     Result,
+    Rpc,
 )
+from surge.transport.rpc import AUTHENTICATE
 
 __all__ = ["ReplicaServer"]
 
@@ -85,6 +88,11 @@ class ReplicaServer:
     def protocol(self) -> _Connection:
         return _Connection(self)
 
+    def protocol_requiring(self, token: str) -> Callable[[], _Connection]:
+        """For a TCP listener: a connection must present the control token first, since
+        handle calls carry pickled arguments (Unix sockets are private to the user)."""
+        return functools.partial(_Connection, self, token.encode())
+
     def admit(self) -> bool:
         if self.draining or self.ongoing >= self.max_ongoing:
             return False
@@ -109,9 +117,10 @@ class ReplicaServer:
 
 
 class _Connection(FramedProtocol):
-    def __init__(self, server: ReplicaServer) -> None:
+    def __init__(self, server: ReplicaServer, token: bytes | None = None) -> None:
         super().__init__()
         self.server = server
+        self.token = token  # still expected as the first frame, when set
         self.tasks: dict[int, asyncio.Task[bool]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
 
@@ -120,6 +129,17 @@ class _Connection(FramedProtocol):
         self.server.connections.add(self)
 
     def message_received(self, message: Message) -> None:
+        if self.token is not None:
+            if self.transport is None or self.transport.is_closing():
+                return  # refused already: ignore the rest of what it sent
+            if (isinstance(message, Rpc) and message.method == AUTHENTICATE
+                    and hmac.compare_digest(message.payload, self.token)):
+                self.token = None
+            else:
+                log.warning("%s: closing a connection that did not present the token",
+                            self.server.name)
+                self.close()
+            return
         if isinstance(message, HttpRequest | Call):
             if not self.server.admit():
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))

@@ -30,8 +30,8 @@ from surge.node import LOCAL_NODE
 from surge.policy.admission import admit
 from surge.policy.routing import choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
-from surge.transport.messages import Cancel, Message, Rejected
-from surge.transport.rpc import split_address
+from surge.transport.messages import Cancel, Message, Rejected, Rpc
+from surge.transport.rpc import AUTHENTICATE, split_address
 
 __all__ = ["Router"]
 
@@ -75,6 +75,7 @@ class Router:
                  now: Callable[[], float] = time.monotonic, node_id: str = LOCAL_NODE) -> None:
         self.deployment = deployment
         self.node_id = node_id
+        self.token: str | None = None  # the control token, for replicas reached over TCP
         self._local = 0  # the first `_local` routable slots are on this router's node
         self._rng = rng or random.Random()
         self._now = now
@@ -172,6 +173,8 @@ class Router:
                 host, port = split_address(info.address)
                 transport, _ = await self._loop.create_connection(lambda: link, host, port)
                 _keepalive(transport.get_extra_info("socket"))
+                if self.token:  # TCP replicas take requests only after the token
+                    link.send(Rpc(id=0, method=AUTHENTICATE, payload=self.token.encode()))
         except OSError as exc:
             log.warning("cannot reach replica %s at %s: %s", info.replica_id, info.address, exc)
             self._links.pop(info.replica_id, None)

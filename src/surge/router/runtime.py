@@ -15,6 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from surge.control_auth import find_token
 from surge.errors import ControllerUnavailableError
 from surge.model import DeploymentId, ReplicaSet, RouteTable
 from surge.node import node_id
@@ -48,6 +49,7 @@ class RouterRuntime:
                  rpc_methods: dict[str, RpcMethod] | None = None,
                  hello: dict[str, Any] | None = None) -> None:
         self.address = controller_address
+        self.token = find_token(controller_address)  # also opens TCP links to replicas
         self.role = role
         self.loop = asyncio.get_running_loop()
         self.routers: dict[DeploymentId, Router] = {}
@@ -126,6 +128,7 @@ class RouterRuntime:
         router = self.routers.get(deployment)
         if router is None:
             router = self.routers[deployment] = Router(deployment, node_id=node_id())
+            router.token = self.token
             router.on_pressure = self._urgent_report
             if self.peer is not None and not self.peer.is_closed:
                 self.loop.create_task(self._watch(deployment))
