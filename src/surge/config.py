@@ -39,6 +39,7 @@ __all__ = [
     "ReplicaResources",
     "ScheduleWindow",
     "parse_schedule",
+    "unreadable",
 ]
 
 log = logging.getLogger("surge.config")
@@ -106,6 +107,20 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
         raise ConfigError(f"{where}: {exc}") from None
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def unreadable(key: str, path: str, exc: OSError | UnicodeDecodeError, what: str,
+               reader: str) -> ConfigError:
+    """The ConfigError for a file named by `key` that cannot be read, saying what to do."""
+    if isinstance(exc, FileNotFoundError):
+        return ConfigError(f"{key}: no such file {path!r}")
+    if isinstance(exc, IsADirectoryError):
+        return ConfigError(f"{key}: {path!r} is a directory; give {what}")
+    if isinstance(exc, PermissionError):
+        return ConfigError(f"{key}: cannot read {path!r} (permission denied); make it "
+                           f"readable by {reader}")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    return ConfigError(f"{key}: cannot read {path!r}: {reason}")
 
 
 def _require(ok: bool, message: str) -> None:

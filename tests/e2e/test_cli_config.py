@@ -12,14 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import free_port
+from tests.e2e.load import Load
 
 pytestmark = pytest.mark.e2e
 
@@ -76,36 +75,6 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) 
     raise AssertionError(f"no {needle!r} from surge run; got:\n{''.join(seen)}")
 
 
-class Load:
-    """A closed loop of GETs in a thread; every outcome counted."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.outcomes: Counter[str] = Counter()
-        self.bodies: list[dict[str, Any]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self.stop.is_set():
-                try:
-                    response = client.get(self.url, params={"text": "x"})
-                    self.outcomes[str(response.status_code)] += 1
-                    if response.status_code == 200:
-                        self.bodies.append(response.json())
-                except httpx.HTTPError as exc:
-                    self.outcomes[type(exc).__name__] += 1
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(15)
-
-
 def test_run_deploy_under_load_status_shutdown(tmp_path: Path) -> None:
     http_port = free_port()
     env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}")
@@ -125,7 +94,7 @@ def test_run_deploy_under_load_status_shutdown(tmp_path: Path) -> None:
         second = tmp_path / "second.yaml"
         second.write_text(CONFIG.format(port=http_port, language="italian", min_length=3,
                                         translator_limit=16))
-        with Load(url) as load:
+        with Load(url, params={"text": "x"}, keep_bodies=True) as load:
             time.sleep(0.5)
             deployed = _surge("deploy", str(second), env=env)
             time.sleep(0.5)

@@ -11,9 +11,7 @@ import os
 import pickle
 import signal
 import socket
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from surge.transport.framing import FrameEncoder
 from surge.transport.messages import Rpc
 from surge.transport.rpc import connect_rpc
 from tests.e2e.conftest import Running, running_instance
+from tests.e2e.load import Load
 
 pytestmark = pytest.mark.e2e
 
@@ -53,32 +52,6 @@ def replica_pids() -> dict[str, int]:
     assert instance is not None
     return {r["replica_id"]: r["pid"] for r in instance.call("replicas", timeout=10)
             if r["state"] == "RUNNING"}
-
-
-class Load:
-    """HTTP requests in a loop on a thread, counting outcomes by status (or error)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.outcomes: Counter[str] = Counter()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self.stop.is_set():
-                try:
-                    self.outcomes[str(client.get(self.url).status_code)] += 1
-                except httpx.HTTPError as exc:
-                    self.outcomes[type(exc).__name__] += 1
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def kill_controller() -> int:

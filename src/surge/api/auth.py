@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from surge.config import AuthConfig, from_mapping
+from surge.config import AuthConfig, from_mapping, unreadable
 from surge.errors import ConfigError
 from surge.model import AccessTokens
 from surge.policy.auth import token_digest, token_problem
@@ -84,16 +84,9 @@ def _from_file(path: str, where: str) -> list[str]:
         with open(path, encoding="utf-8") as source:
             mode = os.fstat(source.fileno()).st_mode
             text = source.read()
-    except FileNotFoundError:
-        raise ConfigError(f"{where}.tokens_file: no such file {path!r}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where}.tokens_file: {path!r} is a directory, not a file of "
-                          "tokens") from None
-    except PermissionError:
-        raise ConfigError(f"{where}.tokens_file: cannot read {path!r} (permission denied); "
-                          "make it readable by the user that deploys") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}.tokens_file: cannot read {path!r}: {exc}") from None
+        raise unreadable(f"{where}.tokens_file", path, exc, "a file of tokens",
+                         "the user that deploys") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("%s.tokens_file: %s may be read by other users (mode %o); "
                     "chmod 600 it", where, path, stat.S_IMODE(mode))

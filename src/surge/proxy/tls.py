@@ -14,6 +14,7 @@ from __future__ import annotations
 import ssl
 from typing import Protocol
 
+from surge.config import unreadable
 from surge.errors import ConfigError
 
 __all__ = ["TlsFiles", "check_tls_files", "server_context"]
@@ -80,17 +81,9 @@ def _readable(option: str, path: str) -> None:
     try:
         with open(path, "rb") as source:
             source.read(1)
-    except FileNotFoundError:
-        raise ConfigError(f"http_options.{option}: no such file {path!r}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"http_options.{option}: {path!r} is a directory; give the PEM "
-                          "file") from None
-    except PermissionError:
-        raise ConfigError(f"http_options.{option}: cannot read {path!r} (permission denied); "
-                          "make it readable by the user that runs surge") from None
     except OSError as exc:
-        raise ConfigError(f"http_options.{option}: cannot read {path!r}: "
-                          f"{exc.strerror or exc}") from None
+        raise unreadable(f"http_options.{option}", path, exc, "the PEM file",
+                         "the user that runs surge") from None
 
 
 def _chain_error(certfile: str, keyfile: str | None, exc: ssl.SSLError) -> str:
