@@ -41,8 +41,9 @@ class Echo:
         return value * 2
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def instance() -> Iterator[Running]:
+    """A fresh instance per test: each may use up some of its 5 restarts a minute."""
     with running_instance() as running:
         yield running
 
@@ -109,6 +110,18 @@ def test_a_restarted_controller_keeps_an_apps_bearer_tokens(instance: Running) -
         assert ok.status_code == 200
     serve.delete("locked")
     serve.delete("other")
+
+
+def test_controller_killed_again_while_it_recovers(instance: Running) -> None:
+    serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+    before = replica_pids()
+    with Load(f"{instance.url}/echo") as load:
+        kill_controller()
+        kill_controller()  # the second one dies while it waits for members to re-attach
+        time.sleep(1.0)
+    assert set(load.outcomes) == {"200"}, load.outcomes
+    assert replica_pids() == before
+    assert serve.status().applications["echo"].status == "RUNNING"
 
 
 def test_replica_killed_while_controller_is_down_is_replaced(instance: Running) -> None:
