@@ -13,13 +13,25 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOCAL_NODE", "NODE_ID_ENV", "NODE_IP_ENV", "PROXY_PORT_ENV", "node_id", "node_ip",
-           "placed", "proxy_port"]
+__all__ = [
+    "LOCAL_NODE",
+    "NODE_ID_ENV",
+    "NODE_IP_ENV",
+    "ORPHAN_TIMEOUT_S",
+    "PROXY_PORT_ENV",
+    "node_id",
+    "node_ip",
+    "placed",
+    "proxy_port",
+]
 
 NODE_ID_ENV = "SURGE_NODE_ID"
 NODE_IP_ENV = "SURGE_NODE_IP"
 PROXY_PORT_ENV = "SURGE_PROXY_PORT"
 LOCAL_NODE = "local"  # ReplicaInfo.node_id on the local backend
+# A placed process with no controller for this long leaves: its driver is gone for good
+# (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
+ORPHAN_TIMEOUT_S = 120.0
 
 
 def node_id() -> str:

@@ -17,10 +17,11 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["SUPERVISOR_ENV", "die_with_parent", "pid_gone", "raise_fd_limit", "set_title",
-           "supervisor_pid", "watch_supervisor"]
+__all__ = ["STATE_DIR_ENV", "SUPERVISOR_ENV", "die_with_parent", "pid_gone", "raise_fd_limit",
+           "set_title", "start_time", "supervisor_pid", "watch_supervisor"]
 
 SUPERVISOR_ENV = "SURGE_SUPERVISOR_PID"
+STATE_DIR_ENV = "SURGE_STATE_DIR"  # the instance's private directory; in every member's env
 SUPERVISOR_POLL_S = 0.5  # only where pidfds are missing (old kernels)
 
 _PR_SET_PDEATHSIG = 1
@@ -115,3 +116,14 @@ def watch_supervisor(loop: asyncio.AbstractEventLoop, on_gone: Callable[[], None
     else:
         loop.call_later(SUPERVISOR_POLL_S, poll)
     return True
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if gone.
+    A pid and its start time name one process: a recycled pid has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None

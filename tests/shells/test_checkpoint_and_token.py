@@ -76,3 +76,22 @@ def test_a_directory_others_can_read_is_refused(private_tmp: Path) -> None:
     shared.chmod(0o755)
     with pytest.raises(PermissionError, match="mode 0700"):
         control_auth.user_dir()
+
+
+def test_members_are_recognised_by_pid_and_start_time() -> None:
+    import subprocess
+    import sys
+
+    from surge.process import start_time
+
+    me = os.getpid()
+    started = start_time(me)
+    assert started is not None
+    assert Members(started={me: started}).is_member(me)
+    assert not Members(started={me: started + 1}).is_member(me)  # a recycled pid
+    assert not Members().is_member(me)  # never saved
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child_started = start_time(child.pid)
+    child.wait()
+    assert child_started is not None
+    assert not Members(started={child.pid: child_started}).is_member(child.pid)  # gone

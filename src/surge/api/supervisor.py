@@ -12,11 +12,13 @@ RESTART_WINDOW_S) so a controller that cannot start does not loop forever.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,14 +29,17 @@ from typing import Any
 from surge.backends.choice import BackendChoice
 from surge.config import HTTPOptions
 from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
+from surge.controller.checkpoint import Checkpoint
 from surge.errors import RayServeException
-from surge.process import SUPERVISOR_ENV
+from surge.process import STATE_DIR_ENV, SUPERVISOR_ENV
 
 __all__ = ["Supervisor", "user_sys_path"]
 
 log = logging.getLogger("surge")
 
 START_TIMEOUT_S = 60.0
+# A restart re-imports no user code up front: if it is not ready by then, it is stuck.
+RESTART_TIMEOUT_S = 20.0
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 0.5
@@ -74,13 +79,13 @@ class Supervisor:
         paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.update({"SURGE_PARENT_PID": str(os.getpid()), SUPERVISOR_ENV: str(os.getpid()),
-                    TOKEN_ENV: self.token, "SURGE_STATE_DIR": self.state_dir,
+                    TOKEN_ENV: self.token, STATE_DIR_ENV: self.state_dir,
                     "SURGE_RECOVER": "1" if recover else "0", **self.backend.env()})
         process = subprocess.Popen(
             [sys.executable, "-m", "surge.controller", address, json.dumps(options)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         assert process.stdout is not None
-        line = _read_line(process, START_TIMEOUT_S)
+        line = _read_line(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
         process.stdout.close()
         if line.startswith("SURGE_READY "):
             ready: dict[str, Any] = json.loads(line.split(" ", 1)[1])
@@ -122,10 +127,23 @@ class Supervisor:
         return len(self.restarts) <= MAX_RESTARTS
 
     def close(self) -> None:
-        """After the instance shut down: forget its token and state."""
+        """After the instance shut down: stop what is left of it, forget token and state."""
         self.stopping = True
+        self._stop_leftovers()
         withdraw(self.address, self.token)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _stop_leftovers(self) -> None:
+        """Members still running after a shutdown (their controller was down, so nobody
+        stopped them) get SIGTERM: they drain and exit."""
+        _, members = Checkpoint(self.state_dir).load()
+        pids = [int(m["pid"]) for m in members.replicas.values()] + [
+            int(pid) for pid in members.proxies.values()]
+        for pid in pids:
+            if members.is_member(pid):
+                log.warning("stopping pid %d, left running by a controller that died", pid)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
 
 
 def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:

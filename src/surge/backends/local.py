@@ -21,7 +21,7 @@ import tempfile
 
 from surge.backends.base import Exit, PlacementError, ReplicaLaunch
 from surge.backends.forking import ForkServer, ForkServerError
-from surge.process import open_pidfd, pid_gone
+from surge.process import STATE_DIR_ENV, open_pidfd, pid_gone
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -94,7 +94,7 @@ class LocalBackend:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
-        state_dir = os.environ.get("SURGE_STATE_DIR")
+        state_dir = os.environ.get(STATE_DIR_ENV)
         if state_dir:
             self.socket_dir = os.path.join(state_dir, "sockets")
             os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
@@ -171,7 +171,7 @@ class LocalBackend:
         if forked is not None:
             try:
                 os.kill(forked, signum)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
             return
         process = self.processes.get(process_id)

@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 
 from surge.config import AppSpec
+from surge.process import start_time
 
 __all__ = ["Checkpoint", "Members", "SavedApp"]
 
@@ -40,6 +41,13 @@ class SavedApp:
 class Members:
     replicas: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> pid, app, ...
     proxies: dict[str, int] = field(default_factory=dict)  # proxy id -> pid
+    # pid -> its start time (process.start_time): a recycled pid is not a member.
+    started: dict[int, int] = field(default_factory=dict)
+
+    def is_member(self, pid: int) -> bool:
+        """Whether `pid` is still the process that was saved (alive, not recycled)."""
+        recorded = self.started.get(pid)
+        return recorded is not None and recorded == start_time(pid)
 
 
 class Checkpoint:
@@ -67,7 +75,8 @@ class Checkpoint:
     def save_members(self, members: Members) -> None:
         if self.directory is None:
             return
-        text = json.dumps({"replicas": members.replicas, "proxies": members.proxies},
+        text = json.dumps({"replicas": members.replicas, "proxies": members.proxies,
+                           "started": {str(p): t for p, t in members.started.items()}},
                           sort_keys=True)
         if text != self._members_written:
             self._write(MEMBERS_FILE, text.encode())
@@ -89,7 +98,8 @@ class Checkpoint:
         try:
             with open(os.path.join(self.directory, MEMBERS_FILE)) as file:
                 saved = json.load(file)
-            members = Members(dict(saved["replicas"]), dict(saved["proxies"]))
+            members = Members(dict(saved["replicas"]), dict(saved["proxies"]),
+                              {int(p): int(t) for p, t in saved.get("started", {}).items()})
         except FileNotFoundError:
             pass
         except Exception as exc:

@@ -195,6 +195,7 @@ class Controller:
         for deployment in app.deployments.values():
             deployment.deleting, deployment.target = True, 0
         app.route_prefix = None
+        self.recovery.deleted(name)  # a restart during the drain must not bring it back
         self._push_routes()
         async with self.changed:
             try:
@@ -257,14 +258,18 @@ class Controller:
         if not self.proxy_address:
             self.backend.start_proxy(f"{PROXY_PREFIX}0")
             return
+        alive = set(self.backend.alive())
         for index in range(self.proxy_count):
-            if f"{PROXY_PREFIX}{index}" not in self.proxy_workers:
-                self.backend.start_proxy(f"{PROXY_PREFIX}{index}")
+            proxy_id = f"{PROXY_PREFIX}{index}"
+            if proxy_id not in self.proxy_workers and proxy_id not in alive:
+                self.backend.start_proxy(proxy_id)
 
     async def rpc_proxy_ready(self, peer: RpcPeer, address: str, pid: int) -> None:
         first = not self.proxy_address
         self.proxy_address = self.proxy_address or address  # node proxies have their own
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
+        if proxy_id not in self.backend.alive():  # started by a controller that died since
+            self.backend.adopt(proxy_id, pid)
         self.proxy_workers[proxy_id] = pid
         self.proxy_addresses[proxy_id] = address
         if first:
@@ -289,10 +294,12 @@ class Controller:
 
     async def rpc_replica_ready(self, peer: RpcPeer, replica_id: str, address: str,
                                 pid: int, node_id: str = LOCAL_NODE,
-                                local_address: str = "") -> None:
+                                local_address: str = "") -> bool:
+        """False: this controller does not want the replica (it was started by one that
+        died since, or already stopped); the replica exits."""
         replica = self.replicas.get(replica_id)
         if replica is None or replica.state is not ReplicaState.STARTING:
-            return
+            return False
         deployment = self.deployments[replica.deployment]
         replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid, node_id,
                                    local_address)
@@ -310,6 +317,7 @@ class Controller:
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
         self.push_replica_set(deployment.id)
         await self._notify()
+        return True
 
     async def rpc_replica_failed(self, peer: RpcPeer, replica_id: str, error: str) -> None:
         replica = self.replicas.get(replica_id)
@@ -440,6 +448,8 @@ class Controller:
         self.proxy_workers.pop(proxy_id, None)
         self.proxy_addresses.pop(proxy_id, None)
         if self.stopping or proxy_id in self.backend.alive():  # already replaced
+            return
+        if self.recovery.active:  # start_proxies starts the missing ones after recovery
             return
         log.warning("%s exited with code %s; restarting it", proxy_id, code)
         self.backend.start_proxy(proxy_id)
@@ -614,6 +624,8 @@ class Controller:
         if self.stopping:
             return
         self.stopping = True
+        if self.recovery.active:  # stop waiting: adopt nobody else, stop the stragglers
+            self.recovery.maybe_finish(float("inf"))
         log.info("shutting down: stopping %d replica(s) and the proxy", len(self.replicas))
         # The proxy goes first: it finishes the requests it holds while replicas still serve.
         proxies = [p for p in self.backend.alive() if is_proxy(p)]

@@ -27,7 +27,7 @@ from surge.controller.web import DashboardServer, start_dashboard
 from surge.errors import ConfigError
 from surge.observability.config import DashboardOptions
 from surge.observability.logs import configure_logging
-from surge.process import die_with_parent, raise_fd_limit, set_title
+from surge.process import STATE_DIR_ENV, die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
 log = logging.getLogger("surge.controller")
@@ -60,7 +60,7 @@ async def serve(address: str, http: HTTPOptions) -> int:
         server.close()
         return 1
     controller = Controller(bound, http, backend,
-                            Checkpoint(os.environ.get("SURGE_STATE_DIR")))
+                            Checkpoint(os.environ.get(STATE_DIR_ENV)))
     holder.append(controller)
     if os.environ.get("SURGE_RECOVER") == "1":
         controller.recovery.restore()
@@ -69,6 +69,12 @@ async def serve(address: str, http: HTTPOptions) -> int:
     dashboard = await _dashboard(controller)
     if controller.recovery.active:
         await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
+    if controller.stopping:  # shut down while it recovered
+        await controller.stopped.wait()
+        if dashboard is not None:
+            dashboard.close()
+        server.close()
+        return 0
     if http.location not in ("Disabled", "NoServer"):
         controller.start_proxies()
         try:

@@ -21,26 +21,18 @@ from surge.controller.state import ReplicaRecord
 from surge.model import DeploymentId, ReplicaInfo
 from surge.node import LOCAL_NODE
 from surge.policy.lifecycle import ReplicaState
+from surge.process import start_time
 from surge.transport.rpc import RpcPeer
 
 if TYPE_CHECKING:
     from surge.controller.controller import Controller
 
-__all__ = ["RECOVERY_TIMEOUT_S", "Recovery", "is_surge_process"]
+__all__ = ["RECOVERY_TIMEOUT_S", "Recovery"]
 
 log = logging.getLogger("surge.controller")
 
 # After a restart, how long to wait for the previous controller's members to re-register.
 RECOVERY_TIMEOUT_S = 5.0
-
-
-def is_surge_process(pid: int) -> bool:
-    """Whether `pid` is a live surge process (by its title), not a recycled pid."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read().startswith(b"surge:")
-    except OSError:
-        return False
 
 
 class Recovery:
@@ -51,6 +43,7 @@ class Recovery:
         self.checkpoint = checkpoint
         self.specs: dict[str, AppSpec] = {}  # as deployed, for the checkpoint
         self.expected: Members | None = None  # set while waiting for members to return
+        self._started: dict[int, int] = {}  # pid -> start time, read once per member
         self.deadline = 0.0
         self.done = asyncio.Event()
         self.done.set()
@@ -93,6 +86,7 @@ class Recovery:
             return
         c.backend.adopt(proxy_id, pid)
         c.proxy_workers[proxy_id] = pid
+        c.proxy_addresses[proxy_id] = address
         c.proxy_address = c.proxy_address or address
         if self.expected is not None:
             self.expected.proxies.pop(proxy_id, None)
@@ -136,11 +130,12 @@ class Recovery:
         if expected is None:
             return
         # Locally a member that died is visible at once; on a cluster wait for the deadline.
-        local = c.backend.name == "local"
+        def alive(pid: int) -> bool:
+            return c.backend.name != "local" or expected.is_member(pid)
+
         replicas = {r: int(m["pid"]) for r, m in expected.replicas.items()
-                    if not local or is_surge_process(int(m["pid"]))}
-        proxies = {p: pid for p, pid in expected.proxies.items()
-                   if not local or is_surge_process(pid)}
+                    if alive(int(m["pid"]))}
+        proxies = {p: pid for p, pid in expected.proxies.items() if alive(pid)}
         if (replicas or proxies) and now < self.deadline:
             return
         self.expected = None
@@ -178,10 +173,15 @@ class Recovery:
 
     def save_members(self) -> None:
         c = self.c
-        replicas = {r.replica_id: {"pid": r.info.pid, "app": r.deployment.app,
-                                   "deployment": r.deployment.name}
-                    for r in c.replicas.values() if r.info is not None and r.alive}
+        alive = [r for r in c.replicas.values() if r.info is not None and r.alive]
+        replicas: dict[str, dict[str, Any]] = {
+            r.replica_id: {"pid": r.pid, "app": r.deployment.app,
+                           "deployment": r.deployment.name} for r in alive}
+        pids = [r.pid for r in alive] + list(c.proxy_workers.values())
+        known = {pid: self._started.get(pid) or start_time(pid) for pid in pids}
+        self._started = {pid: t for pid, t in known.items() if t is not None}
         try:
-            self.checkpoint.save_members(Members(replicas, dict(c.proxy_workers)))
+            self.checkpoint.save_members(Members(replicas, dict(c.proxy_workers),
+                                                 dict(self._started)))
         except OSError as exc:
             log.error("cannot save the checkpoint: %s", exc)

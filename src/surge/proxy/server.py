@@ -19,7 +19,7 @@ import time
 
 from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
 from surge.model import DeploymentId, ProxySpec, RouteTable
-from surge.node import node_id, node_ip, placed, proxy_port
+from surge.node import ORPHAN_TIMEOUT_S, node_id, node_ip, placed, proxy_port
 from surge.observability.config import LoggingConfig, metrics_enabled
 from surge.observability.logs import AccessLog, configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
@@ -128,7 +128,8 @@ class Proxy:
         path, query, raw_path = decode_path(url)
         exchange.method, exchange.path = method, path
         if path.startswith("/-/"):
-            exchange.labels = ("", "", path)
+            # Only known paths become labels: /-/<anything> must not mint metric series.
+            exchange.labels = ("", "", path if path in (HEALTHZ, ROUTES) else "/-/other")
             self._builtin(exchange, path)
             return
         routes = self.runtime.routes
@@ -217,6 +218,9 @@ async def serve(controller: str, proxy_id: str) -> int:
     set_runtime(runtime)
     if not watch_supervisor(asyncio.get_running_loop(), stop.set) and not placed():
         runtime.on_controller_lost = stop.set  # unsupervised: leave with the controller
+    runtime.on_gave_up = stop.set
+    if placed():
+        runtime.reconnect_limit_s = ORPHAN_TIMEOUT_S
     await runtime.connect()
     spec: ProxySpec = await runtime.call("proxy_spec")
     # On the ray backend a node's proxy may be given its own port (nodes sharing an IP).

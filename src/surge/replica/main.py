@@ -24,7 +24,7 @@ import cloudpickle
 from surge.control_auth import TOKEN_ENV, user_dir
 from surge.errors import ControllerUnavailableError
 from surge.model import ImportedTarget, ReplicaSpec
-from surge.node import node_id, node_ip, placed
+from surge.node import ORPHAN_TIMEOUT_S, node_id, node_ip, placed
 from surge.observability.logs import configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.process import (
@@ -119,6 +119,9 @@ class Replica:
         loop = asyncio.get_running_loop()
         if watch_supervisor(loop, self._on_sigterm) or placed():
             self.runtime.on_controller_lost = None  # reconnect: the supervisor restarts it
+            self.runtime.on_gave_up = self._on_sigterm
+            if placed():
+                self.runtime.reconnect_limit_s = ORPHAN_TIMEOUT_S
         await self.runtime.connect()
         try:
             if not await self.build():
@@ -138,13 +141,16 @@ class Replica:
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         where = {"address": address, "local_address": local_address, "node_id": node_id()}
         try:
-            await self.runtime.call("replica_ready", replica_id=self.replica_id,
-                                    pid=os.getpid(), address=address,
-                                    local_address=local_address, node_id=where["node_id"])
+            wanted = await self.runtime.call(
+                "replica_ready", replica_id=self.replica_id, pid=os.getpid(), address=address,
+                local_address=local_address, node_id=where["node_id"])
         except (ConnectionError, ControllerUnavailableError):
-            log.warning("replica %s lost the controller before it was ready; exiting",
-                        self.replica_id)
+            wanted = False
+        if not wanted:  # the controller that asked for us died meanwhile, or stopped us
+            log.warning("replica %s is not wanted by the controller (it restarted while "
+                        "this replica started); exiting", self.replica_id)
             _close(listeners, address, local_address)
+            self.user.close()
             return 1
         # What a restarted controller needs to adopt this replica when it reconnects.
         self.runtime.hello.update(

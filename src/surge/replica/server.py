@@ -127,6 +127,8 @@ class _Connection(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
+        if self.token is not None:
+            self.expect_token()
 
     def message_received(self, message: Message) -> None:
         if self.token is not None:
@@ -135,6 +137,7 @@ class _Connection(FramedProtocol):
             if (isinstance(message, Rpc) and message.method == AUTHENTICATE
                     and hmac.compare_digest(message.payload, self.token)):
                 self.token = None
+                self.token_accepted()
             else:
                 log.warning("%s: closing a connection that did not present the token",
                             self.server.name)

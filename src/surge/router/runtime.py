@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from surge.control_auth import find_token
-from surge.errors import ControllerUnavailableError
+from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.model import DeploymentId, ReplicaSet, RouteTable
 from surge.node import node_id
 from surge.router.router import Router
@@ -59,6 +59,9 @@ class RouterRuntime:
         self.hello = dict(hello or {})
         self.peer: RpcPeer | None = None
         self.on_controller_lost: Callable[[], None] | None = None
+        # While reconnecting: give up after this long (None: never), then call on_gave_up.
+        self.reconnect_limit_s: float | None = None
+        self.on_gave_up: Callable[[], None] | None = None
         self._closing = False
         self._reporter: asyncio.TimerHandle | None = None
         self._urgent: asyncio.TimerHandle | None = None
@@ -174,6 +177,7 @@ class RouterRuntime:
             self._reconnecting = self.loop.create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
+        started = self.loop.time()
         try:
             while not self._closing:
                 await asyncio.sleep(RECONNECT_INTERVAL_S)
@@ -181,8 +185,18 @@ class RouterRuntime:
                     await self.connect()
                     log.info("%s reconnected to the controller", self.role)
                     return
+                except ControlAuthError:  # another instance holds the address now
+                    log.error("%s: the instance at %s is not ours any more; giving up",
+                              self.role, self.address)
+                    break
                 except (ControllerUnavailableError, ConnectionError):
-                    continue
+                    limit = self.reconnect_limit_s
+                    if limit is not None and self.loop.time() - started > limit:
+                        log.error("%s: no controller at %s for %.0f s; giving up", self.role,
+                                  self.address, limit)
+                        break
+            if not self._closing and self.on_gave_up is not None:
+                self.on_gave_up()
         finally:
             self._reconnecting = None
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from surge.transport.framing import FrameDecoder, FrameEncoder
+from surge.transport.framing import MAX_FRAME_BYTES, FrameDecoder, FrameEncoder
 from surge.transport.messages import Message
 
 __all__ = ["FramedProtocol"]
 
 log = logging.getLogger("surge.transport")
+
+
+# Before a peer presents its token: frames this small, and this long to present it.
+PREAUTH_MAX_FRAME = 64 * 1024
+PREAUTH_TIMEOUT_S = 10.0
 
 
 class FramedProtocol(asyncio.Protocol):
@@ -27,6 +32,7 @@ class FramedProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self.is_closed = False
         self._loop = asyncio.get_running_loop()
+        self._auth_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -70,6 +76,18 @@ class FramedProtocol(asyncio.Protocol):
             self.transport.write(bytes(self._out))
         self._out.clear()
 
+    def expect_token(self) -> None:
+        """Until `token_accepted`: small frames only, and a deadline to present the token
+        (an unauthenticated peer must not make us buffer a gigabyte or hold a socket)."""
+        self._decoder.max_frame = PREAUTH_MAX_FRAME
+        self._auth_timer = self._loop.call_later(PREAUTH_TIMEOUT_S, self.close)
+
+    def token_accepted(self) -> None:
+        self._decoder.max_frame = MAX_FRAME_BYTES
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+
     def close(self) -> None:
         if self.transport is not None:
             self._flush()
@@ -77,6 +95,8 @@ class FramedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         self.closed(exc)
 
     def message_received(self, message: Message) -> None:

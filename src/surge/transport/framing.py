@@ -41,6 +41,7 @@ class FrameDecoder:
     def __init__(self) -> None:
         self._decoder = msgspec.msgpack.Decoder(Message)
         self._buffer = bytearray()
+        self.max_frame = MAX_FRAME_BYTES  # lowered until a peer has authenticated
 
     def feed(self, data: bytes) -> list[Message]:
         buffer = self._buffer
@@ -51,8 +52,8 @@ class FrameDecoder:
         try:
             while end - offset >= _HEADER:
                 size = int.from_bytes(view[offset:offset + _HEADER], "big")
-                if size > MAX_FRAME_BYTES:
-                    raise FrameTooLarge(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+                if size > self.max_frame:
+                    raise FrameTooLarge(f"frame of {size} bytes exceeds {self.max_frame}")
                 if end - offset - _HEADER < size:
                     break
                 start = offset + _HEADER

@@ -55,6 +55,8 @@ class RpcPeer(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if not self.authenticated:
+            self.expect_token()
         self.connected.set()
 
     async def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -89,6 +91,7 @@ class RpcPeer(FramedProtocol):
         if (isinstance(message, Rpc) and message.method == AUTHENTICATE
                 and hmac.compare_digest(message.payload, self._token)):
             self.authenticated = True
+            self.token_accepted()
             self.send(Reply(id=message.id, ok=True, payload=cloudpickle.dumps(True)))
             return
         if isinstance(message, Rpc):
