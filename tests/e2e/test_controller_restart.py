@@ -23,8 +23,8 @@ from surge.api.instance import current
 from surge.control_auth import find_token, token_path
 from surge.errors import ControlAuthError
 from surge.serve.config import AuthConfig
-from surge.transport.framing import FrameEncoder
-from surge.transport.messages import Rpc
+from surge.transport.framing import FrameDecoder, FrameEncoder
+from surge.transport.messages import Reply, Rpc
 from surge.transport.rpc import connect_rpc
 from tests.e2e.conftest import Running, running_instance
 from tests.e2e.load import Load
@@ -156,7 +156,7 @@ def test_control_api_refuses_a_wrong_or_missing_token(instance: Running) -> None
         peer = await connect_rpc(address, None, token=token)
         peer.close()
 
-    with pytest.raises(ControlAuthError, match="refused"):
+    with pytest.raises(ControlAuthError, match="could not prove"):
         asyncio.run(connect("not-the-token"))
     asyncio.run(connect(find_token(address) or ""))
 
@@ -181,3 +181,36 @@ def test_nothing_is_unpickled_before_the_token(instance: Running, tmp_path: Path
             pass
     assert not marker.exists()
     assert current() is not None and serve.status() is not None  # still serving
+
+
+def test_an_impostor_on_the_control_port_never_sees_the_token() -> None:
+    """Clients prove they know the token without sending it, and make the server prove
+    it first: a process that took the port (say, while the controller restarts) learns
+    nothing and gets no pickle unpickled by the client."""
+    token = "the-real-control-token"
+    received = bytearray()
+
+    async def scenario() -> None:
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                data = await reader.read(65536)
+                received.extend(data)
+                (message,) = FrameDecoder().feed(data)
+                assert isinstance(message, Rpc)
+                fake = Reply(id=message.id, ok=True, payload=b"\0" * 48)  # a guessed proof
+                writer.write(FrameEncoder().encode(fake))
+                await writer.drain()
+                received.extend(await reader.read(65536))  # whatever the client sends next
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        with pytest.raises(ControlAuthError, match="could not prove"):
+            await connect_rpc(f"127.0.0.1:{port}", None, token=token)
+        await asyncio.sleep(0.2)  # the impostor sees the client hang up
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(scenario())
+    assert received and token.encode() not in received

@@ -8,9 +8,11 @@ configs and user code, never request bodies.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import itertools
 import pickle
+import secrets
 from typing import Any, Protocol
 
 import cloudpickle
@@ -22,9 +24,17 @@ from surge.transport.messages import Message, Push, Reply, Rpc
 
 __all__ = ["AUTHENTICATE", "RpcHandler", "RpcPeer", "connect_rpc"]
 
-# The first frame on a connection to a peer that requires a token; its payload is the
-# raw token, never a pickle.
+# A connection to a peer that requires a token opens with CHALLENGE (the client's nonce;
+# the answer: the server's nonce + its proof) and AUTHENTICATE (the client's proof).
+# Payloads are raw bytes, never pickles; the token itself never travels. Replicas on
+# TCP take AUTHENTICATE with the raw token as their first frame instead.
 AUTHENTICATE = "authenticate"
+CHALLENGE = "challenge"
+NONCE_BYTES = 16
+
+
+def _proof(key: bytes, role: bytes, nonce: bytes, other: bytes) -> bytes:
+    return hmac.new(key, role + nonce + other, hashlib.sha256).digest()
 
 
 class RpcHandler(Protocol):
@@ -33,6 +43,10 @@ class RpcHandler(Protocol):
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None: ...
 
     def on_disconnect(self, peer: RpcPeer) -> None: ...
+
+
+class _Impostor(ControlAuthError):
+    """The listener at the control address does not know the token."""
 
 
 class RemoteError(Exception):
@@ -47,7 +61,9 @@ class RpcPeer(FramedProtocol):
         super().__init__()
         self.handler = handler
         self._token = token.encode() if token else None
-        self.authenticated = token is None
+        self.authenticated = token is None  # the other end proved it knows our token
+        self._trusted = True  # False while we prove ourselves and wait for its proof
+        self._nonces: tuple[bytes, bytes] | None = None  # (client's, ours) once challenged
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.info: dict[str, Any] = {}  # what the other side told us about itself
@@ -75,24 +91,58 @@ class RpcPeer(FramedProtocol):
         self.send(Push(topic=topic, payload=cloudpickle.dumps(value)))
 
     async def authenticate(self, token: str, timeout: float | None = None) -> None:
+        """Mutual challenge-response: each end proves it knows the token without sending
+        it, and nothing the other end sends is unpickled before it has proved itself."""
+        key = token.encode()
+        self._trusted = False
+        mine = secrets.token_bytes(NONCE_BYTES)
+        answer = await self._raw_call(CHALLENGE, mine, timeout)
+        theirs, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+        if not hmac.compare_digest(proof, _proof(key, b"server", mine, theirs)):
+            raise _Impostor("the other end could not prove that it knows the token")
+        await self._raw_call(AUTHENTICATE, _proof(key, b"client", theirs, mine), timeout)
+        self._trusted = True
+
+    async def _raw_call(self, method: str, payload: bytes, timeout: float | None) -> bytes:
         call_id = next(self._ids)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._waiting[call_id] = future
-        self.send(Rpc(id=call_id, method=AUTHENTICATE, payload=token.encode()))
+        self.send(Rpc(id=call_id, method=method, payload=payload))
         try:
-            await asyncio.wait_for(future, timeout)
+            result: bytes = await asyncio.wait_for(future, timeout)
+            return result
         finally:
             self._waiting.pop(call_id, None)
+
+    def _untrusted_reply(self, message: Message) -> None:
+        """Before the other end proved itself: raw answers to our two auth calls only."""
+        if not isinstance(message, Reply):
+            return
+        future = self._waiting.get(message.id)
+        if future is None or future.done():
+            return
+        if message.ok:
+            future.set_result(message.payload)
+        else:
+            future.set_exception(ControlAuthError("the surge instance refused the token"))
 
     def _check_token(self, message: Message) -> None:
         assert self._token is not None
         if self.transport is None or self.transport.is_closing():
             return  # refused already: ignore the rest of what it sent
+        if isinstance(message, Rpc) and message.method == CHALLENGE and \
+                self._nonces is None and len(message.payload) == NONCE_BYTES:
+            theirs, mine = message.payload, secrets.token_bytes(NONCE_BYTES)
+            self._nonces = (theirs, mine)
+            answer = mine + _proof(self._token, b"server", theirs, mine)
+            self.send(Reply(id=message.id, ok=True, payload=answer))
+            return
         if (isinstance(message, Rpc) and message.method == AUTHENTICATE
-                and hmac.compare_digest(message.payload, self._token)):
+                and self._nonces is not None and hmac.compare_digest(
+                    message.payload, _proof(self._token, b"client", *reversed(self._nonces)))):
             self.authenticated = True
             self.token_accepted()
-            self.send(Reply(id=message.id, ok=True, payload=cloudpickle.dumps(True)))
+            self.send(Reply(id=message.id, ok=True, payload=b""))
             return
         if isinstance(message, Rpc):
             refusal = ControlAuthError(
@@ -104,6 +154,8 @@ class RpcPeer(FramedProtocol):
     def message_received(self, message: Message) -> None:
         if not self.authenticated:
             self._check_token(message)
+        elif not self._trusted:
+            self._untrusted_reply(message)
         elif isinstance(message, Reply):
             future = self._waiting.get(message.id)
             if future is not None and not future.done():
@@ -162,6 +214,13 @@ async def connect_rpc(address: str, handler: RpcHandler | None,
     if token:
         try:
             await peer.authenticate(token, timeout)
+        except _Impostor:
+            peer.close()
+            raise ControlAuthError(
+                f"the process listening at {address} could not prove that it knows this "
+                f"process's control token: either the token is stale (set {TOKEN_ENV} to the "
+                f"instance's token; its starter wrote it to {token_path(address)}) or another "
+                "program holds the port; the token itself was not sent") from None
         except ControlAuthError:
             peer.close()
             raise ControlAuthError(
