@@ -32,13 +32,16 @@ class Running:
 
 
 @contextlib.contextmanager
-def running_instance(**http_options: Any) -> Iterator[Running]:
-    """Start surge on free loopback ports with these HTTP options; shut it down after."""
+def running_instance(start_options: dict[str, Any] | None = None,
+                     **http_options: Any) -> Iterator[Running]:
+    """Start surge on free loopback ports with these HTTP options (and other
+    serve.start options); shut it down after."""
     control = f"127.0.0.1:{free_port()}"
     http_port = free_port()
     previous = os.environ.get("SURGE_ADDRESS")
     os.environ["SURGE_ADDRESS"] = control
-    serve.start(http_options={"host": "127.0.0.1", "port": http_port, **http_options})
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port, **http_options},
+                **(start_options or {}))
     try:
         yield Running(http_port, control)
     finally:

@@ -24,7 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from surge import serve
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import running_instance
 
 BROWSER_TIMEOUT_S = 60.0
 
@@ -136,16 +136,5 @@ def in_ci() -> bool:
 @contextlib.contextmanager
 def instance(**options: Any) -> Iterator[tuple[str, str]]:
     """(http URL, dashboard URL) of an instance started with these serve.start options."""
-    previous = os.environ.get("SURGE_ADDRESS")
-    os.environ["SURGE_ADDRESS"] = f"127.0.0.1:{free_port()}"
-    http_port = free_port()
-    serve.start(http_options={"port": http_port, "proxy_workers": 1}, dashboard_port=0,
-                **options)
-    try:
-        yield f"http://127.0.0.1:{http_port}", serve.status().dashboard_address
-    finally:
-        serve.shutdown()
-        if previous is None:
-            os.environ.pop("SURGE_ADDRESS", None)
-        else:
-            os.environ["SURGE_ADDRESS"] = previous
+    with running_instance({"dashboard_port": 0, **options}, proxy_workers=1) as running:
+        yield running.url, serve.status().dashboard_address

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge import serve
+from tests.e2e.conftest import Running
 
 # Loopback for every node; a slow start (a busy 2-core machine) is not a failure.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_raylet_start_wait_time_s": "120"}
@@ -97,18 +98,8 @@ def ray_cluster() -> Iterator[RayCluster]:
             cluster.shutdown()
 
 
-@dataclass
-class Surge:
-    http_port: int
-    control_address: str
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-
 @contextlib.contextmanager
-def surge_on(cluster: RayCluster, **options: Any) -> Iterator[Surge]:
+def surge_on(cluster: RayCluster, **options: Any) -> Iterator[Running]:
     control = f"127.0.0.1:{free_port()}"
     http_port = free_port_run(4)
     with environ({**LOOPBACK_ENV, "SURGE_ADDRESS": control,
@@ -116,7 +107,7 @@ def surge_on(cluster: RayCluster, **options: Any) -> Iterator[Surge]:
         serve.start(http_options={"host": "127.0.0.1", "port": http_port}, backend="ray",
                     ray_address=cluster.address, **options)
         try:
-            yield Surge(http_port, control)
+            yield Running(http_port, control)
         finally:
             serve.shutdown()
 

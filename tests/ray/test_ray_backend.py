@@ -11,13 +11,13 @@ import pytest
 from surge import serve
 from surge.api.instance import current
 from tests.ray.apps import OnGpu, Where
-from tests.ray.cluster import RayCluster, Surge, surge_on, wait_for
+from tests.ray.cluster import RayCluster, Running, surge_on, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
-def surge(cluster: RayCluster) -> Iterator[Surge]:
+def surge(cluster: RayCluster) -> Iterator[Running]:
     with surge_on(cluster) as running:
         serve.run(Where.bind(), name="where", route_prefix="/where")
         serve.run(OnGpu.bind(), name="gpu", route_prefix="/gpu")
@@ -42,7 +42,7 @@ def answers(url: str, count: int = 20) -> list[dict[str, object]]:
 
 
 def test_gpu_deployment_lands_on_the_gpu_node_with_its_own_gpu(cluster: RayCluster,
-                                                               surge: Surge) -> None:
+                                                               surge: Running) -> None:
     seen = {}
     for _ in range(10):  # every proxy, so both replicas answer
         for address in serve.status().proxy_addresses.values():
@@ -53,12 +53,12 @@ def test_gpu_deployment_lands_on_the_gpu_node_with_its_own_gpu(cluster: RayClust
     assert sorted(str(a["cuda"]) for a in seen.values()) == ["0", "1"]  # one GPU each
 
 
-def test_cpu_replicas_see_no_gpu(surge: Surge) -> None:
+def test_cpu_replicas_see_no_gpu(surge: Running) -> None:
     assert all(a["cuda"] in (None, "") for a in answers(f"{surge.url}/where", 10))
 
 
 def test_every_node_with_replicas_has_a_proxy_and_each_serves(cluster: RayCluster,
-                                                              surge: Surge) -> None:
+                                                              surge: Running) -> None:
     status = serve.status()
     head = cluster.head.node_id
     nodes = {str(a["node"]) for a in answers(f"{surge.url}/where", 30)} | {
@@ -82,7 +82,7 @@ def test_every_node_with_replicas_has_a_proxy_and_each_serves(cluster: RayCluste
 
 
 def test_a_node_proxy_prefers_replicas_on_its_own_node(cluster: RayCluster,
-                                                       surge: Surge) -> None:
+                                                       surge: Running) -> None:
     gpu_proxy = f"proxy-node-{cluster.gpu_node.node_id}"
     address = wait_for(lambda: serve.status().proxy_addresses.get(gpu_proxy),
                        what="the gpu node's proxy")
@@ -107,7 +107,7 @@ def parent(pid: int | str) -> int:
         return int(file.read().rpartition(")")[2].split()[1])
 
 
-def test_process_titles_match_the_local_backend(surge: Surge) -> None:
+def test_process_titles_match_the_local_backend(surge: Running) -> None:
     titles = {title(r["pid"]) for r in replicas()}  # type: ignore[arg-type]
     assert titles == {"surge:replica:gpu:OnGpu", "surge:replica:where:Where"}
     for replica in replicas():  # each is the child of its Ray actor
@@ -132,7 +132,7 @@ def unix_connections(path: str) -> int:
 
 
 def test_a_proxy_reaches_replicas_on_its_node_by_unix_socket(cluster: RayCluster,
-                                                             surge: Surge) -> None:
+                                                             surge: Running) -> None:
     from surge.control_auth import user_dir
 
     gpu_proxy = f"proxy-node-{cluster.gpu_node.node_id}"

@@ -16,7 +16,7 @@ import pytest
 from surge import serve
 from surge.api.instance import current
 from tests.ray.apps import Slow, Where
-from tests.ray.cluster import RayCluster, Surge, surge_on, wait_for
+from tests.ray.cluster import RayCluster, Running, surge_on, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -70,7 +70,7 @@ class Load:
 
 
 @pytest.fixture
-def surge(cluster: RayCluster) -> Iterator[Surge]:
+def surge(cluster: RayCluster) -> Iterator[Running]:
     with surge_on(cluster) as running:
         yield running
 
@@ -119,7 +119,7 @@ def test_removing_a_node_under_load_loses_only_its_in_flight_requests(
           f"where: {len(others)} requests, all served")
 
 
-def test_a_replica_whose_actor_dies_is_replaced(surge: Surge) -> None:
+def test_a_replica_whose_actor_dies_is_replaced(surge: Running) -> None:
     serve.run(Where.bind(), name="where", route_prefix="/where")
     before = {str(r["replica_id"]): r["pid"] for r in replicas()}
     victim, pid = next(iter(before.items()))
@@ -134,7 +134,7 @@ def test_a_replica_whose_actor_dies_is_replaced(surge: Surge) -> None:
         assert httpx.get(f"{surge.url}/where", timeout=30).status_code == 200
 
 
-def test_a_controller_restart_keeps_replicas_serving(surge: Surge) -> None:
+def test_a_controller_restart_keeps_replicas_serving(surge: Running) -> None:
     serve.run(Where.bind(), name="where", route_prefix="/where")
     before = {str(r["replica_id"]): r["pid"] for r in replicas()}
     instance = current()

@@ -75,7 +75,7 @@ class RouterRuntime:
                 f"routers={len(self.routers)}>")
 
     async def connect(self) -> None:
-        peer = await connect_rpc(self.address, self)
+        peer = await connect_rpc(self.address, self, token=self.token)
         await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
         self.peer = peer
         for deployment in self.routers:

@@ -219,16 +219,22 @@ def _start_time(value: Any, where: str) -> int:
     return hours * 3600 + minutes * 60 + seconds
 
 
+def _distribution(section: Mapping[str, Any], key: str, where: str,
+                  what: str) -> Distribution:
+    """A required distribution field; `what` ends the error naming it when missing."""
+    if key not in section:
+        raise ScenarioError(f"{where}.{key} is missing{what}")
+    try:
+        return parse_distribution(section[key], f"{where}.{key}")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
     section = _section(data, "cluster", _CLUSTER, where)
     w = f"{where}.cluster"
-    if "startup_s" not in section:
-        raise ScenarioError(f"{w}.startup_s is missing: how long a new replica takes to "
+    startup = _distribution(section, "startup_s", w, ": how long a new replica takes to "
                             "serve (a number of seconds or a distribution)")
-    try:
-        startup = parse_distribution(section["startup_s"], f"{w}.startup_s")
-    except ValueError as exc:
-        raise ScenarioError(str(exc)) from None
     return Cluster(
         nodes=_number(section, "nodes", w, integer=True, minimum=1),
         replicas_per_node=_number(section, "replicas_per_node", w, integer=True, minimum=1),
@@ -242,13 +248,8 @@ def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
 def _service(data: Mapping[str, Any], where: str) -> Service:
     section = _section(data, "service", _SERVICE, where)
     w = f"{where}.service"
-    if "service_time_ms" not in section:
-        raise ScenarioError(f"{w}.service_time_ms is missing (a number of ms or a "
+    time_ms = _distribution(section, "service_time_ms", w, " (a number of ms or a "
                             "distribution like {distribution: lognormal, mean: 5, p99: 15})")
-    try:
-        time_ms = parse_distribution(section["service_time_ms"], f"{w}.service_time_ms")
-    except ValueError as exc:
-        raise ScenarioError(str(exc)) from None
     if time_ms.mean <= 0:
         raise ScenarioError(f"{w}.service_time_ms must have a mean > 0")
     batching = None
