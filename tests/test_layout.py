@@ -24,7 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
     frozenset({"transport", "backends"}),
     frozenset({"policy"}),
-    frozenset({"model", "config", "errors", "clock", "process", "control_auth", "node",
+    frozenset({"model", "config", "errors", "clock", "process", "control_auth", "launch",
                "observability"}),
 )
 MIDDLE = LAYERS[1]  # its parts may not import each other, except ALLOWED edges

@@ -1,7 +1,7 @@
 """Process-level helpers for surge's own processes: titles, lifetimes, descriptors.
 
-Lifetimes: the controller dies with the process that started it (its supervisor,
-SURGE_SUPERVISOR_PID) through a parent-death signal. Proxies, the fork server and
+Lifetimes (surge.launch.Lifetime): the controller dies with the process that started
+it (its supervisor) through a parent-death signal. Proxies, the fork server and
 replicas must outlive a controller that crashes (the supervisor restarts it and they
 re-attach), so they watch the supervisor itself through a pidfd and leave when it does.
 """
@@ -17,11 +17,9 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["STATE_DIR_ENV", "SUPERVISOR_ENV", "die_with_parent", "pid_gone", "raise_fd_limit",
-           "set_title", "start_time", "supervisor_pid", "watch_supervisor"]
+__all__ = ["die_with_parent", "open_pidfd", "pid_gone", "raise_fd_limit", "set_title",
+           "start_time", "watch_supervisor"]
 
-SUPERVISOR_ENV = "SURGE_SUPERVISOR_PID"
-STATE_DIR_ENV = "SURGE_STATE_DIR"  # the instance's private directory; in every member's env
 SUPERVISOR_POLL_S = 0.5  # only where pidfds are missing (old kernels)
 
 _PR_SET_PDEATHSIG = 1
@@ -64,10 +62,6 @@ def raise_fd_limit() -> int:
         return -1
 
 
-def supervisor_pid() -> int:
-    return int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
-
-
 def open_pidfd(pid: int) -> int | None:
     """A descriptor that becomes readable when `pid` exits; None without pidfd support."""
     try:
@@ -88,9 +82,9 @@ def pid_gone(pid: int, pidfd: int | None) -> bool:
     return False
 
 
-def watch_supervisor(loop: asyncio.AbstractEventLoop, on_gone: Callable[[], None]) -> bool:
-    """Call `on_gone` once when the supervisor exits. False: this process has none."""
-    pid = supervisor_pid()
+def watch_supervisor(loop: asyncio.AbstractEventLoop, pid: int,
+                     on_gone: Callable[[], None]) -> bool:
+    """Call `on_gone` once when the supervisor `pid` exits. False: there is none (0)."""
     if not pid:
         return False
     fd = open_pidfd(pid)

@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 
 from surge.errors import ConfigError
-from surge.observability.config import (
-    DASHBOARD_ENV,
-    LOGGING_ENV,
-    DashboardOptions,
-    LoggingConfig,
-    child_environment,
-)
+from surge.launch import ReplicaProcessSpec, Unix, decode, encode
+from surge.observability.config import LEVEL_ENV, DashboardOptions, LoggingConfig
 from surge.observability.logs import (
     AccessLog,
     JsonFormatter,
@@ -54,16 +49,17 @@ def test_logging_config_takes_rays_keys_and_checks_them() -> None:
             LoggingConfig.from_any(bad)
 
 
-def test_settings_travel_in_the_environment_only_while_starting(
+def test_the_config_travels_in_the_spec_with_its_level_fixed_by_the_starter(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(LOGGING_ENV, raising=False)
-    monkeypatch.delenv(DASHBOARD_ENV, raising=False)
-    config = LoggingConfig(encoding="JSON", access_log_max_per_s=3)
-    with child_environment(config, DashboardOptions(port=0)):
-        assert LoggingConfig.from_env() == config
-        assert DashboardOptions.from_env() == DashboardOptions(port=0)
-    assert LoggingConfig.from_env() == LoggingConfig()
-    assert DashboardOptions.from_env().port == 52801
+    monkeypatch.setenv(LEVEL_ENV, "debug")
+    config = LoggingConfig(encoding="JSON", access_log_max_per_s=3).resolved()
+    assert config.log_level == "DEBUG"  # the starting process's SURGE_LOG_LEVEL, once
+    monkeypatch.delenv(LEVEL_ENV)
+    spec = ReplicaProcessSpec(controller="127.0.0.1:1", process_id="Model-1", app="a",
+                              deployment="Model", listen=Unix("/tmp"), logging=config)
+    received = decode(ReplicaProcessSpec, encode(spec))
+    assert received.logging == config and received.logging.level == "DEBUG"
+    assert LoggingConfig(log_level="warning").resolved().log_level == "WARNING"
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from surge.controller.autoscaler import DecisionRecord
+from surge.backends.base import Placement
+from surge.config import AutoscalingConfig, DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.controller.autoscaler import Autoscaler, DecisionRecord, LoadTracker
 from surge.controller.metrics import METRIC_NAMES, render
-from surge.controller.observer import MetricsSnapshot, Observer, decision_kind
+from surge.controller.observer import MetricsSnapshot, Observer
+from surge.controller.state import ControllerState, DeploymentRecord, ReplicaRecord
 from surge.model import DeploymentId
 from surge.observability.recorder import Histogram, Recorder
-from surge.policy.autoscaling import Decision, LoadSample, PolicyState
+from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
 from surge.policy.lifecycle import ReplicaState
+from surge.testing import FakeClock
 
 DID = DeploymentId("shop", "Model")
 
@@ -73,42 +74,34 @@ def test_every_documented_family_is_rendered_even_when_empty() -> None:
         assert re.search(rf"^# TYPE {name}(_total)? (counter|gauge|histogram)$", text, re.M)
 
 
-@dataclass
-class FakeReplica:
-    replica_id: str
-    deployment: DeploymentId
-    state: ReplicaState
-    pid: int = 1
-    version: int = 1
-    health_failures: int = 0
-
-
-@dataclass
-class FakeDeployment:
-    target: int
-    replicas: dict[str, FakeReplica] = field(default_factory=dict)
-    config: Any = field(default_factory=lambda: SimpleNamespace(autoscaling_config=object()))
-
-
-def controller(samples: list[LoadSample], decisions: list[DecisionRecord]) -> Any:
-    replica = FakeReplica("Model-1", DID, ReplicaState.RUNNING)
-    starting = FakeReplica("Model-2", DID, ReplicaState.STARTING)
-    deployment = FakeDeployment(2, {"Model-1": replica, "Model-2": starting})
-    return SimpleNamespace(
-        deployments={DID: deployment}, replicas={"Model-1": replica, "Model-2": starting},
-        load=SimpleNamespace(series={DID: deque(samples)}),
-        autoscaler=SimpleNamespace(decisions=deque(decisions), last={DID: Decision(
-            2, "up: x", PolicyState(), {"rate": 30.0, "slope": 5.0})}),
-        apps={}, address="127.0.0.1:1", proxy_address="127.0.0.1:2", proxy_workers={})
+def observer_of(samples: list[LoadSample], decisions: list[DecisionRecord],
+                clock: FakeClock) -> Observer:
+    """An observer of a real controller state: one deployment, a running replica and a
+    starting one, the given load samples and autoscaling decisions."""
+    state = ControllerState("127.0.0.1:1", HTTPOptions(), 1, head=Placement("local", "x"))
+    state.proxy_address = "127.0.0.1:2"
+    config = DeploymentConfig(name="Model", autoscaling_config=AutoscalingConfig())
+    spec = DeploymentSpec(config=config, target_blob=b"", init_blob=b"")
+    state.deployments[DID] = DeploymentRecord(DID, spec, 1, spec.code_version, target=2)
+    for replica_id, replica_state in (("Model-1", ReplicaState.RUNNING),
+                                      ("Model-2", ReplicaState.STARTING)):
+        state.add_replica(ReplicaRecord(replica_id, DID, 1, 0.0, replica_state, pid=1))
+    load = LoadTracker(0.1)
+    load.series[DID] = deque(samples)
+    autoscaler = Autoscaler()
+    autoscaler.decisions.extend(decisions)
+    autoscaler.last[DID] = Decision(2, DecisionKind.UP, "up: x", PolicyState(),
+                                    {"rate": 30.0, "slope": 5.0})
+    return Observer(state, load, autoscaler, clock)
 
 
 def test_the_observer_folds_reports_samples_and_decisions_into_points_and_totals() -> None:
-    clock = [100.0]
+    clock = FakeClock(monotonic=100.0, wall=1100.0)
     samples = [LoadSample(t=99.1 + i / 10, arrivals=3, completions=2, rejections=1, queued=4,
                           ongoing=2) for i in range(10)]
-    decision = DecisionRecord(99.5, DID, 1, 2, "up: 30 req/s offered", {"rate": 30.0})
-    observer = Observer(controller(samples, [decision]), clock=lambda: clock[0],
-                        wall=lambda: clock[0] + 1000)
+    decision = DecisionRecord(99.5, DID, 1, 2, DecisionKind.UP, "up: 30 req/s offered",
+                              {"rate": 30.0})
+    observer = observer_of(samples, [decision], clock)
     proxy = Recorder("proxy", "proxy-0")
     for _ in range(9):
         proxy.http_request(("shop", "Model", "/shop", "GET", 200), 2.0)
@@ -135,30 +128,23 @@ def test_the_observer_folds_reports_samples_and_decisions_into_points_and_totals
     assert snapshot.replica_healthy == {("shop", "Model", "Model-1"): 1}
     assert snapshot.replicas_by_state[("shop", "Model", "STARTING")] == 1
     assert snapshot.signals[("shop", "Model", "slope")] == 5.0
-    clock[0] += 1.0  # nothing new: totals stay, the next point is idle
+    clock.advance(1.0)  # nothing new: totals stay, the next point is idle
     assert observer.sample()["deployments"]["shop#Model"]["offered"] == 0.0
     assert observer.snapshot().offered == {("shop", "Model"): 30}
 
 
 def test_gone_replicas_leave_the_gauges_at_once_and_the_counters_later() -> None:
-    clock = [0.0]
-    fake = controller([], [])
-    observer = Observer(fake, clock=lambda: clock[0])
+    clock = FakeClock(monotonic=0.0)
+    observer = observer_of([], [], clock)
     replica = Recorder("replica", "Model-9", "shop", "Model")
     replica.processed("/shop", 1.0, ok=True)
     observer.telemetry(replica.drain({"processing": 1}))
     observer.sample()
     assert ("shop", "Model", "Model-9") not in observer.snapshot().replica_processing
     assert ("shop", "Model", "Model-9", "/shop") in observer.snapshot().processing
-    clock[0] = 61.0
+    clock.advance(61.0)
     observer.sample()
     assert not observer.snapshot().processing
-
-
-def test_decision_kinds_are_bounded_labels() -> None:
-    assert decision_kind("up: 30 req/s offered, slope +5/s") == "up"
-    assert decision_kind("down: demand 1.0 replicas below 70% of 4 for 600s") == "down"
-    assert decision_kind("up: cold start, 3 req/s offered") == "cold_start"
 
 
 def test_the_grafana_dashboard_queries_only_metrics_that_exist() -> None:

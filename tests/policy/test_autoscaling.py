@@ -182,16 +182,16 @@ def test_ray_never_goes_below_min_replicas_even_after_the_delay() -> None:
 def test_ray_hold_reason_says_what_it_waits_for() -> None:
     up = ray_default(ScalingInputs(0.0, 2, 2, steady(9, 0.0)), RAY, PolicyState())
     assert up.reason.endswith("(up to 5 after upscale_delay_s=30)")
-    assert up.direction == "hold"
+    assert up.kind == "hold"
     assert up.signals == {"total_requests": 9.0, "desired": 4.5}
     down = ray_default(ScalingInputs(0.0, 4, 4, steady(3, 0.0)), RAY, PolicyState())
     assert down.reason.endswith("(down to 2 after downscale_delay_s=600)")
     done = ray_default(ScalingInputs(30.0, 2, 2, steady(9, 30.0)), RAY, up.state)
-    assert done.direction == "up" and done.target == 5
+    assert done.kind == "up" and done.target == 5
     assert done.reason.startswith("up: 9.0 requests (Ray's 30s mean) / "
                                   "target_ongoing_requests 2 = 4.5")
     shrink = ray_default(ScalingInputs(600.0, 4, 4, steady(3, 600.0)), RAY, down.state)
-    assert shrink.direction == "down" and shrink.target == 2
+    assert shrink.kind == "down" and shrink.target == 2
 
 
 # -- ray_default: cold start, factors, bounds ------------------------------------------------
@@ -206,9 +206,9 @@ def cold(cfg: AutoscalingConfig, target: int = 0, queued: float = 3.0,
 
 
 @pytest.mark.parametrize(("overrides", "target", "queued", "expected", "direction"), [
-    ({}, 0, 3.0, 1, "up"),  # max(ceil(1 x 1.0), 0), no upscale delay
-    ({"upscaling_factor": 2.5}, 0, 3.0, 3, "up"),  # ceil(1 x 2.5)
-    ({"upscaling_factor": 5.0, "max_replicas": 2}, 0, 3.0, 2, "up"),  # still bounded
+    ({}, 0, 3.0, 1, "cold_start"),  # max(ceil(1 x 1.0), 0), no upscale delay
+    ({"upscaling_factor": 2.5}, 0, 3.0, 3, "cold_start"),  # ceil(1 x 2.5)
+    ({"upscaling_factor": 5.0, "max_replicas": 2}, 0, 3.0, 2, "cold_start"),  # bounded
     ({}, 4, 3.0, 4, None),  # replicas already starting: keep the larger target
     ({}, 0, 0.0, 0, "hold"),  # nothing waiting: stay at zero
     ({}, 2, 0.0, 2, "hold"),  # nothing waiting, replicas starting: keep the target
@@ -218,7 +218,7 @@ def test_ray_cold_start(overrides: dict[str, Any], target: int, queued: float, e
     cfg = config(min_replicas=0, upscale_delay_s=30.0, **overrides)
     decision = cold(cfg, target, queued)
     assert decision.target == expected
-    assert direction is None or decision.direction == direction
+    assert direction is None or decision.kind == direction
     assert decision.state == PolicyState()
 
 
@@ -255,7 +255,7 @@ def test_ray_target_outside_new_bounds_is_clamped() -> None:
     # A redeploy lowered max_replicas below the current target.
     decision = ray_default(ScalingInputs(100.0, 8, 8, steady(16, 100.0)), config(max_replicas=5),
                            PolicyState())
-    assert (decision.target, decision.direction) == (5, "down")
+    assert (decision.target, decision.kind) == (5, "down")
 
 
 # -- Ray's metric pipeline ------------------------------------------------------------------
@@ -363,7 +363,7 @@ def test_steady_load_below_capacity_holds() -> None:
     state = PolicyState()
     for now in (10.0, 10.1, 40.0, 500.0):
         decision = decide(traffic([(-1e9, 700.0)], now), now, 4, 4, state=state)
-        assert (decision.target, decision.direction, *timers(decision)) == (4, "hold", None,
+        assert (decision.target, decision.kind, *timers(decision)) == (4, "hold", None,
                                                                             None)
         assert decision.signals["demand_replicas"] == pytest.approx(3.5)
         state = decision.state
@@ -385,11 +385,11 @@ def test_step_up_is_sized_on_the_first_tick_without_delay() -> None:
     assert after.signals["projected_rate"] == pytest.approx(2200 / 3 + 855 / 0.825)
     assert after.signals["service_time_s"] == pytest.approx(SERVICE_S)
     assert after.signals["demand_replicas"] == pytest.approx(10.0)
-    assert (after.target, after.direction, *timers(after)) == (10, "up", None, None)
+    assert (after.target, after.kind, *timers(after)) == (10, "up", None, None)
     assert after.reason.startswith("up: 733 req/s offered, slope +1036/s, projected 1770 "
                                    "over 1.00s lead, 200 req/s per replica -> 10.0 replicas")
     settled = decide(traffic(STEP, 11.0), 11.0, 4, 10, state=after.state)
-    assert (settled.target, settled.direction) == (10, "hold")
+    assert (settled.target, settled.kind) == (10, "hold")
 
 
 def test_step_up_is_capped_by_max_step_factor() -> None:
@@ -432,7 +432,7 @@ def test_a_ramp_is_projected_over_the_startup_lead(lead: float, expected: int) -
     assert decision.signals["slope"] == pytest.approx(1000.0)
     assert decision.signals["projected_rate"] == pytest.approx(1000.0 + 1000.0 * max(lead,
                                                                                       0.1))
-    assert (decision.target, decision.direction) == (expected, "up")
+    assert (decision.target, decision.kind) == (expected, "up")
 
 
 def test_falling_rate_is_not_projected_downwards() -> None:
@@ -476,14 +476,14 @@ def test_drop_in_load_holds_until_downscale_delay_then_steps_down() -> None:
         decision = decide(samples, now, target, target, state=state)
         assert (decision.target, *timers(decision)) == (want, None, down), f"at now={now}"
         state, target = decision.state, decision.target
-    assert decision.direction == "hold"
+    assert decision.kind == "hold"
 
 
 def test_scale_down_never_goes_below_min_replicas() -> None:
     cfg = config(min_replicas=3, max_replicas=100, downscale_delay_s=60.0)
     state = decide(traffic([(-1e9, 100.0)], 0.0), 0.0, 4, 4, cfg).state
     decision = decide(traffic([(-1e9, 100.0)], 60.0), 60.0, 4, 4, cfg, state)
-    assert (decision.target, decision.direction) == (3, "down")
+    assert (decision.target, decision.kind) == (3, "down")
     assert decision.reason == "down: demand 0.5 replicas below 70% of 4 for 60s"
     at_min = decide(traffic([(-1e9, 100.0)], 60.1), 60.1, 3, 3, cfg)
     assert (at_min.target, *timers(at_min)) == (3, None, None)
@@ -509,14 +509,14 @@ def test_proactive_cold_start(rate: float, queued: float, expected: int) -> None
     samples = [bucket(i, arrivals=rate / 10, queued=queued) for i in range(91, 101)]
     decision = decide(samples, 10.0, 0, 0, config(min_replicas=0, max_replicas=100),
                       PolicyState(up_since=1.0, user={"kept": 1}))
-    assert (decision.target, decision.direction) == (expected, "up")
+    assert (decision.target, decision.kind) == (expected, "cold_start")
     assert decision.state == PolicyState(user={"kept": 1})
 
 
 def test_proactive_stays_at_zero_without_traffic() -> None:
     samples = [bucket(i) for i in range(91, 101)]
     decision = decide(samples, 10.0, 0, 0, config(min_replicas=0))
-    assert (decision.target, decision.direction) == (0, "hold")
+    assert (decision.target, decision.kind) == (0, "hold")
     assert decide([], 10.0, 0, 0, config(min_replicas=0)).target == 0
 
 
@@ -620,16 +620,16 @@ def test_custom_policy_at_zero_replicas_follows_rays_wrapper() -> None:
     # Requests waiting: the cold-start fast path, whatever the user policy says.
     samples = [*steady(0, 12.3)[:-1], bucket(123, queued=2)]
     started = custom(Recorder(0.0), ScalingInputs(12.3, 0, 0, samples), cfg, PolicyState())
-    assert (started.target, started.direction) == (1, "up")
+    assert (started.target, started.kind) == (1, "cold_start")
     # Nothing waiting: Ray keeps the target while no replica runs.
     idle = custom(Recorder(5.0), ScalingInputs(12.3, 0, 0, steady(0, 12.3)), cfg,
                   PolicyState(up_since=3.0))
-    assert (idle.target, idle.direction) == (0, "hold")
+    assert (idle.target, idle.kind) == (0, "hold")
     assert idle.state == PolicyState(up_since=3.0)  # Ray leaves its state alone
     assert idle.reason.endswith("(no replica running)")
     starting = custom(Recorder(0.0), ScalingInputs(12.3, 0, 2, steady(0, 12.3)), cfg,
                       PolicyState())
-    assert (starting.target, starting.direction) == (2, "hold")
+    assert (starting.target, starting.kind) == (2, "hold")
 
 
 # -- properties ------------------------------------------------------------------------------
@@ -687,7 +687,7 @@ def test_policies_stay_in_bounds_deterministic_one_timer(
         assert cfg.min_replicas <= decision.target <= cfg.max_replicas, decision
         assert decision.state.up_since is None or decision.state.down_since is None, decision
         assert policy(inputs, cfg, state) == decision
-        assert decision.direction in {"up", "down", "hold"}
+        assert decision.kind in {"up", "down", "hold", "cold_start"}
         state, target = decision.state, decision.target
         now += dt
 

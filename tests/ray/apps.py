@@ -10,7 +10,7 @@ from surge import serve
 
 
 def whereami() -> dict[str, Any]:
-    return {"pid": os.getpid(), "node": os.environ.get("SURGE_NODE_ID", ""),
+    return {"pid": os.getpid(), "node": serve.get_replica_context().node_id,
             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 

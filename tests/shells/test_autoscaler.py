@@ -27,7 +27,9 @@ from surge.controller.autoscaler import (
 )
 from surge.errors import ConfigError
 from surge.model import DeploymentId, LoadReport
+from surge.policy.autoscale_step import StepInputs
 from surge.policy.autoscaling import (
+    DecisionKind,
     LoadSample,
     PolicyState,
     ProactiveSettings,
@@ -256,18 +258,27 @@ def test_bad_policies_raise_config_error_naming_them(user_module: Any, function:
     assert str(raised.value).startswith(message.format(module=user_module.__name__))
 
 
-# -- Autoscaler.decide ---------------------------------------------------------------------
+# -- Autoscaler.step -----------------------------------------------------------------------
+
+
+def decide(autoscaler: Autoscaler, deployment: DeploymentId, cfg: AutoscalingConfig,
+           scaling: ScalingInputs) -> int:
+    """One step at noon (no schedule in these configs); the new target."""
+    step = autoscaler.step(deployment, cfg, StepInputs(
+        scaling.now, 12 * 3600.0, scaling.running, scaling.target, scaling.samples,
+        scaling.startup_lead_s))
+    return step.target
 
 
 def test_decide_records_a_change_and_nothing_else(user_module: Any) -> None:
     autoscaler = Autoscaler()
     cfg = spec(f"{user_module.__name__}:fixed_three")
-    assert autoscaler.decide(DEP, cfg, inputs(now=30.0)) == 3
+    assert decide(autoscaler, DEP, cfg, inputs(now=30.0)) == 3
     assert list(autoscaler.decisions) == [DecisionRecord(
-        at=30.0, deployment=DEP, previous=2, target=3, reason="up: custom policy wants 3",
-        signals={})]
+        at=30.0, deployment=DEP, previous=2, target=3, kind=DecisionKind.UP,
+        reason="up: custom policy wants 3", signals={})]
     assert autoscaler.last[DEP].target == 3
-    assert autoscaler.decide(DEP, cfg, inputs(now=30.1, running=3, target=3)) == 3
+    assert decide(autoscaler, DEP, cfg, inputs(now=30.1, running=3, target=3)) == 3
     assert len(autoscaler.decisions) == 1
     assert autoscaler.last[DEP].reason == "hold: custom policy wants 3"
 
@@ -277,10 +288,10 @@ def test_decide_keeps_the_policy_state_between_ticks() -> None:
     cfg = AutoscalingConfig(max_replicas=10, upscale_delay_s=30.0,
                             policy={"policy_function": "ray_default"})
     # 8 requests / 2 per replica: 4 wanted; Ray waits 30 s from the first up decision.
-    assert autoscaler.decide(DEP, cfg, inputs(now=30.0)) == 2
+    assert decide(autoscaler, DEP, cfg, inputs(now=30.0)) == 2
     assert autoscaler.states[DEP].up_since == 30.0
-    assert autoscaler.decide(DEP, cfg, inputs(now=59.9)) == 2
-    assert autoscaler.decide(DEP, cfg, inputs(now=60.0)) == 4
+    assert decide(autoscaler, DEP, cfg, inputs(now=59.9)) == 2
+    assert decide(autoscaler, DEP, cfg, inputs(now=60.0)) == 4
     record = autoscaler.decisions[-1]
     assert (record.at, record.previous, record.target) == (60.0, 2, 4)
     assert record.signals == {"total_requests": 8.0, "desired": 4.0}
@@ -293,12 +304,12 @@ def test_a_raising_user_policy_keeps_the_old_target_and_state(
         user_module: Any, caplog: pytest.LogCaptureFixture) -> None:
     autoscaler = Autoscaler()
     cfg = spec(f"{user_module.__name__}:broken_after_first")
-    assert autoscaler.decide(DEP, cfg, inputs(now=30.0)) == 5
+    assert decide(autoscaler, DEP, cfg, inputs(now=30.0)) == 5
     state, decision = autoscaler.states[DEP], autoscaler.last[DEP]
     with caplog.at_level(logging.ERROR, logger="surge.autoscaler"):
-        assert autoscaler.decide(DEP, cfg, inputs(now=30.1, running=5, target=5)) == 5
-    assert "autoscaling policy of app#model failed: RuntimeError('policy bug'); keeping 5 " \
-           "replicas" in caplog.text
+        assert decide(autoscaler, DEP, cfg, inputs(now=30.1, running=5, target=5)) == 5
+    assert "autoscaling policy of app#model: policy failed: RuntimeError('policy bug'); " \
+           "keeping 5 replicas" in caplog.text
     assert autoscaler.states[DEP] is state
     assert autoscaler.last[DEP] is decision
     assert len(autoscaler.decisions) == 1
@@ -307,7 +318,7 @@ def test_a_raising_user_policy_keeps_the_old_target_and_state(
 def test_a_policy_that_always_raises_never_moves_the_target(user_module: Any) -> None:
     autoscaler = Autoscaler()
     cfg = spec(f"{user_module.__name__}:broken")
-    assert [autoscaler.decide(DEP, cfg, inputs(now=30.0 + i / 10, target=t))
+    assert [decide(autoscaler, DEP, cfg, inputs(now=30.0 + i / 10, target=t))
             for i, t in enumerate((1, 2, 7))] == [1, 2, 7]
     assert list(autoscaler.decisions) == []
     assert DEP not in autoscaler.states
@@ -317,16 +328,16 @@ def test_policies_are_resolved_once_per_policy_spec(user_module: Any) -> None:
     autoscaler = Autoscaler()
     cfg = spec(f"{user_module.__name__}:Stepper")
     for i in range(3):
-        autoscaler.decide(DEP, cfg, inputs(now=30.0 + i / 10))
+        decide(autoscaler, DEP, cfg, inputs(now=30.0 + i / 10))
     assert len(user_module.INSTANCES) == 1
     assert user_module.INSTANCES[0].calls == 3
     # A config that differs elsewhere (a schedule floor raising min_replicas) keeps it...
     raised = dataclasses.replace(cfg, min_replicas=3)
-    assert autoscaler.decide(DEP, raised, inputs(now=31.0, running=1, target=1)) == 3
+    assert decide(autoscaler, DEP, raised, inputs(now=31.0, running=1, target=1)) == 3
     assert (len(user_module.INSTANCES), user_module.INSTANCES[0].calls) == (1, 4)
     # ... a new policy spec (a redeploy) resolves it again; each deployment has its own.
-    autoscaler.decide(DEP, spec(f"{user_module.__name__}:Stepper", step=2), inputs(now=31.1))
-    autoscaler.decide(OTHER, cfg, inputs(now=31.1))
+    decide(autoscaler, DEP, spec(f"{user_module.__name__}:Stepper", step=2), inputs(now=31.1))
+    decide(autoscaler, OTHER, cfg, inputs(now=31.1))
     assert [i.step for i in user_module.INSTANCES] == [1, 2, 1]
 
 

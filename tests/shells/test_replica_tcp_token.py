@@ -1,5 +1,6 @@
-"""A replica reached over TCP (multi-node backends) serves only connections that
-present the control token first: handle calls carry pickled arguments."""
+"""A replica reached over TCP (multi-node backends) serves only connections that complete
+the instance's token handshake first: handle calls carry pickled arguments. The router's
+side of the same handshake refuses a replica that cannot prove it knows the token."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import pickle
 
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
+from surge.router.replica_link import ReplicaLink
 from surge.transport.framing import FrameDecoder, FrameEncoder
+from surge.transport.handshake import (
+    AUTHENTICATE,
+    NONCE_BYTES,
+    ClientHandshake,
+    HandshakeFailed,
+    ServerUnproven,
+)
 from surge.transport.messages import Call, Message, Result, Rpc
-from surge.transport.rpc import AUTHENTICATE
 
 TOKEN = "the-control-token"
 
@@ -20,26 +28,58 @@ class Doubler:
         return value * 2
 
 
-async def exchange(port: int, *messages: Message) -> list[Message]:
-    """Send the frames; return what came back before the replica closed or went quiet."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    encoder, decoder = FrameEncoder(), FrameDecoder()
-    writer.write(b"".join(encoder.encode(m) for m in messages))
-    await writer.drain()
-    received: list[Message] = []
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.encoder, self.decoder = FrameEncoder(), FrameDecoder()
+
+    def send(self, *messages: Message) -> None:
+        self.writer.write(b"".join(self.encoder.encode(m) for m in messages))
+
+    async def receive(self) -> list[Message]:
+        """What came back before the replica closed the connection or went quiet."""
+        received: list[Message] = []
+        try:
+            while not received:
+                data = await asyncio.wait_for(self.reader.read(65536), 2.0)
+                if not data:
+                    break  # closed by the replica
+                received += self.decoder.feed(data)
+        except TimeoutError:
+            pass
+        return received
+
+
+async def connect(port: int) -> Connection:
+    return Connection(*await asyncio.open_connection("127.0.0.1", port))
+
+
+async def handshake_then_call(port: int, token: str, call: Call) -> list[Message]:
+    """Do the client's side of the handshake knowing `token`; then send `call`."""
+    conn = await connect(port)
+    client = ClientHandshake(token, b"n" * NONCE_BYTES)
+    conn.send(client.start())
     try:
-        while not received:
-            data = await asyncio.wait_for(reader.read(65536), 2.0)
-            if not data:
-                break  # closed by the replica
-            received += decoder.feed(data)
-    except TimeoutError:
-        pass
-    writer.close()
+        while not client.done:
+            answers = await conn.receive()
+            if not answers:
+                conn.writer.close()
+                await conn.writer.wait_closed()
+                return []
+            for message in answers:
+                conn.send(*client.receive(message))
+    except HandshakeFailed:
+        conn.writer.close()
+        await conn.writer.wait_closed()
+        return []
+    conn.send(call)
+    received = await conn.receive()
+    conn.writer.close()
+    await conn.writer.wait_closed()
     return received
 
 
-async def serve_and_probe() -> tuple[list[Message], list[Message], list[Message]]:
+async def serve_and_probe() -> dict[str, list[Message]]:
     user = UserCode(Doubler, (), {}, 4)
     await user.construct()
     server = ReplicaServer(user, 4, "test:Doubler")
@@ -47,19 +87,53 @@ async def serve_and_probe() -> tuple[list[Message], list[Message], list[Message]
         server.protocol_requiring(TOKEN), "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     call = Call(id=1, method="double", payload=pickle.dumps(((21,), {})))
+    results = {}
     try:
-        without = await exchange(port, call)
-        wrong = await exchange(port, Rpc(id=0, method=AUTHENTICATE, payload=b"guess"), call)
-        right = await exchange(port, Rpc(id=0, method=AUTHENTICATE, payload=TOKEN.encode()),
-                               call)
+        for name, frames in (("no handshake", [call]),  # a raw token is no handshake:
+                             ("raw token", [Rpc(id=0, method=AUTHENTICATE,
+                                                payload=TOKEN.encode()), call])):
+            conn = await connect(port)
+            conn.send(*frames)
+            results[name] = await conn.receive()
+            conn.writer.close()
+            await conn.writer.wait_closed()
+        results["wrong token"] = await handshake_then_call(port, "a-guess", call)
+        results["right token"] = await handshake_then_call(port, TOKEN, call)
     finally:
         listener.close()
         user.close()
-    return without, wrong, right
+    return results
 
 
-def test_tcp_replica_requires_the_token_before_any_call() -> None:
-    without, wrong, right = asyncio.run(serve_and_probe())
-    assert without == [] and wrong == []  # closed without running anything
+def test_tcp_replica_requires_the_handshake_before_any_call() -> None:
+    results = asyncio.run(serve_and_probe())
+    assert results["no handshake"] == []  # closed without running anything
+    assert results["raw token"] == []
+    assert results["wrong token"] == []  # the client saw the replica's proof fail
+    right = results["right token"]
     assert len(right) == 1 and isinstance(right[0], Result)
     assert pickle.loads(right[0].payload) == 42
+
+
+async def link_to_impostor() -> BaseException | None:
+    """A router's link to a TCP 'replica' that knows another token."""
+    impostor = ReplicaServer(UserCode(Doubler, (), {}, 4), 4, "impostor")
+    listener = await asyncio.get_running_loop().create_server(
+        impostor.protocol_requiring("another-token"), "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    link = ReplicaLink("r1", lambda link, pending, message: None, lambda link: None)
+    link.require_handshake(TOKEN)
+    try:
+        await asyncio.get_running_loop().create_connection(lambda: link, "127.0.0.1", port)
+        try:
+            await asyncio.wait_for(link.trusted, 5.0)
+        except HandshakeFailed as exc:
+            return exc
+        return None
+    finally:
+        listener.close()
+
+
+def test_a_router_never_trusts_a_replica_that_cannot_prove_the_token() -> None:
+    failure = asyncio.run(link_to_impostor())
+    assert isinstance(failure, ServerUnproven)

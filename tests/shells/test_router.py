@@ -23,6 +23,7 @@ from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
 from surge.policy.admission import MAX_RETRY_AFTER_S
 from surge.router.replica_link import Pending
 from surge.router.router import Router
+from surge.testing import FakeClock
 from surge.transport.connection import FramedProtocol
 from surge.transport.messages import Call, Cancel, Failure, Message, Rejected, Result
 
@@ -182,9 +183,9 @@ def replica_set(infos: list[ReplicaInfo], max_ongoing: int, queue_limit: int) ->
 
 @asynccontextmanager
 async def routing(*replicas: FakeReplica, max_ongoing: int = 5, queue_limit: int = 100,
-                  now: Callable[[], float] = lambda: 0.0) -> AsyncIterator[Router]:
+                  clock: FakeClock | None = None) -> AsyncIterator[Router]:
     infos = [await replica.start() for replica in replicas]
-    router = Router(DEP, rng=random.Random(7), now=now)
+    router = Router(DEP, rng=random.Random(7), clock=clock or FakeClock(monotonic=0.0))
     try:
         router.update(replica_set(infos, max_ongoing, queue_limit))
         await asyncio.wait_for(router.ready.wait(), WAIT_S)
@@ -249,10 +250,9 @@ def test_request_beyond_max_ongoing_queues_until_a_slot_frees() -> None:
 
 def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
     async def main() -> None:
-        clock = [0.0]
+        clock = FakeClock(monotonic=0.0)
         replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=2,
-                           now=lambda: clock[0]) as router:
+        async with routing(replica, max_ongoing=1, queue_limit=2, clock=clock) as router:
             pendings = [request(b"1"), request(b"2"), request(b"3")]
             for pending in pendings:
                 router.submit(pending)
@@ -271,7 +271,7 @@ def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
                 await replica.wait_for(lambda r: len(r.held) == 1)
                 replica.release()
                 await answer(pending)
-            clock[0] = 1.0
+            clock.advance(1.0)
             for payload in (b"5", b"6", b"7"):
                 router.submit(request(payload))
             with pytest.raises(BackPressureError) as info:

@@ -17,7 +17,6 @@ import dataclasses
 import importlib
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,13 @@ from typing import Any
 from surge.api.auth import resolve_auth
 from surge.api.config_file import AppConfig, ServeConfig
 from surge.api.deployment import Application, Deployment, build_app_spec
-from surge.api.instance import Instance, connect_or_start, user_sys_path
+from surge.api.instance import Instance, StartOptions, connect_or_start, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
+from surge.clock import SYSTEM
 from surge.config import AppSpec, AutoscalingConfig
 from surge.errors import ConfigError, DeployFailedError
 from surge.model import ApplicationStatus, ApplicationStatusOverview
-from surge.observability.config import child_environment
+from surge.observability.config import LEVEL_ENV, LoggingConfig
 
 __all__ = [
     "application_with_overrides",
@@ -219,13 +219,14 @@ def apply_config(config: ServeConfig, *, start: bool,
                  progress: Callable[[str], None] = print) -> Instance:
     """Deploy the file's applications (starting surge if `start`) and delete the others."""
     specs = build_specs(config)
-    if config.log_level and start:
-        os.environ.setdefault("SURGE_LOG_LEVEL", config.log_level)
-    with child_environment(config.logging if start else None, None):
-        ray_address = config.ray_address or (
-            caller_ray_address() if config.backend == "ray" else None)
-        instance = connect_or_start(config.http_options, start=start,
-                                    backend=BackendChoice(config.backend, ray_address))
+    ray_address = config.ray_address or (
+        caller_ray_address() if config.backend == "ray" else None)
+    logging_config = config.logging or LoggingConfig()
+    level = logging_config.log_level or os.environ.get(LEVEL_ENV) or config.log_level
+    options = StartOptions(http=config.http_options,
+                           backend=BackendChoice(config.backend, ray_address),
+                           logging=dataclasses.replace(logging_config, log_level=level))
+    instance = connect_or_start(options, start=start)
     existing = instance.call("status", timeout=10).applications
     wanted = {spec.name for spec in specs}
     removed = [name for name in existing if name not in wanted]
@@ -247,9 +248,9 @@ def apply_config(config: ServeConfig, *, start: bool,
 
 
 def _wait(instance: Instance, name: str, progress: Callable[[str], None]) -> None:
-    start = time.monotonic()
+    start = SYSTEM.monotonic()
     last = ""
-    while time.monotonic() - start < DEPLOY_TIMEOUT_S:
+    while SYSTEM.monotonic() - start < DEPLOY_TIMEOUT_S:
         overview: ApplicationStatusOverview | None = instance.call(
             "wait_app", timeout=10, name=name, timeout_s=1.0)
         if overview is None:
@@ -260,7 +261,7 @@ def _wait(instance: Instance, name: str, progress: Callable[[str], None]) -> Non
         line = "  ".join(f"{d} {_replicas(s.replica_states)}/{s.target_replicas}"
                          for d, s in overview.deployments.items())
         if overview.status is ApplicationStatus.RUNNING and not _rolling(overview):
-            progress(f"application {name!r} RUNNING in {time.monotonic() - start:.1f}s: "
+            progress(f"application {name!r} RUNNING in {SYSTEM.monotonic() - start:.1f}s: "
                      f"{line}")
             return
         if line != last:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from surge.api.auth import resolve_auth
 from surge.api.deployment import Application, build_app_spec
-from surge.api.instance import connect_or_start, current, disconnect, user_sys_path
+from surge.api.instance import StartOptions, connect_or_start, current, disconnect, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.config import AuthConfig, HTTPOptions, from_mapping
 from surge.errors import ConfigError, DeployFailedError, RayServeException
 from surge.model import ApplicationStatus, DeploymentId, ServeStatus
-from surge.observability.config import DashboardOptions, LoggingConfig, child_environment
+from surge.observability.config import DashboardOptions, LoggingConfig
 from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
 from surge.router.runtime import current_runtime
@@ -45,17 +45,16 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
     it). Both apply when this call starts surge; a running instance keeps its own.
     """
-    options = _http_options(http_options, proxy_location)
-    log_config = LoggingConfig.from_any(logging_config) if logging_config is not None else None
-    dashboard = None
+    dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
-        base = DashboardOptions.from_env()
-        dashboard = DashboardOptions(host=dashboard_host or base.host,
-                                     port=base.port if dashboard_port is None else dashboard_port)
+        dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
+                                     port=dashboard.port if dashboard_port is None
+                                     else dashboard_port)
     choice = BackendChoice(backend, (ray_address or caller_ray_address())
                            if backend == "ray" else ray_address)
-    with child_environment(log_config, dashboard):
-        connect_or_start(options, backend=choice)
+    connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),
+                                  backend=choice, logging=LoggingConfig.from_any(logging_config),
+                                  dashboard=dashboard))
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
@@ -104,8 +103,7 @@ def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str 
 
 def _block_until_interrupted() -> None:
     try:
-        while True:
-            time.sleep(3600)
+        threading.Event().wait()
     except KeyboardInterrupt:
         log.info("interrupted; shutting down")
         shutdown()

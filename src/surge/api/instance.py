@@ -9,24 +9,23 @@ Ctrl-C.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Coroutine
 from typing import Any
 
-from surge.api.supervisor import Supervisor, user_sys_path
-from surge.backends.choice import BackendChoice
-from surge.config import DEFAULT_CONTROL_PORT, HTTPOptions
+from surge.api.supervisor import StartOptions, Supervisor, user_sys_path
+from surge.config import DEFAULT_CONTROL_PORT
 from surge.errors import ControllerUnavailableError
 from surge.router.runtime import BackgroundLoop, RouterRuntime, set_runtime, set_runtime_factory
 
-__all__ = ["Instance", "connect_or_start", "control_address", "current", "disconnect",
-           "user_sys_path"]
+__all__ = ["Instance", "StartOptions", "connect_or_start", "control_address", "current",
+           "disconnect", "user_sys_path"]
 
 log = logging.getLogger("surge")
 
@@ -70,8 +69,8 @@ def current() -> Instance | None:
     return _instance
 
 
-def connect_or_start(http_options: HTTPOptions | None = None, *,
-                     start: bool = True, backend: BackendChoice | None = None) -> Instance:
+def connect_or_start(options: StartOptions | None = None, *, start: bool = True) -> Instance:
+    """The running instance at the control address, or (with `start`) a new one."""
     global _instance
     with _lock:
         if _instance is not None:
@@ -80,16 +79,16 @@ def connect_or_start(http_options: HTTPOptions | None = None, *,
         loop = BackgroundLoop("surge-driver")
         try:
             _instance = _connect(address, loop, None)
-            if http_options is not None:
-                log.info("connected to the running surge instance at %s; its HTTP options "
-                         "stay as they are", address)
+            if options is not None:
+                log.info("connected to the running surge instance at %s; its options stay "
+                         "as they are", address)
         except ControllerUnavailableError:
             if not start:
                 loop.stop()
                 raise
             supervisor: Supervisor | None = None
             try:
-                supervisor = Supervisor(address, http_options or HTTPOptions(), backend)
+                supervisor = Supervisor(address, options)
                 _instance = _connect(supervisor.address, loop, supervisor)
             except BaseException:
                 loop.stop()
@@ -172,10 +171,17 @@ def _wait_gone(instance: Instance) -> None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         return
-    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
     peer = instance.runtime.peer
-    while peer is not None and not peer.is_closed and time.monotonic() < deadline:
-        time.sleep(0.05)
+    if peer is not None:  # another process's instance: it is gone when the link closes
+        instance.loop.run(_closed(peer), timeout=SHUTDOWN_TIMEOUT_S + 1.0)
+
+
+async def _closed(peer: Any) -> None:
+    try:
+        await asyncio.wait_for(peer.disconnected.wait(), SHUTDOWN_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("the surge instance did not close its connection within %.0f s",
+                    SHUTDOWN_TIMEOUT_S)
 
 
 set_runtime_factory(lambda: connect_or_start(start=False).runtime)

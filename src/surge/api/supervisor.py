@@ -1,12 +1,13 @@
 """The process that starts an instance supervises its controller.
 
 `Supervisor` makes the instance's control token and private state directory, starts
-`python -m surge.controller` and waits for its `SURGE_READY` line. A thread then waits
-on the controller: if it dies (any exit but a clean shutdown's 0), the supervisor
-starts a new one on the same address with SURGE_RECOVER=1; it reloads the checkpoint
-from the state directory and re-attaches to the proxies and replicas, which kept
-serving from their last routes meanwhile. Restarts are bounded (MAX_RESTARTS within
-RESTART_WINDOW_S) so a controller that cannot start does not loop forever.
+`python -m surge.controller` with its spec (surge.launch) on stdin, and waits for its
+ready line. A thread then waits on the controller: if it dies (any exit but a clean
+shutdown's 0), the supervisor starts a new one on the same address with `recover`
+set; it reloads the checkpoint from the state directory and re-attaches to the proxies
+and replicas, which kept serving from their last routes meanwhile. Restarts are
+bounded (MAX_RESTARTS within RESTART_WINDOW_S) so a controller that cannot start does
+not loop forever.
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from surge.backends.choice import BackendChoice
+from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
+from surge.control_auth import new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
+from surge.controller.main import ERROR, READY
 from surge.errors import RayServeException
-from surge.process import STATE_DIR_ENV, SUPERVISOR_ENV
+from surge.launch import ControllerProcessSpec, Lifetime, encode
+from surge.observability.config import DashboardOptions, LoggingConfig
 
-__all__ = ["Supervisor", "user_sys_path"]
+__all__ = ["StartOptions", "Supervisor", "user_sys_path"]
 
 log = logging.getLogger("surge")
 
@@ -45,18 +49,26 @@ RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 0.5
 
 
+@dataclass(frozen=True)
+class StartOptions:
+    """How a new instance is started (serve.start's arguments, the YAML config's)."""
+
+    http: HTTPOptions = field(default_factory=HTTPOptions)
+    backend: BackendChoice = field(default_factory=BackendChoice)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    dashboard: DashboardOptions = field(default_factory=DashboardOptions.from_env)
+
+
 class Supervisor:
-    def __init__(self, address: str, http: HTTPOptions,
-                 backend: BackendChoice | None = None) -> None:
-        self.http = http
-        self.backend = backend or BackendChoice()  # restarts come back on the same backend
-        # As the caller set it up (logging, dashboard): restarts must not lose it.
-        self.environment = dict(os.environ)
+    def __init__(self, address: str, options: StartOptions | None = None) -> None:
+        self.options = options or StartOptions()  # restarts come back with the same
+        self.environment = dict(os.environ)  # as the caller set it up: restarts keep it
         self.token = new_token()
         self.state_dir = tempfile.mkdtemp(prefix="instance-", dir=user_dir())
         self.stopping = False
         self.restarts: collections.deque[float] = collections.deque()
         self.ended = threading.Event()  # the instance is gone for good
+        self._closed = threading.Event()
         try:
             self.process, self.ready = self._launch(address, recover=False)
         except BaseException:
@@ -72,27 +84,34 @@ class Supervisor:
         return (f"<Supervisor controller pid={self.process.pid} restarts={len(self.restarts)} "
                 f"stopping={self.stopping}>")
 
+    def spec(self, address: str, recover: bool) -> ControllerProcessSpec:
+        options = self.options
+        return ControllerProcessSpec(
+            address=address, http=options.http, backend=options.backend.name,
+            ray_address=options.backend.ray_address, token=self.token,
+            state_dir=self.state_dir, recover=recover,
+            lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid()),
+            logging=options.logging.resolved(), dashboard=options.dashboard)
+
     def _launch(self, address: str,
                 recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-        options = {k: getattr(self.http, k) for k in self.http.__dataclass_fields__}
         env = dict(self.environment)
         paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        env.update({"SURGE_PARENT_PID": str(os.getpid()), SUPERVISOR_ENV: str(os.getpid()),
-                    TOKEN_ENV: self.token, STATE_DIR_ENV: self.state_dir,
-                    "SURGE_RECOVER": "1" if recover else "0", **self.backend.env()})
         process = subprocess.Popen(
-            [sys.executable, "-m", "surge.controller", address, json.dumps(options)],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        assert process.stdout is not None
+            [sys.executable, "-m", "surge.controller"], stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE, env=env, start_new_session=True)
+        assert process.stdout is not None and process.stdin is not None
+        with process.stdin, contextlib.suppress(BrokenPipeError):
+            process.stdin.write(encode(self.spec(address, recover)))
         line = _read_line(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
         process.stdout.close()
-        if line.startswith("SURGE_READY "):
-            ready: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+        if line.startswith(f"{READY} "):
+            ready: dict[str, Any] = json.loads(line[len(READY) + 1:])
             return process, ready
         process.kill()
         process.wait()
-        reason = line.split(" ", 1)[1] if line.startswith("SURGE_ERROR ") else (
+        reason = line[len(ERROR) + 1:] if line.startswith(f"{ERROR} ") else (
             line or "the controller exited without saying why (see its log above)")
         raise RayServeException(f"could not start surge: {reason}")
 
@@ -115,12 +134,12 @@ class Supervisor:
                     log.warning("the surge controller is back (pid %d)", self.process.pid)
                 except RayServeException as exc:
                     log.error("%s", exc)
-                    time.sleep(RESTART_BACKOFF_S)
+                    self._closed.wait(RESTART_BACKOFF_S)
         finally:
             self.ended.set()
 
     def _may_restart(self) -> bool:
-        now = time.monotonic()
+        now = SYSTEM.monotonic()
         while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
             self.restarts.popleft()
         self.restarts.append(now)
@@ -129,6 +148,7 @@ class Supervisor:
     def close(self) -> None:
         """After the instance shut down: stop what is left of it, forget token and state."""
         self.stopping = True
+        self._closed.set()
         self._stop_leftovers()
         withdraw(self.address, self.token)
         shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -149,9 +169,9 @@ class Supervisor:
 def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
     assert process.stdout is not None
     fd = process.stdout.fileno()
-    deadline = time.monotonic() + timeout
+    deadline = SYSTEM.monotonic() + timeout
     data = b""
-    while b"\n" not in data and time.monotonic() < deadline:
+    while b"\n" not in data and SYSTEM.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
             chunk = os.read(fd, 4096)

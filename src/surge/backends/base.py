@@ -1,11 +1,16 @@
-"""The backend protocol: start and stop surge processes, and say which ones exited.
+"""The backend protocol: place surge processes, report where they run and which exited.
 
-The controller decides; a backend only places processes and reports their exits.
+The controller decides (controller/plan.py); a backend only carries out starts and
+signals, and reports membership (`placements`, `alive`) and exits. What differs between
+backends is said by attributes, never by their names: `head` (the node the controller
+runs on) and `deaths_visible_at_once` (a member that died is gone from `alive` at once on
+one machine; on a cluster a lost node is noticed only after a health-check period).
 Each file in this package implements the same shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -13,7 +18,7 @@ from surge.config import ReplicaResources
 from surge.errors import RayServeException
 from surge.model import DeploymentId
 
-__all__ = ["Backend", "Exit", "PlacementError", "ReplicaLaunch"]
+__all__ = ["Backend", "Exit", "Placement", "PlacementError", "ProxyLaunch", "ReplicaLaunch"]
 
 
 class PlacementError(RayServeException):
@@ -29,19 +34,37 @@ class ReplicaLaunch:
 
 
 @dataclass(frozen=True)
+class ProxyLaunch:
+    proxy_id: str
+    node_id: str  # the node it must run on
+    port: int | None = None  # its own HTTP port (nodes sharing an IP); None: the configured
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a process runs."""
+
+    node_id: str
+    node_ip: str
+
+
+@dataclass(frozen=True)
 class Exit:
     process_id: str
     returncode: int | None
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # for logs and status only
+    head: Placement
+    deaths_visible_at_once: bool
 
     def start_replica(self, launch: ReplicaLaunch) -> int:
-        """Start a replica process; returns its pid. Raises PlacementError if it can't."""
+        """Start a replica process; returns its pid (0 if not known yet). Raises
+        PlacementError if it can't."""
         ...
 
-    def start_proxy(self, proxy_id: str) -> int: ...
+    def start_proxy(self, launch: ProxyLaunch) -> int: ...
 
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
               num_gpus: float = 0.0) -> None:
@@ -58,7 +81,13 @@ class Backend(Protocol):
         """Processes that exited since the last call."""
         ...
 
-    def alive(self) -> list[str]: ...
+    def alive(self) -> list[str]:
+        """Processes started or adopted that have not exited (starting ones included)."""
+        ...
+
+    def placements(self) -> Mapping[str, Placement]:
+        """Where each live process runs, once known (empty on a one-machine backend)."""
+        ...
 
     def close(self) -> None:
         """Release what the backend holds (after every process exited)."""

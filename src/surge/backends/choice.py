@@ -1,28 +1,26 @@
-"""Which backend an instance runs on, and how that choice reaches the controller.
+"""Which backend an instance runs on, and how the controller builds it.
 
 The process that starts an instance (serve.start, `surge run`) makes a
-`BackendChoice`; it travels to the controller process in its environment
-(SURGE_BACKEND, SURGE_RAY_ADDRESS), so a controller restarted by the supervisor
-comes back on the same backend, and `build_backend` makes it there. The local backend
-is the default and never imports Ray; `ray` needs `pip install 'surge[ray]'`.
+`BackendChoice`; it travels to the controller process in its spec (surge.launch), so a
+controller restarted by the supervisor comes back on the same backend, and
+`build_backend` makes it there. The local backend is the default and never imports Ray;
+`ray` needs `pip install 'surge[ray]'`.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from surge.backends.base import Backend
 from surge.config import HTTPOptions
 from surge.errors import ConfigError
+from surge.launch import Membership
 
 __all__ = ["BACKENDS", "BackendChoice", "build_backend", "caller_ray_address"]
 
 BACKENDS = ("local", "ray")
 DEFAULT_BACKEND = "local"  # one machine, nothing to install
-BACKEND_ENV = "SURGE_BACKEND"
-RAY_ADDRESS_ENV = "SURGE_RAY_ADDRESS"
 
 
 @dataclass(frozen=True)
@@ -39,17 +37,6 @@ class BackendChoice:
         if self.ray_address is not None and self.name != "ray":
             raise ConfigError("ray_address is only used with backend='ray'")
 
-    def env(self) -> dict[str, str]:
-        env = {BACKEND_ENV: self.name}
-        if self.ray_address:
-            env[RAY_ADDRESS_ENV] = self.ray_address
-        return env
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> BackendChoice:
-        return cls(environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
-                   environ.get(RAY_ADDRESS_ENV) or None)
-
 
 def caller_ray_address() -> str | None:
     """The cluster this process is connected to, if it called ray.init (without importing
@@ -61,15 +48,16 @@ def caller_ray_address() -> str | None:
     return str(address) if address else None
 
 
-def build_backend(choice: BackendChoice, controller_address: str,
-                  http: HTTPOptions) -> Backend:
+def build_backend(choice: BackendChoice, membership: Membership, http: HTTPOptions,
+                  state_dir: str | None = None) -> Backend:
+    """The backend, for a controller whose members are told `membership`."""
     if choice.name == "ray":
         try:
             from surge.backends.ray import RayBackend
         except ImportError as exc:
             raise ConfigError(f"backend 'ray' needs Ray ({exc}); install it with "
                               "pip install 'surge[ray]'") from None
-        return RayBackend(controller_address, http, choice.ray_address)
+        return RayBackend(membership, http, choice.ray_address, state_dir)
     from surge.backends.local import LocalBackend
 
-    return LocalBackend(controller_address)
+    return LocalBackend(membership, state_dir)

@@ -1,6 +1,7 @@
 """The controller's side of the fork server (`surge.replica.forkserver`).
 
-`ForkServer.spawn` asks the template process for a replica and returns its pid;
+`ForkServer.spawn` asks the template process for a replica (its spec and environment)
+and returns its pid;
 `poll` returns the replicas it reaped. When the fork server is missing or dies, the
 local backend falls back to starting replicas as fresh interpreters.
 """
@@ -13,8 +14,9 @@ import os
 import select
 import subprocess
 import sys
-import time
 from typing import Any
+
+from surge.clock import SYSTEM
 
 __all__ = ["ForkServer", "ForkServerError"]
 
@@ -31,7 +33,7 @@ class ForkServerError(Exception):
 class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "surge.replica.forkserver"], env=env,
+            [sys.executable, "-m", "surge.replica.forkserver", str(os.getpid())], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         assert self.process.stdout is not None and self.process.stdin is not None
         self._out = self.process.stdout.fileno()
@@ -66,8 +68,8 @@ class ForkServer:
         return messages
 
     def _wait_for(self, key: str, process_id: str | None, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = SYSTEM.monotonic() + timeout
+        while SYSTEM.monotonic() < deadline:
             for message in self._messages(0.05):
                 if "exited" in message:
                     self._exits.append((message["exited"], int(message["code"])))
@@ -79,11 +81,12 @@ class ForkServer:
                 raise ForkServerError("the fork server exited")
         raise ForkServerError(f"no answer from the fork server within {timeout:g}s")
 
-    def spawn(self, process_id: str, argv: list[str], env: dict[str, str]) -> int:
+    def spawn(self, process_id: str, spec: bytes, env: dict[str, str]) -> int:
+        """Fork a replica that becomes `spec` (its surge.launch line) with `env`."""
         if not self._ready:
             self._wait_for("ready", None, READY_TIMEOUT_S)
             self._ready = True
-        request = {"spawn": process_id, "argv": argv, "env": env}
+        request = {"spawn": process_id, "spec": spec.decode(), "env": env}
         try:
             os.write(self._in, (json.dumps(request) + "\n").encode())
         except OSError as exc:

@@ -2,15 +2,17 @@
 
 Replicas are forked from a pre-imported template process (the fork server) when it
 is available, else started as fresh interpreters; the proxy is a child of the
-controller. With a supervisor (the process that started the instance) they outlive the
-controller and leave with the supervisor; a restarted controller `adopt`s them by pid.
-Their Unix sockets live in the instance's state directory (SURGE_STATE_DIR). GPUs are found from
-CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES
-(fractions share a GPU); CPUs are not reserved (processes may share cores).
+controller. Each gets its spec (surge.launch) on stdin. With a supervisor (the process
+that started the instance) they outlive the controller and leave with the supervisor;
+a restarted controller `adopt`s them by pid. Replicas listen on Unix sockets in the
+instance's state directory. GPUs are found from CUDA_VISIBLE_DEVICES or
+`nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs
+are not reserved (processes may share cores).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -18,10 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 
-from surge.backends.base import Exit, PlacementError, ReplicaLaunch
+from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
 from surge.backends.forking import ForkServer, ForkServerError
-from surge.process import STATE_DIR_ENV, open_pidfd, pid_gone
+from surge.launch import LOCAL_NODE, Lifetime, Membership, Unix, encode
+from surge.process import open_pidfd, pid_gone
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -87,14 +91,15 @@ class GpuPool:
 
 class LocalBackend:
     name = "local"
+    head = Placement(LOCAL_NODE, "127.0.0.1")
+    deaths_visible_at_once = True  # a member's pid is gone the moment it dies
 
-    def __init__(self, controller_address: str, gpus: list[str] | None = None,
-                 use_forkserver: bool = True) -> None:
-        self.controller_address = controller_address
+    def __init__(self, membership: Membership, state_dir: str | None = None,
+                 gpus: list[str] | None = None, use_forkserver: bool = True) -> None:
+        self.membership = membership
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
-        state_dir = os.environ.get(STATE_DIR_ENV)
         if state_dir:
             self.socket_dir = os.path.join(state_dir, "sockets")
             os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
@@ -106,6 +111,9 @@ class LocalBackend:
         self.forkserver: ForkServer | None = None
         if use_forkserver:
             self.forkserver = ForkServer(self._env({}, ()))
+        # Unsupervised, members die with this process (their parent).
+        self.lifetime = Lifetime(supervisor_pid=membership.supervisor_pid,
+                                 parent_pid=os.getpid())
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
@@ -115,8 +123,6 @@ class LocalBackend:
         paths = [p for p in (*sys_path, env.get("PYTHONPATH", "")) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        env["SURGE_PARENT_PID"] = str(os.getpid())
-        env["SURGE_SOCKET_DIR"] = self.socket_dir
         env.update(extra)
         return env
 
@@ -125,12 +131,13 @@ class LocalBackend:
         gpus = self.gpus.take(launch.replica_id, launch.resources.num_gpus)
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        args = [self.controller_address, launch.replica_id, launch.deployment.app,
-                launch.deployment.name]
+        spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
+                                              launch.deployment.name, Unix(self.socket_dir),
+                                              self.lifetime))
         env = self._env(extra, launch.sys_path)
         if self.forkserver is not None:
             try:
-                pid = self.forkserver.spawn(launch.replica_id, args, env)
+                pid = self.forkserver.spawn(launch.replica_id, spec, env)
                 self.forked[launch.replica_id] = pid
                 return pid
             except ForkServerError as exc:
@@ -138,15 +145,18 @@ class LocalBackend:
                             "interpreters", exc)
                 self.forkserver.close()
                 self.forkserver = None
-        return self._spawn(launch.replica_id, [sys.executable, "-m", "surge.replica", *args],
-                           env)
+        return self._spawn(launch.replica_id, "surge.replica", spec, env)
 
-    def start_proxy(self, proxy_id: str) -> int:
-        argv = [sys.executable, "-m", "surge.proxy", self.controller_address, proxy_id]
-        return self._spawn(proxy_id, argv, self._env({}, ()))
+    def start_proxy(self, launch: ProxyLaunch) -> int:
+        spec = encode(self.membership.proxy(launch.proxy_id, launch.port, self.lifetime))
+        return self._spawn(launch.proxy_id, "surge.proxy", spec, self._env({}, ()))
 
-    def _spawn(self, process_id: str, argv: list[str], env: dict[str, str]) -> int:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+    def _spawn(self, process_id: str, module: str, spec: bytes, env: dict[str, str]) -> int:
+        process = subprocess.Popen([sys.executable, "-m", module], env=env,
+                                   stdin=subprocess.PIPE, close_fds=True)
+        assert process.stdin is not None
+        with process.stdin, contextlib.suppress(BrokenPipeError):  # it died: an exit
+            process.stdin.write(spec)  # one line, far below a pipe's buffer: never blocks
         self.processes[process_id] = process
         return process.pid
 
@@ -208,6 +218,9 @@ class LocalBackend:
                 self.forkserver.close()
                 self.forkserver = None
         return exits
+
+    def placements(self) -> Mapping[str, Placement]:
+        return {}  # one node: nothing to tell apart
 
     def alive(self) -> list[str]:
         running = [pid for pid, p in self.processes.items() if p.poll() is None]

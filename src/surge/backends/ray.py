@@ -12,11 +12,10 @@ Liveness: per process, one `wait()` call on its actor resolves when the child ex
 them with a non-blocking `ray.wait`. Ray's `gcs` notices a lost node within its health
 check period, then the controller replaces the replicas elsewhere.
 
-Proxies (HTTPOptions.location, policy.placement): the controller's `proxy-N` workers
-run on the head node; with EveryNode each other node hosting a replica gets a proxy
-`proxy-node-<node id>` that this backend starts and stops as replicas come and go
-(the controller sees it register, serve and exit like any proxy). Its port follows
-policy.placement.proxy_port (distinct ports for nodes sharing an IP).
+Proxies: the controller decides where they go (controller/plan.py, policy.placement)
+and asks for each with the node it must run on (a hard node-affinity strategy) and,
+for nodes sharing an IP, its own port. `placements` tells the controller which node
+each process landed on, once its actor has started it.
 
 Actors are detached, so processes outlive a crashed controller; a restarted one
 `adopt`s them by name (namespace "surge", name "<instance>/<process id>").
@@ -28,20 +27,20 @@ import ipaddress
 import logging
 import os
 import signal
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from surge.backends.base import Exit, PlacementError, ReplicaLaunch
+from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
 from surge.backends.ray_host import ProcessHost
+from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.control_auth import TOKEN_ENV
 from surge.errors import ConfigError
-from surge.node import PROXY_PORT_ENV
-from surge.policy.placement import proxy_nodes, proxy_port
+from surge.launch import ORPHAN_TIMEOUT_S, Lifetime, Membership, Tcp, encode
 
 __all__ = ["RayBackend"]
 
@@ -50,13 +49,13 @@ log = logging.getLogger("surge.backend")
 _ray: Any = ray  # for Ray's untyped functions (nodes, util.get_node_ip_address)
 
 NAMESPACE = "surge"
-NODE_PROXY_PREFIX = "proxy-node-"
 HEAD_RESOURCE = "node:__internal_head__"
 # How stale the cached view of the cluster's nodes may be (placement checks only).
 NODES_REFRESH_S = 1.0
 # kill(): SIGKILL through the actor first; a second kill this much later kills the actor.
 KILL_ESCALATION_S = 2.0
-PASSED_ENV = ("SURGE_LOG_LEVEL", TOKEN_ENV)
+# A placed process dies with its host actor, and leaves after this without a controller.
+PLACED = Lifetime(orphan_timeout_s=ORPHAN_TIMEOUT_S)
 
 
 @dataclass
@@ -65,20 +64,19 @@ class _Hosted:
     actor: Any
     started: Any  # ObjectRef of ProcessHost.start: pid, node
     exited: Any  # ObjectRef of ProcessHost.wait: the exit code
-    is_proxy: bool
     pid: int = 0
     node_id: str = ""
     node_ip: str = ""
-    port: int | None = None  # node proxies: the port they were given
     killed_at: float | None = None
     demand: dict[str, float] = field(default_factory=dict)
 
 
 class RayBackend:
     name = "ray"
+    deaths_visible_at_once = False  # a lost node is noticed after Ray's health checks
 
-    def __init__(self, controller_address: str, http: HTTPOptions,
-                 ray_address: str | None = None) -> None:
+    def __init__(self, membership: Membership, http: HTTPOptions,
+                 ray_address: str | None = None, state_dir: str | None = None) -> None:
         if not ray.is_initialized():
             try:
                 ray.init(address=ray_address or "auto", namespace=NAMESPACE,
@@ -93,23 +91,24 @@ class RayBackend:
         self._exits: list[Exit] = []
         self._nodes: list[dict[str, Any]] = []
         self._nodes_at = -NODES_REFRESH_S
-        self.head = self._head_node()
-        self.head_ip = self._node_ip(self.head)
-        self.controller_address = self._reachable(controller_address)
+        head = self._head_node()
+        self.head = Placement(head, self._node_ip(head))
+        # Members on other nodes must dial the control address from there.
+        self.membership = msgspec.structs.replace(
+            membership, controller=self._reachable(membership.controller))
         # Actor names are scoped to the instance (its state directory survives restarts).
-        state = os.environ.get("SURGE_STATE_DIR")
-        self.instance = os.path.basename(state) if state else self.controller_address
-        log.info("ray backend: head node %s (%s), controller at %s", self.head[:12],
-                 self.head_ip, self.controller_address)
+        self.instance = (os.path.basename(state_dir) if state_dir
+                         else self.membership.controller)
+        log.info("ray backend: head node %s (%s), controller at %s", head[:12],
+                 self.head.node_ip, self.membership.controller)
 
     def __repr__(self) -> str:
-        return (f"<RayBackend head={self.head[:12]} processes={len(self.hosts)} "
-                f"proxy_nodes={len(self._node_proxies())}>")
+        return f"<RayBackend head={self.head.node_id[:12]} processes={len(self.hosts)}>"
 
     # -- the cluster -------------------------------------------------------------------
 
     def nodes(self, fresh: bool = False) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = SYSTEM.monotonic()
         if fresh or now - self._nodes_at > NODES_REFRESH_S:
             self._nodes = [n for n in _ray.nodes() if n.get("Alive")]
             self._nodes_at = now
@@ -130,11 +129,12 @@ class RayBackend:
     def _reachable(self, address: str) -> str:
         """The control address as other nodes must dial it."""
         host, _, port = address.rpartition(":")
+        head_ip = self.head.node_ip
         if host in ("0.0.0.0", "::", ""):
-            return f"{self.head_ip}:{port}"
+            return f"{head_ip}:{port}"
         if ipaddress.ip_address(host).is_loopback and any(
                 not ipaddress.ip_address(n["NodeManagerAddress"]).is_loopback
-                and n["NodeManagerAddress"] != self.head_ip for n in self.nodes()):
+                and n["NodeManagerAddress"] != head_ip for n in self.nodes()):
             log.warning("the control address %s is loopback but the Ray cluster has other "
                         "hosts: their replicas cannot reach it; set SURGE_ADDRESS=0.0.0.0:%s",
                         address, port)
@@ -158,20 +158,20 @@ class RayBackend:
         return f"{self.instance}/{process_id}"
 
     def _env(self, extra: dict[str, str], sys_path: tuple[str, ...] = ()) -> dict[str, str]:
-        env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+        env: dict[str, str] = {}
         paths = [p for p in (*sys_path, os.environ.get("PYTHONPATH", "")) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.update(extra)
         return env
 
-    def _host(self, process_id: str, module: str, args: list[str], env: dict[str, str],
-              options: dict[str, Any], is_proxy: bool) -> _Hosted:
+    def _host(self, process_id: str, module: str, spec: bytes, env: dict[str, str],
+              options: dict[str, Any]) -> _Hosted:
         actor: Any = self.host_class.options(
             name=self._actor_name(process_id), namespace=NAMESPACE, lifetime="detached",
             max_restarts=0, get_if_exists=False, **options).remote()
-        hosted = _Hosted(process_id, actor, actor.start.remote(module, args, env),
-                         actor.wait.remote(), is_proxy)
+        hosted = _Hosted(process_id, actor, actor.start.remote(module, spec, env),
+                         actor.wait.remote())
         self.hosts[process_id] = hosted
         return hosted
 
@@ -180,31 +180,25 @@ class RayBackend:
         demand = {"CPU": resources.num_cpus, "GPU": resources.num_gpus,
                   **dict(resources.resources)}
         self._check_fits(launch, {k: v for k, v in demand.items() if v > 0})
-        args = [self.controller_address, launch.replica_id, launch.deployment.app,
-                launch.deployment.name]
+        spec = self.membership.replica(launch.replica_id, launch.deployment.app,
+                                       launch.deployment.name, Tcp(also_unix=True), PLACED)
         options: dict[str, Any] = {"num_cpus": resources.num_cpus,
                                    "num_gpus": resources.num_gpus}
         if resources.resources:
             options["resources"] = dict(resources.resources)
-        hosted = self._host(launch.replica_id, "surge.replica", args,
-                            self._env(dict(resources.env_vars), launch.sys_path), options,
-                            is_proxy=False)
+        hosted = self._host(launch.replica_id, "surge.replica", encode(spec),
+                            self._env(dict(resources.env_vars), launch.sys_path), options)
         hosted.demand = demand
         return 0  # the pid is known once the actor has started it (replica_ready has it)
 
-    def start_proxy(self, proxy_id: str) -> int:
-        """The controller's proxy workers, on the head node. Node proxies follow replicas
-        (`_place_proxies`); when one exits the controller asks again, and that is a no-op."""
-        if proxy_id.startswith(NODE_PROXY_PREFIX) or proxy_id in self.hosts:
+    def start_proxy(self, launch: ProxyLaunch) -> int:
+        if launch.proxy_id in self.hosts:  # asked again before its exit was seen
             return 0
-        self._start_proxy(proxy_id, self.head, {})
+        spec = self.membership.proxy(launch.proxy_id, launch.port, PLACED)
+        strategy = NodeAffinitySchedulingStrategy(node_id=launch.node_id, soft=False)
+        self._host(launch.proxy_id, "surge.proxy", encode(spec), self._env({}),
+                   {"num_cpus": 0, "scheduling_strategy": strategy})
         return 0
-
-    def _start_proxy(self, proxy_id: str, node_id: str, env: dict[str, str]) -> _Hosted:
-        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-        return self._host(proxy_id, "surge.proxy", [self.controller_address, proxy_id],
-                          self._env(env), {"num_cpus": 0, "scheduling_strategy": strategy},
-                          is_proxy=True)
 
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
               num_gpus: float = 0.0) -> None:
@@ -219,8 +213,7 @@ class RayBackend:
             self._exits.append(Exit(process_id, None))
             return
         self.hosts[process_id] = _Hosted(process_id, actor, actor.describe.remote(),
-                                         actor.wait.remote(), process_id.startswith("proxy-"),
-                                         pid=pid)
+                                         actor.wait.remote(), pid=pid)
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -237,7 +230,7 @@ class RayBackend:
         hosted = self.hosts.get(process_id)
         if hosted is None:
             return
-        now = time.monotonic()
+        now = SYSTEM.monotonic()
         if hosted.killed_at is None and hosted.node_id:
             hosted.killed_at = now
             hosted.actor.signal.remote(int(signal.SIGKILL))
@@ -249,7 +242,6 @@ class RayBackend:
     def poll_exits(self) -> list[Exit]:
         self._reap()
         exits, self._exits = self._exits, []
-        self._place_proxies()
         return exits
 
     def _reap(self) -> None:
@@ -294,37 +286,9 @@ class RayBackend:
             pass
         return Exit(hosted.process_id, code)
 
-    # -- proxies per node ----------------------------------------------------------------
-
-    def _node_proxies(self) -> dict[str, _Hosted]:
-        return {h.process_id[len(NODE_PROXY_PREFIX):]: h for h in self.hosts.values()
-                if h.process_id.startswith(NODE_PROXY_PREFIX)}
-
-    def _place_proxies(self) -> None:
-        """Start and stop node proxies (EveryNode), while the head's proxies are up: they
-        go first at shutdown, and no node proxy may start after them."""
-        if not any(h.is_proxy and not h.process_id.startswith(NODE_PROXY_PREFIX)
-                   for h in self.hosts.values()):
-            return
-        replica_nodes = {h.node_id for h in self.hosts.values() if not h.is_proxy and h.node_id}
-        wanted = proxy_nodes(self.http.location, self.head, replica_nodes) - {self.head}
-        running = self._node_proxies()
-        for node_id, hosted in running.items():
-            if node_id not in wanted and hosted.killed_at is None:
-                log.info("node %s hosts no replica now: stopping its proxy", node_id[:12])
-                hosted.killed_at = time.monotonic()  # asked once; it drains, then exits
-                self.terminate(hosted.process_id)
-        for node_id in sorted(wanted - set(running)):
-            ip = self._node_ip(node_id)
-            taken = [h.port if h.port is not None else self.http.port
-                     for h in self.hosts.values()
-                     if h.is_proxy and (h.node_ip or self.head_ip) == ip]
-            port = proxy_port(self.http.port, taken)
-            hosted = self._start_proxy(f"{NODE_PROXY_PREFIX}{node_id}", node_id,
-                                       {PROXY_PORT_ENV: str(port)})
-            hosted.port, hosted.node_ip = port, ip
-            log.info("node %s hosts replicas: starting its proxy on %s:%d", node_id[:12], ip,
-                     port)
+    def placements(self) -> Mapping[str, Placement]:
+        return {h.process_id: Placement(h.node_id, h.node_ip) for h in self.hosts.values()
+                if h.node_id}
 
     def alive(self) -> list[str]:
         self._reap()  # exits found here are still reported by the next poll_exits

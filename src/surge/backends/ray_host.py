@@ -1,9 +1,9 @@
 """The Ray actor that hosts one surge process (a replica or a proxy) on its node.
 
 Ray places the actor (num_cpus, num_gpus, custom resources), so the process lands on
-a node with room; the actor then starts `python -m surge.replica ...` (or
-`surge.proxy`) as its child with CUDA_VISIBLE_DEVICES set to the GPUs Ray assigned,
-SURGE_NODE_ID / SURGE_NODE_IP for its node, and SURGE_PARENT_PID so that the child
+a node with room; the actor then starts `python -m surge.replica` (or `surge.proxy`) as
+its child with CUDA_VISIBLE_DEVICES set to the GPUs Ray assigned, and hands it its spec
+(surge.launch) with the node's id and IP and the actor as its parent, so that the child
 dies with the actor (a killed actor, a lost node). The child is the same program, with
 the same process title, as on the local backend: Ray is never on the request path.
 
@@ -23,14 +23,13 @@ import subprocess
 import sys
 from typing import Any
 
-from surge.node import NODE_ID_ENV, NODE_IP_ENV
+import msgspec
+
+from surge.launch import ProxyProcessSpec, ReplicaProcessSpec, encode
 
 __all__ = ["ProcessHost"]
 
 ORPHAN_EXIT_S = 30.0
-# What only makes sense on the controller's machine, never on a Ray node.
-LOCAL_ONLY_ENV = ("SURGE_SOCKET_DIR", "SURGE_SUPERVISOR_PID", "SURGE_STATE_DIR",
-                  "SURGE_RECOVER", "SURGE_BACKEND", "SURGE_RAY_ADDRESS")
 
 
 class ProcessHost:
@@ -41,22 +40,26 @@ class ProcessHost:
         self.info: dict[str, Any] = {}
         self.started: asyncio.Event | None = None  # made on the actor's loop
 
-    async def start(self, module: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    async def start(self, module: str, spec: bytes, env: dict[str, str]) -> dict[str, Any]:
         """Start the child (from the event loop's thread: it outlives every call, so the
         child's parent-death signal fires only when the actor itself dies)."""
         import ray
 
         context = ray.get_runtime_context()
         node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        full = {k: v for k, v in os.environ.items() if k not in LOCAL_ONLY_ENV}
-        full.update(env)
-        full.update({NODE_ID_ENV: context.get_node_id(), NODE_IP_ENV: node_ip,
-                     "SURGE_PARENT_PID": str(os.getpid())})
+        launch = msgspec.json.decode(spec, type=ReplicaProcessSpec | ProxyProcessSpec)
+        placed = msgspec.structs.replace(
+            launch, node_id=context.get_node_id(), node_ip=node_ip,
+            lifetime=msgspec.structs.replace(launch.lifetime, parent_pid=os.getpid()))
+        full = {**os.environ, **env}
         gpus = [str(gpu) for gpu in ray.get_gpu_ids()]
         if gpus:
             full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        self.process = subprocess.Popen([sys.executable, "-m", module, *args], env=full,
-                                        stdin=subprocess.DEVNULL, close_fds=True)
+        self.process = subprocess.Popen([sys.executable, "-m", module], env=full,
+                                        stdin=subprocess.PIPE, close_fds=True)
+        assert self.process.stdin is not None
+        with self.process.stdin:
+            self.process.stdin.write(encode(placed))
         self.info = {"pid": self.process.pid, "node_id": context.get_node_id(),
                      "node_ip": node_ip, "gpus": gpus}
         self._started().set()

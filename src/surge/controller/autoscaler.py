@@ -1,29 +1,27 @@
-"""The autoscaler's shell: load reports in, one policy decision per deployment per tick.
+"""The autoscaler's shell: load reports in, one autoscaling step per deployment per tick.
 
 Routers (proxies and handles) push per-deployment counters every 0.1 s, only when
 something changed: arrivals (offered, rejected included), completions, rejections, and
 their queued and in-flight gauges. `LoadTracker` sums them into one `LoadSample` per
-tick and keeps the last minute; `Autoscaler.decide` feeds them to the deployment's
-policy (policy/autoscaling.py, resolved by policy/resolve.py) and remembers the
-decisions for status and metrics.
+tick and keeps the last minute; `Autoscaler.step` runs policy.autoscale_step (the step
+the simulator runs too) with the deployment's policy (policy/resolve.py) and remembers
+the decisions for status and metrics.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from surge.config import AutoscalingConfig
-from surge.controller.state import DeploymentRecord
 from surge.model import DeploymentId, LoadReport
-from surge.policy.autoscaling import Decision, LoadSample, PolicyState, ScalingInputs
+from surge.policy.autoscale_step import Step, StepInputs, autoscale_step
+from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
-from surge.policy.schedule import floors_at, with_floors
 
-__all__ = ["Autoscaler", "LoadTracker", "resolve_policy"]
+__all__ = ["HISTORY_S", "Autoscaler", "DecisionRecord", "LoadTracker", "resolve_policy"]
 
 log = logging.getLogger("surge.autoscaler")
 
@@ -96,34 +94,22 @@ class DecisionRecord:
     deployment: DeploymentId
     previous: int
     target: int
+    kind: DecisionKind
     reason: str
     signals: Mapping[str, float]
 
 
-def _second_of_day() -> float:
-    local = time.localtime()
-    return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec
-
-
 class Autoscaler:
+    """Runs policy.autoscale_step for each autoscaled deployment and keeps what it decided."""
+
     def __init__(self) -> None:
         self.states: dict[DeploymentId, PolicyState] = {}
         self.policies: dict[DeploymentId, tuple[AutoscalingConfig, Policy]] = {}
         self.decisions: deque[DecisionRecord] = deque(maxlen=500)
         self.last: dict[DeploymentId, Decision] = {}
 
-    def scale(self, record: DeploymentRecord, samples: Sequence[LoadSample],
-              now: float) -> None:
-        """Set `record.target` (and its standby floor) from its policy and the schedule."""
-        config = record.config.autoscaling_config
-        assert config is not None
-        floors = floors_at(config.schedule_windows, _second_of_day(), config.min_replicas,
-                           config.standby_replicas)
-        record.standby_floor = floors.standby_replicas
-        inputs = ScalingInputs(now=now, running=len(record.running_current),
-                               target=record.target, samples=samples,
-                               startup_lead_s=record.startup_lead_s)
-        record.target = self.decide(record.id, with_floors(config, floors), inputs)
+    def __repr__(self) -> str:
+        return f"<Autoscaler deployments={len(self.policies)} decisions={len(self.decisions)}>"
 
     def prepare(self, deployment: DeploymentId, config: AutoscalingConfig) -> Policy:
         """The deployment's policy, built once per policy spec (raises ConfigError if bad)."""
@@ -133,24 +119,23 @@ class Autoscaler:
             self.policies[deployment] = cached
         return cached[1]
 
-    def decide(self, deployment: DeploymentId, config: AutoscalingConfig,
-               inputs: ScalingInputs) -> int:
+    def step(self, deployment: DeploymentId, config: AutoscalingConfig,
+             inputs: StepInputs) -> Step:
         state = self.states.get(deployment, PolicyState())
-        try:
-            decision = self.prepare(deployment, config)(inputs, config, state)
-        except Exception as exc:  # a user policy must not stop the control loop
-            log.error("autoscaling policy of %s failed: %r; keeping %d replicas", deployment,
-                      exc, inputs.target)
-            return inputs.target
+        step = autoscale_step(self.prepare(deployment, config), config, state, inputs)
+        decision = step.decision
+        if decision.kind is DecisionKind.POLICY_FAILED:
+            log.error("autoscaling policy of %s: %s", deployment, decision.reason)
+            return step
         self.states[deployment] = decision.state
         self.last[deployment] = decision
         if decision.target != inputs.target:
             self.decisions.append(DecisionRecord(inputs.now, deployment, inputs.target,
-                                                 decision.target, decision.reason,
-                                                 decision.signals))
+                                                 decision.target, decision.kind,
+                                                 decision.reason, decision.signals))
             log.info("autoscaling %s: %d -> %d (%s)", deployment, inputs.target,
                      decision.target, decision.reason)
-        return decision.target
+        return step
 
     def forget(self, deployment: DeploymentId) -> None:
         self.states.pop(deployment, None)

@@ -1,6 +1,7 @@
 """What a restarted controller needs to take over: desired state and live members.
 
-Two files in the instance's state directory (SURGE_STATE_DIR, private to its user):
+Two files in the instance's state directory (private to its user, named in the
+controller's spec):
 `apps.pickle` holds every deployed AppSpec with its deployments' version counters,
 written on each deploy and delete; `members.json` lists the ready replicas and proxy
 workers (id, pid, ...), rewritten at most once per control-loop tick when it changed.

@@ -12,20 +12,19 @@ dashboard polls. `snapshot()` freezes everything for the Prometheus text
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from surge.clock import SYSTEM, Clock
+from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.state import ControllerState
 from surge.model import DeploymentId
 from surge.observability.recorder import Histogram, HttpKey, TelemetryReport
 from surge.policy.lifecycle import ReplicaState
 
-if TYPE_CHECKING:
-    from surge.controller.controller import Controller
-
-__all__ = ["HISTORY_S", "SAMPLE_INTERVAL_S", "MetricsSnapshot", "Observer", "decision_kind"]
+__all__ = ["HISTORY_S", "SAMPLE_INTERVAL_S", "MetricsSnapshot", "Observer"]
 
 # One timeline point per deployment per second, for ten minutes (~600 x 200 B each).
 SAMPLE_INTERVAL_S = 1.0
@@ -36,13 +35,6 @@ STALE_GAUGE_S = 10.0
 GONE_REPLICA_KEEP_S = 60.0
 
 ReplicaKey = tuple[str, str, str, str]  # application, deployment, replica, route
-
-
-def decision_kind(reason: str) -> str:
-    """A bounded label for a decision's reason: cold_start, up or down."""
-    if "cold start" in reason:
-        return "cold_start"
-    return reason.split(":", 1)[0].strip() or "other"
 
 
 @dataclass(frozen=True)
@@ -77,10 +69,14 @@ def _merge(into: dict[Any, Histogram], key: Any, histogram: Histogram) -> None:
 
 
 class Observer:
-    def __init__(self, controller: Controller, *, clock: Any = time.monotonic,
-                 wall: Any = time.time) -> None:
-        self.controller = controller
-        self._clock, self._wall = clock, wall
+    """Reads the controller's state, load samples and decisions; writes only its own."""
+
+    def __init__(self, state: ControllerState, load: LoadTracker, autoscaler: Autoscaler,
+                 clock: Clock = SYSTEM) -> None:
+        self.state = state
+        self.load = load
+        self.autoscaler = autoscaler
+        self.clock = clock
         self.url = ""  # the dashboard's base URL once its server listens
         self.http: dict[HttpKey, Histogram] = {}
         self.processing: dict[ReplicaKey, Histogram] = {}
@@ -113,7 +109,7 @@ class Observer:
     # -- reports from proxies and replicas ----------------------------------------------
 
     def telemetry(self, report: TelemetryReport) -> None:
-        now = self._clock()
+        now = self.clock.monotonic()
         if report.role == "proxy":
             self.proxy_gauges[report.source] = (now, dict(report.gauges))
         elif report.role == "replica":
@@ -147,11 +143,12 @@ class Observer:
 
     def sample(self) -> dict[str, Any]:
         """Fold in the routers' new load samples and decisions; append a timeline point."""
-        now, wall = self._clock(), self._wall()
-        controller = self.controller
+        now, wall = self.clock.monotonic(), self.clock.wall()
         point: dict[str, Any] = {"t": round(wall, 3), "deployments": {}}
-        for did, record in list(controller.deployments.items()):
-            point["deployments"][str(did)] = self._deployment_point(did, record)
+        groups = self.state.by_deployment()
+        for did, record in list(self.state.deployments.items()):
+            point["deployments"][str(did)] = self._deployment_point(did, record.target,
+                                                                    groups.get(did, []))
         self._fold_decisions(now, wall)
         self._prune(now)
         self._previous_latency = {did: self._latency_window(did) for did in
@@ -163,7 +160,7 @@ class Observer:
     def _fold_load(self, did: DeploymentId) -> tuple[float, float, float, float]:
         """Add the samples closed since the last call; (arrivals, completions,
         rejections, seconds) of those samples."""
-        series = self.controller.load.series.get(did, ())
+        series = self.load.series.get(did, ())
         since = self._consumed.get(did, float("-inf"))
         arrivals = completions = rejections = span = 0.0
         for sample in reversed(series):
@@ -180,10 +177,11 @@ class Observer:
         self.router_rejected[did] = self.router_rejected.get(did, 0) + int(rejections)
         return arrivals, completions, rejections, span
 
-    def _deployment_point(self, did: DeploymentId, record: Any) -> dict[str, Any]:
+    def _deployment_point(self, did: DeploymentId, target: int,
+                          replicas: list[Any]) -> dict[str, Any]:
         arrivals, completions, rejections, span = self._fold_load(did)
         per_s = 1.0 / span if span > 0 else 0.0
-        series = self.controller.load.series.get(did)
+        series = self.load.series.get(did)
         latest = series[-1] if series else None
         latency = Histogram()
         latency.merge(self._latency_window(did))
@@ -191,7 +189,7 @@ class Observer:
         if previous is not None:
             latency.merge(previous)
         states: dict[str, int] = {}
-        for replica in record.replicas.values():
+        for replica in replicas:
             states[replica.state.value] = states.get(replica.state.value, 0) + 1
         status = self._window_status.get(did, {})
         window = SAMPLE_INTERVAL_S
@@ -206,7 +204,7 @@ class Observer:
             "running": states.get(ReplicaState.RUNNING.value, 0),
             "starting": states.get(ReplicaState.STARTING.value, 0),
             "standby": states.get(ReplicaState.STANDBY.value, 0),
-            "target": record.target,
+            "target": target,
         }
 
     def _latency_window(self, did: DeploymentId) -> Histogram:
@@ -218,11 +216,11 @@ class Observer:
         return latency if latency is not None else Histogram()
 
     def _fold_decisions(self, now: float, wall: float) -> None:
-        for decision in self.controller.autoscaler.decisions:
+        for decision in self.autoscaler.decisions:
             if decision.at <= self._last_decision_at:
                 continue
             did = decision.deployment
-            key = (did.app, did.name, decision_kind(decision.reason))
+            key = (did.app, did.name, decision.kind.value)
             self.decisions[key] = self.decisions.get(key, 0) + 1
             self.decision_log.append({
                 "t": round(wall - (now - decision.at), 3), "deployment": str(did),
@@ -234,7 +232,7 @@ class Observer:
         for proxy, (at, _) in list(self.proxy_gauges.items()):
             if now - at > STALE_GAUGE_S:
                 del self.proxy_gauges[proxy]
-        alive = self.controller.replicas
+        alive = self.state.replicas
         gone = {r for r, at in self.replica_seen.items()
                 if r not in alive and now - at > GONE_REPLICA_KEEP_S}
         for replica in gone:
@@ -249,30 +247,30 @@ class Observer:
     # -- views ---------------------------------------------------------------------------
 
     def snapshot(self) -> MetricsSnapshot:
-        controller = self.controller
         healthy: dict[tuple[str, str, str], int] = {}
         by_state: dict[tuple[str, str, str], int] = {}
         targets: dict[tuple[str, str], int] = {}
         autoscaled, queued, ongoing = set(), {}, {}
-        for did, record in controller.deployments.items():
+        groups = self.state.by_deployment()
+        for did, record in self.state.deployments.items():
             key = (did.app, did.name)
             targets[key] = record.target
             if record.config.autoscaling_config is not None:
                 autoscaled.add(key)
             for state in ReplicaState:
                 by_state[(*key, state.value)] = 0
-            for replica in record.replicas.values():
+            for replica in groups.get(did, []):
                 by_state[(*key, replica.state.value)] += 1
                 if replica.state in (ReplicaState.RUNNING, ReplicaState.STANDBY):
                     healthy[(*key, replica.replica_id)] = int(replica.health_failures == 0)
-            series = controller.load.series.get(did)
+            series = self.load.series.get(did)
             if series:
                 queued[key], ongoing[key] = series[-1].queued, series[-1].ongoing
         rejections = dict(self.rejections)
         for did, count in self.router_rejected.items():
             rejections[(did.app, did.name, "queue_full")] = count
         signals = {}
-        for did, decision in controller.autoscaler.last.items():
+        for did, decision in self.autoscaler.last.items():
             for name, value in decision.signals.items():
                 signals[(did.app, did.name, name)] = float(value)
         return MetricsSnapshot(
@@ -288,31 +286,31 @@ class Observer:
 
     def status(self) -> dict[str, Any]:
         """Applications, deployments and replicas with their states, for the page."""
-        controller = self.controller
+        state = self.state
         apps = {}
-        for name, app in controller.apps.items():
-            overview = app.status()
+        for name, app in state.apps.items():
+            overview = state.app_status(name)
             apps[name] = {
                 "status": overview.status.value, "message": overview.message,
                 "route_prefix": app.route_prefix,
                 "deployments": {
                     dname: {"status": d.status.value, "target": d.target_replicas,
                             "replica_states": d.replica_states, "message": d.message,
-                            "autoscaling": app.deployments[dname].config.autoscaling_config
-                            is not None}
+                            "autoscaling": state.deployments[DeploymentId(name, dname)]
+                            .config.autoscaling_config is not None}
                     for dname, d in overview.deployments.items()}}
         replicas = [{"replica_id": r.replica_id, "application": r.deployment.app,
                      "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
                      "version": r.version, "health_failures": r.health_failures}
-                    for r in controller.replicas.values()]
-        return {"control_address": controller.address,
-                "http_address": controller.proxy_address, "applications": apps,
-                "replicas": replicas, "proxies": dict(controller.proxy_workers)}
+                    for r in state.replicas.values()]
+        return {"control_address": state.address, "http_address": state.proxy_address,
+                "applications": apps, "replicas": replicas,
+                "proxies": {p.proxy_id: p.pid for p in state.proxies.values()}}
 
     def timeline_since(self, since: float | None) -> dict[str, Any]:
         points = [p for p in self.timeline if since is None or p["t"] > since]
         decisions = [d for d in self.decision_log if since is None or d["t"] > since]
-        return {"now": round(self._wall(), 3), "interval_s": SAMPLE_INTERVAL_S,
+        return {"now": round(self.clock.wall(), 3), "interval_s": SAMPLE_INTERVAL_S,
                 "history_s": HISTORY_S, "samples": points, "decisions": decisions,
                 "status": self.status()}
 

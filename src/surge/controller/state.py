@@ -1,10 +1,26 @@
-"""The controller's records of applications, deployments and replicas, and their status."""
+"""The controller's state: applications, deployments, replicas and proxies, in one place.
+
+`ControllerState` holds one index of each: `apps` by name, `deployments` by id,
+`replicas` by replica id (a deployment finds its replicas by asking the state, so no
+record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) reads
+it and returns actions; only the executor, the desired-state changes
+(controller/desired.py) and the RPC handlers for member reports write it.
+
+Status is computed from the state without changing it. The one thing status needs from
+the past, whether an application has ever been RUNNING (a failure after that is
+UNHEALTHY, before it DEPLOY_FAILED), is recorded by the control loop
+(`note_running_apps`), never by whoever asks.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from surge.config import DeploymentConfig, DeploymentSpec
+from surge.backends.base import Placement
+from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.launch import LOCAL_NODE
 from surge.model import (
     AccessTokens,
     ApplicationStatus,
@@ -15,15 +31,39 @@ from surge.model import (
     ReplicaInfo,
 )
 from surge.policy.lifecycle import ALIVE, ReplicaState, transition
-from surge.transport.rpc import RpcPeer
 
-__all__ = ["AppRecord", "DeploymentRecord", "ReplicaRecord"]
+__all__ = [
+    "HEALTH_CHECK_FAILURE_THRESHOLD",
+    "MAX_CONSTRUCTOR_FAILURES",
+    "AppRecord",
+    "ControllerState",
+    "DeploymentRecord",
+    "NodeProxy",
+    "Peer",
+    "ProxyRecord",
+    "ReplicaRecord",
+]
 
 # Constructor failures in a row, with no replica running, before a deploy is failed.
 # Ray retries 20 times; each retry here costs a process start, so fail fast and say why.
 MAX_CONSTRUCTOR_FAILURES = 3
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
+
+
+class Peer(Protocol):
+    """The controller's end of a control connection (transport.rpc.RpcPeer, or a fake)."""
+
+    info: dict[str, Any]
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    async def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> Any: ...
+
+    def push(self, topic: str, value: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -34,12 +74,16 @@ class ReplicaRecord:
     started_at: float
     state: ReplicaState = ReplicaState.STARTING
     pid: int = 0
-    info: ReplicaInfo | None = None
-    peer: RpcPeer | None = None
+    info: ReplicaInfo | None = None  # where it listens, once ready
+    peer: Peer | None = None
     next_health_check: float = 0.0
     health_check_running: bool = False
     health_failures: int = 0
-    stop_deadline: float | None = None
+    stop_deadline: float | None = None  # killed if still alive after this
+
+    def __repr__(self) -> str:
+        return (f"<Replica {self.replica_id} {self.state.value} v{self.version} "
+                f"pid={self.pid}>")
 
     def move(self, new: ReplicaState) -> None:
         self.state = transition(self.state, new)
@@ -57,14 +101,17 @@ class DeploymentRecord:
     code_version: str
     target: int
     sys_path: tuple[str, ...] = ()
-    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     constructor_failures: int = 0
     last_error: str = ""
     deleting: bool = False
     startup_lead_s: float = 1.0  # measured: asking for a replica -> it serves (EWMA)
     standby_floor: int = 0  # from the autoscaling schedule in force now
-    last_urgent_decision: float = 0.0
+    last_urgent_decision: float = float("-inf")
     startups_seen: int = 0
+
+    def __repr__(self) -> str:
+        return (f"<Deployment {self.id} v{self.version} target={self.target}"
+                f"{' deleting' if self.deleting else ''}>")
 
     @property
     def config(self) -> DeploymentConfig:
@@ -82,65 +129,144 @@ class DeploymentRecord:
         weight = 1.0 if self.startups_seen == 1 else 0.3
         self.startup_lead_s += weight * (seconds - self.startup_lead_s)
 
-    @property
-    def failed(self) -> bool:
-        return self.constructor_failures >= MAX_CONSTRUCTOR_FAILURES and not self.running
-
-    @property
-    def running_current(self) -> list[ReplicaRecord]:
-        """RUNNING replicas of the deployment's current version."""
-        return [r for r in self.running if r.version == self.version]
-
-    @property
-    def running(self) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
-
-    def status(self) -> DeploymentStatusOverview:
-        counts: dict[str, int] = {}
-        for replica in self.replicas.values():
-            counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
-        current = self.running_current
-        outdated = [r for r in self.replicas.values() if r.version != self.version and r.alive]
-        if self.failed:
-            status, message = DeploymentStatus.UNHEALTHY, self.last_error
-        elif len(current) == self.target and not outdated:
-            status, message = DeploymentStatus.HEALTHY, ""
-        elif len(current) > self.target:
-            status, message = DeploymentStatus.DOWNSCALING, ""
-        else:
-            status = DeploymentStatus.UPDATING
-            message = f"{len(current)} of {self.target} replicas running"
-        return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
-                                        target_replicas=self.target)
-
 
 @dataclass
 class AppRecord:
     name: str
     route_prefix: str | None
     ingress: str
-    deployments: dict[str, DeploymentRecord]
-    deployed_at: float
-    was_running: bool = False
+    deployments: tuple[str, ...]  # names of its current deployments
+    deployed_at: float  # wall seconds
     auth: AccessTokens | None = None  # token digests its HTTP route requires
+    deleting: bool = False
+    ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 
-    def status(self) -> ApplicationStatusOverview:
-        deployments = {name: d.status() for name, d in self.deployments.items()}
+    def ids(self) -> list[DeploymentId]:
+        return [DeploymentId(self.name, name) for name in self.deployments]
+
+
+@dataclass
+class ProxyRecord:
+    proxy_id: str
+    pid: int
+    address: str  # host:port clients reach it at
+    node_id: str = LOCAL_NODE
+
+
+@dataclass(frozen=True)
+class NodeProxy:
+    """A proxy the controller asked for on a node other than the head."""
+
+    node_id: str
+    node_ip: str
+    port: int | None
+
+
+@dataclass
+class ControllerState:
+    address: str  # the control address
+    http: HTTPOptions
+    proxy_count: int  # proxy workers on the head node
+    head: Placement  # the node the controller (and the head's proxies) run on
+    apps: dict[str, AppRecord] = field(default_factory=dict)
+    deployments: dict[DeploymentId, DeploymentRecord] = field(default_factory=dict)
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    proxies: dict[str, ProxyRecord] = field(default_factory=dict)  # ready proxies
+    proxy_address: str = ""  # host:port the head's proxy workers share, once bound
+    proxy_error: str = ""  # why the first proxy could not serve
+    serve_http: bool = False  # proxies wanted (set once the instance starts them)
+    node_proxies: dict[str, NodeProxy] = field(default_factory=dict)  # started, not exited
+    stopping_proxies: set[str] = field(default_factory=set)  # asked to stop, not yet gone
+    stopping: bool = False  # shutting down: start nothing
+
+    def __repr__(self) -> str:
+        return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "
+                f"replicas={len(self.replicas)} proxies={len(self.proxies)}>")
+
+    # -- queries --------------------------------------------------------------------------
+
+    def replicas_of(self, did: DeploymentId) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if r.deployment == did]
+
+    def by_deployment(self) -> dict[DeploymentId, list[ReplicaRecord]]:
+        """Every deployment's replicas, grouped in one pass."""
+        groups: dict[DeploymentId, list[ReplicaRecord]] = {did: [] for did in self.deployments}
+        for replica in self.replicas.values():
+            groups.setdefault(replica.deployment, []).append(replica)
+        return groups
+
+    def running(self, did: DeploymentId) -> list[ReplicaRecord]:
+        return [r for r in self.replicas_of(did) if r.state is ReplicaState.RUNNING]
+
+    def running_current(self, did: DeploymentId,
+                        replicas: Iterable[ReplicaRecord] | None = None) -> list[ReplicaRecord]:
+        """RUNNING replicas of the deployment's current version."""
+        version = self.deployments[did].version
+        group = self.replicas_of(did) if replicas is None else replicas
+        return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
+
+    def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
+        """Its replicas keep failing to start and none runs: no replica will come."""
+        record = self.deployments[did]
+        group = self.replicas_of(did) if replicas is None else replicas
+        return (record.constructor_failures >= MAX_CONSTRUCTOR_FAILURES
+                and not any(r.state is ReplicaState.RUNNING for r in group))
+
+    # -- status (no side effects) ------------------------------------------------------
+
+    def deployment_status(self, did: DeploymentId) -> DeploymentStatusOverview:
+        record, replicas = self.deployments[did], self.replicas_of(did)
+        counts: dict[str, int] = {}
+        for replica in replicas:
+            counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
+        current = self.running_current(did, replicas)
+        outdated = [r for r in replicas if r.version != record.version and r.alive]
+        if self.failed(did, replicas):
+            status, message = DeploymentStatus.UNHEALTHY, record.last_error
+        elif len(current) == record.target and not outdated:
+            status, message = DeploymentStatus.HEALTHY, ""
+        elif len(current) > record.target:
+            status, message = DeploymentStatus.DOWNSCALING, ""
+        else:
+            status = DeploymentStatus.UPDATING
+            message = f"{len(current)} of {record.target} replicas running"
+        return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
+                                        target_replicas=record.target)
+
+    def app_status(self, name: str) -> ApplicationStatusOverview:
+        app = self.apps[name]
+        present = [did for did in app.ids() if did in self.deployments]
+        deployments = {did.name: self.deployment_status(did) for did in present}
         states = {d.status for d in deployments.values()}
-        failed = [d for d in self.deployments.values() if d.failed]
-        if failed and not self.was_running:
+        failed = [self.deployments[did] for did in present if self.failed(did)]
+        if app.deleting:
+            status, message = ApplicationStatus.DELETING, ""
+        elif failed and not app.ever_running:
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)
         elif failed or DeploymentStatus.UNHEALTHY in states:
             status, message = ApplicationStatus.UNHEALTHY, "; ".join(d.last_error for d in failed)
-        elif states <= {DeploymentStatus.HEALTHY}:
-            status, message = ApplicationStatus.RUNNING, ""
-            self.was_running = True
-        elif self.was_running and DeploymentStatus.UPDATING not in states:
+        elif states <= {DeploymentStatus.HEALTHY} or (
+                app.ever_running and DeploymentStatus.UPDATING not in states):
             status, message = ApplicationStatus.RUNNING, ""
         else:
             status, message = ApplicationStatus.DEPLOYING, ""
         return ApplicationStatusOverview(status=status, message=message,
-                                         route_prefix=self.route_prefix, deployments=deployments,
-                                         last_deployed_time_s=self.deployed_at)
+                                         route_prefix=app.route_prefix, deployments=deployments,
+                                         last_deployed_time_s=app.deployed_at)
+
+    def note_running_apps(self) -> None:
+        """Remember which applications have reached RUNNING (the control loop calls it)."""
+        for name, app in self.apps.items():
+            if not app.ever_running and \
+                    self.app_status(name).status is ApplicationStatus.RUNNING:
+                app.ever_running = True
+
+    # -- changes the executor and the RPC handlers make ----------------------------------
+
+    def add_replica(self, replica: ReplicaRecord) -> None:
+        self.replicas[replica.replica_id] = replica
+
+    def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
+        return self.replicas.pop(replica_id, None)

@@ -21,15 +21,12 @@ import errno
 import json
 import logging
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from surge.controller.metrics import CONTENT_TYPE, render
 from surge.controller.observer import SAMPLE_INTERVAL_S, Observer
 from surge.observability.config import DashboardOptions
-
-if TYPE_CHECKING:
-    from surge.controller.controller import Controller
 
 __all__ = ["DashboardServer", "start_dashboard"]
 
@@ -48,8 +45,7 @@ def asset(name: str) -> bytes:
 
 
 class DashboardServer:
-    def __init__(self, controller: Controller, observer: Observer) -> None:
-        self.controller = controller
+    def __init__(self, observer: Observer) -> None:
         self.observer = observer
         self.server: asyncio.Server | None = None
         self.url = ""
@@ -144,14 +140,13 @@ class DashboardServer:
         return json.dumps(data, separators=(",", ":")).encode()
 
 
-async def start_dashboard(controller: Controller,
-                          options: DashboardOptions | None = None) -> DashboardServer | None:
-    """Serve the dashboard for `controller` (None when disabled or the address is bad)."""
-    options = options or DashboardOptions.from_env()
+async def start_dashboard(observer: Observer,
+                          options: DashboardOptions) -> DashboardServer | None:
+    """Serve the dashboard of `observer` (None when disabled or the address is bad)."""
     if not options.enabled:
         return None
     try:
-        server = DashboardServer(controller, controller.observer)
+        server = DashboardServer(observer)
         await server.start(options)
     except OSError as exc:  # never the controller's end: it serves without a dashboard
         log.warning("cannot serve the dashboard on %s:%d: %s; metrics and the dashboard are "

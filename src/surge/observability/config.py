@@ -1,18 +1,16 @@
 """Ray Serve's `logging_config` and where the controller's web server listens.
 
-Both reach every surge process through the environment, set by the driver only while
-it starts the controller (the controller hands its environment on to proxies and
-replicas, as it does SURGE_LOG_LEVEL): SURGE_LOGGING_CONFIG holds the logging config
-as JSON, SURGE_DASHBOARD the dashboard's host:port ("off" disables it).
+The process that starts an instance decides both (`serve.start(logging_config=...,
+dashboard_port=...)`, the YAML config, or the user's SURGE_LOG_LEVEL and
+SURGE_DASHBOARD) and hands them to the controller in its spec (surge.launch), which
+hands the logging config to every proxy and replica the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +24,11 @@ __all__ = [
     "DEFAULT_DASHBOARD_PORT",
     "DEFAULT_LOG_BACKUP_COUNT",
     "DEFAULT_LOG_MAX_BYTES",
-    "LOGGING_ENV",
+    "LEVEL_ENV",
     "DashboardOptions",
     "LoggingConfig",
-    "child_environment",
-    "metrics_enabled",
 ]
 
-LOGGING_ENV = "SURGE_LOGGING_CONFIG"
 DASHBOARD_ENV = "SURGE_DASHBOARD"
 LEVEL_ENV = "SURGE_LOG_LEVEL"
 
@@ -58,7 +53,7 @@ class LoggingConfig:
     additional_log_standard_attrs), plus surge's access-log sampling and rotation."""
 
     encoding: str = "TEXT"
-    log_level: str | None = None  # None: SURGE_LOG_LEVEL, else INFO
+    log_level: str | None = None  # None: SURGE_LOG_LEVEL of the starting process, else INFO
     logs_dir: str | None = None  # None: stderr only; else also rotating files there
     enable_access_log: bool = True
     additional_log_standard_attrs: tuple[str, ...] = ()
@@ -102,6 +97,10 @@ class LoggingConfig:
     def level(self) -> str:
         return self.log_level or os.environ.get(LEVEL_ENV, "").upper() or "INFO"
 
+    def resolved(self) -> LoggingConfig:
+        """This config with its level fixed now (the spec a child gets says it all)."""
+        return dataclasses.replace(self, log_level=self.level)
+
     @classmethod
     def from_any(cls, value: LoggingConfig | Mapping[str, Any] | None) -> LoggingConfig:
         if value is None:
@@ -109,20 +108,6 @@ class LoggingConfig:
         if isinstance(value, LoggingConfig):
             return value
         return from_mapping(cls, dict(value), "logging_config")
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_env(cls) -> LoggingConfig:
-        """This process's config (a bad value in the environment falls back to defaults)."""
-        text = os.environ.get(LOGGING_ENV)
-        if not text:
-            return cls()
-        try:
-            return from_mapping(cls, json.loads(text), LOGGING_ENV)
-        except (ValueError, ConfigError):
-            return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,9 +123,6 @@ class DashboardOptions:
                 not 0 <= self.port <= 65535:
             raise ConfigError(f"dashboard port must be an integer in 0..65535, got "
                               f"{self.port!r}.")
-
-    def to_env(self) -> str:
-        return f"{self.host}:{self.port}" if self.enabled else "off"
 
     @classmethod
     def parse(cls, text: str) -> DashboardOptions:
@@ -162,27 +144,3 @@ class DashboardOptions:
         return cls.parse(text) if text else cls()
 
 
-def metrics_enabled() -> bool:
-    """False when SURGE_DASHBOARD is "off": then nobody reads metrics, so proxies and
-    replicas record none (the baseline the echo bench compares against)."""
-    return os.environ.get(DASHBOARD_ENV, "").strip().lower() not in OFF
-
-
-@contextlib.contextmanager
-def child_environment(logging_config: LoggingConfig | None,
-                      dashboard: DashboardOptions | None) -> Iterator[None]:
-    """Set the variables for the processes started inside, then restore this process's."""
-    values = {LOGGING_ENV: logging_config.to_json() if logging_config else None,
-              DASHBOARD_ENV: dashboard.to_env() if dashboard else None}
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is not None:
-            os.environ[name] = value
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old

@@ -99,8 +99,8 @@ def _file_name(component: str, component_id: str) -> str:
 
 def configure_logging(component: str, component_id: str = "",
                       config: LoggingConfig | None = None) -> LoggingConfig:
-    """Set up this process's logging from `config` (default: the environment's)."""
-    config = config or LoggingConfig.from_env()
+    """Set up this process's logging from `config` (its spec's; default: the defaults)."""
+    config = config or LoggingConfig()
     label = f"{component} {component_id}".strip()
     formatter: logging.Formatter
     if config.encoding == "JSON":

@@ -18,6 +18,7 @@ routers and replicas of one deployment saw) and return a `Decision`:
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ __all__ = [
     "BUILTIN_POLICIES",
     "AutoscalingContext",
     "Decision",
+    "DecisionKind",
     "LoadSample",
     "PolicyState",
     "ProactiveSettings",
@@ -84,16 +86,23 @@ class PolicyState:
     user: Mapping[str, Any] = field(default_factory=dict)
 
 
+class DecisionKind(enum.StrEnum):
+    """What a decision does, for tests, logs and metric labels (reasons are prose)."""
+
+    UP = "up"
+    DOWN = "down"
+    HOLD = "hold"
+    COLD_START = "cold_start"  # from zero running replicas, with requests waiting
+    POLICY_FAILED = "policy_failed"  # the policy raised: the target stays
+
+
 @dataclass(frozen=True)
 class Decision:
     target: int
+    kind: DecisionKind
     reason: str
     state: PolicyState
     signals: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def direction(self) -> str:
-        return self.reason.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -194,24 +203,26 @@ def apply_ray_wrapper(desired: float, inputs: ScalingInputs, config: Autoscaling
     signals = dict(signals or {})
     if inputs.running == 0 and total_requests > 0:
         cold = max(math.ceil(_upscaling_factor(config)), inputs.target)
-        return Decision(_bounds(cold, config), f"up: cold start with {total_requests:g} "
-                        "requests waiting", state, signals)
+        return Decision(_bounds(cold, config), DecisionKind.COLD_START,
+                        f"up: cold start with {total_requests:g} requests waiting", state,
+                        signals)
     if inputs.running == 0:  # Ray keeps the target until a replica runs
-        return Decision(_bounds(inputs.target, config), f"hold: {reason} (no replica running)",
+        return Decision(_bounds(inputs.target, config), DecisionKind.HOLD,
+                        f"hold: {reason} (no replica running)",
                         state, signals)
     scaled = _apply_factors(desired, inputs.running, config)
     decided, state = _apply_delays(max(0, scaled), inputs.target, config, state, inputs.now)
     final = _bounds(decided, config)
     if final > inputs.target:
-        return Decision(final, f"up: {reason}", state, signals)
+        return Decision(final, DecisionKind.UP, f"up: {reason}", state, signals)
     if final < inputs.target:
-        return Decision(final, f"down: {reason}", state, signals)
+        return Decision(final, DecisionKind.DOWN, f"down: {reason}", state, signals)
     waiting = ""
     if scaled > inputs.target and state.up_since is not None:
         waiting = f" (up to {scaled} after upscale_delay_s={config.upscale_delay_s:g})"
     elif scaled < inputs.target and state.down_since is not None:
         waiting = f" (down to {scaled} after downscale_delay_s={config.downscale_delay_s:g})"
-    return Decision(final, f"hold: {reason}{waiting}", state, signals)
+    return Decision(final, DecisionKind.HOLD, f"hold: {reason}{waiting}", state, signals)
 
 
 def _apply_factors(desired: float, running: int, config: AutoscalingConfig) -> int:
@@ -344,8 +355,9 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     wanted = math.ceil(demand - 1e-9)
     base = max(inputs.target, inputs.running, 1)
     if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):
-        return Decision(_bounds(max(1, wanted), config), f"up: cold start, {rate:.0f} req/s "
-                        "offered", PolicyState(user=state.user), signals)
+        return Decision(_bounds(max(1, wanted), config), DecisionKind.COLD_START,
+                        f"up: cold start, {rate:.0f} req/s offered", PolicyState(user=state.user),
+                        signals)
     held = _bounds(inputs.target, config)  # bounds may have moved under the target
     if wanted > inputs.target:
         surge = demand > inputs.target * (1 + s.surge_threshold)
@@ -354,12 +366,13 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         why = (f"{rate:.0f} req/s offered, slope {slope:+.0f}/s, projected {projected:.0f} "
                f"over {lead:.2f}s lead, {per_replica:.0f} req/s per replica -> {demand:.1f} "
                "replicas")
+        up = Decision(step, DecisionKind.UP, f"up: {why}", PolicyState(user=state.user), signals)
         if surge or inputs.target == 0:
-            return Decision(step, f"up: {why}", PolicyState(user=state.user), signals)
+            return up
         since = state.up_since if state.up_since is not None else now
         if now - since + _EPS_S >= config.upscale_delay_s:
-            return Decision(step, f"up: {why}", PolicyState(user=state.user), signals)
-        return Decision(held, f"hold: {why} (within the surge band; waiting "
+            return up
+        return Decision(held, DecisionKind.HOLD, f"hold: {why} (within the surge band; waiting "
                         f"upscale_delay_s={config.upscale_delay_s:g})",
                         PolicyState(up_since=since, user=state.user), signals)
     if demand < inputs.target * s.downscale_band and inputs.target > config.min_replicas:
@@ -367,15 +380,15 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         low = _bounds(max(wanted, 0), config)
         if now - since + _EPS_S >= config.downscale_delay_s:
             step = max(low, inputs.target - max(1, (inputs.target - low) // 2))
-            return Decision(_bounds(step, config),
+            return Decision(_bounds(step, config), DecisionKind.DOWN,
                             f"down: demand {demand:.1f} replicas below "
                             f"{s.downscale_band:.0%} of {inputs.target} for "
                             f"{config.downscale_delay_s:g}s", PolicyState(user=state.user),
                             signals)
-        return Decision(held, f"hold: demand {demand:.1f} replicas (waiting "
+        return Decision(held, DecisionKind.HOLD, f"hold: demand {demand:.1f} replicas (waiting "
                         f"downscale_delay_s={config.downscale_delay_s:g})",
                         PolicyState(down_since=since, user=state.user), signals)
-    return Decision(held, f"hold: demand {demand:.1f} replicas",
+    return Decision(held, DecisionKind.HOLD, f"hold: demand {demand:.1f} replicas",
                     PolicyState(user=state.user), signals)
 
 

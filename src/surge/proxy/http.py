@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import logging
 import os
-import time
 from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -94,7 +93,7 @@ class Exchange:
         self.labels: tuple[str, str, str] = NO_ROUTE
         self.method = ""
         self.path = ""
-        self.started = time.monotonic()  # the loop's clock has only millisecond resolution
+        self.started = conn.proxy.now()  # the loop's clock has only millisecond resolution
         self.status = 0
 
     # -- Sink ----------------------------------------------------------------------------
@@ -236,15 +235,15 @@ class HttpConnection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_size = 0
         self.client = ""
-        self.idle_since: float | None = None  # loop time the connection went idle
+        self.idle_since: float | None = None  # monotonic time the connection went idle
         self.refused = False
         self.header_bytes = 0
         self.headers_done = False
-        self.started_at = 0.0  # loop time the current request began
+        self.started_at = 0.0  # monotonic time the current request began
         self.receiving = False  # between the first byte of a request and its end
         self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
         self.denial: Refusal | None = None  # the request lacks its application's token
-        self.body_at = 0.0  # loop time the body last made progress (or the headers ended)
+        self.body_at = 0.0  # monotonic time the body last made progress (or the headers ended)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -295,7 +294,7 @@ class HttpConnection(asyncio.Protocol):
         self.idle_since = None
         self.header_bytes = 0
         self.headers_done = False
-        self.started_at = self.proxy.loop.time()
+        self.started_at = self.proxy.now()
         self.denial = None
 
     def on_url(self, url: bytes) -> None:
@@ -315,7 +314,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
-        self.body_at = self.proxy.loop.time()
+        self.body_at = self.proxy.now()
         # Authentication comes before the body is buffered: a refused body is read and
         # dropped (within max_body_bytes), so the connection stays usable.
         self.denial = self.proxy.authenticate(self.url, self.headers)
@@ -342,7 +341,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)
-        self.body_at = self.proxy.loop.time()
+        self.body_at = self.proxy.now()
         if self.body_size > self.proxy.spec.max_body_bytes:
             limit = self.proxy.spec.max_body_bytes
             self._refuse(413, f"Request body exceeds the limit of {limit} bytes.".encode())
@@ -408,7 +407,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _arm_idle_timer(self) -> None:
         # No timer per request: the proxy's sweeper closes connections idle too long.
-        self.idle_since = self.proxy.loop.time()
+        self.idle_since = self.proxy.now()
 
     def check_slow_headers(self, now: float, timeout: float) -> None:
         """Answer 408 to a client that has taken too long to send its headers (slowloris)."""

@@ -1,8 +1,9 @@
 """The proxy process: route table from the controller, HTTP in, frames out.
 
-`python -m surge.proxy CONTROLLER` fetches its HTTP options, binds, and reports ready.
-It keeps serving from its last route table and replica sets if the controller is
-briefly away, and exits when told to stop (SIGTERM) after finishing in-flight requests.
+`python -m surge.proxy` reads its `ProxyProcessSpec` (surge.launch) on stdin, fetches
+its HTTP options from the controller, binds, and reports ready. It keeps serving from
+its last route table and replica sets if the controller is briefly away, and exits
+when told to stop (SIGTERM) after finishing in-flight requests.
 """
 
 from __future__ import annotations
@@ -15,22 +16,17 @@ import math
 import os
 import signal
 import socket
-import time
+import sys
 
+from surge.clock import SYSTEM, Clock
 from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
+from surge.launch import ProxyProcessSpec, read_spec
 from surge.model import DeploymentId, ProxySpec, RouteTable
-from surge.node import ORPHAN_TIMEOUT_S, node_id, node_ip, placed, proxy_port
-from surge.observability.config import LoggingConfig, metrics_enabled
+from surge.observability.config import LoggingConfig
 from surge.observability.logs import AccessLog, configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.policy.auth import Refusal, check_bearer
-from surge.process import (
-    die_with_parent,
-    raise_fd_limit,
-    set_title,
-    supervisor_pid,
-    watch_supervisor,
-)
+from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
 from surge.proxy.http import Exchange, HttpConnection, decode_path, make_request
 from surge.proxy.tls import server_context
 from surge.router.replica_link import Pending
@@ -47,12 +43,14 @@ DRAIN_TIMEOUT_S = 5.0
 
 class Proxy:
     def __init__(self, runtime: RouterRuntime, spec: ProxySpec, proxy_id: str = "proxy-0",
-                 logging_config: LoggingConfig | None = None) -> None:
+                 logging_config: LoggingConfig | None = None, *, metrics: bool = True,
+                 clock: Clock = SYSTEM) -> None:
         self.runtime = runtime
         self.spec = spec
+        self.now = clock.monotonic
         self.recorder = Recorder("proxy", proxy_id)
-        self.metrics = metrics_enabled()  # off: no recording at all (nobody reads it)
-        self.access = AccessLog(logging_config or LoggingConfig.from_env(), proxy_id)
+        self.metrics = metrics  # off: no recording at all (nobody reads it)
+        self.access = AccessLog(logging_config or LoggingConfig(), proxy_id)
         self.port = spec.port  # the bound port once listening (spec.port may be 0)
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
@@ -68,7 +66,7 @@ class Proxy:
 
     def _sweep_idle(self) -> None:
         """Close keep-alive connections idle longer than keep_alive_timeout_s."""
-        now, timeout = self.loop.time(), self.spec.keep_alive_timeout_s
+        now, timeout = self.now(), self.spec.keep_alive_timeout_s
         header_timeout = self.spec.request_header_timeout_s
         for connection in list(self.connections):
             connection.close_if_idle(now, timeout)
@@ -88,7 +86,7 @@ class Proxy:
         access = self.access
         if not self.metrics and not access.enabled:
             return
-        now = time.monotonic()
+        now = self.now()
         latency_ms = (now - exchange.started) * 1000.0
         app, deployment, route = exchange.labels
         if self.metrics:
@@ -206,27 +204,30 @@ class Proxy:
 
     async def drain(self) -> None:
         self.draining = True
-        deadline = self.loop.time() + DRAIN_TIMEOUT_S
-        while any(c.exchanges for c in self.connections) and self.loop.time() < deadline:
+        deadline = self.now() + DRAIN_TIMEOUT_S
+        while any(c.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)
 
 
-async def serve(controller: str, proxy_id: str) -> int:
+async def serve(launch: ProxyProcessSpec) -> int:
     stop = asyncio.Event()
-    runtime = RouterRuntime(controller, "proxy", hello={"proxy_id": proxy_id,
-                                                        "node_id": node_id()})
+    proxy_id = launch.process_id
+    runtime = RouterRuntime(launch.controller, "proxy",
+                            hello={"proxy_id": proxy_id, "node_id": launch.node_id},
+                            token=launch.token, node_id=launch.node_id)
     set_runtime(runtime)
-    if not watch_supervisor(asyncio.get_running_loop(), stop.set) and not placed():
+    lifetime = launch.lifetime
+    watch_supervisor(asyncio.get_running_loop(), lifetime.supervisor_pid, stop.set)
+    if not lifetime.reconnects:
         runtime.on_controller_lost = stop.set  # unsupervised: leave with the controller
     runtime.on_gave_up = stop.set
-    if placed():
-        runtime.reconnect_limit_s = ORPHAN_TIMEOUT_S
+    runtime.reconnect_limit_s = lifetime.orphan_timeout_s
     await runtime.connect()
     spec: ProxySpec = await runtime.call("proxy_spec")
-    # On the ray backend a node's proxy may be given its own port (nodes sharing an IP).
-    spec = dataclasses.replace(spec, port=proxy_port(spec.port))
+    if launch.port is not None:  # a node's own port (nodes sharing an IP)
+        spec = dataclasses.replace(spec, port=launch.port)
     loop = asyncio.get_running_loop()
-    proxy = Proxy(runtime, spec, proxy_id)
+    proxy = Proxy(runtime, spec, proxy_id, launch.logging, metrics=launch.metrics)
     try:
         tls = server_context(spec) if spec.ssl_certfile is not None else None
     except ConfigError as exc:
@@ -247,7 +248,7 @@ async def serve(controller: str, proxy_id: str) -> int:
         runtime.report_telemetry(proxy.telemetry)
     port = proxy.port = sock.getsockname()[1]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    address = f"{_advertised_host(spec.host)}:{port}"
+    address = f"{_advertised_host(spec.host, launch.node_ip)}:{port}"
     await runtime.call("proxy_ready", address=address, pid=os.getpid())
     runtime.hello["address"] = address  # a restarted controller adopts us
     await stop.wait()
@@ -258,9 +259,9 @@ async def serve(controller: str, proxy_id: str) -> int:
     return 0
 
 
-def _advertised_host(host: str) -> str:
+def _advertised_host(host: str, node_ip: str | None) -> str:
     """Where clients reach this proxy: its node's IP when it listens on every interface."""
-    return (node_ip() or host) if host in ("0.0.0.0", "::", "") else host
+    return (node_ip or host) if host in ("0.0.0.0", "::", "") else host
 
 
 def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -274,18 +275,19 @@ def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def main(argv: list[str]) -> int:
-    controller = argv[0]
-    proxy_id = argv[1] if len(argv) > 1 else "proxy-0"
+def main() -> int:
     set_title("surge:proxy")
+    try:
+        launch = read_spec(ProxyProcessSpec)
+    except ConfigError as exc:
+        print(f"surge:proxy: {exc}", file=sys.stderr)
+        return 2
     raise_fd_limit()
-    if not supervisor_pid():
-        die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
+    if not launch.lifetime.supervisor_pid:
+        die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_logging("proxy", proxy_id)
+    configure_logging("proxy", launch.process_id, launch.logging)
     import uvloop
 
-    code: int = uvloop.run(serve(controller, proxy_id))
+    code: int = uvloop.run(serve(launch))
     return code
-
-

@@ -1,5 +1,5 @@
 import sys
 
-from surge.replica.main import main
+from surge.replica.main import main_from_stdin
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(main_from_stdin())

@@ -24,6 +24,7 @@ class ReplicaID:
 class ReplicaContext:
     replica_id: ReplicaID
     servable_object: Any
+    node_id: str = "local"  # surge: the node it runs on (a Ray node id on the ray backend)
 
     @property
     def app_name(self) -> str:

@@ -6,9 +6,10 @@ then forks a child per replica, so a replica with a trivial model serves in well
 300 ms. It is single-threaded and runs no event loop, so forking is safe.
 
 Protocol, one JSON object per line: the controller writes
-`{"spawn": ID, "argv": [...], "env": {...}}`, the fork server answers `{"spawned": ID,
-"pid": N}` (or `{"failed": ID, "error": ...}`) and later `{"exited": ID, "code": C}`
-when it reaps the child.
+`{"spawn": ID, "spec": "<the replica's surge.launch line>", "env": {...}}`, the fork
+server answers `{"spawned": ID, "pid": N}` (or `{"failed": ID, "error": ...}`) and later
+`{"exited": ID, "code": C}` when it reaps the child. It leaves with the controller
+whose pid is its only argument.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from typing import Any
 __all__ = ["PRELOAD", "main"]
 
 # Imported once here, shared copy-on-write by every replica.
-PRELOAD = ("surge.replica.main", "starlette.responses", "starlette.requests", "fastapi")
+PRELOAD = ("surge.replica.main", "surge.launch", "starlette.responses",
+           "starlette.requests", "fastapi")
 
 
 def _send(out: int, message: dict[str, Any]) -> None:
     os.write(out, (json.dumps(message) + "\n").encode())
 
 
-def _child(argv: list[str], env: dict[str, str]) -> None:
+def _child(spec_line: str, env: dict[str, str]) -> None:
     """In the forked child: become a replica process and never return."""
     code = 1
     try:
@@ -41,12 +43,16 @@ def _child(argv: list[str], env: dict[str, str]) -> None:
         os.dup2(2, 1)  # our stdout is the fork server's pipe to the controller
         os.environ.clear()
         os.environ.update(env)
-        # Unsupervised, we die with the fork server; supervised, we outlive it.
-        os.environ["SURGE_PARENT_PID"] = str(os.getppid())
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        import msgspec
+
+        from surge.launch import ReplicaProcessSpec, decode
         from surge.replica.main import main as replica_main
 
-        code = replica_main(argv)
+        spec = decode(ReplicaProcessSpec, spec_line.encode())
+        # Unsupervised, we die with the fork server; supervised, we outlive it.
+        lifetime = msgspec.structs.replace(spec.lifetime, parent_pid=os.getppid())
+        code = replica_main(msgspec.structs.replace(spec, lifetime=lifetime))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -66,7 +72,7 @@ def _spawn(request: dict[str, Any], out: int, children: dict[int, str]) -> None:
         _send(out, {"failed": request["spawn"], "error": str(exc)})
         return
     if pid == 0:
-        _child(request["argv"], request["env"])
+        _child(request["spec"], request["env"])
     children[pid] = request["spawn"]
     _send(out, {"spawned": request["spawn"], "pid": pid})
 
@@ -106,7 +112,7 @@ def main() -> None:
     from surge.process import die_with_parent, set_title
 
     set_title("surge:forkserver")
-    die_with_parent(int(os.environ.get("SURGE_PARENT_PID", "0")))
+    die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in PRELOAD:
         if importlib.util.find_spec(module.split(".")[0]) is not None:

@@ -1,10 +1,11 @@
-"""Replica process entry point: `python -m surge.replica CONTROLLER REPLICA_ID APP DEPLOYMENT`.
+"""Replica process entry point: `python -m surge.replica`, its spec on stdin.
 
-Fetches its spec from the controller, builds the user object, listens on a loopback
-port and reports ready. It drains on SIGTERM or when the controller asks. It keeps
-serving when the controller goes away, and re-registers (`hello` with its address)
-with the restarted one; it leaves with the instance's supervisor (or, unsupervised,
-with the controller).
+It reads its `ReplicaProcessSpec` (surge.launch), fetches the deployment's code and
+config from the controller, builds the user object, listens where the spec says and
+reports ready. It drains on SIGTERM or when the controller asks. It keeps serving when
+the controller goes away, and re-registers (`hello` with its address) with the
+restarted one; it leaves with the instance's supervisor (or, unsupervised, with the
+controller; placed on a cluster, with its host actor).
 """
 
 from __future__ import annotations
@@ -21,19 +22,13 @@ from typing import Any
 
 import cloudpickle
 
-from surge.control_auth import TOKEN_ENV, user_dir
-from surge.errors import ControllerUnavailableError
+from surge.control_auth import user_dir
+from surge.errors import ConfigError, ControllerUnavailableError
+from surge.launch import ReplicaProcessSpec, Tcp, Unix, read_spec
 from surge.model import ImportedTarget, ReplicaSpec
-from surge.node import ORPHAN_TIMEOUT_S, node_id, node_ip, placed
 from surge.observability.logs import configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
-from surge.process import (
-    die_with_parent,
-    raise_fd_limit,
-    set_title,
-    supervisor_pid,
-    watch_supervisor,
-)
+from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
@@ -53,16 +48,18 @@ def resolve_target(target: Any) -> Any:
 
 
 class Replica:
-    def __init__(self, controller: str, replica_id: str) -> None:
-        self.replica_id = replica_id
+    def __init__(self, launch: ReplicaProcessSpec) -> None:
+        self.launch = launch
+        self.replica_id = launch.process_id
         self.stop = asyncio.Event()
         self.server: ReplicaServer | None = None
         self.user: UserCode | None = None
         self.spec: ReplicaSpec | None = None
         self.runtime = RouterRuntime(
-            controller, "replica", hello={"replica_id": replica_id},
+            launch.controller, "replica", hello={"replica_id": self.replica_id},
             rpc_methods={"check_health": self.check_health, "reconfigure": self.reconfigure,
-                         "drain": self.drain, "stats": self.stats})
+                         "drain": self.drain, "stats": self.stats},
+            token=launch.token, node_id=launch.node_id)
         self.runtime.on_controller_lost = self.stop.set
         set_runtime(self.runtime)
 
@@ -101,9 +98,10 @@ class Replica:
             args, kwargs = cloudpickle.loads(spec.init_blob)
             self.user = UserCode(target, args, kwargs, spec.max_ongoing_requests)
             replica = ReplicaID(self.replica_id, spec.deployment.name, spec.deployment.app)
-            set_replica_context(ReplicaContext(replica, None))
+            node = self.launch.node_id
+            set_replica_context(ReplicaContext(replica, None, node))
             await self.user.construct()
-            set_replica_context(ReplicaContext(replica, self.user.servable))
+            set_replica_context(ReplicaContext(replica, self.user.servable, node))
             if spec.user_config is not None:
                 if not await self.user.call_optional("reconfigure", spec.user_config):
                     raise TypeError("user_config is set but the deployment has no "
@@ -117,11 +115,12 @@ class Replica:
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
-        if watch_supervisor(loop, self._on_sigterm) or placed():
+        lifetime = self.launch.lifetime
+        watch_supervisor(loop, lifetime.supervisor_pid, self._on_sigterm)
+        if lifetime.reconnects:
             self.runtime.on_controller_lost = None  # reconnect: the supervisor restarts it
             self.runtime.on_gave_up = self._on_sigterm
-            if placed():
-                self.runtime.reconnect_limit_s = ORPHAN_TIMEOUT_S
+            self.runtime.reconnect_limit_s = lifetime.orphan_timeout_s
         await self.runtime.connect()
         try:
             if not await self.build():
@@ -134,12 +133,14 @@ class Replica:
         name = f"{self.spec.deployment.app}:{self.spec.deployment.name}"
         deployment = self.spec.deployment
         recorder = Recorder("replica", self.replica_id, deployment.app, deployment.name)
-        self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name, recorder)
+        self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name, recorder,
+                                    metrics=self.launch.metrics)
         if self.server.metrics:
             self.runtime.report_telemetry(self.telemetry)
         listeners, address, local_address = await self._listen()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
-        where = {"address": address, "local_address": local_address, "node_id": node_id()}
+        where = {"address": address, "local_address": local_address,
+                 "node_id": self.launch.node_id}
         try:
             wanted = await self.runtime.call(
                 "replica_ready", replica_id=self.replica_id, pid=os.getpid(), address=address,
@@ -168,22 +169,23 @@ class Replica:
     async def _listen(self) -> tuple[list[asyncio.Server], str, str]:
         """Where routers reach us: (listeners, address, local_address).
 
-        On the local backend a Unix socket in SURGE_SOCKET_DIR (cheaper than loopback
-        TCP). Placed on a node: TCP on the node's IP for routers on other nodes (they
-        present the control token first), plus a Unix socket that routers on this node
-        use instead.
+        `Unix(directory)` (one machine): a Unix socket there, cheaper than loopback TCP.
+        `Tcp` (placed on a node): TCP on the node's IP for routers on other nodes (they
+        complete the token handshake first), plus, with `also_unix`, a Unix socket that
+        routers on this node use instead.
         """
-        socket_dir = os.environ.get("SURGE_SOCKET_DIR")
-        if socket_dir:
-            unix, path = await self._listen_unix(socket_dir)
-            return [unix], path, ""
         assert self.server is not None
-        host = node_ip() or "127.0.0.1"
-        token = os.environ.get(TOKEN_ENV)
+        listen = self.launch.listen
+        if isinstance(listen, Unix):
+            unix, path = await self._listen_unix(listen.directory)
+            return [unix], path, ""
+        assert isinstance(listen, Tcp)
+        host = listen.host or self.launch.node_ip or "127.0.0.1"
+        token = self.launch.token
         factory = self.server.protocol_requiring(token) if token else self.server.protocol
         tcp = await asyncio.get_running_loop().create_server(factory, host, 0, backlog=4096)
         address = f"{host}:{tcp.sockets[0].getsockname()[1]}"
-        if not placed():
+        if not listen.also_unix:
             return [tcp], address, ""
         try:
             unix, path = await self._listen_unix(os.path.join(user_dir(), "sockets"))
@@ -219,19 +221,27 @@ def _close(listeners: list[asyncio.Server], *addresses: str) -> None:
                 os.unlink(address[5:])
 
 
-def main(argv: list[str]) -> int:
-    controller, replica_id, app, deployment = argv[:4]
-    parent = int(os.environ.get("SURGE_PARENT_PID", "0"))
+def main(launch: ReplicaProcessSpec) -> int:
+    app, deployment = launch.app, launch.deployment
     set_title(f"surge:replica:{app}:{deployment}")
     raise_fd_limit()
-    if not supervisor_pid():
-        die_with_parent(parent)
+    if not launch.lifetime.supervisor_pid:
+        die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    configure_logging("replica", f"{app}:{replica_id}")
+    configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
     import uvloop
 
     async def run() -> int:
-        return await Replica(controller, replica_id).serve()
+        return await Replica(launch).serve()
 
     code: int = uvloop.run(run())
     return code
+
+
+def main_from_stdin() -> int:
+    try:
+        launch = read_spec(ReplicaProcessSpec)
+    except ConfigError as exc:
+        print(f"surge:replica: {exc}", file=sys.stderr)
+        return 2
+    return main(launch)

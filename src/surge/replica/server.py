@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import pickle
-import time
+import secrets
 import traceback
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from surge.observability.config import metrics_enabled
+from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
+from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
     Cancel,
@@ -35,9 +35,7 @@ from surge.transport.messages import (
     Message,
     Rejected,
     Result,
-    Rpc,
 )
-from surge.transport.rpc import AUTHENTICATE
 
 __all__ = ["ReplicaServer"]
 
@@ -67,11 +65,13 @@ def _failure(request_id: int, exc: BaseException) -> Failure:
 
 class ReplicaServer:
     def __init__(self, user: UserCode, max_ongoing_requests: int, name: str,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None, *, metrics: bool = True,
+                 clock: Clock = SYSTEM) -> None:
         self.user = user
         # Processing latency and user errors per route (HTTP) or method (handle calls).
         self.recorder = recorder or Recorder("replica", name)
-        self.metrics = metrics_enabled()  # off: no recording at all (nobody reads it)
+        self.metrics = metrics  # off: no recording at all (nobody reads it)
+        self.clock = clock
         self.max_ongoing = max_ongoing_requests
         self.name = name
         self.ongoing = 0
@@ -89,9 +89,9 @@ class ReplicaServer:
         return _Connection(self)
 
     def protocol_requiring(self, token: str) -> Callable[[], _Connection]:
-        """For a TCP listener: a connection must present the control token first, since
-        handle calls carry pickled arguments (Unix sockets are private to the user)."""
-        return functools.partial(_Connection, self, token.encode())
+        """For a TCP listener: a connection must complete the token handshake first,
+        since handle calls carry pickled arguments (Unix sockets are private to the user)."""
+        return functools.partial(_Connection, self, token)
 
     def admit(self) -> bool:
         if self.draining or self.ongoing >= self.max_ongoing:
@@ -117,31 +117,24 @@ class ReplicaServer:
 
 
 class _Connection(FramedProtocol):
-    def __init__(self, server: ReplicaServer, token: bytes | None = None) -> None:
+    def __init__(self, server: ReplicaServer, token: str | None = None) -> None:
         super().__init__()
         self.server = server
-        self.token = token  # still expected as the first frame, when set
+        # Set until the router has proved it knows the instance's token.
+        self.handshake = ServerHandshake(token, secrets.token_bytes(NONCE_BYTES)) \
+            if token else None
         self.tasks: dict[int, asyncio.Task[bool]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
-        if self.token is not None:
+        if self.handshake is not None:
             self.expect_token()
 
     def message_received(self, message: Message) -> None:
-        if self.token is not None:
-            if self.transport is None or self.transport.is_closing():
-                return  # refused already: ignore the rest of what it sent
-            if (isinstance(message, Rpc) and message.method == AUTHENTICATE
-                    and hmac.compare_digest(message.payload, self.token)):
-                self.token = None
-                self.token_accepted()
-            else:
-                log.warning("%s: closing a connection that did not present the token",
-                            self.server.name)
-                self.close()
+        if self.handshake is not None:
+            self._handshake_step(self.handshake, message)
             return
         if isinstance(message, HttpRequest | Call):
             if not self.server.admit():
@@ -154,7 +147,7 @@ class _Connection(FramedProtocol):
             task = self._loop.create_task(coro)
             self.tasks[message.id] = task
             task.add_done_callback(functools.partial(self._finished, message.id, route,
-                                                     time.monotonic()))
+                                                     self.server.clock.monotonic()))
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
@@ -167,6 +160,21 @@ class _Connection(FramedProtocol):
                         type(message).__name__)
             self.close()
 
+    def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # refused already: ignore the rest of what it sent
+        try:
+            for frame in handshake.receive(message):
+                self.send(frame)
+        except HandshakeFailed as exc:
+            log.warning("%s: closing a connection that did not prove it knows the token "
+                        "(%s)", self.server.name, exc)
+            self.close()
+            return
+        if handshake.done:
+            self.handshake = None
+            self.token_accepted()
+
     def _finished(self, request_id: int, route: str, started: float,
                   task: asyncio.Task[bool]) -> None:
         self.tasks.pop(request_id, None)
@@ -176,7 +184,8 @@ class _Connection(FramedProtocol):
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
         if self.server.metrics:
             ok = task.cancelled() or (task.exception() is None and task.result())
-            self.server.recorder.processed(route, (time.monotonic() - started) * 1000.0, ok)
+            elapsed = self.server.clock.monotonic() - started
+            self.server.recorder.processed(route, elapsed * 1000.0, ok)
 
     async def _call(self, message: Call) -> bool:
         """Run a handle call; False when the user's code raised."""

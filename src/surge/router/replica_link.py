@@ -1,14 +1,22 @@
-"""One persistent, multiplexed connection from a router to one replica."""
+"""One persistent, multiplexed connection from a router to one replica.
+
+A link to a replica on another node (TCP) opens with the instance's handshake
+(transport/handshake.py): the replica proves it knows the token before the router sends
+it anything that matters, then the router proves it; `trusted` resolves then (at once
+for a Unix socket, private to the user).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import Callable
 from typing import Protocol
 
 from surge.errors import ReplicaDiedError
 from surge.transport.connection import FramedProtocol
+from surge.transport.handshake import NONCE_BYTES, ClientHandshake, HandshakeFailed
 from surge.transport.messages import (
     Call,
     End,
@@ -61,11 +69,35 @@ class ReplicaLink(FramedProtocol):
         self._ids = itertools.count(1)
         self._on_final = on_final
         self._on_lost = on_lost
-        self.ready = asyncio.Event()
+        self._handshake: ClientHandshake | None = None
+        self.trusted: asyncio.Future[None] = self._loop.create_future()
+
+    def require_handshake(self, token: str) -> None:
+        """Before connecting: the link is trusted only once the handshake is done."""
+        self._handshake = ClientHandshake(token, secrets.token_bytes(NONCE_BYTES))
+
+    def _untrusted(self, exc: Exception) -> None:
+        if not self.trusted.done():
+            self.trusted.set_exception(exc)
+            self.trusted.exception()  # whoever awaits it sees it; nobody may
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.ready.set()
+        if self._handshake is not None:
+            self.send(self._handshake.start())
+        else:
+            self.trusted.set_result(None)
+
+    def _handshake_step(self, handshake: ClientHandshake, message: Message) -> None:
+        try:
+            for frame in handshake.receive(message):
+                self.send(frame)
+        except HandshakeFailed as exc:
+            self._untrusted(exc)
+            self.close()
+            return
+        if handshake.done and not self.trusted.done():
+            self.trusted.set_result(None)
 
     def start(self, pending: Pending) -> None:
         request_id = next(self._ids)
@@ -75,6 +107,9 @@ class ReplicaLink(FramedProtocol):
         self.send(pending.message)
 
     def message_received(self, message: Message) -> None:
+        if self._handshake is not None and not self._handshake.done:
+            self._handshake_step(self._handshake, message)
+            return
         pending = self.in_flight.get(message.id)  # type: ignore[union-attr]
         if pending is None:
             return
@@ -85,6 +120,7 @@ class ReplicaLink(FramedProtocol):
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:
+        self._untrusted(ConnectionError("the replica closed the link"))
         lost = list(self.in_flight.values())
         self.in_flight.clear()
         self._on_lost(self)

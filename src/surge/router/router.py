@@ -19,19 +19,20 @@ import asyncio
 import logging
 import random
 import socket
-import time
 from collections import deque
 from collections.abc import Callable
 
+from surge.clock import SYSTEM, Clock
 from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError, DeploymentUnavailableError
+from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
-from surge.node import LOCAL_NODE
 from surge.policy.admission import admit
 from surge.policy.routing import choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
-from surge.transport.messages import Cancel, Message, Rejected, Rpc
-from surge.transport.rpc import AUTHENTICATE, split_address
+from surge.transport.handshake import HandshakeFailed
+from surge.transport.messages import Cancel, Message, Rejected
+from surge.transport.rpc import split_address
 
 __all__ = ["Router"]
 
@@ -39,6 +40,8 @@ log = logging.getLogger("surge.router")
 
 # How long a replica that rejected is treated as full if it sends us nothing else.
 SATURATION_HOLD_S = 0.02
+# A replica on another node must complete the token handshake within this.
+HANDSHAKE_TIMEOUT_S = 10.0
 # TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
 # in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
 KEEPALIVE = (5, 1, 3)
@@ -72,13 +75,13 @@ class _Loads:
 
 class Router:
     def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
-                 now: Callable[[], float] = time.monotonic, node_id: str = LOCAL_NODE) -> None:
+                 clock: Clock = SYSTEM, node_id: str = LOCAL_NODE) -> None:
         self.deployment = deployment
         self.node_id = node_id
         self.token: str | None = None  # the control token, for replicas reached over TCP
         self._local = 0  # the first `_local` routable slots are on this router's node
         self._rng = rng or random.Random()
-        self._now = now
+        self._now = clock.monotonic
         self._loop = asyncio.get_running_loop()
         self._links: dict[str, ReplicaLink] = {}
         self._routable: list[_Slot] = []
@@ -92,7 +95,7 @@ class Router:
         self.ready = asyncio.Event()
         self._connecting = 0
         self._tasks: set[asyncio.Task[None]] = set()  # keeps connect tasks alive
-        self._rate_started = now()
+        self._rate_started = self._now()
         self._completed_in_window = 0
         self._drain_per_s = 0.0
         self.completed = 0
@@ -170,14 +173,17 @@ class Router:
             elif info.local_address and info.node_id == self.node_id:  # same node: no TCP
                 await self._loop.create_unix_connection(lambda: link, info.local_address[5:])
             else:
+                if self.token:  # TCP replicas take requests only after the handshake
+                    link.require_handshake(self.token)
                 host, port = split_address(info.address)
                 transport, _ = await self._loop.create_connection(lambda: link, host, port)
                 _keepalive(transport.get_extra_info("socket"))
-                if self.token:  # TCP replicas take requests only after the token
-                    link.send(Rpc(id=0, method=AUTHENTICATE, payload=self.token.encode()))
-        except OSError as exc:
-            log.warning("cannot reach replica %s at %s: %s", info.replica_id, info.address, exc)
+            await asyncio.wait_for(link.trusted, HANDSHAKE_TIMEOUT_S)
+        except (OSError, HandshakeFailed, TimeoutError) as exc:
+            log.warning("cannot reach replica %s at %s: %r", info.replica_id, info.address,
+                        exc)
             self._links.pop(info.replica_id, None)
+            link.close()
             return
         if self._links.get(info.replica_id) is not link:  # the router closed meanwhile
             link.close()

@@ -15,10 +15,12 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from surge.clock import SYSTEM, Clock
 from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
+from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, ReplicaSet, RouteTable
-from surge.node import node_id
+from surge.policy.autoscale_step import TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
 from surge.transport.rpc import RpcPeer, connect_rpc
 
@@ -33,13 +35,13 @@ __all__ = [
 log = logging.getLogger("surge.runtime")
 
 RECONNECT_INTERVAL_S = 0.2  # a restarted controller is back in ~1 s
-# How often routers report their load to the controller (only what changed is sent).
-LOAD_REPORT_INTERVAL_S = 0.1
-# An urgent report (a queue started to grow) waits this long to gather the burst's start.
+# How often routers report their load to the controller (only what changed is sent):
+# once per control-loop tick. An urgent report (a queue started to grow) goes after
+# URGENT_REPORT_DELAY_S instead, to gather the burst's first few ms.
+LOAD_REPORT_INTERVAL_S = TICK_S
 # How often proxies and replicas send their request metrics (counter deltas): Prometheus
 # scrapes every 10-15 s and the dashboard samples every second, so 1 s loses nothing.
 TELEMETRY_INTERVAL_S = 1.0
-URGENT_REPORT_DELAY_S = 0.005
 
 RpcMethod = Callable[..., Awaitable[Any]]
 
@@ -47,10 +49,15 @@ RpcMethod = Callable[..., Awaitable[Any]]
 class RouterRuntime:
     def __init__(self, controller_address: str, role: str,
                  rpc_methods: dict[str, RpcMethod] | None = None,
-                 hello: dict[str, Any] | None = None) -> None:
+                 hello: dict[str, Any] | None = None, *, token: str | None = None,
+                 node_id: str = LOCAL_NODE, clock: Clock = SYSTEM) -> None:
         self.address = controller_address
-        self.token = find_token(controller_address)  # also opens TCP links to replicas
+        # The instance's token (given to members; a driver finds it): it also guards
+        # links to replicas on other nodes.
+        self.token = token if token is not None else find_token(controller_address)
         self.role = role
+        self.node_id = node_id
+        self.clock = clock
         self.loop = asyncio.get_running_loop()
         self.routers: dict[DeploymentId, Router] = {}
         self.routes = RouteTable()
@@ -130,7 +137,8 @@ class RouterRuntime:
     def router(self, deployment: DeploymentId) -> Router:
         router = self.routers.get(deployment)
         if router is None:
-            router = self.routers[deployment] = Router(deployment, node_id=node_id())
+            router = self.routers[deployment] = Router(deployment, node_id=self.node_id,
+                                                       clock=self.clock)
             router.token = self.token
             router.on_pressure = self._urgent_report
             if self.peer is not None and not self.peer.is_closed:
@@ -177,7 +185,7 @@ class RouterRuntime:
             self._reconnecting = self.loop.create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        started = self.loop.time()
+        started = self.clock.monotonic()
         try:
             while not self._closing:
                 await asyncio.sleep(RECONNECT_INTERVAL_S)
@@ -191,7 +199,7 @@ class RouterRuntime:
                     break
                 except (ControllerUnavailableError, ConnectionError):
                     limit = self.reconnect_limit_s
-                    if limit is not None and self.loop.time() - started > limit:
+                    if limit is not None and self.clock.monotonic() - started > limit:
                         log.error("%s: no controller at %s for %.0f s; giving up", self.role,
                                   self.address, limit)
                         break

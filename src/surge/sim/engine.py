@@ -47,10 +47,17 @@ import numpy as np
 from surge.config import AutoscalingConfig
 from surge.loadtest.stats import ReplicaSample
 from surge.model import DeploymentId
-from surge.policy.autoscaling import LoadSample, PolicyState, ProactiveSettings, ScalingInputs
+from surge.policy.autoscale_step import (
+    TICK_S,
+    URGENT_REPORT_DELAY_S,
+    StepInputs,
+    autoscale_step,
+    urgent_decision_due,
+)
+from surge.policy.autoscaling import DecisionKind, LoadSample, PolicyState, ProactiveSettings
 from surge.policy.reconcile import reconcile
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
-from surge.policy.schedule import floors_at, with_floors
+from surge.policy.schedule import floors_at
 from surge.sim.cluster import ClusterState
 from surge.sim.flow import Flow
 from surge.sim.scenario import Scenario
@@ -58,17 +65,12 @@ from surge.sim.traffic import TrafficShape
 
 __all__ = ["TICK_S", "DecisionLog", "Simulation", "history_needed_s"]
 
-TICK_S = 0.1  # the controller's tick, the load sample's bucket and the report's point
 _DAY_S = 24 * 3600
 # Beyond this many fine steps per tick (a sub-0.5 ms service time), accuracy is bought
 # too dearly: the step stays at 0.1 ms.
 _MAX_STEPS_PER_TICK = 1000
 # An event this close to a tick's end belongs to the next tick (float dust).
 _EVENT_EPS = 1e-9
-# A router whose queue starts to grow reports after this (router/runtime.py), and the
-# controller decides out of tick at most once in this interval (controller.py).
-URGENT_REPORT_DELAY_S = 0.005
-URGENT_DECISION_INTERVAL_S = 0.02
 # The controller's clock at t=0 is drawn in [0, this): its phase against Ray's metric
 # push cadence differs from run to run, as a real monotonic clock's does.
 _CLOCK_OFFSET_RANGE_S = 3600.0
@@ -250,7 +252,7 @@ class Simulation:
 
     def _decide_now(self, now: float, tick_start: float) -> None:
         """A router's queue just started to grow: decide without waiting for the tick."""
-        if now - self._last_urgent < URGENT_DECISION_INTERVAL_S:
+        if not urgent_decision_due(self._last_urgent, now):
             return
         self._last_urgent = now
         self.counters.urgent_decisions += 1
@@ -264,20 +266,18 @@ class Simulation:
         config, cluster = self.scenario.autoscaling, self.cluster
         if config is None or self.policy is None:
             return
-        floors = floors_at(config.schedule_windows, self._second_of_day(now),
-                           config.min_replicas, config.standby_replicas)
-        if floors.standby_replicas != self.standby_wanted:
-            self.standby_wanted = floors.standby_replicas
-            cluster.dirty = True
         samples: Sequence[LoadSample] = self.samples
         if open_bucket is not None:
             samples = [*self.samples, open_bucket]
-        inputs = ScalingInputs(now=now + self.offset, running=cluster.running,
-                               target=self.target, samples=samples,
-                               startup_lead_s=cluster.startup_lead_s)
-        try:
-            decision = self.policy(inputs, with_floors(config, floors), self.state)
-        except Exception:  # as the controller: a broken policy keeps the target
+        step = autoscale_step(self.policy, config, self.state, StepInputs(
+            now=now + self.offset, second_of_day=self._second_of_day(now),
+            running=cluster.running, target=self.target, samples=samples,
+            startup_lead_s=cluster.startup_lead_s))
+        if step.standby_replicas != self.standby_wanted:
+            self.standby_wanted = step.standby_replicas
+            cluster.dirty = True
+        decision = step.decision
+        if decision.kind is DecisionKind.POLICY_FAILED:  # as the controller: target stays
             self.counters.policy_errors += 1
             return
         self.state = decision.state

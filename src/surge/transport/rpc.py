@@ -8,8 +8,6 @@ configs and user code, never request bodies.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import itertools
 import pickle
 import secrets
@@ -20,21 +18,16 @@ import cloudpickle
 from surge.control_auth import TOKEN_ENV, find_token, token_path
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.transport.connection import FramedProtocol
+from surge.transport.handshake import (
+    NONCE_BYTES,
+    ClientHandshake,
+    HandshakeFailed,
+    ServerHandshake,
+    ServerUnproven,
+)
 from surge.transport.messages import Message, Push, Reply, Rpc
 
-__all__ = ["AUTHENTICATE", "RpcHandler", "RpcPeer", "connect_rpc"]
-
-# A connection to a peer that requires a token opens with CHALLENGE (the client's nonce;
-# the answer: the server's nonce + its proof) and AUTHENTICATE (the client's proof).
-# Payloads are raw bytes, never pickles; the token itself never travels. Replicas on
-# TCP take AUTHENTICATE with the raw token as their first frame instead.
-AUTHENTICATE = "authenticate"
-CHALLENGE = "challenge"
-NONCE_BYTES = 16
-
-
-def _proof(key: bytes, role: bytes, nonce: bytes, other: bytes) -> bytes:
-    return hmac.new(key, role + nonce + other, hashlib.sha256).digest()
+__all__ = ["RpcHandler", "RpcPeer", "connect_rpc", "split_address"]
 
 
 class RpcHandler(Protocol):
@@ -54,24 +47,31 @@ class RemoteError(Exception):
 
 
 class RpcPeer(FramedProtocol):
-    """One end of a control connection; with `token`, the other end must present it
-    in its first frame, and nothing it sends is unpickled before that."""
+    """One end of a control connection. With `token`, this is the accepting end of a
+    guarded link: the other end must complete the handshake (transport/handshake.py)
+    before anything it sends is unpickled; `authenticate` is the connecting end's."""
 
     def __init__(self, handler: RpcHandler | None, token: str | None = None) -> None:
         super().__init__()
         self.handler = handler
-        self._token = token.encode() if token else None
-        self.authenticated = token is None  # the other end proved it knows our token
-        self._trusted = True  # False while we prove ourselves and wait for its proof
-        self._nonces: tuple[bytes, bytes] | None = None  # (client's, ours) once challenged
+        self._server = ServerHandshake(token, secrets.token_bytes(NONCE_BYTES)) \
+            if token else None
+        self._client: ClientHandshake | None = None
+        self._proved: asyncio.Future[None] | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.info: dict[str, Any] = {}  # what the other side told us about itself
         self.connected = asyncio.Event()
+        self.disconnected = asyncio.Event()
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the other end may be trusted (it proved it knows our token)."""
+        return self._server is None or self._server.done
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if not self.authenticated:
+        if self._server is not None:
             self.expect_token()
         self.connected.set()
 
@@ -91,71 +91,57 @@ class RpcPeer(FramedProtocol):
         self.send(Push(topic=topic, payload=cloudpickle.dumps(value)))
 
     async def authenticate(self, token: str, timeout: float | None = None) -> None:
-        """Mutual challenge-response: each end proves it knows the token without sending
-        it, and nothing the other end sends is unpickled before it has proved itself."""
-        key = token.encode()
-        self._trusted = False
-        mine = secrets.token_bytes(NONCE_BYTES)
-        answer = await self._raw_call(CHALLENGE, mine, timeout)
-        theirs, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-        if not hmac.compare_digest(proof, _proof(key, b"server", mine, theirs)):
-            raise _Impostor("the other end could not prove that it knows the token")
-        await self._raw_call(AUTHENTICATE, _proof(key, b"client", theirs, mine), timeout)
-        self._trusted = True
-
-    async def _raw_call(self, method: str, payload: bytes, timeout: float | None) -> bytes:
-        call_id = next(self._ids)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._waiting[call_id] = future
-        self.send(Rpc(id=call_id, method=method, payload=payload))
+        """Prove we know the token once the other end has proved it does; nothing it
+        sends is unpickled before that."""
+        self._client = ClientHandshake(token, secrets.token_bytes(NONCE_BYTES))
+        self._proved = self._loop.create_future()
+        self.send(self._client.start())
         try:
-            result: bytes = await asyncio.wait_for(future, timeout)
-            return result
+            await asyncio.wait_for(asyncio.shield(self._proved), timeout)
         finally:
-            self._waiting.pop(call_id, None)
+            if not self._proved.done():
+                self._proved.cancel()
 
-    def _untrusted_reply(self, message: Message) -> None:
-        """Before the other end proved itself: raw answers to our two auth calls only."""
-        if not isinstance(message, Reply):
+    def _client_step(self, message: Message) -> None:
+        assert self._client is not None and self._proved is not None
+        if self._proved.done():
             return
-        future = self._waiting.get(message.id)
-        if future is None or future.done():
+        try:
+            for frame in self._client.receive(message):
+                self.send(frame)
+        except ServerUnproven as exc:
+            self._proved.set_exception(_Impostor(str(exc)))
             return
-        if message.ok:
-            future.set_result(message.payload)
-        else:
-            future.set_exception(ControlAuthError("the surge instance refused the token"))
+        except HandshakeFailed as exc:
+            self._proved.set_exception(ControlAuthError(str(exc)))
+            return
+        if self._client.done:
+            self._proved.set_result(None)
 
-    def _check_token(self, message: Message) -> None:
-        assert self._token is not None
+    def _server_step(self, message: Message) -> None:
+        assert self._server is not None
         if self.transport is None or self.transport.is_closing():
             return  # refused already: ignore the rest of what it sent
-        if isinstance(message, Rpc) and message.method == CHALLENGE and \
-                self._nonces is None and len(message.payload) == NONCE_BYTES:
-            theirs, mine = message.payload, secrets.token_bytes(NONCE_BYTES)
-            self._nonces = (theirs, mine)
-            answer = mine + _proof(self._token, b"server", theirs, mine)
-            self.send(Reply(id=message.id, ok=True, payload=answer))
+        try:
+            for frame in self._server.receive(message):
+                self.send(frame)
+        except HandshakeFailed:
+            if isinstance(message, Rpc):  # a client without a token: say what it lacks
+                refusal = ControlAuthError(
+                    "this surge instance requires its control token: set "
+                    f"{TOKEN_ENV} (the process that started it publishes it for its "
+                    "user; see SECURITY.md)")
+                self.send(Reply(id=message.id, ok=False, payload=cloudpickle.dumps(refusal)))
+            self.close()
             return
-        if (isinstance(message, Rpc) and message.method == AUTHENTICATE
-                and self._nonces is not None and hmac.compare_digest(
-                    message.payload, _proof(self._token, b"client", *reversed(self._nonces)))):
-            self.authenticated = True
+        if self._server.done:
             self.token_accepted()
-            self.send(Reply(id=message.id, ok=True, payload=b""))
-            return
-        if isinstance(message, Rpc):
-            refusal = ControlAuthError(
-                "this surge instance requires its control token: set SURGE_CONTROL_TOKEN "
-                "(the process that started it publishes it for its user; see SECURITY.md)")
-            self.send(Reply(id=message.id, ok=False, payload=cloudpickle.dumps(refusal)))
-        self.close()
 
     def message_received(self, message: Message) -> None:
         if not self.authenticated:
-            self._check_token(message)
-        elif not self._trusted:
-            self._untrusted_reply(message)
+            self._server_step(message)
+        elif self._client is not None and not self._client.done:
+            self._client_step(message)
         elif isinstance(message, Reply):
             future = self._waiting.get(message.id)
             if future is not None and not future.done():
@@ -185,10 +171,14 @@ class RpcPeer(FramedProtocol):
         self.send(Reply(id=message.id, ok=ok, payload=payload))
 
     def closed(self, exc: Exception | None) -> None:
+        self.disconnected.set()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ConnectionError("connection closed during the call"))
         self._waiting.clear()
+        if self._proved is not None and not self._proved.done():
+            self._proved.set_exception(ConnectionError("connection closed during the "
+                                                       "handshake"))
         if self.handler is not None:
             self.handler.on_disconnect(self)
 

@@ -1,0 +1,261 @@
+"""The control RPCs: what drivers, the CLI, proxies and replicas ask of the controller.
+
+Each `rpc_<name>` is the method `<name>` of the control connection (transport/rpc.py).
+Drivers and the CLI deploy, delete, wait and read status; proxies fetch their HTTP
+spec and say when they serve; replicas fetch their spec and say when they are ready
+or failed. A handler changes the state directly only for what a member reports about
+itself (ready, failed, its address); anything that starts, stops or signals a process
+goes through the executor as actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from surge.clock import Clock
+from surge.config import AppSpec
+from surge.controller import desired
+from surge.controller.actions import AdoptProxy
+from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.executor import Executor
+from surge.controller.observer import Observer
+from surge.controller.plan import PROXY_PREFIX
+from surge.controller.publish import Publisher
+from surge.controller.recovery import Recovery
+from surge.controller.state import ControllerState, Peer
+from surge.errors import ConfigError
+from surge.launch import LOCAL_NODE
+from surge.model import (
+    ApplicationStatus,
+    ApplicationStatusOverview,
+    DeploymentId,
+    ProxySpec,
+    ReplicaInfo,
+    ReplicaSpec,
+    ServeStatus,
+)
+from surge.policy.lifecycle import ReplicaState
+
+__all__ = ["ControlApi"]
+
+log = logging.getLogger("surge.controller")
+
+
+class ControlApi:
+    def __init__(self, state: ControllerState, executor: Executor, publisher: Publisher,
+                 recovery: Recovery, autoscaler: Autoscaler, load: LoadTracker,
+                 observer: Observer, clock: Clock, *, changed: asyncio.Condition,
+                 shutdown: Callable[[], None]) -> None:
+        self.state = state
+        self.executor = executor
+        self.publisher = publisher
+        self.recovery = recovery
+        self.autoscaler = autoscaler
+        self.load = load
+        self.observer = observer
+        self.clock = clock
+        self.changed = changed  # notified whenever state may have changed
+        self.shutdown = shutdown
+        self.proxy_ready = asyncio.Event()  # the first proxy serves, or could not
+
+    def __repr__(self) -> str:
+        return f"<ControlApi {self.state.address}>"
+
+    async def handle(self, peer: Peer, method: str, kwargs: dict[str, Any]) -> Any:
+        handler = getattr(self, f"rpc_{method}", None)
+        if handler is None:
+            raise ValueError(f"the controller has no method {method!r}")
+        return await handler(peer, **kwargs)
+
+    async def notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _wait(self, ready: Callable[[], bool], timeout_s: float | None) -> bool:
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    # -- everyone ----------------------------------------------------------------------
+
+    async def rpc_hello(self, peer: Peer, role: str, pid: int, **info: Any) -> dict[str, Any]:
+        peer.info = {"role": role, "pid": pid, **info}
+        state, recovery = self.state, self.recovery
+        if role == "proxy":
+            self.publisher.add_proxy(peer)
+            if "address" in info:  # it served for a previous controller
+                self.executor.apply(recovery.adopt_proxy(
+                    state, info.get("proxy_id", f"{PROXY_PREFIX}{pid}"), pid, info["address"],
+                    info.get("node_id", LOCAL_NODE)))
+                self.proxy_ready.set()
+        elif role == "replica" and "address" in info:
+            self.executor.apply(recovery.adopt_replica(state, peer, pid, info))
+        if recovery.active:  # the last member back ends recovery at once
+            self.executor.apply(recovery.due(state, self.clock.monotonic()))
+        return {"controller_pid": os.getpid(), "http_address": state.proxy_address}
+
+    async def rpc_watch(self, peer: Peer, deployment: DeploymentId) -> None:
+        self.publisher.watch(peer, deployment)
+
+    # -- drivers and the CLI ---------------------------------------------------------
+
+    async def rpc_deploy(self, peer: Peer, app: AppSpec) -> None:
+        if self.state.stopping:
+            raise ConfigError("the instance is shutting down")
+        await self.recovery.done.wait()
+        self.deploy(app)
+        self.recovery.deployed(self.state, app)
+        await self.notify()
+
+    def deploy(self, app: AppSpec) -> None:
+        """Check the application's policies, then make it the desired state."""
+        for spec in app.deployments:  # a bad policy fails the deploy, not the control loop
+            scaling = spec.config.autoscaling_config
+            if scaling is None:
+                continue
+            try:
+                self.autoscaler.prepare(DeploymentId(app.name, spec.config.name), scaling)
+            except ConfigError as exc:
+                raise ConfigError(f"deployment {spec.config.name!r}: {exc}") from None
+            except Exception as exc:
+                raise ConfigError(f"deployment {spec.config.name!r}: the autoscaling "
+                                  f"policy cannot be built: {exc!r}") from None
+        self.executor.apply(desired.deploy(self.state, app, self.clock.wall()))
+        self.publisher.push_routes()
+        for did in self.state.apps[app.name].ids():
+            self.publisher.replica_set(did, force=True)
+
+    async def rpc_wait_app(self, peer: Peer, name: str, timeout_s: float | None = None
+                           ) -> ApplicationStatusOverview | None:
+        done = {ApplicationStatus.RUNNING, ApplicationStatus.DEPLOY_FAILED}
+
+        def ready() -> bool:
+            return name not in self.state.apps or self.state.app_status(name).status in done
+
+        await self._wait(ready, timeout_s)
+        return self.state.app_status(name) if name in self.state.apps else None
+
+    async def rpc_delete(self, peer: Peer, name: str, timeout_s: float = 30.0) -> bool:
+        if not desired.delete(self.state, name):
+            return False
+        self.recovery.deleted(self.state, name)  # a restart during the drain must not revive it
+        self.publisher.push_routes()
+        return await self._wait(lambda: name not in self.state.apps, timeout_s)
+
+    async def rpc_status(self, peer: Peer) -> ServeStatus:
+        state = self.state
+        applications = {}
+        for name in state.apps:
+            overview = state.app_status(name)
+            for dname, deployment in overview.deployments.items():
+                deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
+            applications[name] = overview
+        proxies = {p.proxy_id: "HEALTHY" for p in state.proxies.values()}
+        return ServeStatus(
+            applications=applications, proxies=proxies or {"local": "UNHEALTHY"},
+            http_address=state.proxy_address, control_address=state.address,
+            proxy_addresses={p.proxy_id: p.address for p in state.proxies.values()},
+            dashboard_address=self.observer.url)
+
+    async def rpc_ingress(self, peer: Peer, app: str) -> str | None:
+        record = self.state.apps.get(app)
+        return record.ingress if record is not None else None
+
+    async def rpc_has_deployment(self, peer: Peer, deployment: DeploymentId) -> bool:
+        return deployment in self.state.deployments
+
+    async def rpc_replicas(self, peer: Peer) -> list[dict[str, Any]]:
+        return [{"replica_id": r.replica_id, "app": r.deployment.app,
+                 "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
+                 "version": r.version} for r in self.state.replicas.values()]
+
+    async def rpc_shutdown(self, peer: Peer) -> None:
+        self.shutdown()
+
+    # -- proxies -----------------------------------------------------------------------
+
+    async def rpc_proxy_spec(self, peer: Peer) -> ProxySpec:
+        h, state = self.state.http, self.state
+        port = h.port
+        if state.proxy_address:  # later workers join the port the first one bound
+            port = int(state.proxy_address.rpartition(":")[2])
+        return ProxySpec(host=h.host, port=port, request_timeout_s=h.request_timeout_s,
+                         keep_alive_timeout_s=h.keep_alive_timeout_s,
+                         max_body_bytes=h.max_body_bytes, root_path=h.root_path,
+                         reuse_port=state.proxy_count > 1,
+                         max_header_bytes=h.max_header_bytes,
+                         request_header_timeout_s=h.request_header_timeout_s,
+                         max_connections=h.max_connections,
+                         request_body_timeout_s=h.request_body_timeout_s,
+                         ssl_certfile=h.ssl_certfile,
+                         ssl_keyfile=h.ssl_keyfile, ssl_ca_certs=h.ssl_ca_certs,
+                         ssl_cert_reqs=str(h.ssl_cert_reqs))
+
+    async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
+        proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
+        self.executor.apply([AdoptProxy(proxy_id, pid, address,
+                                        peer.info.get("node_id", LOCAL_NODE))])
+        self.proxy_ready.set()
+
+    async def rpc_proxy_failed(self, peer: Peer, error: str) -> None:
+        self.state.proxy_error = error
+        self.proxy_ready.set()
+
+    # -- replicas ----------------------------------------------------------------------
+
+    async def rpc_replica_spec(self, peer: Peer, replica_id: str) -> ReplicaSpec:
+        replica = self.state.replicas[replica_id]
+        deployment = self.state.deployments[replica.deployment]
+        spec, config = deployment.spec, deployment.config
+        return ReplicaSpec(replica_id=replica_id, deployment=deployment.id,
+                           version=replica.version, target_blob=spec.target_blob,
+                           init_blob=spec.init_blob, user_config=config.user_config,
+                           max_ongoing_requests=config.max_ongoing_requests,
+                           graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
+                           sys_path=deployment.sys_path)
+
+    async def rpc_replica_ready(self, peer: Peer, replica_id: str, address: str, pid: int,
+                                node_id: str = LOCAL_NODE, local_address: str = "") -> bool:
+        """False: this controller does not want the replica (it was started by one that
+        died since, or already stopped); the replica exits."""
+        state = self.state
+        replica = state.replicas.get(replica_id)
+        if replica is None or replica.state is not ReplicaState.STARTING:
+            return False
+        deployment = state.deployments[replica.deployment]
+        replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid, node_id,
+                                   local_address)
+        replica.pid = replica.pid or pid  # the ray backend learns it only now
+        replica.peer = peer
+        now = self.clock.monotonic()
+        spare = (deployment.standby_wanted
+                 and len(state.running_current(deployment.id)) >= deployment.target)
+        replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
+        replica.next_health_check = now + deployment.config.health_check_period_s
+        deployment.constructor_failures = 0
+        deployment.observe_startup(now - replica.started_at)
+        log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
+                 deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
+        self.publisher.replica_set(deployment.id)
+        state.note_running_apps()
+        await self.notify()
+        return True
+
+    async def rpc_replica_failed(self, peer: Peer, replica_id: str, error: str) -> None:
+        replica = self.state.replicas.get(replica_id)
+        if replica is None:
+            return
+        deployment = self.state.deployments.get(replica.deployment)
+        if deployment is not None and replica.version == deployment.version:
+            deployment.constructor_failures += 1
+            deployment.last_error = error
+        if replica.alive:
+            replica.move(ReplicaState.FAILED)
+        await self.notify()

@@ -1,0 +1,168 @@
+"""The control loop's decisions, as pure functions of the state: state + observations -> actions.
+
+Each tick the controller (1) asks the backend what exited and turns that into actions
+(`absorb_exits`), applies them, then (2) asks `plan` what to do next and applies that:
+
+* per deployment: policy.reconcile turns target, version and replicas into starts,
+  activations and drains (nothing while the deployment has failed to start);
+* health checks that are due, and replicas that failed three in a row;
+* replicas still alive past their drain deadline are killed;
+* proxies (policy.placement): the head's workers, the first one before the others (they
+  join the port it bound), restarted when they exit; with EveryNode on a multi-node
+  backend, one proxy per other node that hosts a replica, stopped when it hosts none;
+* deleted deployments whose last replica is gone are forgotten.
+
+Nothing here reads the clock or does I/O; tests feed states and assert the actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from surge.backends.base import Exit, Placement
+from surge.controller.actions import (
+    Action,
+    CheckHealth,
+    FailReplica,
+    ForgetDeployment,
+    KillProcess,
+    ProxyExited,
+    ReplicaExited,
+    StartProxy,
+    StartReplicas,
+    StopProxy,
+)
+from surge.controller.state import (
+    HEALTH_CHECK_FAILURE_THRESHOLD,
+    ControllerState,
+    ReplicaRecord,
+)
+from surge.model import DeploymentId
+from surge.policy import reconcile as policy
+from surge.policy.lifecycle import ReplicaState
+from surge.policy.placement import proxy_nodes, proxy_port
+
+__all__ = ["NODE_PROXY_PREFIX", "PROXY_PREFIX", "Observed", "absorb_exits", "is_proxy",
+           "plan", "reconcile_deployment"]
+
+PROXY_PREFIX = "proxy-"
+NODE_PROXY_PREFIX = "proxy-node-"
+_SERVING = (ReplicaState.RUNNING, ReplicaState.STANDBY)
+
+
+def is_proxy(process_id: str) -> bool:
+    return process_id.startswith(PROXY_PREFIX)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the backend says this tick."""
+
+    alive: frozenset[str] = frozenset()  # process ids it runs (still starting included)
+    placements: Mapping[str, Placement] = field(default_factory=dict)  # where they run
+
+
+def absorb_exits(state: ControllerState, exits: Iterable[Exit]) -> list[Action]:
+    actions: list[Action] = []
+    for exit_ in exits:
+        if is_proxy(exit_.process_id):
+            actions.append(ProxyExited(exit_.process_id, exit_.returncode))
+            continue
+        replica = state.replicas.get(exit_.process_id)
+        if replica is not None:
+            actions.append(ReplicaExited(replica.replica_id, exit_.returncode,
+                                         before_ready=replica.state is ReplicaState.STARTING))
+    return actions
+
+
+def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]:
+    actions: list[Action] = []
+    groups = state.by_deployment()
+    for did in state.deployments:
+        replicas = groups.get(did, [])
+        actions += reconcile_deployment(state, did, replicas)
+        actions += _health(replicas, now)
+        if state.deployments[did].deleting and not replicas:
+            actions.append(ForgetDeployment(did))
+    actions += [KillProcess(r.replica_id, "still alive after its drain deadline")
+                for r in state.replicas.values()
+                if r.stop_deadline is not None and now > r.stop_deadline]
+    actions += _proxies(state, observed)
+    return actions
+
+
+def reconcile_deployment(state: ControllerState, did: DeploymentId,
+                         replicas: Sequence[ReplicaRecord] | None = None) -> list[Action]:
+    """Starts, activations and drains that bring the deployment to its target."""
+    record = state.deployments[did]
+    group = state.replicas_of(did) if replicas is None else replicas
+    if state.failed(did, group):
+        return []
+    observed = [policy.ObservedReplica(r.replica_id, r.state, r.version, r.started_at)
+                for r in group]
+    actions: list[Action] = []
+    for action in policy.reconcile(record.target, record.version, observed,
+                                   record.standby_wanted):
+        if isinstance(action, policy.StartReplicas):
+            actions.append(StartReplicas(did, action.count, action.reason))
+        else:
+            actions.append(action)
+    return actions
+
+
+def _health(replicas: Iterable[ReplicaRecord], now: float) -> list[Action]:
+    actions: list[Action] = []
+    for replica in replicas:
+        if replica.state not in _SERVING or replica.peer is None:
+            continue
+        if replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD:
+            actions.append(FailReplica(replica.replica_id, "failed its health checks"))
+        elif not replica.health_check_running and now >= replica.next_health_check:
+            actions.append(CheckHealth(replica.replica_id))
+    return actions
+
+
+def _proxies(state: ControllerState, observed: Observed) -> list[Action]:
+    if not state.serve_http or state.stopping or state.proxy_error:
+        return []
+    present = set(observed.alive) | set(state.proxies)
+    # The first worker binds the port; the others join it once it has.
+    workers = state.proxy_count if state.proxy_address else 1
+    actions: list[Action] = [
+        StartProxy(f"{PROXY_PREFIX}{i}", state.head.node_id, state.head.node_ip, None,
+                   "a proxy worker of the head node is not running")
+        for i in range(workers) if f"{PROXY_PREFIX}{i}" not in present]
+    replica_nodes = {p.node_id for pid, p in observed.placements.items()
+                     if pid in state.replicas}
+    wanted = proxy_nodes(state.http.location, state.head.node_id, replica_nodes)
+    wanted -= {state.head.node_id}
+    running = {pid[len(NODE_PROXY_PREFIX):]: pid for pid in present
+               if pid.startswith(NODE_PROXY_PREFIX)}
+    actions += [StopProxy(pid, f"node {node[:12]} hosts no replica now")
+                for node, pid in sorted(running.items())
+                if node not in wanted and pid not in state.stopping_proxies]
+    taken = _ports_by_ip(state, observed, present)
+    for node in sorted(wanted - set(running)):
+        ip = next((p.node_ip for p in observed.placements.values() if p.node_id == node),
+                  state.head.node_ip)
+        port = proxy_port(state.http.port, taken.setdefault(ip, []))
+        taken[ip].append(port)
+        actions.append(StartProxy(f"{NODE_PROXY_PREFIX}{node}", node, ip, port,
+                                  f"node {node[:12]} hosts replicas"))
+    return actions
+
+
+def _ports_by_ip(state: ControllerState, observed: Observed,
+                 proxies: Iterable[str]) -> dict[str, list[int]]:
+    """The ports surge's proxies hold, per IP (nodes sharing an IP need distinct ports)."""
+    taken: dict[str, list[int]] = {}
+    for proxy_id in proxies:
+        if not is_proxy(proxy_id):
+            continue
+        asked = state.node_proxies.get(proxy_id)
+        placed = observed.placements.get(proxy_id)
+        ip = placed.node_ip if placed else asked.node_ip if asked else state.head.node_ip
+        port = asked.port if asked is not None and asked.port is not None else state.http.port
+        taken.setdefault(ip, []).append(port)
+    return taken

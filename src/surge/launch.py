@@ -1,0 +1,167 @@
+"""What a surge process is told when it starts: one typed spec on its standard input.
+
+Whoever starts a surge process writes it one JSON line and closes the pipe: the
+supervisor starts the controller with a `ControllerProcessSpec`; a backend starts
+proxies and replicas with a `ProxyProcessSpec` or `ReplicaProcessSpec` (directly, through
+the fork server, or through the Ray actor that hosts it, which fills in its node). The
+spec says everything the environment used to carry: the control address and token
+(stdin is private to the two processes, unlike argv or /proc/PID/environ), where to
+listen (`Unix(directory)` or `Tcp(host)`), which node it is on, what its lifetime is
+tied to (`Lifetime`), its logging config and whether it records metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import BinaryIO, TypeVar
+
+import msgspec
+
+from surge.config import HTTPOptions
+from surge.errors import ConfigError
+from surge.observability.config import DashboardOptions, LoggingConfig
+
+__all__ = [
+    "LOCAL_NODE",
+    "ORPHAN_TIMEOUT_S",
+    "ControllerProcessSpec",
+    "Lifetime",
+    "MemberSpec",
+    "Membership",
+    "ProxyProcessSpec",
+    "ReplicaProcessSpec",
+    "Tcp",
+    "Unix",
+    "encode",
+    "read_spec",
+]
+
+LOCAL_NODE = "local"  # the node id of everything on the local backend
+# A process placed on a cluster with no controller for this long leaves: its driver is
+# gone for good (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
+ORPHAN_TIMEOUT_S = 120.0
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few hundred bytes; a megabyte means a wrong pipe
+
+
+class Unix(msgspec.Struct, frozen=True, tag="unix"):
+    """Listen on a Unix socket in `directory` (one host: cheaper than loopback TCP)."""
+
+    directory: str
+
+
+class Tcp(msgspec.Struct, frozen=True, tag="tcp"):
+    """Listen on TCP at `host` (None: the node's IP) for routers on other nodes;
+    with `also_unix`, also on a Unix socket for the routers on this node."""
+
+    host: str | None = None
+    also_unix: bool = False
+
+
+class Lifetime(msgspec.Struct, frozen=True):
+    """What the process's life is tied to.
+
+    Supervised (local backend): it outlives a controller that crashes and leaves when
+    the supervisor does. Unsupervised: it dies with `parent_pid`. Placed on a cluster
+    (`orphan_timeout_s` set): it dies with its host actor, and leaves after that long
+    without a controller.
+    """
+
+    supervisor_pid: int = 0
+    parent_pid: int = 0
+    orphan_timeout_s: float | None = None
+
+    @property
+    def reconnects(self) -> bool:
+        """Whether a lost controller is waited for (it will be restarted) or left."""
+        return bool(self.supervisor_pid) or self.orphan_timeout_s is not None
+
+
+class MemberSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What proxies and replicas share: where the controller is, and how to live."""
+
+    controller: str
+    process_id: str
+    token: str | None = None  # the instance's control token
+    node_id: str = LOCAL_NODE
+    node_ip: str | None = None  # set on multi-node backends
+    lifetime: Lifetime = Lifetime()
+    logging: LoggingConfig = LoggingConfig()
+    metrics: bool = True  # False: nobody reads metrics, record none
+
+
+class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
+    app: str
+    deployment: str
+    listen: Unix | Tcp
+
+
+class ProxyProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="proxy"):
+    port: int | None = None  # its own port (nodes sharing an IP); None: http_options.port
+
+
+class Membership(msgspec.Struct, frozen=True, kw_only=True):
+    """What the controller tells every member of its instance alike; backends add the
+    rest (who it is, where it listens, what its life is tied to)."""
+
+    controller: str
+    token: str | None = None
+    supervisor_pid: int = 0
+    logging: LoggingConfig = LoggingConfig()
+    metrics: bool = True
+
+    def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
+                lifetime: Lifetime) -> ReplicaProcessSpec:
+        return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
+                                  token=self.token, lifetime=lifetime, logging=self.logging,
+                                  metrics=self.metrics, app=app, deployment=deployment,
+                                  listen=listen)
+
+    def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
+        return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,
+                                token=self.token, lifetime=lifetime, logging=self.logging,
+                                metrics=self.metrics, port=port)
+
+
+class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="controller"):
+    address: str  # the control address to bind
+    http: HTTPOptions = HTTPOptions()
+    backend: str = "local"
+    ray_address: str | None = None
+    token: str | None = None
+    state_dir: str | None = None  # private to the instance: checkpoint, sockets
+    recover: bool = False  # a restart: reload the checkpoint, re-attach to the members
+    lifetime: Lifetime = Lifetime()
+    logging: LoggingConfig = LoggingConfig()
+    dashboard: DashboardOptions = DashboardOptions()
+
+    def membership(self, bound: str) -> Membership:
+        """What this controller, listening at `bound`, tells its members."""
+        return Membership(controller=bound, token=self.token,
+                          supervisor_pid=self.lifetime.supervisor_pid, logging=self.logging,
+                          metrics=self.dashboard.enabled)
+
+
+Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec)
+
+
+def encode(spec: ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec) -> bytes:
+    """The spec as the one line its process reads."""
+    return msgspec.json.encode(spec) + b"\n"
+
+
+def decode(kind: type[Spec], data: bytes) -> Spec:
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"this surge process was started with an unreadable "
+                          f"{kind.__name__}: {exc}") from None
+
+
+def read_spec(kind: type[Spec], stream: BinaryIO | None = None) -> Spec:
+    """Read this process's spec from its standard input (one line)."""
+    source = stream if stream is not None else sys.stdin.buffer
+    line = source.readline(MAX_SPEC_BYTES)
+    if not line.strip():
+        raise ConfigError(f"this surge process reads its {kind.__name__} on standard input "
+                          "and got none; it is started by surge, not by hand")
+    return decode(kind, line)

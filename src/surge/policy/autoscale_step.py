@@ -1,0 +1,84 @@
+"""One autoscaling step of one deployment: what the controller and the simulator both run.
+
+The step, in order: the daily schedule's floors in force at the local time of day
+(policy.schedule) raise `min_replicas` and the standby count; the deployment's policy
+(policy.resolve: built-in or the user's) decides on the load samples with those floors
+applied; a policy that raises is itself a decision (kind POLICY_FAILED, the target
+stays), never an exception that stops a control loop.
+
+Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
+a router whose queue starts to grow reports after `URGENT_REPORT_DELAY_S`, and the
+controller then decides at once on the open bucket, at most once per
+`URGENT_DECISION_INTERVAL_S` per deployment (`urgent_decision_due`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from surge.config import AutoscalingConfig
+from surge.policy.autoscaling import (
+    Decision,
+    DecisionKind,
+    LoadSample,
+    PolicyState,
+    ScalingInputs,
+)
+from surge.policy.resolve import Policy
+from surge.policy.schedule import floors_at, with_floors
+
+__all__ = [
+    "TICK_S",
+    "URGENT_DECISION_INTERVAL_S",
+    "URGENT_REPORT_DELAY_S",
+    "Step",
+    "StepInputs",
+    "autoscale_step",
+    "urgent_decision_due",
+]
+
+# The control loop's tick, and the length of one load sample.
+TICK_S = 0.1
+# A router whose queue starts to grow reports after this (the burst's first few ms).
+URGENT_REPORT_DELAY_S = 0.005
+# At most one out-of-tick decision per deployment in this interval.
+URGENT_DECISION_INTERVAL_S = 0.02
+
+@dataclass(frozen=True)
+class StepInputs:
+    now: float  # the policy's clock (monotonic seconds)
+    second_of_day: float  # local time of day, for schedule floors
+    running: int  # RUNNING replicas of the current version
+    target: int
+    samples: Sequence[LoadSample]  # oldest first; may end with the open bucket
+    startup_lead_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Step:
+    decision: Decision
+    standby_replicas: int  # standbys wanted now (the schedule's floor or the config's)
+
+    @property
+    def target(self) -> int:
+        return self.decision.target
+
+
+def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState,
+                   inputs: StepInputs) -> Step:
+    floors = floors_at(config.schedule_windows, inputs.second_of_day, config.min_replicas,
+                       config.standby_replicas)
+    scaling = ScalingInputs(now=inputs.now, running=inputs.running, target=inputs.target,
+                            samples=inputs.samples, startup_lead_s=inputs.startup_lead_s)
+    try:
+        decision = policy(scaling, with_floors(config, floors), state)
+    except Exception as exc:  # a user policy must not stop the control loop
+        decision = Decision(inputs.target, DecisionKind.POLICY_FAILED,
+                            f"policy failed: {exc!r}; keeping {inputs.target} replicas", state)
+    return Step(decision, floors.standby_replicas)
+
+
+def urgent_decision_due(last_at: float, now: float) -> bool:
+    """Whether an out-of-tick decision may run now (the last one was at `last_at`)."""
+    return now - last_at >= URGENT_DECISION_INTERVAL_S

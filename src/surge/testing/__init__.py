@@ -1,0 +1,14 @@
+"""Fakes of surge's I/O boundaries, for tests of the shells (and of users' own code).
+
+* `FakeClock`: a `surge.clock.Clock` that moves only when told (`advance`, `set_time_of_day`).
+* `FakeBackend`: a `surge.backends.base.Backend` that records what it is asked and
+  starts nothing; tests make its processes exit (`exit`) or land on nodes (`place`).
+* `FakePeer`: the controller's end of a control connection, in memory: it records
+  pushes and calls, and answers calls from a table (`answers`).
+"""
+
+from surge.testing.backend import FakeBackend, FakeProcess
+from surge.testing.clock import FakeClock
+from surge.testing.peer import FakePeer
+
+__all__ = ["FakeBackend", "FakeClock", "FakePeer", "FakeProcess"]
