@@ -38,7 +38,7 @@ from bench.common import (
 SYSTEMS = {
     "raw": "raw uvloop+httptools (1 process)",
     "surge": "surge, default config",
-    # The cost of observability (metrics are on by default; see README "Observability"):
+    # The cost of observability (metrics are on by default; see docs/observability.md):
     "surge_nometrics": "surge, metrics off (SURGE_DASHBOARD=off), no access log",
     "surge_access": "surge, metrics + access log at INFO (default sampling: <=10 lines/s)",
     "surge_access_all": "surge, metrics + an access-log line for every request",

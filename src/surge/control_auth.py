@@ -5,8 +5,9 @@ to it can run code in every surge process. The process that starts an instance m
 a random token, hands it to the controller (and through it to every surge process)
 in SURGE_CONTROL_TOKEN, and writes it to a 0600 file in a 0700 per-user directory,
 named after the control address, for the same user's other processes (`surge status`,
-a second driver). A connection presents the token in its first frame, which the
-controller checks (in constant time) before it unpickles anything.
+a second driver). A connection proves it knows the token by a mutual HMAC-SHA256
+challenge-response (transport/rpc.py) before either end unpickles anything; the token
+itself never travels. (Replicas reached over TCP take the raw token as the first frame.)
 """
 
 from __future__ import annotations

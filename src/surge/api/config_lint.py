@@ -38,7 +38,7 @@ LEVELS = ("ERROR", "WARNING", "INFO")
 LOAD_BALANCER_IDLE_S = 60.0
 SLOW_UPSCALE_S = 10.0
 
-# rule id -> (level, one-line title): the README's table is made from this.
+# rule id -> (level, one-line title): docs/configuration.md's table is made from this.
 RULES: dict[str, tuple[str, str]] = {
     "SRG001": ("WARNING", "a Ray Serve key surge accepts but ignores (or an old name)"),
     "SRG002": ("WARNING", "import_path not importable here: code-level checks skipped"),

@@ -19,7 +19,7 @@ before; and the controller's clock has a random offset (Ray's metric pushes fall
 phase of the pulse). After the schedule ends the loop runs on, without arrivals, until
 every request has ended. All randomness comes from the scenario's seed.
 
-Approximations (the README lists them with their effect):
+Approximations (docs/simulate.md lists them with their effect):
 
 * requests are a fluid with integer counts (sim/flow.py): a request waits only when every
   slot is busy (routing is work-conserving); no per-replica imbalance, no Erlang-C
