@@ -43,7 +43,7 @@ def _replica_states(app: str) -> dict[str, str]:
 async def _drive(handle: Any, concurrency: int, seconds: float,
                  sleep_s: float = 0.05) -> dict[str, int]:
     outcomes: dict[str, int] = {}
-    stop = time.monotonic() + seconds
+    stop = time.monotonic() + seconds  # the load's duration (the behaviour, not a wait)
 
     async def worker() -> None:
         while time.monotonic() < stop:

@@ -486,7 +486,8 @@ def test_expect_100_continue(apps: Apps) -> None:
     with RawConnection(apps.port) as conn:
         conn.send(request_bytes("POST", "/main/echo", {"Content-Length": str(len(body)),
                                                        "Expect": "100-continue"}))
-        interim = conn.read_raw_until(lambda d: d.endswith(b"\r\n\r\n"), 0.5)
+        # the 100 must come before the body is sent (the read ends as soon as it is in)
+        interim = conn.read_raw_until(lambda d: d.endswith(b"\r\n\r\n"), 5)
         assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
         conn.send(body)
         response = conn.read_response()
