@@ -65,7 +65,10 @@ class _Collector:
 
 
 class RawConnection:
-    """One TCP connection to the proxy: exact bytes out, parsed responses in."""
+    """One TCP connection to the proxy: exact bytes out, parsed responses in.
+
+    Its reads block on the socket until data, the close or the timeout: they wait on the
+    peer itself, not on a poll, so they need no `eventually`."""
 
     def __init__(self, port: int, timeout_s: float = 10.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
