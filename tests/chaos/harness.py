@@ -189,19 +189,6 @@ def surge_instance(**http_options: Any) -> Iterator[Instance]:
             os.environ["SURGE_ADDRESS"] = previous
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float, interval_s: float = 0.1) -> Any:
-    """The first truthy value of `condition()` within the timeout, else the last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = condition()
-        except Exception:
-            value = None
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval_s)
-
-
 # -- load and the timeline ----------------------------------------------------------------
 
 
@@ -220,7 +207,7 @@ class Timeline(threading.Thread):
         for at, name, action in self.actions:
             delay = self.t0 + at - time.monotonic()
             if delay > 0:
-                time.sleep(delay)
+                time.sleep(delay)  # the timeline's pacing: each action runs at its time
             self.started_at[name] = time.monotonic() - self.t0
             try:
                 action()

@@ -20,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +55,8 @@ from tests.chaos.harness import (
     seconds,
     steady,
     surge_instance,
-    wait_for,
 )
+from tests.eventually import eventually
 
 APP = "chaos"
 WORK_REPLICAS = 2
@@ -100,6 +101,16 @@ class Run:
     def check(self, ok: Any, problem: str) -> None:
         if not ok:
             self.problems.append(problem)
+
+    def eventually(self, predicate: Callable[[], Any], timeout_s: float, what: str,
+                   interval_s: float = 0.1) -> Any:
+        """`eventually`, but a timeout is one more problem of the run (and None), not a
+        raise: a scenario goes on checking, and reports every check that failed."""
+        try:
+            return eventually(predicate, timeout_s, interval_s=interval_s, what=what)
+        except AssertionError as exc:
+            self.problems.append(str(exc))
+            return None
 
     def replicas(self) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self.instance.call("replicas")
@@ -155,9 +166,10 @@ class KillReplica(Scenario):
 
     def settle(self, run: Run) -> None:
         victim = run.state["victim"]
-        running = wait_for(lambda: (pids := run.running_pids()) and len(pids) == WORK_REPLICAS
-                           and victim.pid not in pids and pids, SETTLE_TIMEOUT_S)
-        run.check(running, f"the killed replica was not replaced: running {running}")
+        running = run.eventually(
+            lambda: (pids := run.running_pids()) and len(pids) == WORK_REPLICAS
+            and victim.pid not in pids and pids, SETTLE_TIMEOUT_S,
+            what=f"the killed replica (pid {victim.pid}) replaced: {WORK_REPLICAS} RUNNING")
         run.notes.append(f"running replicas after: {sorted(running or [])}")
 
     def judge(self, run: Run, counts: Counts) -> None:
@@ -179,9 +191,9 @@ class KillProxy(Scenario):
 
     def settle(self, run: Run) -> None:
         victim = run.state["victim"]
-        new = wait_for(lambda: [p for p in run.instance.processes.of_kind("proxy")
-                                if p != victim], SETTLE_TIMEOUT_S)
-        run.check(new, "the proxy was not restarted")
+        new = run.eventually(lambda: [p for p in run.instance.processes.of_kind("proxy")
+                                      if p != victim], SETTLE_TIMEOUT_S,
+                             what="a restarted proxy")
         run.check(not victim.alive(), "the killed proxy is still alive")
         with httpx.Client(timeout=5) as client:
             healthy = client.get(f"{run.instance.url}/-/healthz").status_code
@@ -211,13 +223,17 @@ class KillController(Scenario):
             new = [p for p in run.instance.processes.of_kind("controller") if p != victim]
             return new and serve.status().applications[APP].status.value == "RUNNING" and new
 
-        new = wait_for(restarted, SETTLE_TIMEOUT_S, interval_s=0.25)
-        run.check(new, "no restarted controller serves status() with the application RUNNING")
+        new = run.eventually(restarted, SETTLE_TIMEOUT_S, interval_s=0.25,
+                             what="a restarted controller serving status() with the "
+                                  "application RUNNING")
         if new:
-            pids = wait_for(lambda: (p := run.running_pids()) == run.state["replicas"] and p,
-                            SETTLE_TIMEOUT_S)
-            run.check(pids, f"the restarted controller did not re-attach the live replicas "
-                            f"{sorted(run.state['replicas'])}: it sees {run.running_pids()}")
+            live = run.state["replicas"]
+            pids = run.eventually(lambda: (p := run.running_pids()) == live and p,
+                                  SETTLE_TIMEOUT_S,
+                                  what=f"the restarted controller re-attaching the live "
+                                       f"replicas {sorted(live)}")
+            if not pids:
+                run.notes.append(f"the restarted controller sees {run.running_pids()}")
             run.notes.append(f"new controller pid {new[0].pid}")
         # proxies and replicas must live on; the fork server is only how new replicas
         # start, and the new controller may start a fresh one
@@ -245,12 +261,12 @@ class HangReplica(Scenario):
 
     def settle(self, run: Run) -> None:
         victim = run.state["victim"]
-        running = wait_for(lambda: (pids := run.running_pids()) and len(pids) == WORK_REPLICAS
-                           and victim not in pids and pids, SETTLE_TIMEOUT_S)
-        run.check(running, f"the hung replica was not replaced: running {running}")
-        gone = wait_for(lambda: not [p for p in run.instance.processes.scan()
-                                     if p.pid == victim], 5.0)
-        run.check(gone, f"the hung replica (pid {victim}) is still alive")
+        run.eventually(lambda: (pids := run.running_pids()) and len(pids) == WORK_REPLICAS
+                       and victim not in pids and pids, SETTLE_TIMEOUT_S,
+                       what=f"the hung replica (pid {victim}) replaced: {WORK_REPLICAS} RUNNING")
+        run.eventually(lambda: not [p for p in run.instance.processes.scan()
+                                    if p.pid == victim], 5.0,
+                       what=f"the hung replica (pid {victim}) gone")
 
     def judge(self, run: Run, counts: Counts) -> None:
         # the requests stuck on the hung replica end with a 500 when it is killed

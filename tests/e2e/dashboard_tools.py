@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +96,7 @@ class Load:
                         self.statuses[response.status_code] += 1
                     except httpx.HTTPError:
                         self.statuses[0] += 1
-                        await asyncio.sleep(0.01)
+                        await asyncio.sleep(0.01)  # the load's pacing: back off after an error
 
             await asyncio.gather(*(worker() for _ in range(self.concurrency)))
 
@@ -118,15 +117,6 @@ def scrape(url: str) -> Samples:
 def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(value for found, value in samples.get(name, [])
                if all(found.get(k) == v for k, v in labels.items()))
-
-
-def wait_for(predicate: object, timeout_s: float, interval_s: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if callable(predicate) and predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def in_ci() -> bool:

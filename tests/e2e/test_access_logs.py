@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from surge import serve
-from tests.e2e.dashboard_tools import instance, wait_for
+from tests.e2e.dashboard_tools import instance
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -51,13 +52,15 @@ def test_json_access_logs_are_sampled_and_carry_request_ids(tmp_path: Path) -> N
         def access_lines() -> list[dict[str, Any]]:
             return [r for r in lines("proxy_*.log") if r["name"] == "surge.access"]
 
-        wait_for(lambda: any(r.get("request_id") == "acc-fail" for r in lines("replica_*")), 10)
-        wait_for(lambda: len([r for r in access_lines()
-                              if r["request_id"].startswith("acc-")]) >= 10, 10)
+        eventually(lambda: any(r.get("request_id") == "acc-fail" for r in lines("replica_*")),
+                   10, interval_s=0.2, what="the failed request in the replica's log")
+        eventually(lambda: len([r for r in access_lines()
+                                if r["request_id"].startswith("acc-")]) >= 10, 10,
+                   interval_s=0.2, what="10 sampled access lines")
     sampled = [r for r in access_lines() if r["request_id"] in {f"acc-{i}" for i in range(20)}]
     assert len(sampled) == 10  # every second request of 20
     assert all(r["status_code"] == 200 and r["method"] == "POST" and r["path"] == "/acc"
-               and r["application"] == "acc" and r["latency_ms"] >= 0 for r in sampled)
+               and r["application"] == "acc" and r["latency_ms"] > 0 for r in sampled)
     assert all(r.get("request_id") for r in lines("*.log") if r["name"] == "surge.access")
     replica = lines("replica_*.log")
     crash = [r for r in replica if r.get("request_id") == "acc-fail" and "exc_text" in r]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ from starlette.responses import StreamingResponse
 
 from surge import serve
 from surge.serve.exceptions import BackPressureError
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -152,13 +152,8 @@ def test_user_config_reconfigures_in_place(surge_instance) -> None:  # type: ign
     assert first["text"] == "hello ann"
     handle = serve.run(Greeter.options(user_config={"greeting": "hi"}).bind(), name="greet",
                        route_prefix=None)
-    deadline = time.monotonic() + 10
-    while True:
-        second = handle.remote("bob").result(timeout_s=10)
-        if second["text"] == "hi bob" or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert second["text"] == "hi bob"
+    second = eventually(lambda: (r := handle.remote("bob").result(timeout_s=10))["text"]
+                        == "hi bob" and r, 10, what="the new greeting served")
     assert second["pid"] == first["pid"], "user_config change must not restart the replica"
 
 
@@ -250,7 +245,6 @@ class Slow:
 
 def test_handle_backpressure(surge_instance) -> None:  # type: ignore[no-untyped-def]
     handle = serve.run(Slow.bind(), name="slow", route_prefix=None)
-    started = time.monotonic()
     responses = [handle.remote() for _ in range(6)]
     outcomes: list[str] = []
     for response in responses:
@@ -262,4 +256,3 @@ def test_handle_backpressure(surge_instance) -> None:  # type: ignore[no-untyped
             outcomes.append("rejected")
     assert outcomes.count("done") == 3  # one running + two queued
     assert outcomes.count("rejected") == 3
-    assert time.monotonic() - started < 3.0

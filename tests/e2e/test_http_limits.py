@@ -19,6 +19,7 @@ from starlette.requests import Request
 from surge import serve
 from tests.e2e.conftest import Running, running_instance
 from tests.e2e.test_http import RawConnection, chunked, request_bytes
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +61,9 @@ def test_configured_request_timeout_gives_408(http: httpx.Client) -> None:
     elapsed = time.monotonic() - start
     assert response.status_code == 408
     assert response.headers["x-request-id"]
-    assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + 1.0, elapsed
+    assert f"after {TIMEOUT_S:g}s" in response.text
+    # the wait under test: answered at the configured 0.5 s, before the 2 s handler would be
+    assert TIMEOUT_S - 0.05 <= elapsed < 1.9, elapsed
 
 
 def test_fast_requests_are_unaffected_by_the_timeout(http: httpx.Client) -> None:
@@ -76,11 +79,10 @@ def test_timeout_header_overrides_the_configured_timeout(http: httpx.Client) -> 
     assert response.status_code == 200
     assert response.json()["slept"] == 0.8
     # Shorter than the configured timeout: the header wins again.
-    start = time.monotonic()
     response = http.get("/limited", params={"s": "2"},
                         headers={"x-request-timeout-seconds": "0.2"})
     assert response.status_code == 408
-    assert time.monotonic() - start < TIMEOUT_S
+    assert "after 0.2s" in response.text  # the header's timeout, not the configured 0.5 s
 
 
 def test_the_connection_survives_a_timeout(limited_instance: Running) -> None:
@@ -172,6 +174,7 @@ def test_idle_keep_alive_connection_is_closed(limited_instance: Running) -> None
         assert conn.read_response().status == 200
         idle_from = time.monotonic()
         assert conn.closed_by_peer(KEEP_ALIVE_S + 2.0)
+        # the wait under test: closed after the keep-alive timeout, not before
         assert time.monotonic() - idle_from >= KEEP_ALIVE_S - 0.1
 
 
@@ -199,7 +202,7 @@ def test_a_pipelined_upload_is_not_cut_by_the_keep_alive_timeout(
         conn.send(request_bytes("GET", "/limited")
                   + b"POST /limited HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n12")
         assert conn.read_response().status == 200
-        time.sleep(KEEP_ALIVE_S + 0.5)
+        time.sleep(KEEP_ALIVE_S + 0.5)  # the behaviour: a client slower than the timeout
         conn.send(b"34")
         response = conn.read_response()
         assert response.status == 200
@@ -245,20 +248,25 @@ def test_slowloris_gets_408_and_others_are_served(guarded: Running) -> None:
         assert httpx.get(f"{guarded.url}/quick").status_code == 200
         answer = slow.recv(65536)
         assert answer.startswith(b"HTTP/1.1 408 "), answer
+        # the wait under test: the 0.5 s header timeout answers it (generous bound; the
+        # client above would wait 5 s)
         assert time.monotonic() - started < 3.0
 
 
 def test_connections_over_the_cap_get_503(guarded: Running) -> None:
-    held = [socket.create_connection(("127.0.0.1", guarded.http_port)) for _ in range(3)]
+    held = [RawConnection(guarded.http_port) for _ in range(3)]
     try:
-        time.sleep(0.2)
+        for conn in held:  # a round trip on each: the proxy holds all three now
+            conn.send(request_bytes("GET", "/-/healthz"))
+            assert conn.read_response().status == 200
         # The proxy answers at once on connect, before the client says anything.
         with socket.create_connection(("127.0.0.1", guarded.http_port), timeout=5) as extra:
             answer = extra.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503 "), answer
         assert b"retry-after: 1" in answer.lower()
     finally:
-        for sock in held:
-            sock.close()
-    time.sleep(0.2)
-    assert httpx.get(f"{guarded.url}/quick").status_code == 200
+        for conn in held:
+            conn.sock.close()
+    # once the proxy has seen the closes, a new connection is served again
+    eventually(lambda: httpx.get(f"{guarded.url}/quick").status_code == 200, 5,
+               what="a connection under the cap served")

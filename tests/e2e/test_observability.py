@@ -30,8 +30,8 @@ from tests.e2e.dashboard_tools import (
     scrape,
     screenshot,
     total,
-    wait_for,
 )
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -83,9 +83,10 @@ def pulse() -> Iterator[Pulse]:
             return all(family in seen[-1] for family in FAMILIES)
 
         with Load(f"{url}/shop", concurrency=24) as heavy:
-            wait_for(lambda: heavy.statuses[200] > 300, 30)
-            with contextlib.suppress(AssertionError):
-                wait_for(complete, 10)
+            eventually(lambda: heavy.statuses[200] > 300, 30, interval_s=0.2,
+                       what="300 requests served")
+            with contextlib.suppress(AssertionError):  # the test names what is missing
+                eventually(complete, 10, interval_s=0.2)
             during = seen[-1]
         for _ in range(3):
             httpx.get(f"{url}/shop?fail=1", timeout=10)
@@ -109,7 +110,7 @@ def test_metrics_show_every_family_during_a_pulse(pulse: Pulse) -> None:
                 and total(samples, "serve_deployment_replica_starts_total") >= 2
                 and total(samples, "serve_num_router_requests_total") >= answered)
 
-    wait_for(settled, 15)
+    eventually(settled, 15, interval_s=0.2)
     m = scrape(pulse.dashboard)
     ok = total(m, "serve_num_http_requests_total", status_code="200", route="/shop", **app)
     rejected_503 = total(m, "serve_num_http_requests_total", status_code="503", **app)
@@ -148,9 +149,18 @@ def test_dashboard_renders_live_data_in_headless_chromium(pulse: Pulse,
                                                           tmp_path: Path) -> None:
     if find_chromium() is None and not in_ci():
         pytest.skip("no chromium here; scripts/ensure-chromium.sh installs it")
+    def points_served_since(since: float) -> list[dict[str, Any]]:
+        data = httpx.get(f"{pulse.dashboard}/api/timeline", params={"since": str(since)},
+                         timeout=10).json()
+        return [p for p in data["samples"]
+                if p["deployments"].get("shop#Slow", {}).get("served", 0) > 0]
+
     with Load(f"{pulse.url}/shop", concurrency=2) as light:  # the latest second is live
-        wait_for(lambda: sum(light.statuses.values()) > 20, 10)
-        time.sleep(1.5)  # two timeline points with this load in them
+        eventually(lambda: sum(light.statuses.values()) > 20, 10, interval_s=0.2,
+                   what="the light load served")
+        since = time.time()  # the timeline's points are stamped with the wall clock
+        eventually(lambda: len(points_served_since(since)) >= 2, 10, interval_s=0.2,
+                   what="two timeline points with this load in them")
         dom = dump_dom(f"{pulse.dashboard}/?window=60")
         shot = screenshot(f"{pulse.dashboard}/?window=60", tmp_path / "dashboard.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

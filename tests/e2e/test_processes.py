@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,24 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import free_port
-from tests.e2e.procs import alive, surge_processes, title, wait_all_gone
+from tests.e2e.procs import alive, surge_processes, title
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
 
 @serve.deployment(num_replicas=2, max_ongoing_requests=4)
 class Sleeper:
+    """Sleeps `s` seconds; with `mark=<file>`, first appends its pid there (the request
+    has started at this replica: what a test waits for before it kills the replica)."""
+
     async def __call__(self, request: Any) -> dict[str, int]:
         import asyncio
 
+        mark = request.query_params.get("mark")
+        if mark:
+            with open(mark, "a") as out:
+                out.write(f"{os.getpid()}\n")
         await asyncio.sleep(float(request.query_params.get("s", "0")))
         return {"pid": os.getpid()}
 
@@ -34,6 +41,14 @@ class Sleeper:
 def _replica_pids(app: str) -> list[int]:
     return [pid for pid, name in surge_processes(os.getpid()).items()
             if name.startswith(f"surge:replica:{app}:")]
+
+
+def _started_at(mark: Path) -> list[int]:
+    """The pids of the replicas at which a `mark`ed request started, in order."""
+    try:
+        return [int(line) for line in mark.read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def test_process_titles(surge_instance) -> None:  # type: ignore[no-untyped-def]
@@ -45,49 +60,55 @@ def test_process_titles(surge_instance) -> None:  # type: ignore[no-untyped-def]
     serve.delete("titles")
 
 
-def test_kill_9_replica_is_replaced(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_replica_is_replaced(surge_instance, client: httpx.Client,  # type: ignore[no-untyped-def]
+                                    tmp_path: Path) -> None:
     serve.run(Sleeper.options(num_replicas=1).bind(), name="kill", route_prefix="/kill")
     [victim] = _replica_pids("kill")
+    mark = tmp_path / "started"
     results: list[httpx.Response] = []
     in_flight = threading.Thread(
-        target=lambda: results.append(client.get("/kill", params={"s": "30"})))
+        target=lambda: results.append(client.get("/kill", params={"s": "30",
+                                                                   "mark": str(mark)})))
     in_flight.start()
-    time.sleep(0.5)
+    eventually(lambda: _started_at(mark) == [victim], 10,
+               what="the request in flight at the replica")
     os.kill(victim, signal.SIGKILL)
     in_flight.join(timeout=10)
     assert not in_flight.is_alive(), "the in-flight request hung after its replica died"
     assert results[0].status_code == 500
     assert "died" in results[0].text
-    deadline = time.monotonic() + 20
-    served = None
-    while time.monotonic() < deadline:
+
+    def served_by() -> int | None:
         response = client.get("/kill", params={"x-request-timeout-seconds": "2"},
                               headers={"x-request-timeout-seconds": "2"})
-        if response.status_code == 200:
-            served = response.json()["pid"]
-            break
-        time.sleep(0.1)
-    assert served is not None and served != victim
+        return int(response.json()["pid"]) if response.status_code == 200 else None
+
+    served = eventually(served_by, 20, interval_s=0.1, what="a 200 from a replacement")
+    assert served != victim
     serve.delete("kill")
 
 
-def test_queued_requests_survive_a_replica_death(surge_instance, client: httpx.Client) -> None:  # type: ignore[no-untyped-def]
+def test_queued_requests_survive_a_replica_death(surge_instance, client: httpx.Client,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path) -> None:
     serve.run(Sleeper.options(num_replicas=2, max_ongoing_requests=1).bind(),
               name="queued", route_prefix="/queued")
     pids = _replica_pids("queued")
     assert len(pids) == 2
+    mark = tmp_path / "started"
     statuses: list[int] = []
     lock = threading.Lock()
 
     def call() -> None:
-        response = client.get("/queued", params={"s": "1"})
+        response = client.get("/queued", params={"s": "1", "mark": str(mark)})
         with lock:
             statuses.append(response.status_code)
 
     threads = [threading.Thread(target=call) for _ in range(6)]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)  # two in flight (one per replica), four queued in the proxy
+    # two in flight (one per replica, max_ongoing_requests=1), the other four queued
+    eventually(lambda: set(_started_at(mark)) == set(pids), 10,
+               what="one request in flight at each replica")
     os.kill(pids[0], signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=20)
@@ -116,12 +137,8 @@ class Fragile:
 def test_failing_health_check_replaces_replica(surge_instance) -> None:  # type: ignore[no-untyped-def]
     handle = serve.run(Fragile.bind(), name="fragile", route_prefix=None)
     broken_pid = handle.break_me.remote().result(timeout_s=10)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if not alive(broken_pid):
-            break
-        time.sleep(0.1)
-    assert not alive(broken_pid), "unhealthy replica was not stopped"
+    eventually(lambda: not alive(broken_pid), 15, interval_s=0.1,
+               what="the unhealthy replica stopped")
     assert handle.remote().result(timeout_s=15) != broken_pid
     serve.delete("fragile")
 
@@ -173,20 +190,22 @@ def _start_driver(tmp_path: Path, tail: str, env: dict[str, str] | None = None,
 def test_no_orphans(tmp_path: Path, how: str) -> None:
     tail = "time.sleep(1.5)" if how == "exit" else "time.sleep(60)"
     process, _, _ = _start_driver(tmp_path, tail)
-    time.sleep(0.2)
-    children = list(surge_processes(process.pid))
-    assert {title(pid) for pid in children} >= {"surge:controller", "surge:proxy",
-                                                 "surge:replica:env:Env"}
-    if how == "exit":
-        _finish(process)
-        assert process.returncode == 0
-    else:
-        sig = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+    wanted = {"surge:controller", "surge:proxy", "surge:replica:env:Env"}
+    children = eventually(
+        lambda: (found := list(surge_processes(process.pid)))
+        and {title(pid) for pid in found} >= wanted and found, 10,
+        what=f"the driver's children titled {sorted(wanted)}")
+    sig = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+    if how != "exit":
         process.send_signal(sig[how])
-        _finish(process)
-    left = wait_all_gone(children, timeout_s=15)
-    assert not left, {pid: title(pid) for pid in left}
-    assert process.returncode is not None
+    _finish(process)
+    # how the driver ended: a normal exit; Ctrl-C's KeyboardInterrupt (Python re-raises
+    # SIGINT); surge's SIGTERM handler exits 128 + 15 after shutting down; killed
+    expected = {"exit": 0, "sigint": -signal.SIGINT, "sigterm": 128 + signal.SIGTERM,
+                "sigkill": -signal.SIGKILL}
+    assert process.returncode == expected[how]
+    eventually(lambda: not [pid for pid in children if alive(pid)], 15,
+               what="every child of the driver gone")
 
 
 def test_gpus_and_env_vars_reach_the_replica(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import httptools
 import httpx
 
 from tests.e2e.procs import alive
+from tests.eventually import eventually
 
 # Short limits so that a connection the proxy keeps open ends fast (see the docstring).
 LIMITS = {"max_body_bytes": 64 * 1024, "max_header_bytes": 8 * 1024,
@@ -73,12 +74,12 @@ def probe(port: int, chunks: Iterable[bytes], gap_s: float = 0.0,
     with socket.create_connection(("127.0.0.1", port), timeout=deadline_s) as sock:
         for index, chunk in enumerate(chunks):
             if index and gap_s:
-                time.sleep(gap_s)
+                time.sleep(gap_s)  # the behaviour: a client that trickles its bytes
             try:
                 sock.sendall(chunk)
             except (BrokenPipeError, ConnectionResetError):
                 break  # the proxy refused and closed already: read what it said
-        end = time.monotonic() + deadline_s
+        end = time.monotonic() + deadline_s  # blocking reads, bounded: not a poll
         while time.monotonic() < end:
             sock.settimeout(max(0.01, end - time.monotonic()))
             try:
@@ -134,13 +135,14 @@ class Steady:
                     self.ok += 1
                 else:
                     self.failures.append(f"{response.status_code}: {response.text[:200]}")
-                time.sleep(0.01)
+                time.sleep(0.01)  # the steady client's pacing
 
-    def progressed_since(self, count: int, timeout_s: float = 30.0) -> bool:
-        end = time.monotonic() + timeout_s
-        while self.ok <= count and time.monotonic() < end and not self._stop.is_set():
-            time.sleep(0.02)
-        return self.ok > count
+    def progressed_since(self, count: int, timeout_s: float = 30.0) -> None:
+        """Wait until it has been served more than `count` times: AssertionError if not
+        within the timeout (at once if it was stopped)."""
+        eventually(lambda: self.ok > count or self._stop.is_set(), timeout_s,
+                   interval_s=0.02, what=f"the steady client served over {count} times")
+        assert self.ok > count, "the steady client was stopped"
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,4 +185,4 @@ def bystander_unharmed(steady: Steady, pids: dict[int, str]) -> Iterator[None]:
     yield
     assert all_alive(pids) == []
     assert steady.failures[failed_before:] == []
-    assert steady.progressed_since(ok_before)
+    steady.progressed_since(ok_before)

@@ -9,7 +9,6 @@ controller still answer (a handle call goes driver -> controller -> replica).
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 
 import msgspec
@@ -147,9 +146,8 @@ def test_oversized_frame_is_refused_at_once(target: Target) -> None:
     for address in (replica_socket(), tuple(target.control_address.rsplit(":", 1))):
         if isinstance(address, tuple):
             address = (address[0], int(address[1]))
-        start = time.monotonic()
+        # "closed", not "waiting": the peer hung up within attack()'s short read
         assert attack(address, (MAX_FRAME_BYTES + 1).to_bytes(4, "big")) == "closed"
-        assert time.monotonic() - start < 60  # not a timing claim: it did not hang
     still_serving()
 
 

@@ -209,16 +209,16 @@ def cold(cfg: AutoscalingConfig, target: int = 0, queued: float = 3.0,
     ({}, 0, 3.0, 1, "cold_start"),  # max(ceil(1 x 1.0), 0), no upscale delay
     ({"upscaling_factor": 2.5}, 0, 3.0, 3, "cold_start"),  # ceil(1 x 2.5)
     ({"upscaling_factor": 5.0, "max_replicas": 2}, 0, 3.0, 2, "cold_start"),  # bounded
-    ({}, 4, 3.0, 4, None),  # replicas already starting: keep the larger target
+    ({}, 4, 3.0, 4, "cold_start"),  # replicas already starting: keep the larger target
     ({}, 0, 0.0, 0, "hold"),  # nothing waiting: stay at zero
     ({}, 2, 0.0, 2, "hold"),  # nothing waiting, replicas starting: keep the target
 ])
 def test_ray_cold_start(overrides: dict[str, Any], target: int, queued: float, expected: int,
-                        direction: str | None) -> None:
+                        direction: str) -> None:
     cfg = config(min_replicas=0, upscale_delay_s=30.0, **overrides)
     decision = cold(cfg, target, queued)
     assert decision.target == expected
-    assert direction is None or decision.kind == direction
+    assert decision.kind == direction
     assert decision.state == PolicyState()
 
 

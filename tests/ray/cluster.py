@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -110,13 +109,3 @@ def surge_on(cluster: RayCluster, **options: Any) -> Iterator[Running]:
             yield Running(http_port, control)
         finally:
             serve.shutdown()
-
-
-def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what or predicate}")

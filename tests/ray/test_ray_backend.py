@@ -10,8 +10,9 @@ import pytest
 
 from surge import serve
 from surge.api.instance import current
+from tests.eventually import eventually
 from tests.ray.apps import OnGpu, Where
-from tests.ray.cluster import RayCluster, Running, surge_on, wait_for
+from tests.ray.cluster import RayCluster, Running, surge_on
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
@@ -68,8 +69,8 @@ def test_every_node_with_replicas_has_a_proxy_and_each_serves(cluster: RayCluste
         return dict(serve.status().proxy_addresses)
 
     wanted = {n for n in nodes if n != head}
-    wait_for(lambda: {p.removeprefix("proxy-node-") for p in proxies()} >= wanted,
-             what=f"a proxy on each of {wanted}")
+    eventually(lambda: {p.removeprefix("proxy-node-") for p in proxies()} >= wanted, 30,
+               interval_s=0.1, what=f"a proxy on each of {wanted}")
     addresses = proxies()
     assert status.http_address == addresses["proxy-0"]  # the head's
     assert len(set(addresses.values())) == len(addresses)  # one IP: distinct ports
@@ -84,8 +85,8 @@ def test_every_node_with_replicas_has_a_proxy_and_each_serves(cluster: RayCluste
 def test_a_node_proxy_prefers_replicas_on_its_own_node(cluster: RayCluster,
                                                        surge: Running) -> None:
     gpu_proxy = f"proxy-node-{cluster.gpu_node.node_id}"
-    address = wait_for(lambda: serve.status().proxy_addresses.get(gpu_proxy),
-                       what="the gpu node's proxy")
+    address = eventually(lambda: serve.status().proxy_addresses.get(gpu_proxy), 30,
+                         interval_s=0.1, what="the gpu node's proxy")
     # Both OnGpu replicas are on the gpu node, so any answer is local there; Where has
     # replicas elsewhere too, yet the gpu node's proxy is answered by its own only if
     # one is there, else by any: check the rule on the node that has a Where replica.
@@ -136,8 +137,8 @@ def test_a_proxy_reaches_replicas_on_its_node_by_unix_socket(cluster: RayCluster
     from surge.control_auth import user_dir
 
     gpu_proxy = f"proxy-node-{cluster.gpu_node.node_id}"
-    address = wait_for(lambda: serve.status().proxy_addresses.get(gpu_proxy),
-                       what="the gpu node's proxy")
+    address = eventually(lambda: serve.status().proxy_addresses.get(gpu_proxy), 30,
+                         interval_s=0.1, what="the gpu node's proxy")
     answers(f"http://{address}/gpu", 10)
     sockets = os.path.join(user_dir(), "sockets")
     gpu_replicas = [r for r in replicas() if r["app"] == "gpu"]

@@ -15,8 +15,9 @@ import pytest
 
 from surge import serve
 from surge.api.instance import current
+from tests.eventually import eventually
 from tests.ray.apps import Slow, Where
-from tests.ray.cluster import RayCluster, Running, surge_on, wait_for
+from tests.ray.cluster import RayCluster, Running, surge_on
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -68,6 +69,10 @@ class Load:
     def of(self, url: str) -> list[tuple[str, int, str, float]]:
         return [r for r in self.results if r[0] == url]
 
+    def served(self, url: str, since: float = float("-inf")) -> int:
+        """200s from `url` answered after `since` (a time.monotonic())."""
+        return sum(1 for _, code, _, at in self.of(url) if code == 200 and at > since)
+
 
 @pytest.fixture
 def surge(cluster: RayCluster) -> Iterator[Running]:
@@ -85,13 +90,15 @@ def test_removing_a_node_under_load_loses_only_its_in_flight_requests(
         slow, where = f"{surge.url}/slow", f"{surge.url}/where"
         assert httpx.get(slow, timeout=30).json()["node"] == doomed.node_id
         doomed_proxy = f"proxy-node-{doomed.node_id}"
-        wait_for(lambda: doomed_proxy in serve.status().proxy_addresses,
-                 what="a proxy on the doomed node")
+        eventually(lambda: doomed_proxy in serve.status().proxy_addresses, 30,
+                   interval_s=0.1, what="a proxy on the doomed node")
         spare = cluster.cluster.add_node(num_cpus=1, resources={"doomed": 1})
         cluster.cluster.wait_for_nodes()
         load = Load([slow, where], clients=3)
         with load.running():
-            time.sleep(1.5)
+            # under load: every client has been answered a few times on both apps
+            eventually(lambda: load.served(slow) >= 6 and load.served(where) >= 6, 30,
+                       interval_s=0.1, what="the load served on both apps")
             removed_at = time.monotonic()
             cluster.cluster.remove_node(doomed, allow_graceful=False)
 
@@ -99,10 +106,14 @@ def test_removing_a_node_under_load_loses_only_its_in_flight_requests(
                 return any(code == 200 and spare.node_id in text and at > removed_at
                            for _, code, text, at in load.of(slow))
 
-            wait_for(replaced, timeout=60, what="the replacement on the spare node serving")
-            time.sleep(0.5)
-        wait_for(lambda: doomed_proxy not in serve.status().proxy_addresses, timeout=30,
-                 what="the removed node's proxy leaving the proxy set")
+            eventually(replaced, 60, interval_s=0.1,
+                       what="the replacement on the spare node serving")
+            # and the load goes on being served after the replacement
+            after = time.monotonic()
+            eventually(lambda: load.served(slow, after) >= 3 and load.served(where, after) >= 3,
+                       30, interval_s=0.1, what="the load served after the replacement")
+        eventually(lambda: doomed_proxy not in serve.status().proxy_addresses, 30,
+                   interval_s=0.1, what="the removed node's proxy leaving the proxy set")
         serve.delete("slow")
         serve.delete("where")
     cluster.cluster.remove_node(spare)
@@ -129,7 +140,7 @@ def test_a_replica_whose_actor_dies_is_replaced(surge: Running) -> None:
         now = {str(r["replica_id"]) for r in replicas() if r["state"] == "RUNNING"}
         return victim not in now and len(now) == 2
 
-    wait_for(replaced, timeout=60, what="a replacement replica")
+    eventually(replaced, 60, interval_s=0.1, what="a replacement replica")
     for _ in range(10):
         assert httpx.get(f"{surge.url}/where", timeout=30).status_code == 200
 
@@ -140,20 +151,17 @@ def test_a_controller_restart_keeps_replicas_serving(surge: Running) -> None:
     instance = current()
     assert instance is not None and instance.supervisor is not None
     controller = instance.supervisor.process.pid
-    load = Load([f"{surge.url}/where"], clients=2)
+    url = f"{surge.url}/where"
+    load = Load([url], clients=2)
     with load.running():
-        time.sleep(0.5)
+        eventually(lambda: load.served(url) >= 4, 30, interval_s=0.1, what="the load served")
         os.kill(controller, signal.SIGKILL)
-        wait_for(lambda: instance.supervisor.process.pid != controller, timeout=60,
-                 what="the supervisor restarting the controller")
-
-        def reattached() -> bool:
-            try:
-                return {str(r["replica_id"]): r["pid"] for r in replicas()} == before
-            except Exception:
-                return False
-
-        wait_for(reattached, timeout=60, what="the replicas re-attached")
-        time.sleep(0.5)
+        eventually(lambda: instance.supervisor.process.pid != controller, 60, interval_s=0.1,
+                   what="the supervisor restarting the controller")
+        eventually(lambda: {str(r["replica_id"]): r["pid"] for r in replicas()} == before, 60,
+                   interval_s=0.1, what="the replicas re-attached")
+        after = time.monotonic()
+        eventually(lambda: load.served(url, after) >= 4, 30, interval_s=0.1,
+                   what="the load served after the re-attachment")
     assert load.results and all(code == 200 for _, code, _, _ in load.results), \
         [r for r in load.results if r[1] != 200][:3]

@@ -8,6 +8,7 @@ import pytest
 
 from surge.errors import ConfigError
 from surge.replica.batching import batch
+from tests.eventually import eventually_async
 
 
 class Model:
@@ -26,7 +27,8 @@ def test_items_gathered_during_a_slow_batch_leave_together_when_it_ends() -> Non
     async def scenario() -> tuple[list[int], list[int]]:
         model = Model(0.05)
         first = asyncio.ensure_future(model.infer(0))
-        await asyncio.sleep(0.01)  # the first batch (one item) is now running
+        await eventually_async(lambda: model.sizes == [1], 5,
+                               what="the first batch (one item) running")
         rest = [asyncio.ensure_future(model.infer(i)) for i in range(1, 11)]
         results = await asyncio.gather(first, *rest)
         return model.sizes, list(results)

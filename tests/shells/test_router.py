@@ -3,12 +3,14 @@
 Each fake replica is a real asyncio server on 127.0.0.1:0. It answers a Call with a
 Result tagged with its name, holds calls until the test releases them, and rejects
 calls beyond a limit of held ones, so each test sets up exactly the load it needs.
-Tests wait on events (a sink's result, a replica receiving a frame), never on sleeps.
+Tests wait on events (a sink's result) or on a replica's state (`eventually_async`: a
+frame received, a call held), never on sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import linecache
 import logging
 import random
 import socket
@@ -26,6 +28,7 @@ from surge.router.router import Router
 from surge.testing import FakeClock
 from surge.transport.connection import FramedProtocol
 from surge.transport.messages import Call, Cancel, Failure, Message, Rejected, Result
+from tests.eventually import eventually_async
 
 DEP = DeploymentId("app", "d")
 WAIT_S = 5.0
@@ -33,16 +36,6 @@ WAIT_S = 5.0
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), 20))
-
-
-async def until(event: asyncio.Event, predicate: Callable[[], bool]) -> None:
-    """Wait (event-driven) until predicate() holds; `event` is set on every change."""
-    async def wait() -> None:
-        while not predicate():
-            event.clear()
-            await event.wait()
-
-    await asyncio.wait_for(wait(), WAIT_S)
 
 
 class FakeReplica:
@@ -57,7 +50,6 @@ class FakeReplica:
         self.cancels: list[int] = []
         self.held: list[tuple[_ReplicaConnection, Call]] = []
         self.connections: list[_ReplicaConnection] = []
-        self.changed = asyncio.Event()
         self.server: asyncio.Server | None = None
 
     async def start(self) -> ReplicaInfo:
@@ -76,7 +68,6 @@ class FakeReplica:
             self.held.append((connection, call))
         else:
             connection.send(self.result(call))
-        self.changed.set()
 
     def on_cancel(self, connection: _ReplicaConnection, cancel: Cancel) -> None:
         self.cancels.append(cancel.id)
@@ -84,7 +75,6 @@ class FakeReplica:
             if entry[0] is connection and entry[1].id == cancel.id:
                 self.held.remove(entry)
                 connection.send(Failure(id=cancel.id, kind="cancelled", message="cancelled"))
-        self.changed.set()
 
     def result(self, call: Call) -> Result:
         return Result(id=call.id, payload=self.name.encode() + b":" + call.payload)
@@ -101,7 +91,10 @@ class FakeReplica:
             connection.close()
 
     async def wait_for(self, predicate: Callable[[FakeReplica], bool]) -> None:
-        await until(self.changed, lambda: predicate(self))
+        code = predicate.__code__
+        line = linecache.getline(code.co_filename, code.co_firstlineno).strip()
+        await eventually_async(lambda: predicate(self), WAIT_S,
+                               what=f"replica {self.name}: {line}")
 
     async def close(self) -> None:
         self.drop()
@@ -119,16 +112,12 @@ class _ReplicaConnection(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.replica.connections.append(self)
-        self.replica.changed.set()
 
     def message_received(self, message: Message) -> None:
         if isinstance(message, Call):
             self.replica.on_call(self, message)
         elif isinstance(message, Cancel):
             self.replica.on_cancel(self, message)
-
-    def closed(self, exc: Exception | None) -> None:
-        self.replica.changed.set()
 
 
 class Sink:

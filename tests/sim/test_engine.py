@@ -255,7 +255,7 @@ def test_an_overloaded_autoscaled_run_balances_its_books() -> None:
                  deployment__autoscaling_config=config)
     run = simulate(s)
     b = books(run.simulation)
-    assert b["rejected"] > 0 and b["timed_out"] >= 0 and b["completed"] > 0
+    assert b["rejected"] > 0 and b["completed"] > 0
     assert_conserved(run.simulation)
     summary = run.summary
     assert summary["ok"] + sum(summary["errors"].values()) + summary["unanswered"] == \
