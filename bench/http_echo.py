@@ -50,11 +50,12 @@ SYSTEMS = {
 }
 
 
-OBSERVABILITY = {  # environment of each surge variant (the app logs at WARNING otherwise)
+OBSERVABILITY = {  # environment of each surge variant (the app logs at WARNING otherwise);
+    # SURGE_BENCH_LOGGING is the logging_config the app passes to serve.start
     "surge_nometrics": {"SURGE_DASHBOARD": "off",
-                        "SURGE_LOGGING_CONFIG": json.dumps({"enable_access_log": False})},
-    "surge_access": {"SURGE_LOGGING_CONFIG": json.dumps({"log_level": "INFO"})},
-    "surge_access_all": {"SURGE_LOGGING_CONFIG": json.dumps(
+                        "SURGE_BENCH_LOGGING": json.dumps({"enable_access_log": False})},
+    "surge_access": {"SURGE_BENCH_LOGGING": json.dumps({"log_level": "INFO"})},
+    "surge_access_all": {"SURGE_BENCH_LOGGING": json.dumps(
         {"log_level": "INFO", "access_log_max_per_s": 0, "encoding": "JSON"})},
 }
 

@@ -1,4 +1,5 @@
-"""The layout is the architecture (DESIGN.md §3): import directions, pure policies, __all__.
+"""The layout is the architecture (docs/architecture.md): import directions, pure
+policies, __all__, and a map that names every part of the package.
 
 Every module under src/surge is parsed with `ast`; each `surge.*` import (at module
 level or inside a function, absolute or relative, `importlib.import_module("surge...")`
@@ -203,6 +204,19 @@ def test_rule_checker_itself() -> None:
     assert edge_problem("router", TESTING) is not None
     assert edge_problem(TESTING, "serve") is None
     assert edge_problem(TESTING, "cli") is not None
+
+
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
+
+
+def test_the_architecture_page_names_every_part_and_every_allowed_edge() -> None:
+    text = ARCHITECTURE.read_text()
+    for part in {m.part for m in modules()} - {ROOT}:
+        is_package = (SRC / part).is_dir()
+        assert (f"`{part}/`" if is_package else f"`{part}.py`") in text, (
+            f"docs/architecture.md does not name src/surge/{part}")
+    for source, target in ALLOWED:
+        assert f"`{source}` → `{target}`" in text, f"docs/architecture.md: {source} -> {target}"
 
 
 def test_sim_never_imports_the_data_path() -> None:

@@ -3,10 +3,12 @@
 SURGE_BENCH_TLS=CERT:KEY serves HTTPS with those files (bench/http_echo.py surge_tls).
 SURGE_BENCH_RAY=1 runs it on the ray backend: a one-node Ray cluster on 127.0.0.1 started
 here, the proxy and the replica each in a Ray actor (bench/http_echo.py surge_ray).
+SURGE_BENCH_LOGGING=JSON is the logging_config it passes to serve.start.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -50,7 +52,8 @@ def main() -> None:
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 2, "include_dashboard": False, "dashboard_port": _free_port()})
         backend = {"backend": "ray", "ray_address": cluster.address}
-    serve.start(http_options=http, **backend)
+    logging_config = json.loads(os.environ.get("SURGE_BENCH_LOGGING", "null"))
+    serve.start(http_options=http, logging_config=logging_config, **backend)
     serve.run(Echo.options(**options).bind(), name="echo", route_prefix="/echo")
     scheme = "https" if tls else "http"
     print(f"READY {scheme}://127.0.0.1:{port}/echo?value=x", flush=True)

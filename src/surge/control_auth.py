@@ -2,12 +2,13 @@
 
 The control connection carries pickled configs and user code, so whoever can talk
 to it can run code in every surge process. The process that starts an instance makes
-a random token, hands it to the controller (and through it to every surge process)
-in SURGE_CONTROL_TOKEN, and writes it to a 0600 file in a 0700 per-user directory,
-named after the control address, for the same user's other processes (`surge status`,
-a second driver). A connection proves it knows the token by a mutual HMAC-SHA256
-challenge-response (transport/rpc.py) before either end unpickles anything; the token
-itself never travels. (Replicas reached over TCP take the raw token as the first frame.)
+a random token, hands it to the controller (and through it to every surge process) in
+the spec each reads on stdin (surge.launch), and writes it to a 0600 file in a 0700
+per-user directory, named after the control address, for the same user's other
+processes (`surge status`, a second driver); a process elsewhere sets
+SURGE_CONTROL_TOKEN. A connection proves it knows the token by the mutual HMAC-SHA256
+handshake (transport/handshake.py) before either end unpickles anything; the token
+itself never travels, on control connections or on links to replicas over TCP.
 """
 
 from __future__ import annotations

@@ -90,6 +90,11 @@ class Controller:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def settle(self) -> None:
+        """Wait until every call to a member it started has finished."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def restore(self) -> None:
         """After a restart: re-deploy what the previous controller saved, then wait for
         its members to re-attach (nothing is pushed meanwhile)."""

@@ -19,9 +19,9 @@ import concurrent.futures
 import multiprocessing
 import resource
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any, TextIO
 
@@ -342,7 +342,7 @@ def build_report(options: PulseOptions, record: Record,
     points = replica_points(samples, record.points) if samples is not None else None
     run = options.describe()
     when = None if started_at is None else \
-        time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at))
+        datetime.fromtimestamp(started_at).astimezone().strftime("%Y-%m-%dT%H:%M:%S%z")
     run.update(stopped_early=stopped_early, replicas_sampled=samples is not None,
                started_at=when)
     return {"version": 1, "run": run,

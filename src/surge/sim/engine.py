@@ -7,13 +7,14 @@ Each tick (t0, t1]:
    step at or after their time;
 2. the flow's counters close into one `LoadSample` (what LoadTracker sums from the
    routers' reports) appended to a history as long as the policy can look back;
-3. the controller's step: schedule floors (policy.schedule), the deployment's policy
-   (policy.resolve -> policy.autoscaling, the very functions production calls) decides
-   the target, and policy.reconcile turns target and replicas into actions, called
-   whenever anything it reads changed (it is a pure function of those).
+3. the controller's step: policy.autoscale_step (schedule floors, the deployment's
+   policy, a failing policy keeping the target: the very function the controller
+   calls) decides the target, and policy.reconcile turns target and replicas into
+   actions, called whenever anything it reads changed (it is a pure function of those).
 
-As in the controller, a router whose queue starts to grow reports within 5 ms and the
-policy decides at once on the open bucket (at most every 20 ms); reports arrive every
+As in the controller (with the same cadence constants, policy.autoscale_step), a router
+whose queue starts to grow reports within 5 ms and the policy decides at once on the
+open bucket (at most every 20 ms); reports arrive every
 0.1 s at any phase, so a tick's sample holds half its own load and half the tick's
 before; and the controller's clock has a random offset (Ray's metric pushes fall at any
 phase of the pulse). After the schedule ends the loop runs on, without arrivals, until

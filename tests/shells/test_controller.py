@@ -1,0 +1,512 @@
+"""The real controller on a FakeBackend and a FakeClock: exact actions, states and times.
+
+Nothing here starts a process or opens a socket: members are FakePeers that call the
+controller's RPCs as real proxies and replicas do, the backend records what it is
+asked, and time moves only when a test moves it (one `tick` = the control loop's 0.1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from surge.backends.base import Placement
+from surge.config import (
+    AppSpec,
+    AutoscalingConfig,
+    DeploymentConfig,
+    DeploymentSpec,
+    HTTPOptions,
+)
+from surge.controller.checkpoint import Checkpoint
+from surge.controller.controller import Controller
+from surge.controller.publish import UNAVAILABLE_FAILED
+from surge.controller.recovery import RECOVERY_TIMEOUT_S
+from surge.model import ApplicationStatus, DeploymentId, LoadReport, ReplicaSet, RouteTable
+from surge.policy.autoscaling import DecisionKind
+from surge.testing import FakeBackend, FakeClock, FakePeer
+
+DID = DeploymentId("app", "Model")
+TICK_S = 0.1
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+def app(*configs: DeploymentConfig, code: bytes = b"v1", name: str = "app") -> AppSpec:
+    specs = tuple(DeploymentSpec(config=c, target_blob=code, init_blob=b"()") for c in configs)
+    return AppSpec(name=name, route_prefix="/", ingress=configs[0].name, deployments=specs)
+
+
+class Harness:
+    """A controller, its fake backend and clock, and the members that talk to it."""
+
+    def __init__(self, tmp_path: Path | None = None, *,
+                 backend: FakeBackend | None = None, clock: FakeClock | None = None,
+                 first_id: int = 1) -> None:
+        self.clock = clock or FakeClock(monotonic=1000.0)
+        self.backend = backend or FakeBackend()
+        ids = itertools.count(first_id)
+        self.controller = Controller(
+            "127.0.0.1:52800", HTTPOptions(proxy_workers=1), self.backend,
+            Checkpoint(str(tmp_path)) if tmp_path else None, clock=self.clock,
+            new_replica_id=lambda name: f"{name}-{next(ids)}")
+        self.api = self.controller.api
+        self.state = self.controller.state
+        self.peers: dict[str, FakePeer] = {}
+
+    async def deploy(self, spec: AppSpec) -> None:
+        await self.api.rpc_deploy(FakePeer("driver"), app=spec)
+
+    async def tick(self, seconds: float = TICK_S) -> None:
+        self.clock.advance(seconds)
+        self.controller.tick()
+        await self.controller.settle()
+
+    async def ready(self, replica_id: str) -> FakePeer:
+        """The replica process built its object and listens: it says so."""
+        peer = self.peers[replica_id] = FakePeer("replica", replica_id=replica_id)
+        pid = self.backend.processes[replica_id].pid
+        wanted = await self.api.rpc_replica_ready(peer, replica_id=replica_id,
+                                                  address=f"unix:/s/{replica_id}.sock", pid=pid)
+        assert wanted
+        return peer
+
+    async def watcher(self, did: DeploymentId = DID) -> FakePeer:
+        """A router (a proxy's) that watches the deployment."""
+        peer = FakePeer("proxy", proxy_id="proxy-0")
+        await self.api.rpc_hello(peer, role="proxy", pid=1)
+        await self.api.rpc_watch(peer, deployment=did)
+        return peer
+
+    def states(self) -> dict[str, str]:
+        return {r.replica_id: r.state.value for r in self.state.replicas.values()}
+
+    def status(self, name: str = "app") -> ApplicationStatus:
+        return self.state.app_status(name).status
+
+
+def routable(peer: FakePeer) -> list[list[str]]:
+    """Each replica set pushed to `peer`: the ids it may route to."""
+    return [[info.replica_id for info in s.replicas] for s in peer.pushed("replica_set")]
+
+
+# -- deploy ----------------------------------------------------------------------------------
+
+
+def test_deploy_starts_the_replicas_and_publishes_each_as_it_becomes_ready() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2,
+                                            max_queued_requests=10)))
+        proxy = await h.watcher()
+        assert proxy.pushed("routes")[-1] == RouteTable(h.api.publisher.routes().targets)
+        assert [t.app for t in proxy.pushed("routes")[-1].targets] == ["app"]
+        assert h.status() is ApplicationStatus.DEPLOYING
+        await h.tick()
+        assert h.backend.calls == [("start_replica", "Model-1"), ("start_replica", "Model-2")]
+        assert h.states() == {"Model-1": "STARTING", "Model-2": "STARTING"}
+        await h.ready("Model-1")
+        assert h.status() is ApplicationStatus.DEPLOYING
+        await h.ready("Model-2")
+        assert h.status() is ApplicationStatus.RUNNING
+        assert routable(proxy) == [[], ["Model-1"], ["Model-1", "Model-2"]]
+        last: ReplicaSet = proxy.pushed("replica_set")[-1]
+        assert (last.max_ongoing_requests, last.queue_limit, last.unavailable) == (5, 10, "")
+        await h.tick()  # nothing to do: no start, no push
+        assert len(h.backend.calls) == 2 and len(proxy.pushed("replica_set")) == 3
+        overview = await h.api.rpc_wait_app(FakePeer(), name="app", timeout_s=0)
+        assert overview is not None and overview.status is ApplicationStatus.RUNNING
+
+    run(main)
+
+
+def test_a_replica_that_fails_its_constructor_three_times_fails_the_deploy() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model")))
+        proxy = await h.watcher()
+        for attempt in (1, 2, 3):
+            await h.tick()
+            replica_id = f"Model-{attempt}"
+            assert h.backend.started() == [f"Model-{i}" for i in range(1, attempt + 1)]
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=replica_id,
+                                           error=f"RuntimeError: attempt {attempt}")
+            assert h.states()[replica_id] == "FAILED"
+            h.backend.exit(replica_id, 1)
+        await h.tick()  # the third exit is seen; no fourth start
+        await h.tick()
+        assert h.backend.started() == ["Model-1", "Model-2", "Model-3"]
+        overview = h.state.app_status("app")
+        assert overview.status is ApplicationStatus.DEPLOY_FAILED
+        assert "deployment 'Model' failed to start:\nRuntimeError: attempt 3" in overview.message
+        assert proxy.pushed("replica_set")[-1].unavailable == UNAVAILABLE_FAILED
+        # Status is computed, not kept: asking again changes nothing.
+        assert h.state.app_status("app") == overview
+
+    run(main)
+
+
+def test_a_failure_after_running_is_unhealthy_whoever_asked_before() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model")))
+        await h.tick()
+        await h.ready("Model-1")  # RUNNING now; nobody asks for the status
+        h.backend.exit("Model-1", -9)
+        for attempt in (2, 3, 4):
+            await h.tick()
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
+                                           error="boom")
+            h.backend.exit(f"Model-{attempt}", 1)
+        await h.tick()
+        assert h.status() is ApplicationStatus.UNHEALTHY
+
+    run(main)
+
+
+# -- health checks ---------------------------------------------------------------------------
+
+
+def test_three_failed_health_checks_replace_the_replica_on_the_period() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", health_check_period_s=1.0,
+                                            health_check_timeout_s=0.5)))
+        proxy = await h.watcher()
+        await h.tick()
+        ready_at = h.clock.monotonic()
+        replica = await h.ready("Model-1")
+        replica.answers["check_health"] = TimeoutError()
+        checks = []
+        while h.states().get("Model-1") == "RUNNING":
+            await h.tick()
+            if len(replica.called("check_health")) > len(checks):
+                checks.append(round(h.clock.monotonic() - ready_at, 3))
+        assert checks == [1.0, 2.0, 3.0]  # one per period, from the moment it was ready
+        assert round(h.clock.monotonic() - ready_at, 3) == 3.1  # failed at the next tick
+        assert h.states()["Model-1"] == "FAILED"
+        assert ("kill", "Model-1") in h.backend.calls
+        assert routable(proxy)[-1] == []
+        h.backend.exit("Model-1", -9)
+        await h.tick()
+        assert h.backend.started() == ["Model-1", "Model-2"]
+
+    run(main)
+
+
+# -- autoscaling -----------------------------------------------------------------------------
+
+
+def test_load_scales_up_at_once_and_down_after_the_delay_on_virtual_time() -> None:
+    async def main() -> None:
+        h = Harness()
+        scaling = AutoscalingConfig(min_replicas=1, max_replicas=4, upscale_delay_s=0.0,
+                                    downscale_delay_s=2.0, target_ongoing_requests=2)
+        await h.deploy(app(DeploymentConfig(name="Model", autoscaling_config=scaling)))
+        proxy = await h.watcher()
+        await h.tick()
+        await h.ready("Model-1")
+        h.controller.on_push(proxy, "load", [LoadReport(DID, 30, 0, 0, 0, 6)])
+        await h.tick()  # 6 in flight / 2 per replica: 3 replicas, at once
+        up_at = h.clock.monotonic()
+        assert h.state.deployments[DID].target == 3
+        assert h.backend.started() == ["Model-1", "Model-2", "Model-3"]
+        for replica_id in ("Model-2", "Model-3"):
+            await h.ready(replica_id)
+        h.controller.on_push(proxy, "load", [LoadReport(DID, 0, 30, 0, 0, 0)])
+        decisions = h.controller.autoscaler.decisions
+        while h.state.deployments[DID].target == 3:
+            await h.tick()
+        assert [(d.at - up_at, d.previous, d.target, d.kind) for d in decisions] == [
+            (0.0, 1, 3, DecisionKind.UP),
+            (pytest.approx(2.1), 3, 2, DecisionKind.DOWN)]  # 2 s below the band from t+0.1
+        # Scale-down drains the newest running replica (of two started together, the
+        # first) through its control connection.
+        assert h.states() == {"Model-1": "RUNNING", "Model-2": "DRAINING",
+                              "Model-3": "RUNNING"}
+        assert h.peers["Model-2"].called("drain") == [{"timeout_s": 20.0}]
+        assert routable(proxy)[-1] == ["Model-1", "Model-3"]
+
+    run(main)
+
+
+def test_a_schedule_floor_raises_the_target_at_its_start_to_the_tick() -> None:
+    async def main() -> None:
+        clock = FakeClock(monotonic=1000.0)
+        clock.set_time_of_day(9, 59, 59.75)
+        h = Harness(clock=clock)
+        scaling = AutoscalingConfig(min_replicas=1, max_replicas=10, downscale_delay_s=1.0,
+                                    schedule=({"start": "10:00", "end": "10:01",
+                                               "min_replicas": 3},))
+        await h.deploy(app(DeploymentConfig(name="Model", autoscaling_config=scaling)))
+        targets = []
+        for _ in range(4):
+            await h.tick()
+            targets.append((round(clock.second_of_day() - 36000, 2),
+                            h.state.deployments[DID].target))
+        assert targets == [(-0.15, 1), (-0.05, 1), (0.05, 3), (0.15, 3)]
+        assert h.backend.started() == ["Model-1", "Model-2", "Model-3"]
+        decision = h.controller.autoscaler.decisions[-1]
+        assert (decision.at, decision.previous, decision.target) == (pytest.approx(1000.3), 1,
+                                                                     3)
+        for replica_id in h.backend.started():
+            await h.ready(replica_id)
+        clock.advance(60.0 - 0.15 - TICK_S)  # to 10:01:00.0, the window's end
+        await h.tick()  # the floor is gone; no load: down after downscale_delay_s
+        while h.state.deployments[DID].target == 3:
+            await h.tick()
+        assert round(clock.second_of_day() - 36060, 2) == 1.1  # 10:01 + 0.1 + 1 s delay
+
+    run(main)
+
+
+def test_the_controller_and_the_simulator_take_the_same_decision() -> None:
+    """Both run policy.autoscale_step: the same load, replicas, target and time of day
+    give the same decision through the controller's loop and the simulator's."""
+    from surge.policy.autoscaling import LoadSample
+    from surge.sim.engine import Simulation
+    from surge.sim.scenario import Scenario
+
+    scaling = {"min_replicas": 1, "max_replicas": 20, "upscale_delay_s": 0.0}
+    ramp = [LoadSample(t=9.0 + i / 10, arrivals=10.0 * i, completions=9.0 * i, rejections=0,
+                       queued=float(i), ongoing=2.0 * i) for i in range(1, 11)]
+    sim = Simulation(Scenario.from_mapping({
+        "name": "same", "cluster": {"nodes": 1, "replicas_per_node": 20, "startup_s": 1},
+        "service": {"service_time_ms": 20}, "traffic": {"schedule": [{"rps": 1, "for_s": 1}]},
+        "deployment": {"name": "Model",
+                       "autoscaling_config": {**scaling, "initial_replicas": 2}},
+        "control": {"report_interval_s": 0, "urgent_decisions": False, "clock_offset_s": 0}}))
+    sim.cluster.warm(0.0, 2, 0)
+    sim.samples.extend(ramp)
+    sim._decide(10.0, None)
+
+    async def controller_decision() -> Any:
+        clock = FakeClock(monotonic=10.0)
+        clock.set_time_of_day(0, 0, 10.0)  # the simulator's day starts at midnight
+        h = Harness(clock=clock)
+        config = DeploymentConfig(name="Model", autoscaling_config=AutoscalingConfig(
+            **scaling, initial_replicas=2))
+        await h.deploy(app(config))
+        await h.tick(0.0)
+        for replica_id in h.backend.started():
+            await h.ready(replica_id)
+        record = h.state.deployments[DID]
+        record.startup_lead_s = sim.cluster.startup_lead_s
+        series = h.controller.load.series[DID]
+        series.clear()  # the tick's empty bucket: the ramp is all it has seen
+        series.extend(ramp)
+        h.controller.decide_now(DID)  # an urgent decision: exactly these samples
+        return h.controller.autoscaler.last[DID]
+
+    decision = asyncio.run(controller_decision())
+    assert sim.decisions and sim.target == decision.target > 2
+    assert (sim.decisions[-1].target, sim.decisions[-1].reason) == (decision.target,
+                                                                    decision.reason)
+
+
+# -- rolling update and delete ---------------------------------------------------------------
+
+
+def test_a_new_version_rolls_replica_by_replica_without_losing_capacity() -> None:
+    async def main() -> None:
+        h = Harness()
+        config = DeploymentConfig(name="Model", num_replicas=2)
+        await h.deploy(app(config, code=b"v1"))
+        proxy = await h.watcher()
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            await h.ready(replica_id)
+        await h.deploy(app(config, code=b"v2"))
+        assert h.state.deployments[DID].version == 2
+        await h.tick()
+        assert h.backend.started()[2:] == ["Model-3", "Model-4"]
+        assert h.status() is ApplicationStatus.DEPLOYING
+        await h.ready("Model-3")
+        await h.tick()  # one new one serves: the oldest old one drains
+        assert h.states() == {"Model-1": "DRAINING", "Model-2": "RUNNING",
+                              "Model-3": "RUNNING", "Model-4": "STARTING"}
+        await h.ready("Model-4")
+        await h.tick()
+        assert h.states()["Model-2"] == "DRAINING"
+        for replica_id in ("Model-1", "Model-2"):
+            h.backend.exit(replica_id)
+        await h.tick()
+        assert h.status() is ApplicationStatus.RUNNING
+        assert [len(ids) >= 2 for ids in routable(proxy)[2:]] == [True] * len(
+            routable(proxy)[2:])  # from the first full set on, never below two
+        assert routable(proxy)[-1] == ["Model-3", "Model-4"]
+
+    run(main)
+
+
+def test_delete_drains_every_replica_and_forgets_the_app_when_the_last_exits() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2,
+                                            graceful_shutdown_timeout_s=5.0)))
+        proxy = await h.watcher()
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            await h.ready(replica_id)
+        deleting = asyncio.ensure_future(h.api.rpc_delete(FakePeer(), name="app",
+                                                          timeout_s=None))
+        await asyncio.sleep(0)  # the RPC has run up to its wait
+        assert proxy.pushed("routes")[-1] == RouteTable(())
+        assert h.status() is ApplicationStatus.DELETING
+        await h.tick()
+        assert h.states() == {"Model-1": "DRAINING", "Model-2": "DRAINING"}
+        assert [h.peers[r].called("drain") for r in ("Model-1", "Model-2")] == [
+            [{"timeout_s": 5.0}], [{"timeout_s": 5.0}]]
+        h.backend.exit("Model-1")
+        await h.tick()
+        assert "app" in h.state.apps and not deleting.done()
+        h.clock.advance(5.0 + 2.0)  # Model-2 overstays its drain: killed every tick
+        await h.tick()
+        assert h.backend.calls[-1] == ("kill", "Model-2")
+        h.backend.exit("Model-2", -9)
+        await h.tick()
+        await h.api.notify()
+        assert await deleting is True
+        assert h.state.apps == {} and h.state.deployments == {}
+
+    run(main)
+
+
+# -- restart -----------------------------------------------------------------------------------
+
+
+async def first_controller(tmp_path: Path) -> tuple[Harness, dict[str, int]]:
+    """A controller with two running replicas and a proxy, checkpointed to tmp_path."""
+    h = Harness(tmp_path, backend=FakeBackend(deaths_visible_at_once=False))
+    await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+    h.controller.serve_http()
+    await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-0"),
+                                address="127.0.0.1:8000", pid=h.backend.processes["proxy-0"].pid)
+    await h.tick()
+    for replica_id in ("Model-1", "Model-2"):
+        await h.ready(replica_id)
+    await h.tick()  # members checkpointed
+    pids = {p: proc.pid for p, proc in h.backend.processes.items()}
+    return h, pids
+
+
+async def restarted(tmp_path: Path) -> Harness:
+    h = Harness(tmp_path, backend=FakeBackend(deaths_visible_at_once=False, first_pid=5000),
+                clock=FakeClock(monotonic=2000.0), first_id=100)
+    h.controller.restore()
+    return h
+
+
+async def rejoin(h: Harness, replica_id: str, pid: int) -> FakePeer:
+    peer = FakePeer("replica", replica_id=replica_id)
+    await h.api.rpc_hello(peer, role="replica", pid=pid, replica_id=replica_id, app="app",
+                          deployment="Model", version=1, address=f"unix:/s/{replica_id}.sock")
+    return peer
+
+
+def test_a_restarted_controller_adopts_every_member_and_starts_none(tmp_path: Path) -> None:
+    async def main() -> None:
+        _, pids = await first_controller(tmp_path)
+        h = await restarted(tmp_path)
+        assert h.controller.recovery.active
+        proxy = FakePeer("proxy", proxy_id="proxy-0")
+        await h.api.rpc_hello(proxy, role="proxy", pid=pids["proxy-0"], proxy_id="proxy-0",
+                              address="127.0.0.1:8000")
+        await h.api.rpc_watch(proxy, deployment=DID)
+        await rejoin(h, "Model-1", pids["Model-1"])
+        assert proxy.pushed("replica_set") == []  # nothing is pushed while re-attaching
+        await rejoin(h, "Model-2", pids["Model-2"])  # the last one: recovery ends at once
+        assert not h.controller.recovery.active
+        assert routable(proxy) == [["Model-1", "Model-2"]]
+        await h.tick()
+        assert h.backend.calls == [("adopt", "proxy-0"), ("adopt", "Model-1"),
+                                   ("adopt", "Model-2")]
+        assert h.states() == {"Model-1": "RUNNING", "Model-2": "RUNNING"}
+        assert h.state.proxy_address == "127.0.0.1:8000"
+        assert h.status() is ApplicationStatus.RUNNING
+
+    run(main)
+
+
+def test_a_member_that_never_comes_back_is_killed_and_replaced_at_the_deadline(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        _, pids = await first_controller(tmp_path)
+        h = await restarted(tmp_path)
+        await h.api.rpc_hello(FakePeer("proxy", proxy_id="proxy-0"), role="proxy",
+                              pid=pids["proxy-0"], proxy_id="proxy-0", address="127.0.0.1:8000")
+        await rejoin(h, "Model-1", pids["Model-1"])
+        started = h.clock.monotonic()
+        while h.controller.recovery.active:
+            await h.tick(0.125)  # exact in binary: the deadline falls on a tick
+        assert h.clock.monotonic() - started == RECOVERY_TIMEOUT_S
+        assert h.backend.calls[-2:] == [("adopt", "Model-2"), ("kill", "Model-2")]
+        await h.tick()  # the deployment wants two: a new replica for the missing one
+        assert h.backend.started() == ["Model-100"]
+        assert h.states() == {"Model-1": "RUNNING", "Model-100": "STARTING"}
+
+    run(main)
+
+
+def test_a_replica_of_a_deployment_that_is_gone_is_drained_not_adopted(tmp_path: Path) -> None:
+    async def main() -> None:
+        h = Harness(tmp_path)
+        await h.deploy(app(DeploymentConfig(name="Other")))
+        stranger = await rejoin(h, "Model-7", 4242)
+        await h.controller.settle()
+        assert stranger.called("drain") == [{"timeout_s": 30.0}]
+        assert "Model-7" not in h.state.replicas
+
+    run(main)
+
+
+# -- proxies -----------------------------------------------------------------------------------
+
+
+def test_proxies_start_one_first_then_the_rest_and_restart_when_they_exit() -> None:
+    async def main() -> None:
+        h = Harness()
+        h.state.proxy_count = 3
+        h.controller.serve_http()
+        assert h.backend.started("proxy") == ["proxy-0"]
+        await h.tick()
+        assert h.backend.started("proxy") == ["proxy-0"]  # the others wait for its port
+        await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-0"),
+                                    address="127.0.0.1:8000", pid=1)
+        await h.tick()
+        assert h.backend.started("proxy") == ["proxy-0", "proxy-1", "proxy-2"]
+        h.backend.exit("proxy-1", 1)
+        await h.tick()
+        assert h.backend.started("proxy")[-1] == "proxy-1"
+
+    run(main)
+
+
+def test_node_proxies_follow_the_replicas_with_distinct_ports_on_a_shared_ip() -> None:
+    async def main() -> None:
+        backend = FakeBackend(Placement("head", "10.0.0.1"), deaths_visible_at_once=False)
+        h = Harness(backend=backend)
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+        h.controller.serve_http()
+        await h.tick()
+        backend.place("Model-1", "node-a", "10.0.0.2")
+        backend.place("Model-2", "node-b", "10.0.0.2")  # two raylets on one host
+        await h.tick()
+        assert h.backend.started("proxy") == ["proxy-0", "proxy-node-node-a",
+                                              "proxy-node-node-b"]
+        ports = {p: n.port for p, n in h.state.node_proxies.items()}
+        assert ports == {"proxy-node-node-a": 8000, "proxy-node-node-b": 8001}
+        backend.exit("Model-2")  # node-b hosts no replica now: its proxy is asked to stop
+        await h.tick()
+        assert ("term", "proxy-node-node-b") in backend.calls
+        await h.tick()  # asked once
+        assert backend.calls.count(("term", "proxy-node-node-b")) == 1
+
+    run(main)
