@@ -69,9 +69,9 @@ def _usable_request_id(value: bytes) -> bool:
 class Exchange:
     """One request/response on a connection; the router's sink for it."""
 
-    __slots__ = ("conn", "detached", "done", "head_only", "http_10", "keep_alive", "labels",
-                 "method", "no_body", "out", "path", "pending", "request_id", "router",
-                 "started", "status", "streaming", "timer")
+    __slots__ = ("conn", "detached", "done", "head_only", "held", "http_10", "keep_alive",
+                 "labels", "method", "no_body", "out", "owed", "path", "pending", "request_id",
+                 "router", "started", "status", "streaming", "timer")
 
     def __init__(self, conn: HttpConnection, request_id: bytes, keep_alive: bool, *,
                  head_only: bool = False, http_10: bool = False) -> None:
@@ -83,6 +83,11 @@ class Exchange:
         self.no_body = head_only
         self.detached = False  # x-request-disconnect-disabled: run on if the client goes
         self.out: list[bytes] = []
+        # Flow control of a streamed body (transport/flow.py): payload bytes written to the
+        # client's socket and not yet reported consumed (held while the socket is paused),
+        # and those still waiting in `out` behind earlier responses.
+        self.owed = 0
+        self.held = 0
         self.done = False
         self.streaming = False
         self.pending: Pending | None = None
@@ -121,6 +126,7 @@ class Exchange:
                 if message.body:
                     data += self._frame(message.body)
                 self.write(data)
+                self._passed_on(len(message.body))
             else:
                 data = head(message.status, message.headers, self.request_id,
                             len(message.body), self.keep_alive, http_10=self.http_10)
@@ -129,7 +135,9 @@ class Exchange:
         elif isinstance(message, HttpBody):
             if message.body and not self.no_body:
                 self.write(self._frame(message.body))
-            if not message.more:
+            if message.more:
+                self._passed_on(len(message.body))
+            else:
                 if not self.no_body and not self.http_10:
                     self.write(b"0\r\n\r\n")
                 self.finish()
@@ -171,6 +179,21 @@ class Exchange:
         self.write(simple(status, body, self.request_id, self.keep_alive, content_type, extra,
                           http_10=self.http_10, head_only=self.head_only))
         self.finish()
+
+    def _passed_on(self, nbytes: int) -> None:
+        """A stream frame's body went to the client (or waits in `out` behind others)."""
+        conn = self.conn
+        if conn.exchanges and conn.exchanges[0] is self:
+            self.owed += nbytes
+            self.report_consumed()
+        else:
+            self.held += nbytes
+
+    def report_consumed(self) -> None:
+        """Tell the replica the client took what was written, unless its socket is full."""
+        if self.owed and not self.conn.write_paused and self.pending is not None:
+            owed, self.owed = self.owed, 0
+            self.pending.consumed(owed)
 
     def _frame(self, data: bytes) -> bytes:
         return data if self.http_10 else chunk(data)
@@ -223,7 +246,7 @@ class Exchange:
 class HttpConnection(asyncio.Protocol):
     __slots__ = ("body", "body_at", "body_size", "client", "denial", "exchanges", "header_bytes",
                  "headers", "headers_done", "idle_since", "parser", "proxy", "receiving",
-                 "refused", "started_at", "transport", "upgraded", "url")
+                 "refused", "started_at", "transport", "upgraded", "url", "write_paused")
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
@@ -244,6 +267,7 @@ class HttpConnection(asyncio.Protocol):
         self.upgraded = False  # the last request asked for an Upgrade we serve as plain HTTP
         self.denial: Refusal | None = None  # the request lacks its application's token
         self.body_at = 0.0  # monotonic time the body last made progress (or the headers ended)
+        self.write_paused = False  # the client's socket buffer is above its high-water mark
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -274,6 +298,14 @@ class HttpConnection(asyncio.Protocol):
                 self._refuse(400, b"Protocol upgrades are not supported.")
         except httptools.HttpParserError as exc:
             self._refuse(400, f"Malformed HTTP request: {exc}".encode())
+
+    def pause_writing(self) -> None:
+        self.write_paused = True  # streams stop reporting consumption: replicas stop
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for exchange in self.exchanges:
+            exchange.report_consumed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.proxy.connections.discard(self)
@@ -402,6 +434,9 @@ class HttpConnection(asyncio.Protocol):
                 if following.out:
                     transport.write(b"".join(following.out))
                     following.out.clear()
+                    following.owed += following.held
+                    following.held = 0
+                    following.report_consumed()
         if not exchanges and not self.receiving:
             self._arm_idle_timer()
 

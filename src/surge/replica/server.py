@@ -22,10 +22,12 @@ from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
+from surge.transport.flow import SendWindow
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
     Cancel,
+    Credit,
     End,
     Failure,
     HttpBody,
@@ -125,6 +127,10 @@ class _Connection(FramedProtocol):
             if token else None
         self.tasks: dict[int, asyncio.Task[bool]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
+        # Streams' flow control (transport/flow.py): what each may still send, and the
+        # generator waiting for credit, if any.
+        self.windows: dict[int, SendWindow] = {}
+        self.waiting: dict[int, asyncio.Future[None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -148,6 +154,14 @@ class _Connection(FramedProtocol):
             self.tasks[message.id] = task
             task.add_done_callback(functools.partial(self._finished, message.id, route,
                                                      self.server.clock.monotonic()))
+        elif isinstance(message, Credit):
+            window = self.windows.get(message.id)
+            if window is not None:
+                window.credit(message.amount)
+                if window.open:
+                    waiter = self.waiting.pop(message.id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
@@ -175,10 +189,24 @@ class _Connection(FramedProtocol):
             self.handshake = None
             self.token_accepted()
 
+    async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
+        """Send a non-final stream frame once the consumer's window allows it."""
+        request_id = message.id
+        window = self.windows.get(request_id)
+        if window is None:
+            window = self.windows[request_id] = SendWindow()
+        while not window.open:  # the consumer is a window behind: wait for its credit
+            waiter = self.waiting[request_id] = self._loop.create_future()
+            await waiter
+        window.sent(nbytes)
+        self.send(message)
+
     def _finished(self, request_id: int, route: str, started: float,
                   task: asyncio.Task[bool]) -> None:
         self.tasks.pop(request_id, None)
         self.disconnects.pop(request_id, None)
+        self.windows.pop(request_id, None)
+        self.waiting.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -196,7 +224,8 @@ class _Connection(FramedProtocol):
             result = await self.server.user.call(message.method, args, kwargs)
             if message.stream:
                 async for item in self.server.user.iterate(result):
-                    self.send(Item(id=rid, payload=_dumps(item)))
+                    payload = _dumps(item)
+                    await self._send_stream(Item(id=rid, payload=payload), len(payload))
                 self.send(End(id=rid))
             else:
                 self.send(Result(id=rid, payload=_dumps(result)))
@@ -237,14 +266,19 @@ class _Connection(FramedProtocol):
             elif kind == "http.response.body":
                 body = bytes(event.get("body", b""))
                 more = bool(event.get("more_body", False))
+                frame: HttpStart | HttpBody
                 if not started:
                     started = True
                     head = start or {"status": 200, "headers": []}
-                    self.send(HttpStart(id=rid, status=int(head["status"]),
-                                        headers=list(head.get("headers") or []),
-                                        body=body, more=more))
+                    frame = HttpStart(id=rid, status=int(head["status"]),
+                                      headers=list(head.get("headers") or []), body=body,
+                                      more=more)
                 else:
-                    self.send(HttpBody(id=rid, body=body, more=more))
+                    frame = HttpBody(id=rid, body=body, more=more)
+                if more:
+                    await self._send_stream(frame, len(body))
+                else:
+                    self.send(frame)
 
         try:
             simple = await self.server.user.handle_http(scope, receive, send)
@@ -269,6 +303,7 @@ class _Connection(FramedProtocol):
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
         for task in self.tasks.values():

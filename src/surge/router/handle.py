@@ -96,24 +96,44 @@ class _UnarySink:
 
 
 class _StreamSink:
-    __slots__ = ("queue",)
+    """A stream's items as they come. The queue holds at most a flow-control window of
+    them (transport/flow.py): each item is reported consumed once the caller takes it."""
+
+    __slots__ = ("pending", "queue")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.pending: Pending | None = None
 
     def deliver(self, message: Message) -> None:
         if isinstance(message, Item):
-            self.queue.put_nowait(pickle.loads(message.payload))
+            self.queue.put_nowait(_Item(pickle.loads(message.payload), len(message.payload)))
         elif isinstance(message, End):
             self.queue.put_nowait(_END)
         elif isinstance(message, Failure):
             self.queue.put_nowait(decode_failure(message))
         elif isinstance(message, Result):  # a plain method called with stream=True
-            self.queue.put_nowait(pickle.loads(message.payload))
+            self.queue.put_nowait(_Item(pickle.loads(message.payload), 0))
             self.queue.put_nowait(_END)
 
     def fail(self, exc: BaseException) -> None:
         self.queue.put_nowait(exc)
+
+    async def next(self) -> Any:
+        """The next value, _END, or an exception (returned, not raised)."""
+        item = await self.queue.get()
+        if isinstance(item, _Item):
+            if self.pending is not None:
+                self.pending.consumed(item.size)
+            return item.value
+        return item
+
+
+class _Item:
+    __slots__ = ("size", "value")
+
+    def __init__(self, value: Any, size: int) -> None:
+        self.value, self.size = value, size
 
 
 async def _resolve(value: Any) -> Any:
@@ -147,6 +167,8 @@ class _Request:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
         pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
                                stream=self.stream, model_id=self.model_id), sink)
+        if isinstance(sink, _StreamSink):
+            sink.pending = pending
         try:
             self.runtime.router(self.deployment).submit(pending)
         except Exception as exc:
@@ -274,7 +296,7 @@ class DeploymentResponseGenerator:
         if self._sink is None:
             self._sink = _StreamSink()
             await self._request._start(self._sink)
-        item = await self._sink.queue.get()
+        item = await self._sink.next()
         if item is _END:
             self._done = True
             raise StopAsyncIteration
