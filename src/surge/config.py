@@ -26,12 +26,14 @@ __all__ = [
     "DEFAULT_HTTP_HOST",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT",
     "DEFAULT_MAX_ONGOING_REQUESTS",
     "DEFAULT_MAX_QUEUED_REQUESTS",
     "QUEUE_SAFETY_LIMIT",
     "AppSpec",
     "AuthConfig",
     "AutoscalingConfig",
+    "BackpressureConfig",
     "DeploymentConfig",
     "DeploymentSpec",
     "HTTPOptions",
@@ -54,6 +56,9 @@ QUEUE_SAFETY_LIMIT = 10_000
 # Ray Serve's health-check cadence and patience.
 DEFAULT_HEALTH_CHECK_PERIOD_S = 10.0
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 30.0
+# Constructor failures in a row, with no replica running, before a deploy fails. Ray
+# retries 20 times; each retry here costs a process start, so fail fast and say why.
+DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT = 3
 # Ray Serve's drain budget before a replica is killed.
 DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S = 20.0
 DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S = 2.0
@@ -352,7 +357,27 @@ RAY_ACTOR_OPTION_KEYS_IMPLEMENTED = ("num_cpus", "num_gpus", "runtime_env", "res
 RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
     "memory", "accelerator_type", "max_concurrency", "object_store_memory",
     "scheduling_strategy", "label_selector", "max_restarts", "max_task_retries",
+    "fallback_strategy",
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackpressureConfig:
+    """Ray Serve's `BackpressureConfig`: how an HTTP request over the queue budget is
+    answered. `retry_after_s` None: surge's own estimate from the deployment's drain rate
+    (Ray sends no Retry-After then); set: that value, rounded up."""
+
+    status_code: int = 503
+    retry_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.status_code in (503, 429) and not isinstance(self.status_code, bool),
+                 f"backpressure_config.status_code must be 503 or 429, got "
+                 f"{self.status_code!r}.")
+        _number("backpressure_config.retry_after_s", self.retry_after_s, minimum=0,
+                allow_none=True)
+        _require(self.retry_after_s is None or math.isfinite(self.retry_after_s),
+                 "backpressure_config.retry_after_s must be finite.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,6 +441,12 @@ class DeploymentConfig:
     health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
     graceful_shutdown_timeout_s: float = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
     graceful_shutdown_wait_loop_s: float = DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S
+    backpressure_config: BackpressureConfig = field(default_factory=BackpressureConfig)
+    max_constructor_retry_count: int = DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT
+    # Rolling updates (policy/reconcile.py). None: surge's default, every replacement at
+    # once and the old replicas serving until theirs run (no capacity dip).
+    rolling_update_percentage: float | None = None  # Ray's: fraction replaced at a time
+    max_surge_percent: int | None = None  # Ray's: extra replicas allowed during it
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(self.name) and "#" not in self.name,
@@ -432,6 +463,20 @@ class DeploymentConfig:
         for name in ("health_check_period_s", "health_check_timeout_s",
                      "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
             _number(name, getattr(self, name), minimum=0)
+        if isinstance(self.backpressure_config, Mapping):
+            object.__setattr__(self, "backpressure_config", from_mapping(
+                BackpressureConfig, self.backpressure_config, "backpressure_config"))
+        elif self.backpressure_config is None:
+            object.__setattr__(self, "backpressure_config", BackpressureConfig())
+        _require(isinstance(self.backpressure_config, BackpressureConfig),
+                 "backpressure_config must be a dict or BackpressureConfig.")
+        _integer("max_constructor_retry_count", self.max_constructor_retry_count, minimum=1)
+        rate = self.rolling_update_percentage
+        _require(rate is None or (_is_number(rate) and 0 < rate <= 1),
+                 f"rolling_update_percentage must be in (0.0, 1.0], got {rate!r}.")
+        _integer("max_surge_percent", self.max_surge_percent, minimum=0, allow_none=True)
+        _require(self.max_surge_percent is None or self.max_surge_percent <= 100,
+                 f"max_surge_percent must be in [0, 100], got {self.max_surge_percent!r}.")
 
     @property
     def initial_replicas(self) -> int:

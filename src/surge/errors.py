@@ -12,7 +12,7 @@
     │                                    (HTTP 408)
     ├── UserCodeError                    your deployment raised an exception that could not be
     │                                    sent back as itself; the message holds its traceback
-    ├── DeployFailedError                an application could not be deployed (constructor
+    ├── DeployFailedError (RuntimeError) an application could not be deployed (constructor
     │                                    failed, import failed); the message says why
     ├── ControllerUnavailableError       no surge instance answers at the control address
     └── ControlAuthError (PermissionError) the instance refused this process's control token:
@@ -54,11 +54,13 @@ class BackPressureError(RayServeException):
         num_queued_requests: int,
         max_queued_requests: int,
         retry_after_s: float,
+        status_code: int = 503,
     ) -> None:
         self.deployment = deployment
         self.num_queued_requests = num_queued_requests
         self.max_queued_requests = max_queued_requests
         self.retry_after_s = retry_after_s
+        self.status_code = status_code  # the HTTP answer (backpressure_config: 503 or 429)
         super().__init__(
             f"Request dropped due to backpressure for deployment {deployment!r} "
             f"(num_queued_requests={num_queued_requests}, "
@@ -67,14 +69,16 @@ class BackPressureError(RayServeException):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_backpressure, (self.deployment, self.num_queued_requests,
-                                        self.max_queued_requests, self.retry_after_s))
+                                        self.max_queued_requests, self.retry_after_s,
+                                        self.status_code))
 
 
 def _rebuild_backpressure(
-    deployment: str, queued: int, limit: int, retry_after_s: float
+    deployment: str, queued: int, limit: int, retry_after_s: float, status_code: int = 503
 ) -> BackPressureError:
     return BackPressureError(deployment=deployment, num_queued_requests=queued,
-                             max_queued_requests=limit, retry_after_s=retry_after_s)
+                             max_queued_requests=limit, retry_after_s=retry_after_s,
+                             status_code=status_code)
 
 
 class DeploymentUnavailableError(RayServeException):
@@ -97,8 +101,9 @@ class UserCodeError(RayServeException):
     """The deployment raised; carries the remote traceback as text."""
 
 
-class DeployFailedError(RayServeException):
-    """An application failed to deploy; the message holds the reason."""
+class DeployFailedError(RayServeException, RuntimeError):
+    """An application failed to deploy; the message holds the reason (a RuntimeError,
+    as Ray's serve.run raises)."""
 
 
 class ControllerUnavailableError(RayServeException):

@@ -59,6 +59,10 @@ class ReplicaSet:
     # Set when no replica will come (the deployment failed to start): why, in words safe
     # to show a client. Routers then answer at once instead of queueing until a timeout.
     unavailable: str = ""
+    # The deployment's backpressure_config: the HTTP status of a request over the queue
+    # budget, and its Retry-After (None: the router's estimate from the drain rate).
+    backpressure_status: int = 503
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, repr=False)

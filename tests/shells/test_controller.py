@@ -510,3 +510,38 @@ def test_node_proxies_follow_the_replicas_with_distinct_ports_on_a_shared_ip() -
         assert backend.calls.count(("term", "proxy-node-node-b")) == 1
 
     run(main)
+
+
+def test_max_constructor_retry_count_is_the_deployments_own() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=1)))
+        await h.tick()
+        await h.api.rpc_replica_failed(FakePeer(), replica_id="Model-1", error="boom")
+        h.backend.exit("Model-1", 1)
+        await h.tick()
+        await h.tick()
+        assert h.backend.started() == ["Model-1"]
+        assert h.status() is ApplicationStatus.DEPLOY_FAILED
+
+    run(main)
+
+
+def test_without_surge_room_a_rolling_update_stops_an_old_replica_first() -> None:
+    async def main() -> None:
+        h = Harness()
+        config = DeploymentConfig(name="Model", num_replicas=2, max_surge_percent=0,
+                                  rolling_update_percentage=0.5)
+        await h.deploy(app(config, code=b"v1"))
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            await h.ready(replica_id)
+        await h.deploy(app(config, code=b"v2"))
+        await h.tick()
+        assert h.states() == {"Model-1": "DRAINING", "Model-2": "RUNNING"}
+        assert h.backend.started() == ["Model-1", "Model-2"]  # no room: nothing starts yet
+        h.backend.exit("Model-1")
+        await h.tick()
+        assert h.backend.started()[2:] == ["Model-3"]  # one at a time (50% of 2)
+
+    run(main)

@@ -101,9 +101,12 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId,
         return []
     observed = [policy.ObservedReplica(r.replica_id, r.state, r.version, r.started_at)
                 for r in group]
+    config = record.config
+    rollout = policy.Rollout.of(record.target, config.rolling_update_percentage,
+                                config.max_surge_percent)
     actions: list[Action] = []
     for action in policy.reconcile(record.target, record.version, observed,
-                                   record.standby_wanted):
+                                   record.standby_wanted, rollout):
         if isinstance(action, policy.StartReplicas):
             actions.append(StartReplicas(did, action.count, action.reason))
         else:

@@ -69,12 +69,14 @@ class Publisher:
         config = record.config
         share = queue_share(config.queue_limit, len(watchers))
         unavailable = UNAVAILABLE_FAILED if self.state.failed(did) else ""
-        key = (tuple(running), config.max_ongoing_requests, share, unavailable)
+        backpressure = config.backpressure_config
+        key = (tuple(running), config.max_ongoing_requests, share, unavailable, backpressure)
         if not force and self._pushed.get(did) == key:
             return
         self._pushed[did] = key
         replica_set = ReplicaSet(did, tuple(running), config.max_ongoing_requests, share,
-                                 record.version, unavailable)
+                                 record.version, unavailable, backpressure.status_code,
+                                 backpressure.retry_after_s)
         for watcher in watchers:
             watcher.push("replica_set", replica_set)
 

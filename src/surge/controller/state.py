@@ -34,7 +34,6 @@ from surge.policy.lifecycle import ALIVE, ReplicaState, transition
 
 __all__ = [
     "HEALTH_CHECK_FAILURE_THRESHOLD",
-    "MAX_CONSTRUCTOR_FAILURES",
     "AppRecord",
     "ControllerState",
     "DeploymentRecord",
@@ -44,9 +43,6 @@ __all__ = [
     "ReplicaRecord",
 ]
 
-# Constructor failures in a row, with no replica running, before a deploy is failed.
-# Ray retries 20 times; each retry here costs a process start, so fail fast and say why.
-MAX_CONSTRUCTOR_FAILURES = 3
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
 
@@ -206,10 +202,11 @@ class ControllerState:
         return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
 
     def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
-        """Its replicas keep failing to start and none runs: no replica will come."""
+        """Its replicas failed to start max_constructor_retry_count times in a row and
+        none runs: no replica will come."""
         record = self.deployments[did]
         group = self.replicas_of(did) if replicas is None else replicas
-        return (record.constructor_failures >= MAX_CONSTRUCTOR_FAILURES
+        return (record.constructor_failures >= record.config.max_constructor_retry_count
                 and not any(r.state is ReplicaState.RUNNING for r in group))
 
     # -- status (no side effects) ------------------------------------------------------

@@ -156,8 +156,8 @@ class Exchange:
         if self.streaming:
             self.keep_alive = False
             self.finish()
-        elif isinstance(exc, BackPressureError):
-            self.respond(503, str(exc).encode(),
+        elif isinstance(exc, BackPressureError):  # 503, or 429 by backpressure_config
+            self.respond(exc.status_code, str(exc).encode(),
                          [(b"retry-after", retry_after_header(exc.retry_after_s).encode())])
         elif isinstance(exc, DeploymentUnavailableError):
             self.conn.proxy.recorder.rejected(self.labels[0], self.labels[1], "unavailable")

@@ -3,10 +3,11 @@
 from surge.config import (
     AuthConfig,
     AutoscalingConfig,
+    BackpressureConfig,
     DeploymentConfig,
     HTTPOptions,
     ProxyLocation,
 )
 
-__all__ = ["AuthConfig", "AutoscalingConfig", "DeploymentConfig", "HTTPOptions",
-           "ProxyLocation"]
+__all__ = ["AuthConfig", "AutoscalingConfig", "BackpressureConfig", "DeploymentConfig",
+           "HTTPOptions", "ProxyLocation"]
