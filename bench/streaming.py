@@ -35,9 +35,12 @@ work": whatever else runs on the machine). Serving CPU counts each thread's time
 CPU in nanoseconds (/proc/PID/task/TID/schedstat), since the window is ~1.5 s and /proc's
 10 ms ticks would be coarse.
 
-What the client costs: on the 2-core machine at the defaults it took ~0.3 of a core
-against surge (~6 us per chunk, kernel time included) and less against Ray (which
-delivers fewer chunks per second): see bench/README.md for the figures of each run.
+What the client costs (2-core machine, defaults): 0.2-0.4 of a core against surge,
+13-18 us per delivered chunk, about half of it in the kernel (py-spy: the client's busy
+samples are mostly uvloop's read() per chunk and epoll; the Python per chunk, httptools
+included, is ~20% of them), and ~0.05 of a core against Ray, which delivers fewer chunks
+per second. At the ideal 50,000 chunks/s of the defaults' middle second it would need
+~0.7-0.9 of a core; every run prints its share so a run where it crowds the server shows.
 """
 
 from __future__ import annotations
