@@ -316,6 +316,9 @@ class HTTPOptions:
         _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
         _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)
         _number("max_body_bytes", self.max_body_bytes, minimum=0)
+        _require(float(self.max_body_bytes).is_integer(),
+                 f"max_body_bytes must be a whole number of bytes, got {self.max_body_bytes!r}.")
+        object.__setattr__(self, "max_body_bytes", int(self.max_body_bytes))  # 1e6 is fine
         _integer("max_header_bytes", self.max_header_bytes, minimum=1024)
         _number("request_header_timeout_s", self.request_header_timeout_s, minimum=0.1)
         _number("request_body_timeout_s", self.request_body_timeout_s, minimum=0.1)

@@ -12,8 +12,11 @@ tied to (`Lifetime`), its logging config and whether it records metrics.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
-from typing import BinaryIO, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
@@ -22,6 +25,8 @@ from surge.errors import ConfigError
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = [
+    "CONTROLLER_ERROR",
+    "CONTROLLER_READY",
     "LOCAL_NODE",
     "ORPHAN_TIMEOUT_S",
     "ControllerProcessSpec",
@@ -34,6 +39,7 @@ __all__ = [
     "Unix",
     "encode",
     "read_spec",
+    "start_process",
 ]
 
 LOCAL_NODE = "local"  # the node id of everything on the local backend
@@ -41,6 +47,9 @@ LOCAL_NODE = "local"  # the node id of everything on the local backend
 # gone for good (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
 ORPHAN_TIMEOUT_S = 120.0
 MAX_SPEC_BYTES = 1 << 20  # a spec is a few hundred bytes; a megabyte means a wrong pipe
+# The controller's one line on stdout for the process that started it.
+CONTROLLER_READY = "surge-controller ready"
+CONTROLLER_ERROR = "surge-controller error"
 
 
 class Unix(msgspec.Struct, frozen=True, tag="unix"):
@@ -165,3 +174,18 @@ def read_spec(kind: type[Spec], stream: BinaryIO | None = None) -> Spec:
         raise ConfigError(f"this surge process reads its {kind.__name__} on standard input "
                           "and got none; it is started by surge, not by hand")
     return decode(kind, line)
+
+
+def start_process(argv: Sequence[str], spec: bytes, env: Mapping[str, str],
+                  **options: Any) -> subprocess.Popen[bytes]:
+    """Start a surge process and hand it its spec: one line on its stdin, then EOF.
+
+    A process that dies before reading it is not an error here: its exit is seen like
+    any other (the pipe is unbuffered, so a closed one fails the write, not the close).
+    """
+    process = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE, bufsize=0,
+                               close_fds=True, **options)
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError), process.stdin:
+        process.stdin.write(spec)  # a few hundred bytes, below any pipe's buffer
+    return process

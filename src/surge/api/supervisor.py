@@ -30,11 +30,17 @@ from typing import Any
 from surge.backends.choice import BackendChoice
 from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.control_auth import new_token, publish, user_dir, withdraw
+from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
-from surge.controller.main import ERROR, READY
 from surge.errors import RayServeException
-from surge.launch import ControllerProcessSpec, Lifetime, encode
+from surge.launch import (
+    CONTROLLER_ERROR,
+    CONTROLLER_READY,
+    ControllerProcessSpec,
+    Lifetime,
+    encode,
+    start_process,
+)
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = ["StartOptions", "Supervisor", "user_sys_path"]
@@ -95,23 +101,21 @@ class Supervisor:
 
     def _launch(self, address: str,
                 recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-        env = dict(self.environment)
+        env = {k: v for k, v in self.environment.items() if k != TOKEN_ENV}  # in the spec
         paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "surge.controller"], stdout=subprocess.PIPE,
-            stdin=subprocess.PIPE, env=env, start_new_session=True)
-        assert process.stdout is not None and process.stdin is not None
-        with process.stdin, contextlib.suppress(BrokenPipeError):
-            process.stdin.write(encode(self.spec(address, recover)))
+        process = start_process([sys.executable, "-m", "surge.controller"],
+                                encode(self.spec(address, recover)), env,
+                                stdout=subprocess.PIPE, start_new_session=True)
+        assert process.stdout is not None
         line = _read_line(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
         process.stdout.close()
-        if line.startswith(f"{READY} "):
-            ready: dict[str, Any] = json.loads(line[len(READY) + 1:])
+        if line.startswith(f"{CONTROLLER_READY} "):
+            ready: dict[str, Any] = json.loads(line[len(CONTROLLER_READY) + 1:])
             return process, ready
         process.kill()
         process.wait()
-        reason = line[len(ERROR) + 1:] if line.startswith(f"{ERROR} ") else (
+        reason = line[len(CONTROLLER_ERROR) + 1:] if line.startswith(f"{CONTROLLER_ERROR} ") else (
             line or "the controller exited without saying why (see its log above)")
         raise RayServeException(f"could not start surge: {reason}")
 

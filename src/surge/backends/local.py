@@ -12,7 +12,6 @@ are not reserved (processes may share cores).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -22,9 +21,17 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
+from surge.backends.base import (
+    LOCAL_PLACEMENT,
+    Exit,
+    Placement,
+    PlacementError,
+    ProxyLaunch,
+    ReplicaLaunch,
+)
 from surge.backends.forking import ForkServer, ForkServerError
-from surge.launch import LOCAL_NODE, Lifetime, Membership, Unix, encode
+from surge.control_auth import TOKEN_ENV
+from surge.launch import Lifetime, Membership, Unix, encode, start_process
 from surge.process import open_pidfd, pid_gone
 
 __all__ = ["LocalBackend", "detect_gpus"]
@@ -91,7 +98,7 @@ class GpuPool:
 
 class LocalBackend:
     name = "local"
-    head = Placement(LOCAL_NODE, "127.0.0.1")
+    head = LOCAL_PLACEMENT
     deaths_visible_at_once = True  # a member's pid is gone the moment it dies
 
     def __init__(self, membership: Membership, state_dir: str | None = None,
@@ -106,6 +113,7 @@ class LocalBackend:
         else:
             self.socket_dir = tempfile.mkdtemp(prefix="surge-")
         self.forked: dict[str, int] = {}  # replica id -> pid, for fork-server children
+        self._exits: list[Exit] = []  # seen before poll_exits asked
         # Processes a previous controller started: id -> (pid, pidfd or None).
         self.adopted: dict[str, tuple[int, int | None]] = {}
         self.forkserver: ForkServer | None = None
@@ -119,7 +127,7 @@ class LocalBackend:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
 
     def _env(self, extra: dict[str, str], sys_path: tuple[str, ...]) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the spec carries it
         paths = [p for p in (*sys_path, env.get("PYTHONPATH", "")) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -152,11 +160,10 @@ class LocalBackend:
         return self._spawn(launch.proxy_id, "surge.proxy", spec, self._env({}, ()))
 
     def _spawn(self, process_id: str, module: str, spec: bytes, env: dict[str, str]) -> int:
-        process = subprocess.Popen([sys.executable, "-m", module], env=env,
-                                   stdin=subprocess.PIPE, close_fds=True)
-        assert process.stdin is not None
-        with process.stdin, contextlib.suppress(BrokenPipeError):  # it died: an exit
-            process.stdin.write(spec)  # one line, far below a pipe's buffer: never blocks
+        previous = self.processes.get(process_id)
+        if previous is not None and previous.poll() is not None:  # its exit, still unseen
+            self._exits.append(Exit(process_id, previous.returncode))
+        process = start_process([sys.executable, "-m", module], spec, env)
         self.processes[process_id] = process
         return process.pid
 
@@ -192,7 +199,7 @@ class LocalBackend:
                 pass
 
     def poll_exits(self) -> list[Exit]:
-        exits = []
+        exits, self._exits = self._exits, []
         for process_id, process in list(self.processes.items()):
             code = process.poll()
             if code is not None:

@@ -38,7 +38,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
 from surge.backends.ray_host import ProcessHost
 from surge.clock import SYSTEM
-from surge.config import HTTPOptions
 from surge.errors import ConfigError
 from surge.launch import ORPHAN_TIMEOUT_S, Lifetime, Membership, Tcp, encode
 
@@ -75,8 +74,8 @@ class RayBackend:
     name = "ray"
     deaths_visible_at_once = False  # a lost node is noticed after Ray's health checks
 
-    def __init__(self, membership: Membership, http: HTTPOptions,
-                 ray_address: str | None = None, state_dir: str | None = None) -> None:
+    def __init__(self, membership: Membership, ray_address: str | None = None,
+                 state_dir: str | None = None) -> None:
         if not ray.is_initialized():
             try:
                 ray.init(address=ray_address or "auto", namespace=NAMESPACE,
@@ -85,7 +84,6 @@ class RayBackend:
                 raise ConfigError(f"cannot connect to the Ray cluster at "
                                   f"{ray_address or 'auto'}: {exc}; start one with `ray start "
                                   "--head` or pass ray_address") from None
-        self.http = http
         self.host_class = ray.remote(ProcessHost)
         self.hosts: dict[str, _Hosted] = {}
         self._exits: list[Exit] = []

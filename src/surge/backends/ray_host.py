@@ -25,7 +25,8 @@ from typing import Any
 
 import msgspec
 
-from surge.launch import ProxyProcessSpec, ReplicaProcessSpec, encode
+from surge.control_auth import TOKEN_ENV
+from surge.launch import ProxyProcessSpec, ReplicaProcessSpec, encode, start_process
 
 __all__ = ["ProcessHost"]
 
@@ -38,11 +39,24 @@ class ProcessHost:
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
+        self.failure: BaseException | None = None
         self.started: asyncio.Event | None = None  # made on the actor's loop
 
     async def start(self, module: str, spec: bytes, env: dict[str, str]) -> dict[str, Any]:
         """Start the child (from the event loop's thread: it outlives every call, so the
-        child's parent-death signal fires only when the actor itself dies)."""
+        child's parent-death signal fires only when the actor itself dies). If it cannot
+        be started, `wait` and `describe` raise the reason instead of waiting forever."""
+        try:
+            self.info = self._start(module, spec, env)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self._started().set()
+        asyncio.get_running_loop().create_task(self._leave_when_orphaned())
+        return self.info
+
+    def _start(self, module: str, spec: bytes, env: dict[str, str]) -> dict[str, Any]:
         import ray
 
         context = ray.get_runtime_context()
@@ -51,29 +65,25 @@ class ProcessHost:
         placed = msgspec.structs.replace(
             launch, node_id=context.get_node_id(), node_ip=node_ip,
             lifetime=msgspec.structs.replace(launch.lifetime, parent_pid=os.getpid()))
-        full = {**os.environ, **env}
+        full = {**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **env}
         gpus = [str(gpu) for gpu in ray.get_gpu_ids()]
         if gpus:
             full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        self.process = subprocess.Popen([sys.executable, "-m", module], env=full,
-                                        stdin=subprocess.PIPE, close_fds=True)
-        assert self.process.stdin is not None
-        with self.process.stdin:
-            self.process.stdin.write(encode(placed))
-        self.info = {"pid": self.process.pid, "node_id": context.get_node_id(),
-                     "node_ip": node_ip, "gpus": gpus}
-        self._started().set()
-        asyncio.get_running_loop().create_task(self._leave_when_orphaned())
-        return self.info
+        self.process = start_process([sys.executable, "-m", module], encode(placed), full)
+        return {"pid": self.process.pid, "node_id": context.get_node_id(), "node_ip": node_ip,
+                "gpus": gpus}
 
     async def wait(self) -> int:
         """The child's exit code, once it exits (calls may arrive before `start` ran)."""
         await self._started().wait()
-        assert self.process is not None
+        if self.process is None:
+            raise RuntimeError(f"the process was not started: {self.failure!r}")
         return await asyncio.get_running_loop().run_in_executor(None, self.process.wait)
 
     async def describe(self) -> dict[str, Any]:
         await self._started().wait()
+        if self.process is None:
+            raise RuntimeError(f"the process was not started: {self.failure!r}")
         return self.info
 
     def _started(self) -> asyncio.Event:

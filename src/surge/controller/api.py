@@ -19,7 +19,7 @@ from typing import Any
 from surge.clock import Clock
 from surge.config import AppSpec
 from surge.controller import desired
-from surge.controller.actions import AdoptProxy
+from surge.controller.actions import ProxyReady
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.executor import Executor
 from surge.controller.observer import Observer
@@ -49,7 +49,7 @@ class ControlApi:
     def __init__(self, state: ControllerState, executor: Executor, publisher: Publisher,
                  recovery: Recovery, autoscaler: Autoscaler, load: LoadTracker,
                  observer: Observer, clock: Clock, *, changed: asyncio.Condition,
-                 shutdown: Callable[[], None]) -> None:
+                 replan: Callable[[], None], shutdown: Callable[[], None]) -> None:
         self.state = state
         self.executor = executor
         self.publisher = publisher
@@ -59,6 +59,7 @@ class ControlApi:
         self.observer = observer
         self.clock = clock
         self.changed = changed  # notified whenever state may have changed
+        self.replan = replan  # act on the plan now (a member's news must not wait a tick)
         self.shutdown = shutdown
         self.proxy_ready = asyncio.Event()  # the first proxy serves, or could not
 
@@ -152,8 +153,9 @@ class ControlApi:
     async def rpc_status(self, peer: Peer) -> ServeStatus:
         state = self.state
         applications = {}
+        groups = state.by_deployment()
         for name in state.apps:
-            overview = state.app_status(name)
+            overview = state.app_status(name, groups)
             for dname, deployment in overview.deployments.items():
                 deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
             applications[name] = overview
@@ -200,13 +202,19 @@ class ControlApi:
 
     async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
-        self.executor.apply([AdoptProxy(proxy_id, pid, address,
+        self.executor.apply([ProxyReady(proxy_id, pid, address,
                                         peer.info.get("node_id", LOCAL_NODE))])
         self.proxy_ready.set()
+        self.replan()  # the other workers join the port it bound
 
     async def rpc_proxy_failed(self, peer: Peer, error: str) -> None:
-        self.state.proxy_error = error
-        self.proxy_ready.set()
+        """A proxy cannot serve. Before any serves, the instance cannot start (main says
+        why); later, it exits and is restarted with a backoff (executor)."""
+        if not self.state.proxy_address:
+            self.state.proxy_error = error
+            self.proxy_ready.set()
+        else:
+            log.error("%s cannot serve: %s", peer.info.get("proxy_id", "a proxy"), error)
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -239,7 +247,7 @@ class ControlApi:
                  and len(state.running_current(deployment.id)) >= deployment.target)
         replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
         replica.next_health_check = now + deployment.config.health_check_period_s
-        deployment.constructor_failures = 0
+        deployment.constructor_failures, deployment.ever_running = 0, True
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import sys
@@ -24,16 +23,13 @@ from surge.controller.controller import Controller
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.controller.web import start_dashboard
 from surge.errors import ConfigError
-from surge.launch import ControllerProcessSpec, read_spec
+from surge.launch import CONTROLLER_ERROR, CONTROLLER_READY, ControllerProcessSpec, read_spec
 from surge.observability.logs import configure_logging
 from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
-log = logging.getLogger("surge.controller")
-
 PROXY_START_TIMEOUT_S = 60.0
-READY = "surge-controller ready"
-ERROR = "surge-controller error"
+READY, ERROR = CONTROLLER_READY, CONTROLLER_ERROR
 
 
 def announce(line: str) -> None:
@@ -55,7 +51,7 @@ async def serve(spec: ControllerProcessSpec) -> int:
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
     try:
         backend = build_backend(BackendChoice(spec.backend, spec.ray_address),
-                                spec.membership(bound), spec.http, spec.state_dir)
+                                spec.membership(bound), spec.state_dir)
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         server.close()

@@ -288,8 +288,9 @@ class Observer:
         """Applications, deployments and replicas with their states, for the page."""
         state = self.state
         apps = {}
+        groups = state.by_deployment()
         for name, app in state.apps.items():
-            overview = state.app_status(name)
+            overview = state.app_status(name, groups)
             apps[name] = {
                 "status": overview.status.value, "message": overview.message,
                 "route_prefix": app.route_prefix,

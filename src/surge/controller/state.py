@@ -2,9 +2,11 @@
 
 `ControllerState` holds one index of each: `apps` by name, `deployments` by id,
 `replicas` by replica id (a deployment finds its replicas by asking the state, so no
-record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) reads
-it and returns actions; only the executor, the desired-state changes
-(controller/desired.py) and the RPC handlers for member reports write it.
+record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) and
+recovery read it and return actions. It is written by the executor (what actions do),
+the desired-state changes (controller/desired.py), the RPC handlers for what members
+report about themselves, the autoscaling step's target, and the loop's own flags
+(serving HTTP, stopping).
 
 Status is computed from the state without changing it. The one thing status needs from
 the past, whether an application has ever been RUNNING (a failure after that is
@@ -20,7 +22,6 @@ from typing import Any, Protocol
 
 from surge.backends.base import Placement
 from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
-from surge.launch import LOCAL_NODE
 from surge.model import (
     AccessTokens,
     ApplicationStatus,
@@ -31,6 +32,8 @@ from surge.model import (
     ReplicaInfo,
 )
 from surge.policy.lifecycle import ALIVE, ReplicaState, transition
+
+Groups = dict[DeploymentId, list["ReplicaRecord"]]
 
 __all__ = [
     "HEALTH_CHECK_FAILURE_THRESHOLD",
@@ -104,6 +107,7 @@ class DeploymentRecord:
     standby_floor: int = 0  # from the autoscaling schedule in force now
     last_urgent_decision: float = float("-inf")
     startups_seen: int = 0
+    ever_running: bool = False  # a replica of it has served (a failure then is UNHEALTHY)
 
     def __repr__(self) -> str:
         return (f"<Deployment {self.id} v{self.version} target={self.target}"
@@ -146,7 +150,6 @@ class ProxyRecord:
     proxy_id: str
     pid: int
     address: str  # host:port clients reach it at
-    node_id: str = LOCAL_NODE
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,8 @@ class ControllerState:
     serve_http: bool = False  # proxies wanted (set once the instance starts them)
     node_proxies: dict[str, NodeProxy] = field(default_factory=dict)  # started, not exited
     stopping_proxies: set[str] = field(default_factory=set)  # asked to stop, not yet gone
+    # Proxies that keep exiting: (exits in a row, monotonic time before which none starts).
+    proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
 
     def __repr__(self) -> str:
@@ -211,15 +216,19 @@ class ControllerState:
 
     # -- status (no side effects) ------------------------------------------------------
 
-    def deployment_status(self, did: DeploymentId) -> DeploymentStatusOverview:
-        record, replicas = self.deployments[did], self.replicas_of(did)
+    def deployment_status(self, did: DeploymentId,
+                          groups: Groups | None = None) -> DeploymentStatusOverview:
+        record = self.deployments[did]
+        replicas = self.replicas_of(did) if groups is None else groups.get(did, [])
         counts: dict[str, int] = {}
         for replica in replicas:
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
         current = self.running_current(did, replicas)
         outdated = [r for r in replicas if r.version != record.version and r.alive]
-        if self.failed(did, replicas):
-            status, message = DeploymentStatus.UNHEALTHY, record.last_error
+        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until a replica ever ran
+            status = (DeploymentStatus.UNHEALTHY if record.ever_running
+                      else DeploymentStatus.DEPLOY_FAILED)
+            message = record.last_error
         elif len(current) == record.target and not outdated:
             status, message = DeploymentStatus.HEALTHY, ""
         elif len(current) > record.target:
@@ -230,19 +239,22 @@ class ControllerState:
         return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
                                         target_replicas=record.target)
 
-    def app_status(self, name: str) -> ApplicationStatusOverview:
+    def app_status(self, name: str, groups: Groups | None = None) -> ApplicationStatusOverview:
+        """The application's status (pass `by_deployment()` when asking for many)."""
         app = self.apps[name]
+        groups = self.by_deployment() if groups is None else groups
         present = [did for did in app.ids() if did in self.deployments]
-        deployments = {did.name: self.deployment_status(did) for did in present}
+        deployments = {did.name: self.deployment_status(did, groups) for did in present}
         states = {d.status for d in deployments.values()}
-        failed = [self.deployments[did] for did in present if self.failed(did)]
+        failed = [self.deployments[did] for did in present
+                  if self.failed(did, groups.get(did, []))]
         if app.deleting:
             status, message = ApplicationStatus.DELETING, ""
         elif failed and not app.ever_running:
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)
-        elif failed or DeploymentStatus.UNHEALTHY in states:
+        elif failed or states & {DeploymentStatus.UNHEALTHY, DeploymentStatus.DEPLOY_FAILED}:
             status, message = ApplicationStatus.UNHEALTHY, "; ".join(d.last_error for d in failed)
         elif states <= {DeploymentStatus.HEALTHY} or (
                 app.ever_running and DeploymentStatus.UPDATING not in states):
@@ -255,10 +267,11 @@ class ControllerState:
 
     def note_running_apps(self) -> None:
         """Remember which applications have reached RUNNING (the control loop calls it)."""
-        for name, app in self.apps.items():
-            if not app.ever_running and \
-                    self.app_status(name).status is ApplicationStatus.RUNNING:
-                app.ever_running = True
+        waiting = [name for name, app in self.apps.items() if not app.ever_running]
+        groups = self.by_deployment() if waiting else {}
+        for name in waiting:
+            if self.app_status(name, groups).status is ApplicationStatus.RUNNING:
+                self.apps[name].ever_running = True
 
     # -- changes the executor and the RPC handlers make ----------------------------------
 

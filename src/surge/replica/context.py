@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import RayServeException
+from surge.launch import LOCAL_NODE
 
 __all__ = ["ReplicaContext", "ReplicaID", "get_replica_context", "set_replica_context"]
 
@@ -24,7 +25,7 @@ class ReplicaID:
 class ReplicaContext:
     replica_id: ReplicaID
     servable_object: Any
-    node_id: str = "local"  # surge: the node it runs on (a Ray node id on the ray backend)
+    node_id: str = LOCAL_NODE  # surge: the node it runs on (a Ray node id on the ray backend)
 
     @property
     def app_name(self) -> str:
