@@ -16,6 +16,7 @@ __all__ = [
     "ImportedTarget",
     "LoadReport",
     "ProxySpec",
+    "ProxyStatus",
     "ReplicaInfo",
     "ReplicaSet",
     "ReplicaSpec",
@@ -112,6 +113,14 @@ class ApplicationStatus(enum.StrEnum):
     RUNNING = "RUNNING"
     UNHEALTHY = "UNHEALTHY"
     DELETING = "DELETING"
+
+
+class ProxyStatus(enum.StrEnum):
+    STARTING = "STARTING"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    DRAINING = "DRAINING"
+    DRAINED = "DRAINED"
 
 
 class DeploymentStatus(enum.StrEnum):

@@ -13,12 +13,17 @@ from surge.api.deployment import Application, build_app_spec
 from surge.api.instance import StartOptions, connect_or_start, current, disconnect, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.config import AuthConfig, HTTPOptions, from_mapping
-from surge.errors import ConfigError, DeployFailedError, RayServeException
+from surge.errors import (
+    ControllerUnavailableError,
+    DeployFailedError,
+    RayServeException,
+)
 from surge.model import ApplicationStatus, DeploymentId, ServeStatus
 from surge.observability.config import DashboardOptions, LoggingConfig
 from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
 from surge.router.runtime import current_runtime
+from surge.transport.blocking_rpc import blocking_call
 
 __all__ = ["delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start",
            "status"]
@@ -33,7 +38,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           logging_config: LoggingConfig | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
-          **_ray_only: Any) -> None:
+          grpc_options: Any = None, **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
     `backend="ray"` places replicas and proxies on the Ray cluster at `ray_address`
@@ -45,6 +50,11 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
     it). Both apply when this call starts surge; a running instance keeps its own.
     """
+    if grpc_options is not None:
+        log.warning("surge has no gRPC ingress yet: grpc_options is accepted and ignored")
+    for key in sorted(_ray_only):
+        log.warning("serve.start(%s=...) is Ray Serve's; surge accepts it and does not use "
+                    "it", key)
     dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
@@ -110,7 +120,11 @@ def _block_until_interrupted() -> None:
 
 
 def status() -> ServeStatus:
-    result: ServeStatus = _call("status")
+    """The instance's status; an empty one when no instance is running (as Ray)."""
+    try:
+        result: ServeStatus = _call("status")
+    except ControllerUnavailableError:
+        return ServeStatus()
     return result
 
 
@@ -145,8 +159,7 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None,
             app_name = get_replica_context().app_name
         except RayServeException:
             app_name = DEFAULT_APP_NAME
-    if not _in_runtime_loop() and not _call("has_deployment",
-                                            deployment=DeploymentId(app_name, deployment_name)):
+    if not _call("has_deployment", deployment=DeploymentId(app_name, deployment_name)):
         raise RayServeException(f"deployment {deployment_name!r} does not exist in "
                                 f"application {app_name!r}")
     return DeploymentHandle(deployment_name, app_name)
@@ -161,7 +174,7 @@ def _in_runtime_loop() -> bool:
 
 def _call(method: str, **kwargs: Any) -> Any:
     runtime = current_runtime()
-    if _in_runtime_loop():
-        raise ConfigError(f"serve.{method}() blocks; call it outside async code")
+    if _in_runtime_loop():  # async code on the runtime's own loop: it cannot answer us
+        return blocking_call(runtime.address, method, runtime.token, **kwargs)
     future = asyncio.run_coroutine_threadsafe(runtime.call(method, **kwargs), runtime.loop)
     return future.result()

@@ -47,6 +47,21 @@ def resolve_target(target: Any) -> Any:
     return getattr(found, "func_or_class", found)
 
 
+_SURGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/surge
+
+
+def users_traceback() -> str:
+    """The exception being handled, with surge's own frames left out (as Ray shows a
+    failed constructor: what the user can act on)."""
+    _, exc, tb = sys.exc_info()
+    assert exc is not None
+    frames = [f for f in traceback.extract_tb(tb)
+              if not os.path.abspath(f.filename).startswith(_SURGE + os.sep)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
 class Replica:
     def __init__(self, launch: ReplicaProcessSpec) -> None:
         self.launch = launch
@@ -107,7 +122,7 @@ class Replica:
                     raise TypeError("user_config is set but the deployment has no "
                                     "reconfigure(self, config) method")
         except Exception:
-            error = traceback.format_exc()
+            error = users_traceback()
             log.error("replica %s failed to start:\n%s", self.replica_id, error)
             await self.runtime.call("replica_failed", replica_id=self.replica_id, error=error)
             return False
@@ -134,7 +149,7 @@ class Replica:
         deployment = self.spec.deployment
         recorder = Recorder("replica", self.replica_id, deployment.app, deployment.name)
         self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name, recorder,
-                                    metrics=self.launch.metrics)
+                                    metrics=self.launch.metrics, app=deployment.app)
         if self.server.metrics:
             self.runtime.report_telemetry(self.telemetry)
         listeners, address, local_address = await self._listen()

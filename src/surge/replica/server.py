@@ -20,6 +20,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
+from surge.replica.context import RequestContext, request_context_var
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
@@ -55,6 +56,13 @@ def _dumps(value: Any) -> bytes:
         return bytes(cloudpickle.dumps(value, protocol=5))
 
 
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
 def _failure(request_id: int, exc: BaseException) -> Failure:
     try:
         payload = _dumps(exc)
@@ -68,8 +76,9 @@ def _failure(request_id: int, exc: BaseException) -> Failure:
 class ReplicaServer:
     def __init__(self, user: UserCode, max_ongoing_requests: int, name: str,
                  recorder: Recorder | None = None, *, metrics: bool = True,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, app: str = "") -> None:
         self.user = user
+        self.app = app  # the application, for each request's context
         # Processing latency and user errors per route (HTTP) or method (handle calls).
         self.recorder = recorder or Recorder("replica", name)
         self.metrics = metrics  # off: no recording at all (nobody reads it)
@@ -219,6 +228,8 @@ class _Connection(FramedProtocol):
         """Run a handle call; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
+        request_context_var.set(RequestContext(
+            "", message.request_id, self.server.app, message.model_id))
         try:
             args, kwargs = pickle.loads(message.payload)
             result = await self.server.user.call(message.method, args, kwargs)
@@ -241,6 +252,10 @@ class _Connection(FramedProtocol):
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
+        request_context_var.set(RequestContext(
+            message.route_prefix, message.request_id, self.server.app,
+            _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
+            client=message.client))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)

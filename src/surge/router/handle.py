@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
+import os
 import pickle
 from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
@@ -142,10 +144,20 @@ async def _resolve(value: Any) -> Any:
     return value
 
 
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(4).hex()
+
+
+def new_request_id() -> str:
+    """A handle call's request id (unique per process run; logs and contexts carry it)."""
+    return f"{_ID_PREFIX}-h{next(_ids):x}"
+
+
 class _Request:
     """Everything needed to send one call, built on the caller's thread."""
 
-    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "runtime", "stream")
+    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "request_id", "runtime",
+                 "stream")
 
     def __init__(self, handle: DeploymentHandle, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
@@ -154,6 +166,7 @@ class _Request:
         self.method = handle.method_name
         self.stream = handle.stream
         self.model_id = handle.multiplexed_model_id
+        self.request_id = new_request_id()
         self.args = args
         self.kwargs = kwargs
 
@@ -166,7 +179,8 @@ class _Request:
     def submit_now(self, sink: _UnarySink | _StreamSink) -> Pending | None:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
         pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
-                               stream=self.stream, model_id=self.model_id), sink)
+                               stream=self.stream, model_id=self.model_id,
+                               request_id=self.request_id), sink)
         if isinstance(sink, _StreamSink):
             sink.pending = pending
         try:
@@ -249,6 +263,10 @@ class DeploymentResponse:
 
         task.add_done_callback(copy)
 
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
     def result(self, timeout_s: float | None = None) -> Any:
         if isinstance(self._task, asyncio.Future):
             raise RayServeException(
@@ -291,8 +309,33 @@ class DeploymentResponseGenerator:
         self._request = request
         self._sink: _StreamSink | None = None
         self._done = False
+        self._cancelled = False
+
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
+    def cancel(self) -> None:
+        """Stop the stream wherever it is (queued, or running on a replica); the next
+        item raises RequestCancelledError."""
+        self._cancelled = True
+        if _in_loop(self._runtime):
+            self._cancel_in_loop()
+        else:
+            self._runtime.loop.call_soon_threadsafe(self._cancel_in_loop)
+
+    def _cancel_in_loop(self) -> None:
+        sink = self._sink
+        if sink is not None and sink.pending is not None:
+            self._runtime.router(self._request.deployment).cancel(sink.pending)
+            sink.fail(RequestCancelledError("the request was cancelled"))
+
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     async def _next(self) -> Any:
+        if self._cancelled and self._sink is None:
+            raise RequestCancelledError("the request was cancelled")
         if self._sink is None:
             self._sink = _StreamSink()
             await self._request._start(self._sink)
@@ -356,7 +399,7 @@ class DeploymentHandle:
                                   else multiplexed_model_id))
 
     def __getattr__(self, name: str) -> DeploymentHandle:
-        if name.startswith("_"):
+        if name.startswith("__"):  # Python's protocols; `_private` methods are callable
             raise AttributeError(name)
         return self.options(method_name=name)
 

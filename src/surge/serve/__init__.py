@@ -19,7 +19,7 @@ from surge.replica.batching import batch
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
 from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
-from surge.serve import config, exceptions, handle
+from surge.serve import config, context, exceptions, handle, schema
 
 __all__ = [
     "Application",
@@ -31,6 +31,7 @@ __all__ = [
     "HTTPOptions",
     "batch",
     "config",
+    "context",
     "delete",
     "deployment",
     "exceptions",
@@ -40,6 +41,7 @@ __all__ = [
     "handle",
     "ingress",
     "run",
+    "schema",
     "shutdown",
     "start",
     "status",
