@@ -13,6 +13,9 @@ tied to (`Lifetime`), its logging config and whether it records metrics.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import select
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -20,8 +23,9 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
+from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.errors import ConfigError
+from surge.errors import ConfigError, RayServeException
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = [
@@ -29,7 +33,9 @@ __all__ = [
     "CONTROLLER_READY",
     "LOCAL_NODE",
     "ORPHAN_TIMEOUT_S",
+    "ApplySpec",
     "ControllerProcessSpec",
+    "DaemonSpec",
     "Lifetime",
     "MemberSpec",
     "Membership",
@@ -37,6 +43,7 @@ __all__ = [
     "ReplicaProcessSpec",
     "Tcp",
     "Unix",
+    "await_ready",
     "encode",
     "read_spec",
     "start_process",
@@ -47,7 +54,8 @@ LOCAL_NODE = "local"  # the node id of everything on the local backend
 # gone for good (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
 ORPHAN_TIMEOUT_S = 120.0
 MAX_SPEC_BYTES = 1 << 20  # a spec is a few hundred bytes; a megabyte means a wrong pipe
-# The controller's one line on stdout for the process that started it.
+# The controller's (and a detached instance's daemon's) one line on stdout for the
+# process that started it.
 CONTROLLER_READY = "surge-controller ready"
 CONTROLLER_ERROR = "surge-controller error"
 
@@ -78,6 +86,7 @@ class Lifetime(msgspec.Struct, frozen=True):
     supervisor_pid: int = 0
     parent_pid: int = 0
     orphan_timeout_s: float | None = None
+    detached: bool = False  # the supervisor is a detached instance's daemon (api/daemon.py)
 
     @property
     def reconnects(self) -> bool:
@@ -150,10 +159,32 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
                           metrics=self.dashboard.enabled)
 
 
-Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec)
+class DaemonSpec(msgspec.Struct, frozen=True, kw_only=True, tag="daemon"):
+    """A detached instance: what its supervising daemon starts (surge.api.daemon)."""
+
+    address: str
+    http: HTTPOptions = HTTPOptions()
+    backend: str = "local"
+    ray_address: str | None = None
+    logging: LoggingConfig = LoggingConfig()
+    dashboard: DashboardOptions = DashboardOptions()
+    sys_path: tuple[str, ...] = ()  # where the user's modules are
 
 
-def encode(spec: ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec) -> bytes:
+class ApplySpec(msgspec.Struct, frozen=True, kw_only=True, tag="apply"):
+    """A config to build and deploy (Ray's REST API, PUT /api/serve/applications/)."""
+
+    controller: str
+    token: str | None = None
+    config: str  # the ServeDeploySchema, as JSON
+
+
+Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec, ApplySpec,
+               DaemonSpec)
+AnySpec = ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec | ApplySpec | DaemonSpec
+
+
+def encode(spec: AnySpec) -> bytes:
     """The spec as the one line its process reads."""
     return msgspec.json.encode(spec) + b"\n"
 
@@ -189,3 +220,37 @@ def start_process(argv: Sequence[str], spec: bytes, env: Mapping[str, str],
     with contextlib.suppress(BrokenPipeError), process.stdin:
         process.stdin.write(spec)  # a few hundred bytes, below any pipe's buffer
     return process
+
+
+def await_ready(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """The ready line's details from a just-started controller (or daemon) on its stdout
+    pipe, which is closed after; a process that says it failed, says nothing in time or
+    exits is killed and raises `RayServeException` with its reason."""
+    assert process.stdout is not None
+    line = _read_line(process, timeout)
+    process.stdout.close()
+    if line.startswith(f"{CONTROLLER_READY} "):
+        ready: dict[str, Any] = json.loads(line[len(CONTROLLER_READY) + 1:])
+        return ready
+    process.kill()
+    process.wait()
+    reason = line[len(CONTROLLER_ERROR) + 1:] if line.startswith(f"{CONTROLLER_ERROR} ") else (
+        line or "the controller exited without saying why (see its log)")
+    raise RayServeException(f"could not start surge: {reason}")
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = SYSTEM.monotonic() + timeout
+    data = b""
+    while b"\n" not in data and SYSTEM.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+        elif process.poll() is not None:
+            break
+    return data.decode(errors="replace").split("\n", 1)[0].strip()

@@ -78,13 +78,53 @@ def import_application(import_path: str, args: Mapping[str, Any] | None = None,
         raise ConfigError(f"{import_path} is a deployment, not an application: bind it "
                           f"(app = {target.name}.bind()) and point import_path at that")
     if callable(target):
-        built = target(dict(args or {}))
+        built = target(_builder_args(import_path, target, dict(args or {})))
         if not isinstance(built, Application):
             raise ConfigError(f"the builder {import_path} returned "
                               f"{type(built).__name__}, not a bound Application")
         return built
     raise ConfigError(f"{import_path} is a {type(target).__name__}, not an Application "
                       "or a builder function")
+
+
+def _builder_args(import_path: str, builder: Any, args: dict[str, Any]) -> Any:
+    """What a builder is called with, as in Ray: the args dict, or the pydantic model its
+    one parameter is annotated with, validated from it."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):
+        return args
+    if len(parameters) != 1:
+        raise ConfigError(f"the application builder {import_path} takes "
+                          f"{len(parameters)} parameters; it must take exactly one, the "
+                          "dictionary of arguments (or a pydantic model of them)")
+    annotation = parameters[0].annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`
+        try:
+            annotation = inspect.get_annotations(builder, eval_str=True).get(
+                parameters[0].name, annotation)
+        except Exception:
+            return args
+    model = _pydantic_model(annotation)
+    if model is None:
+        return args
+    try:
+        return model.model_validate(args)
+    except Exception as exc:  # pydantic.ValidationError: which argument is wrong
+        raise ConfigError(f"the arguments of {import_path} do not fit "
+                          f"{model.__name__}: {exc}") from None
+
+
+def _pydantic_model(annotation: Any) -> Any:
+    if not isinstance(annotation, type):
+        return None
+    try:
+        from pydantic import BaseModel
+    except ImportError:
+        return None
+    return annotation if issubclass(annotation, BaseModel) else None
 
 
 @contextlib.contextmanager
@@ -208,16 +248,27 @@ def build_specs(config: ServeConfig) -> list[AppSpec]:
         except ConfigError as exc:
             raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
         try:
-            specs.append(build_app_spec(bound, app.name, app.route_prefix,
-                                        (*search, *user_sys_path()), auth))
+            spec = build_app_spec(bound, app.name, app.route_prefix,
+                                  (*search, *user_sys_path()), auth)
+            specs.append(dataclasses.replace(spec, source_config=_entry(config, app)))
         except ConfigError as exc:
             raise ConfigError(f"{config.where(app.path)}: {exc}") from None
     return specs
 
 
+def _entry(config: ServeConfig, app: AppConfig) -> dict[str, Any]:
+    """The application's entry in the file, as written (for `serve config`)."""
+    node: Any = config.raw
+    for key in app.path:
+        node = node[key]
+    return dict(node) if isinstance(node, Mapping) else {}
+
+
 def apply_config(config: ServeConfig, *, start: bool,
-                 progress: Callable[[str], None] = print) -> Instance:
-    """Deploy the file's applications (starting surge if `start`) and delete the others."""
+                 progress: Callable[[str], None] = print, wait: bool = True,
+                 detached: bool = False) -> Instance:
+    """Deploy the file's applications (starting surge if `start`, `detached` if asked) and
+    delete the others; with `wait`, until they run and the others are gone."""
     specs = build_specs(config)
     ray_address = config.ray_address or (
         caller_ray_address() if config.backend == "ray" else None)
@@ -226,7 +277,7 @@ def apply_config(config: ServeConfig, *, start: bool,
     options = StartOptions(http=config.http_options,
                            backend=BackendChoice(config.backend, ray_address),
                            logging=dataclasses.replace(logging_config, log_level=level))
-    instance = connect_or_start(options, start=start)
+    instance = connect_or_start(options, start=start, detached=detached)
     existing = instance.call("status", timeout=10).applications
     wanted = {spec.name for spec in specs}
     removed = [name for name in existing if name not in wanted]
@@ -238,6 +289,8 @@ def apply_config(config: ServeConfig, *, start: bool,
         progress(f"{verb} application {spec.name!r} "
                  f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
         instance.call("deploy", timeout=30, app=spec)
+    if not wait:
+        return instance
     for spec in specs:
         _wait(instance, spec.name, progress)
     for name in removed:
@@ -297,8 +350,11 @@ def build_config(import_paths: list[str]) -> dict[str, Any]:
                      "runtime_env": {},
                      "deployments": [_deployment_entry(n) for n in walk_deployments(root)]})
     return {"proxy_location": "EveryNode",
-            "http_options": {"host": "127.0.0.1", "port": 8000},
-            "logging_config": {"log_level": "INFO"},
+            # As Ray writes it: every interface (a container's port must be reachable).
+            "http_options": {"host": "0.0.0.0", "port": 8000},
+            "logging_config": {"encoding": "TEXT", "log_level": "INFO", "logs_dir": None,
+                               "enable_access_log": True,
+                               "additional_log_standard_attrs": []},
             "applications": apps}
 
 

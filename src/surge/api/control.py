@@ -49,6 +49,10 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     the dashboard and /metrics listen on `dashboard_host:dashboard_port` (default
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
     it). Both apply when this call starts surge; a running instance keeps its own.
+
+    `detached=True` starts an instance that outlives this process (as `surge start`):
+    deploy and exit, the applications keep serving; `surge shutdown` or serve.shutdown()
+    stops it. Otherwise an instance this call starts stops when this process exits.
     """
     if grpc_options is not None:
         log.warning("surge has no gRPC ingress yet: grpc_options is accepted and ignored")
@@ -64,7 +68,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
                            if backend == "ray" else ray_address)
     connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),
                                   backend=choice, logging=LoggingConfig.from_any(logging_config),
-                                  dashboard=dashboard))
+                                  dashboard=dashboard), detached=detached)
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,

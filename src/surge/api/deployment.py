@@ -161,6 +161,21 @@ def _register_reducers() -> None:
     copyreg.pickle(State, lambda state: (State, (dict(state._state),)))
 
 
+def source_digest(target: Any) -> str:
+    """A digest of the source file that defines `target` ("" when it has none)."""
+    import hashlib
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(target)
+        if path is None:
+            return ""
+        with open(path, "rb") as source:
+            return hashlib.sha256(source.read()).hexdigest()[:16]
+    except (TypeError, OSError):
+        return ""
+
+
 class _Builder:
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
@@ -179,9 +194,11 @@ class _Builder:
             import dataclasses
 
             config = dataclasses.replace(config, name=name)
+        target = app.deployment.func_or_class
         self.specs[name] = DeploymentSpec(
-            config=config, target_blob=pickle_target(app.deployment.func_or_class),
-            init_blob=bytes(cloudpickle.dumps((args, kwargs))))
+            config=config, target_blob=pickle_target(target),
+            init_blob=bytes(cloudpickle.dumps((args, kwargs))),
+            source_digest=source_digest(target))
         return name
 
     def _unique(self, name: str) -> str:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -33,14 +31,7 @@ from surge.config import HTTPOptions
 from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
 from surge.errors import RayServeException
-from surge.launch import (
-    CONTROLLER_ERROR,
-    CONTROLLER_READY,
-    ControllerProcessSpec,
-    Lifetime,
-    encode,
-    start_process,
-)
+from surge.launch import ControllerProcessSpec, Lifetime, await_ready, encode, start_process
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = ["StartOptions", "Supervisor", "user_sys_path"]
@@ -66,8 +57,12 @@ class StartOptions:
 
 
 class Supervisor:
-    def __init__(self, address: str, options: StartOptions | None = None) -> None:
+    def __init__(self, address: str, options: StartOptions | None = None,
+                 sys_path: tuple[str, ...] | None = None, detached: bool = False) -> None:
         self.options = options or StartOptions()  # restarts come back with the same
+        self.detached = detached  # this process is a detached instance's daemon
+        # Where the user's modules are (the caller's, also for a detached instance).
+        self.sys_path = user_sys_path() if sys_path is None else sys_path
         self.environment = dict(os.environ)  # as the caller set it up: restarts keep it
         self.token = new_token()
         self.state_dir = tempfile.mkdtemp(prefix="instance-", dir=user_dir())
@@ -96,28 +91,19 @@ class Supervisor:
             address=address, http=options.http, backend=options.backend.name,
             ray_address=options.backend.ray_address, token=self.token,
             state_dir=self.state_dir, recover=recover,
-            lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid()),
+            lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid(),
+                              detached=self.detached),
             logging=options.logging.resolved(), dashboard=options.dashboard)
 
     def _launch(self, address: str,
                 recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
         env = {k: v for k, v in self.environment.items() if k != TOKEN_ENV}  # in the spec
-        paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
+        paths = [p for p in (*self.sys_path, env.get("PYTHONPATH", "")) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         process = start_process([sys.executable, "-m", "surge.controller"],
                                 encode(self.spec(address, recover)), env,
                                 stdout=subprocess.PIPE, start_new_session=True)
-        assert process.stdout is not None
-        line = _read_line(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
-        process.stdout.close()
-        if line.startswith(f"{CONTROLLER_READY} "):
-            ready: dict[str, Any] = json.loads(line[len(CONTROLLER_READY) + 1:])
-            return process, ready
-        process.kill()
-        process.wait()
-        reason = line[len(CONTROLLER_ERROR) + 1:] if line.startswith(f"{CONTROLLER_ERROR} ") else (
-            line or "the controller exited without saying why (see its log above)")
-        raise RayServeException(f"could not start surge: {reason}")
+        return process, await_ready(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
 
     def _watch(self) -> None:
         try:
@@ -168,23 +154,6 @@ class Supervisor:
                 log.warning("stopping pid %d, left running by a controller that died", pid)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
-
-
-def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = SYSTEM.monotonic() + timeout
-    data = b""
-    while b"\n" not in data and SYSTEM.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-        elif process.poll() is not None:
-            break
-    return data.decode(errors="replace").split("\n", 1)[0].strip()
 
 
 def user_sys_path() -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from surge.config._check import _require
 from surge.config.deployment import DeploymentSpec
@@ -51,6 +53,9 @@ class AppSpec:
     deployments: tuple[DeploymentSpec, ...]
     sys_path: tuple[str, ...] = ()
     auth: AccessTokens | None = None  # None: HTTP requests need no credentials
+    # Declarative deploys (a config file, the REST API): the application's entry as
+    # written, for `serve config` and Ray's REST API; None for serve.run (imperative).
+    source_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str), "application name must be a string.")

@@ -236,6 +236,9 @@ class DeploymentSpec:
     config: DeploymentConfig
     target_blob: bytes
     init_blob: bytes
+    # The digest of the file that defines the code: a class pickled by reference has the
+    # same blob when its module changed (`surge run --reload`, a redeploy after an edit).
+    source_digest: str = ""
 
     @property
     def code_version(self) -> str:
@@ -243,7 +246,8 @@ class DeploymentSpec:
         import hashlib
 
         c = self.config
-        digest = hashlib.sha256(self.target_blob + b"\0" + self.init_blob)
+        digest = hashlib.sha256(self.target_blob + b"\0" + self.init_blob + b"\0"
+                                + self.source_digest.encode())
         digest.update(repr((c.max_ongoing_requests, c.resources, c.graceful_shutdown_timeout_s,
                             c.health_check_period_s, c.health_check_timeout_s)).encode())
         return digest.hexdigest()[:16]

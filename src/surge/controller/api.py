@@ -21,6 +21,7 @@ from surge.config import AppSpec
 from surge.controller import desired
 from surge.controller.actions import ProxyReady
 from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.details import instance_details
 from surge.controller.executor import Executor
 from surge.controller.observer import Observer
 from surge.controller.plan import PROXY_PREFIX
@@ -100,7 +101,8 @@ class ControlApi:
             self.executor.apply(recovery.adopt_replica(state, peer, pid, info))
         if recovery.active:  # the last member back ends recovery at once
             self.executor.apply(recovery.due(state, self.clock.monotonic()))
-        return {"controller_pid": os.getpid(), "http_address": state.proxy_address}
+        return {"controller_pid": os.getpid(), "http_address": state.proxy_address,
+                "daemon_pid": state.daemon_pid}
 
     async def rpc_watch(self, peer: Peer, deployment: DeploymentId) -> None:
         self.publisher.watch(peer, deployment)
@@ -165,6 +167,10 @@ class ControlApi:
             http_address=state.proxy_address, control_address=state.address,
             proxy_addresses={p.proxy_id: p.address for p in state.proxies.values()},
             dashboard_address=self.observer.url)
+
+    async def rpc_details(self, peer: Peer) -> dict[str, Any]:
+        """The instance as Ray's REST API describes it (`surge config`, `surge status -a`)."""
+        return instance_details(self.state, self.clock, os.getpid())
 
     async def rpc_ingress(self, peer: Peer, app: str) -> str | None:
         record = self.state.apps.get(app)

@@ -44,7 +44,7 @@ def deploy(state: ControllerState, app: AppSpec, wall: float) -> list[Reconfigur
             if did.name not in names and did in state.deployments:
                 _delete_deployment(state.deployments[did])
     state.apps[app.name] = AppRecord(app.name, app.route_prefix, app.ingress, tuple(names),
-                                     wall, auth=app.auth)
+                                     wall, auth=app.auth, source_config=app.source_config)
     return actions
 
 

@@ -12,6 +12,7 @@ controller's proxies and replicas before it starts any.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from surge.backends.choice import BackendChoice, build_backend
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
+from surge.controller.rest import RestApi
 from surge.controller.web import start_dashboard
 from surge.errors import ConfigError
 from surge.launch import CONTROLLER_ERROR, CONTROLLER_READY, ControllerProcessSpec, read_spec
@@ -58,11 +60,14 @@ async def serve(spec: ControllerProcessSpec) -> int:
         return 1
     controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir))
     holder.append(controller)
+    if spec.lifetime.detached:
+        controller.state.daemon_pid = spec.lifetime.supervisor_pid
     if spec.recover:
         controller.restore()
     loop.add_signal_handler(signal.SIGTERM, lambda: controller.spawn(controller.shutdown()))
     runner = loop.create_task(controller.run())
-    dashboard = await start_dashboard(controller.observer, spec.dashboard)
+    dashboard = await start_dashboard(controller.observer, spec.dashboard,
+                                      _rest_api(controller, spec))
     await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
     code = 0
     if not controller.state.stopping:  # not shut down while it recovered
@@ -74,6 +79,21 @@ async def serve(spec: ControllerProcessSpec) -> int:
         dashboard.close()
     server.close()
     return code
+
+
+def _rest_api(controller: Controller, spec: ControllerProcessSpec) -> RestApi:
+    """Ray's REST API; its token is Ray's RAY_AUTH_TOKEN when set (Ray's CLI and KubeRay
+    send it), else the instance's control token. It is required off loopback, and
+    everywhere with RAY_AUTH_MODE=token, as Ray's token authentication."""
+    try:
+        loopback = ipaddress.ip_address(spec.dashboard.host).is_loopback
+    except ValueError:
+        loopback = spec.dashboard.host == "localhost"
+    forced = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    return RestApi(controller.state, clock=controller.clock, controller_pid=os.getpid(),
+                   token=os.environ.get("RAY_AUTH_TOKEN") or spec.token,
+                   require_token=forced or not loopback,
+                   shutdown=lambda: controller.spawn(controller.shutdown()))
 
 
 async def _start_proxies(controller: Controller, spec: ControllerProcessSpec,

@@ -16,7 +16,7 @@ UNHEALTHY, before it DEPLOY_FAILED), is recorded by the control loop
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -138,6 +138,7 @@ class AppRecord:
     deployments: tuple[str, ...]  # names of its current deployments
     deployed_at: float  # wall seconds
     auth: AccessTokens | None = None  # token digests its HTTP route requires
+    source_config: Mapping[str, Any] | None = None  # its config entry, if deployed from one
     deleting: bool = False
     ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 
@@ -179,6 +180,7 @@ class ControllerState:
     # Proxies that keep exiting: (exits in a row, monotonic time before which none starts).
     proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
+    daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
 
     def __repr__(self) -> str:
         return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "

@@ -1,0 +1,132 @@
+"""Ray Serve's REST API on the dashboard port, so Ray's `serve` CLI and KubeRay drive surge.
+
+    GET    /api/version, /api/ray/version   Ray's version handshake (the CLI checks it)
+    GET    /api/serve/applications/         the instance (controller/details.py)
+    PUT    /api/serve/applications/         deploy a ServeDeploySchema config, declaratively
+    DELETE /api/serve/applications/         shut the instance down (as Ray's serve shutdown)
+    GET    /api/gcs_healthz, /api/local_raylet_healthz   the probes KubeRay's pods run
+
+A PUT is `surge deploy`: applications changed in place or rolled, those missing deleted,
+and a bad config changes nothing (400 with the reason). Building applications imports
+the user's code, which the controller never does: a short-lived process
+(`python -m surge.api.rest_apply`) builds and deploys them over the control API, and the
+answer is its outcome. PUTs run one at a time.
+
+Authentication: none on loopback (the default host); bound elsewhere, every
+/api/serve/ request needs the instance's control token as `Authorization: Bearer ...`
+(or KubeRay's `X-Ray-Authorization`): 401 without one, 403 with a wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from surge.clock import Clock
+from surge.controller.details import RAY_VERSION, instance_details
+from surge.controller.state import ControllerState
+from surge.launch import ApplySpec, encode
+
+__all__ = ["APPLY_TIMEOUT_S", "RestApi"]
+
+log = logging.getLogger("surge.rest")
+
+# Building applications imports user code (models, frameworks): minutes at worst.
+APPLY_TIMEOUT_S = 300.0
+MAX_ERROR_BYTES = 16 * 1024  # of the builder's error, in a 400's body
+APPLICATIONS = "/api/serve/applications/"
+HEALTH = ("/api/gcs_healthz", "/api/local_raylet_healthz", "/api/healthz")
+
+Answer = tuple[int, str, bytes]
+
+
+class RestApi:
+    def __init__(self, state: ControllerState, *, clock: Clock,
+                 controller_pid: int, token: str | None, require_token: bool,
+                 shutdown: Callable[[], None]) -> None:
+        self.state = state
+        self.clock = clock
+        self.controller_pid = controller_pid
+        self.token = token
+        self.require_token = require_token and token is not None
+        self.shutdown = shutdown
+        self._applying = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<RestApi token={'required' if self.require_token else 'off'}>"
+
+    def handles(self, path: str) -> bool:
+        return path.startswith("/api/") and path != "/api/timeline"
+
+    async def handle(self, method: str, path: str, headers: Mapping[str, str],
+                     body: bytes) -> Answer:
+        if path in ("/api/version", "/api/ray/version") and method == "GET":
+            return _json(200, {"version": "4", "ray_version": RAY_VERSION,
+                               "ray_commit": "surge", "session_name": "surge"})
+        if path in HEALTH and method == "GET":
+            return 200, "text/plain", b"success"
+        if path.rstrip("/") + "/" != APPLICATIONS:
+            return 404, "text/plain", f"no API at {path}".encode()
+        refused = self._check(headers)
+        if refused is not None:
+            return refused
+        if method == "GET":
+            return _json(200, instance_details(self.state, self.clock, self.controller_pid))
+        if method == "PUT":
+            return await self._put(body)
+        if method == "DELETE":
+            asyncio.get_running_loop().call_soon(self.shutdown)  # after the answer
+            return 200, "text/plain", b""
+        return 405, "text/plain", b"GET, PUT or DELETE"
+
+    def _check(self, headers: Mapping[str, str]) -> Answer | None:
+        if not self.require_token:
+            return None
+        assert self.token is not None
+        offered = headers.get("authorization") or headers.get("x-ray-authorization") or ""
+        if not offered.startswith("Bearer "):
+            return 401, "text/plain", b"this API needs the instance's token: Authorization: Bearer"
+        if not hmac.compare_digest(offered[7:].strip().encode(), self.token.encode()):
+            return 403, "text/plain", b"the token was refused"
+        return None
+
+    async def _put(self, body: bytes) -> Answer:
+        try:
+            config = json.loads(body or b"{}")
+        except ValueError as exc:
+            return 400, "text/plain", f"the body is not JSON: {exc}".encode()
+        if not isinstance(config, dict):
+            return 400, "text/plain", b"the body must be a ServeDeploySchema object"
+        async with self._applying:
+            return await self._apply(config)
+
+    async def _apply(self, config: dict[str, Any]) -> Answer:
+        spec = ApplySpec(controller=self.state.address, token=self.token,
+                         config=msgspec.json.encode(config).decode())
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "surge.api.rest_apply", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        try:
+            _, errors = await asyncio.wait_for(process.communicate(encode(spec)),
+                                               APPLY_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            return 400, "text/plain", (f"building the applications took over "
+                                       f"{APPLY_TIMEOUT_S:.0f}s; nothing was changed").encode()
+        if process.returncode != 0:
+            message = errors[-MAX_ERROR_BYTES:].decode(errors="replace").strip()
+            log.warning("PUT %s refused: %s", APPLICATIONS, message)
+            return 400, "text/plain", message.encode()
+        return 200, "text/plain", b""
+
+
+def _json(status: int, data: Any) -> Answer:
+    return status, "application/json", json.dumps(data).encode()
