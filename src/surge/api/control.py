@@ -38,7 +38,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           logging_config: LoggingConfig | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
-          grpc_options: Any = None, **_ray_only: Any) -> None:
+          **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
     `backend="ray"` places replicas and proxies on the Ray cluster at `ray_address`
@@ -49,12 +49,14 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     the dashboard and /metrics listen on `dashboard_host:dashboard_port` (default
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
     it). Both apply when this call starts surge; a running instance keeps its own.
+
+    Ray's other arguments (grpc_options, tracing_config, controller_options, ...) land
+    in `_ray_only`: accepted, named in a warning when set, and not used.
     """
-    if grpc_options is not None:
-        log.warning("surge has no gRPC ingress yet: grpc_options is accepted and ignored")
-    for key in sorted(_ray_only):
+    for key in sorted(k for k, v in _ray_only.items() if v is not None):
+        why = " (surge has no gRPC ingress yet)" if key == "grpc_options" else ""
         log.warning("serve.start(%s=...) is Ray Serve's; surge accepts it and does not use "
-                    "it", key)
+                    "it%s", key, why)
     dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
