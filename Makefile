@@ -16,7 +16,7 @@ demo: install
 	$(PY) examples/demo.py
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples scripts
 	$(VENV)/bin/mypy
 
 test: lint

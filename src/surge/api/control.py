@@ -38,7 +38,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           logging_config: LoggingConfig | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
-          grpc_options: Any = None, **_ray_only: Any) -> None:
+          **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
     `backend="ray"` places replicas and proxies on the Ray cluster at `ray_address`
@@ -53,12 +53,14 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     `detached=True` starts an instance that outlives this process (as `surge start`):
     deploy and exit, the applications keep serving; `surge shutdown` or serve.shutdown()
     stops it. Otherwise an instance this call starts stops when this process exits.
+
+    Ray's other arguments (grpc_options, tracing_config, controller_options, ...) land
+    in `_ray_only`: accepted, named in a warning when set, and not used.
     """
-    if grpc_options is not None:
-        log.warning("surge has no gRPC ingress yet: grpc_options is accepted and ignored")
-    for key in sorted(_ray_only):
+    for key in sorted(k for k, v in _ray_only.items() if v is not None):
+        why = " (surge has no gRPC ingress yet)" if key == "grpc_options" else ""
         log.warning("serve.start(%s=...) is Ray Serve's; surge accepts it and does not use "
-                    "it", key)
+                    "it%s", key, why)
     dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,

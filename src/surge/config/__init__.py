@@ -49,6 +49,11 @@ from surge.config.http import (
     gRPCOptions,
 )
 
+# Ray Serve's classes that surge provides only so that code using them loads: where Ray
+# takes one (serve.start(grpc_options=...), request_router_config=...) surge accepts it
+# with a warning and does not use it. docs/ray-compat.md (scripts/ray_compat.py) reads it.
+RAY_CLASSES_ACCEPTED: tuple[type, ...] = (RequestRouterConfig, gRPCOptions)
+
 __all__ = [
     "AUTO_MAX_REPLICAS",
     "DEFAULT_CONTROL_PORT",
@@ -66,6 +71,7 @@ __all__ = [
     "QUEUE_SAFETY_LIMIT",
     "RAY_ACTOR_OPTION_KEYS_ACCEPTED",
     "RAY_ACTOR_OPTION_KEYS_IMPLEMENTED",
+    "RAY_CLASSES_ACCEPTED",
     "AppSpec",
     "AuthConfig",
     "AutoscalingConfig",
