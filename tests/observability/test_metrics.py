@@ -164,6 +164,7 @@ def test_the_exposition_is_what_prometheus_client_writes_byte_for_byte() -> None
     from prometheus_client import CollectorRegistry, generate_latest
 
     from surge.controller.metrics import exposition, surge_families
+    from surge.controller.ray_metrics import ray_families
 
     odd = 'a "quoted" \\ back\nline é'
     snapshot = MetricsSnapshot(
@@ -175,7 +176,7 @@ def test_the_exposition_is_what_prometheus_client_writes_byte_for_byte() -> None
 
     class Families:
         def collect(self) -> list[object]:
-            return list(surge_families(snapshot))
+            return [*surge_families(snapshot), *ray_families(snapshot)]
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Families())  # type: ignore[arg-type]

@@ -86,3 +86,15 @@ def test_http_requests_are_keyed_by_labels_and_status() -> None:
     report = recorder.drain()
     assert report.http[key].count == 2 and len(report.http) == 2
     assert status_class(503) == "5xx" and status_class(200) == "2xx"
+
+
+
+def test_exception_types_travel_with_the_report() -> None:
+    recorder = Recorder("replica", "r1", "shop", "Model")
+    recorder.processed("/shop", 1.0, ok=False)
+    recorder.exception("/shop", "KeyError")
+    report = recorder.drain({})
+    assert report.errors == {"/shop": 1}
+    assert report.exceptions == {("/shop", "KeyError"): 1}
+    assert recorder.drain().exceptions == {}
+

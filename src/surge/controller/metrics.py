@@ -3,8 +3,9 @@
 The snapshot's label tuples become prometheus_client metric families at scrape time,
 written out by `exposition` (generate_latest's bytes at a fraction of its cost); nothing
 is registered per request, so a scrape costs O(series) and the data path never touches
-prometheus_client. Ray's names come without its `ray_` prefix (Ray's metrics agent adds
-it); counters get `_total` as usual.
+prometheus_client. surge's own names are Ray's without the `ray_` prefix Ray's metrics
+agent adds, with labels of surge's choosing; the same snapshot is rendered again in
+Ray's exported names and labels (`ray_serve_*`, controller/ray_metrics.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from surge.controller.observer import MetricsSnapshot
+from surge.controller.ray_metrics import RAY_METRIC_NAMES, ray_families
 from surge.observability.recorder import Histogram
 
-__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "exposition", "render", "surge_families"]
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "RAY_METRIC_NAMES", "exposition", "render",
+           "surge_families"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -177,7 +180,7 @@ def surge_families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
 
 def render(snapshot: MetricsSnapshot) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of `snapshot`."""
-    return exposition(surge_families(snapshot))
+    return exposition([*surge_families(snapshot), *ray_families(snapshot)])
 
 
 def exposition(families: Iterable[Metric]) -> bytes:

@@ -35,6 +35,7 @@ STALE_GAUGE_S = 10.0
 GONE_REPLICA_KEEP_S = 60.0
 
 ReplicaKey = tuple[str, str, str, str]  # application, deployment, replica, route
+ExceptionKey = tuple[str, str, str, str, str]  # ReplicaKey + the exception's type
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,11 @@ class MetricsSnapshot:
     http: Mapping[HttpKey, Histogram] = field(default_factory=dict)
     processing: Mapping[ReplicaKey, Histogram] = field(default_factory=dict)
     errors: Mapping[ReplicaKey, int] = field(default_factory=dict)
+    exceptions: Mapping[ExceptionKey, int] = field(default_factory=dict)
     replica_processing: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     replica_healthy: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     replica_starts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    replica_started: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     replicas_by_state: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     target_replicas: Mapping[tuple[str, str], int] = field(default_factory=dict)
     autoscaled: frozenset[tuple[str, str]] = frozenset()
@@ -58,6 +61,7 @@ class MetricsSnapshot:
     decisions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     signals: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     proxies: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    proxy_nodes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # node id, ip
 
 
 def _merge(into: dict[Any, Histogram], key: Any, histogram: Histogram) -> None:
@@ -81,8 +85,10 @@ class Observer:
         self.http: dict[HttpKey, Histogram] = {}
         self.processing: dict[ReplicaKey, Histogram] = {}
         self.errors: dict[ReplicaKey, int] = {}
+        self.exceptions: dict[ExceptionKey, int] = {}
         self.rejections: dict[tuple[str, str, str], int] = {}
         self.replica_starts: dict[tuple[str, str], int] = {}
+        self.replica_started: dict[str, tuple[str, str]] = {}  # id -> app, deployment
         self.replica_gauges: dict[str, tuple[str, str, float]] = {}  # id -> app, dep, value
         self.replica_seen: dict[str, float] = {}
         self.proxy_gauges: dict[str, tuple[float, Mapping[str, float]]] = {}
@@ -119,6 +125,7 @@ class Observer:
             if report.first:
                 key = (report.app, report.deployment)
                 self.replica_starts[key] = self.replica_starts.get(key, 0) + 1
+                self.replica_started[report.source] = key
         for http_key, histogram in report.http.items():
             _merge(self.http, http_key, histogram)
             if http_key[0]:
@@ -136,6 +143,9 @@ class Observer:
         for route, count in report.errors.items():
             error_key = (report.app, report.deployment, report.source, route)
             self.errors[error_key] = self.errors.get(error_key, 0) + count
+        for (route, kind), count in report.exceptions.items():
+            exception_key = (report.app, report.deployment, report.source, route, kind)
+            self.exceptions[exception_key] = self.exceptions.get(exception_key, 0) + count
         for rejection, count in report.rejections.items():
             self.rejections[rejection] = self.rejections.get(rejection, 0) + count
 
@@ -238,9 +248,11 @@ class Observer:
         for replica in gone:
             del self.replica_seen[replica]
             self.replica_gauges.pop(replica, None)
+            self.replica_started.pop(replica, None)
         if gone:
             self.processing = {k: v for k, v in self.processing.items() if k[2] not in gone}
             self.errors = {k: v for k, v in self.errors.items() if k[2] not in gone}
+            self.exceptions = {k: v for k, v in self.exceptions.items() if k[2] not in gone}
         for replica in [r for r in self.replica_gauges if r not in alive]:
             del self.replica_gauges[replica]  # a stopped replica processes nothing
 
@@ -275,14 +287,18 @@ class Observer:
                 signals[(did.app, did.name, name)] = float(value)
         return MetricsSnapshot(
             http=self.http, processing=self.processing, errors=self.errors,
+            exceptions=self.exceptions,
             replica_processing={(a, d, r): v for r, (a, d, v) in self.replica_gauges.items()},
             replica_healthy=healthy, replica_starts=dict(self.replica_starts),
+            replica_started={(a, d, r): 1 for r, (a, d) in self.replica_started.items()},
             replicas_by_state=by_state, target_replicas=targets,
             autoscaled=frozenset(autoscaled), queued=queued, ongoing=ongoing,
             offered={(d.app, d.name): n for d, n in self.offered.items()},
             completed={(d.app, d.name): n for d, n in self.completed.items()},
             rejections=rejections, decisions=dict(self.decisions), signals=signals,
-            proxies={p: g for p, (_, g) in self.proxy_gauges.items()})
+            proxies={p: g for p, (_, g) in self.proxy_gauges.items()},
+            proxy_nodes={p: (record.node_id, record.address.rpartition(":")[0])
+                         for p, record in self.state.proxies.items()})
 
     def status(self) -> dict[str, Any]:
         """Applications, deployments and replicas with their states, for the page."""
