@@ -98,3 +98,13 @@ def test_exception_types_travel_with_the_report() -> None:
     assert report.exceptions == {("/shop", "KeyError"): 1}
     assert recorder.drain().exceptions == {}
 
+
+def test_user_metrics_travel_with_the_report() -> None:
+    from surge.observability.user_metrics import MetricInfo
+
+    recorder = Recorder("replica", "r1", "shop", "Model")
+    info = MetricInfo("m", "counter", "", ())
+    report = recorder.drain({}, user={info: {(): 1.0}})
+    assert report.user == {info: {(): 1.0}} and not report.empty
+    after = recorder.drain()
+    assert after.user == {} and after.empty

@@ -5,7 +5,8 @@ written out by `exposition` (generate_latest's bytes at a fraction of its cost);
 is registered per request, so a scrape costs O(series) and the data path never touches
 prometheus_client. surge's own names are Ray's without the `ray_` prefix Ray's metrics
 agent adds, with labels of surge's choosing; the same snapshot is rendered again in
-Ray's exported names and labels (`ray_serve_*`, controller/ray_metrics.py).
+Ray's exported names and labels (`ray_serve_*`, controller/ray_metrics.py), followed
+by the users' serve.metrics.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from surge.controller.observer import MetricsSnapshot
-from surge.controller.ray_metrics import RAY_METRIC_NAMES, ray_families
+from surge.controller.ray_metrics import RAY_METRIC_NAMES, ray_families, user_families
 from surge.observability.recorder import Histogram
 
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "RAY_METRIC_NAMES", "exposition", "render",
@@ -180,7 +181,8 @@ def surge_families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
 
 def render(snapshot: MetricsSnapshot) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of `snapshot`."""
-    return exposition([*surge_families(snapshot), *ray_families(snapshot)])
+    return exposition([*surge_families(snapshot), *ray_families(snapshot),
+                       *user_families(snapshot.user)])
 
 
 def exposition(families: Iterable[Metric]) -> bytes:

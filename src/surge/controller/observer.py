@@ -1,7 +1,8 @@
 """What the controller shows operators: summed request metrics and a bounded timeline.
 
-Proxies and replicas push `TelemetryReport`s (counter deltas, histograms, gauges) about
-once a second; `Observer.telemetry` adds them into running totals. Routers' load
+Proxies and replicas push `TelemetryReport`s (counter deltas, histograms, gauges, and
+the replicas' serve.metrics) about once a second; `Observer.telemetry` adds them into
+running totals (user metrics: controller/user_metrics.py). Routers' load
 reports already reach the autoscaler (`LoadTracker`); once a second `Observer.sample`
 adds the new 0.1 s samples into offered/completed/rejected totals, counts the
 autoscaler's new decisions, and appends one point per deployment to a timeline of
@@ -20,6 +21,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import ControllerState
+from surge.controller.user_metrics import UserFamily, UserMetrics
 from surge.model import DeploymentId
 from surge.observability.recorder import Histogram, HttpKey, TelemetryReport
 from surge.policy.lifecycle import ReplicaState
@@ -62,6 +64,7 @@ class MetricsSnapshot:
     signals: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     proxies: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     proxy_nodes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # node id, ip
+    user: Mapping[str, UserFamily] = field(default_factory=dict)  # serve.metrics by name
 
 
 def _merge(into: dict[Any, Histogram], key: Any, histogram: Histogram) -> None:
@@ -86,6 +89,7 @@ class Observer:
         self.processing: dict[ReplicaKey, Histogram] = {}
         self.errors: dict[ReplicaKey, int] = {}
         self.exceptions: dict[ExceptionKey, int] = {}
+        self.user = UserMetrics()
         self.rejections: dict[tuple[str, str, str], int] = {}
         self.replica_starts: dict[tuple[str, str], int] = {}
         self.replica_started: dict[str, tuple[str, str]] = {}  # id -> app, deployment
@@ -148,6 +152,8 @@ class Observer:
             self.exceptions[exception_key] = self.exceptions.get(exception_key, 0) + count
         for rejection, count in report.rejections.items():
             self.rejections[rejection] = self.rejections.get(rejection, 0) + count
+        if report.user:
+            self.user.add(report.source, report.user)
 
     # -- once a second ------------------------------------------------------------------
 
@@ -253,8 +259,12 @@ class Observer:
             self.processing = {k: v for k, v in self.processing.items() if k[2] not in gone}
             self.errors = {k: v for k, v in self.errors.items() if k[2] not in gone}
             self.exceptions = {k: v for k, v in self.exceptions.items() if k[2] not in gone}
-        for replica in [r for r in self.replica_gauges if r not in alive]:
+            self.user.forget(gone)
+        stopped = [r for r in self.replica_gauges if r not in alive]
+        for replica in stopped:
             del self.replica_gauges[replica]  # a stopped replica processes nothing
+        if stopped:
+            self.user.drop_gauges(stopped)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -298,7 +308,8 @@ class Observer:
             rejections=rejections, decisions=dict(self.decisions), signals=signals,
             proxies={p: g for p, (_, g) in self.proxy_gauges.items()},
             proxy_nodes={p: (record.node_id, record.address.rpartition(":")[0])
-                         for p, record in self.state.proxies.items()})
+                         for p, record in self.state.proxies.items()},
+            user=self.user.families)
 
     def status(self) -> dict[str, Any]:
         """Applications, deployments and replicas with their states, for the page."""

@@ -1,4 +1,4 @@
-"""The same snapshot in Ray's exported names.
+"""The same snapshot in Ray's exported names, and the users' `serve.metrics`.
 
 Ray's metrics agent exports every metric as `ray_<name>` (its OpenTelemetry recorder's
 NAMESPACE) through OpenTelemetry's Prometheus exporter: counters end in `_total`,
@@ -10,11 +10,14 @@ deployment_state.py) and Ray's meaning where surge's own name differs: the reque
 counter counts requests that did not raise, the target gauge covers every deployment.
 Where surge has no such detail the label is empty: routers are summed per deployment
 (`handle`, `actor_id`, the router's `route`). Ray's process labels (SessionName,
-WorkerId, ...) are not rendered; the dashboards do not filter on them.
+WorkerId, ...) are not rendered; the dashboards do not filter on them. The users'
+serve.metrics go out the same way, `ray_<name>`, with their tag keys as labels
+(sanitized as OpenTelemetry's exporter does) and their own boundaries.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,21 +29,15 @@ from prometheus_client.core import (
 )
 
 from surge.controller.observer import MetricsSnapshot
+from surge.controller.user_metrics import UserFamily
 from surge.observability.recorder import LATENCY_BUCKETS_MS, Histogram
+from surge.observability.user_metrics import COUNTER, HISTOGRAM, RESERVED_NAMES, Buckets
 
-__all__ = ["RAY_LATENCY_BUCKETS_MS", "RAY_METRIC_NAMES", "RAY_PREFIX", "ray_families"]
+__all__ = ["RAY_LATENCY_BUCKETS_MS", "RAY_METRIC_NAMES", "RAY_PREFIX", "ray_families",
+           "user_families"]
 
 RAY_PREFIX = "ray_"
-# The Ray Serve metrics surge has, as Ray exports them (tests/observability/test_ray_names.py).
-RAY_METRIC_NAMES = tuple(sorted(RAY_PREFIX + name for name in (
-    "serve_num_http_requests", "serve_num_http_error_requests",
-    "serve_num_deployment_http_error_requests", "serve_http_request_latency_ms",
-    "serve_num_ongoing_http_requests", "serve_deployment_request_counter",
-    "serve_deployment_error_counter", "serve_deployment_processing_latency_ms",
-    "serve_replica_processing_queries", "serve_deployment_replica_healthy",
-    "serve_deployment_replica_starts", "serve_deployment_queued_queries",
-    "serve_num_ongoing_requests_at_replicas", "serve_num_router_requests",
-    "serve_autoscaling_target_replicas")))
+RAY_METRIC_NAMES = tuple(sorted(RAY_PREFIX + name for name in RESERVED_NAMES))
 
 # Ray Serve's latency buckets (DEFAULT_LATENCY_BUCKET_MS, ray/serve/_private/constants.py),
 # a subset of surge's: the counts at its bounds are exact, and a scrape renders 20 lines
@@ -49,6 +46,7 @@ RAY_LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1_000, 2
                           10_000, 60_000, 120_000, 300_000, 600_000)
 _RAY_LATENCY = tuple((str(float(bound)), LATENCY_BUCKETS_MS.index(bound))
                      for bound in RAY_LATENCY_BUCKETS_MS)
+_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
 def _counter(name: str, doc: str, labels: list[str], data: Mapping[Any, float]) -> Metric:
@@ -173,3 +171,35 @@ def ray_families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     yield from _replicas(snapshot)
     yield from _routers(snapshot)
 
+
+def user_families(families: Mapping[str, UserFamily]) -> Iterator[Metric]:
+    """The users' serve.metrics as Ray exports them: `ray_<name>`."""
+    for name, family in sorted(families.items()):
+        if name not in RESERVED_NAMES:  # refused in the replicas already; never twice
+            yield _user_family(RAY_PREFIX + name, family)
+
+
+def _label(key: str) -> str:
+    """A tag key as a Prometheus label name, as OpenTelemetry's exporter sanitizes it."""
+    if key[:1].isdigit():
+        key = "_" + key[1:]
+    return _LABEL_CHARS.sub("_", key) or "_"
+
+
+def _user_family(name: str, family: UserFamily) -> Metric:
+    info = family.info
+    labels = [_label(key) for key in info.tag_keys]
+    series = sorted(family.values.items())
+    if info.kind == HISTOGRAM:
+        histogram = HistogramMetricFamily(name, info.description, labels=labels)
+        le = (*(str(bound) for bound in info.boundaries), "+Inf")
+        for key, value in series:
+            if isinstance(value, Buckets):
+                histogram.add_metric(key, _cumulative(value.counts, le), value.sum)
+        return histogram
+    values = (CounterMetricFamily if info.kind == COUNTER else GaugeMetricFamily)(
+        name, info.description, labels=labels)
+    for key, value in series:
+        if not isinstance(value, Buckets):
+            values.add_metric(key, value)
+    return values

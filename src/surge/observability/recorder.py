@@ -18,6 +18,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from surge.observability.user_metrics import UserReport
+
 __all__ = [
     "LATENCY_BUCKETS_MS",
     "Histogram",
@@ -113,10 +115,12 @@ class TelemetryReport:
     exceptions: Mapping[tuple[str, str], int] = field(default_factory=dict)
     rejections: Mapping[RejectionKey, int] = field(default_factory=dict)
     gauges: Mapping[str, float] = field(default_factory=dict)
+    user: UserReport = field(default_factory=dict)  # serve.metrics since the last report
 
     @property
     def empty(self) -> bool:
-        return not (self.http or self.processing or self.errors or self.rejections)
+        return not (self.http or self.processing or self.errors or self.rejections
+                    or self.user)
 
 
 class Recorder:
@@ -161,11 +165,14 @@ class Recorder:
         key = (app, deployment, reason)
         self.rejections[key] = self.rejections.get(key, 0) + 1
 
-    def drain(self, gauges: Mapping[str, float] | None = None) -> TelemetryReport:
-        """Everything since the last drain; the recorder starts over empty."""
+    def drain(self, gauges: Mapping[str, float] | None = None,
+              user: UserReport | None = None) -> TelemetryReport:
+        """Everything since the last drain (with `user`, the user metrics' drain); the
+        recorder starts over empty."""
         report = TelemetryReport(self.role, self.source, self.app, self.deployment,
                                  self._first, self.http, self.processing, self.errors,
-                                 self.exceptions, self.rejections, dict(gauges or {}))
+                                 self.exceptions, self.rejections, dict(gauges or {}),
+                                 user or {})
         self.http, self.processing, self.errors, self.rejections = {}, {}, {}, {}
         self.exceptions = {}
         self._first = False

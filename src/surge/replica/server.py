@@ -20,6 +20,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
+from surge.observability.user_metrics import route_var
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
@@ -243,6 +244,7 @@ class _Connection(FramedProtocol):
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
+        route_var.set(message.route_prefix)  # Ray's `route` tag of serve.metrics
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)

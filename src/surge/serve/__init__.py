@@ -19,7 +19,7 @@ from surge.replica.batching import batch
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
 from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
-from surge.serve import config, exceptions, handle
+from surge.serve import config, exceptions, handle, metrics
 
 __all__ = [
     "Application",
@@ -39,6 +39,7 @@ __all__ = [
     "get_replica_context",
     "handle",
     "ingress",
+    "metrics",
     "run",
     "shutdown",
     "start",
