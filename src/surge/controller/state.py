@@ -188,6 +188,11 @@ class ControllerState:
 
     # -- queries --------------------------------------------------------------------------
 
+    def proxy_node(self, proxy_id: str) -> str:
+        """The node a proxy runs on: a node proxy's, else the head's."""
+        node = self.node_proxies.get(proxy_id)
+        return node.node_id if node is not None else self.head.node_id
+
     def replicas_of(self, did: DeploymentId) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.deployment == did]
 

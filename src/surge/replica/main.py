@@ -28,6 +28,7 @@ from surge.launch import ReplicaProcessSpec, Tcp, Unix, read_spec
 from surge.model import ImportedTarget, ReplicaSpec
 from surge.observability.logs import configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.observability.user_metrics import REGISTRY
 from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
@@ -101,7 +102,8 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        return self.server.recorder.drain({"processing": self.server.ongoing})
+        return self.server.recorder.drain({"processing": self.server.ongoing},
+                                          user=REGISTRY.drain())
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)

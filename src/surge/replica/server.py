@@ -245,6 +245,8 @@ class _Connection(FramedProtocol):
         except Exception as exc:
             log.exception("%s.%s raised", self.server.name, message.method)
             self.send(_failure(rid, exc))
+            if self.server.metrics:
+                self.server.recorder.exception(message.method, type(exc).__name__)
             return False
         return True
 
@@ -305,8 +307,10 @@ class _Connection(FramedProtocol):
                 raise RuntimeError("the ASGI app returned without sending a response")
         except asyncio.CancelledError:
             self.send(Failure(id=rid, kind="cancelled", message="request cancelled"))
-        except Exception:
+        except Exception as exc:
             log.exception("%s: %s %s raised", self.server.name, message.method, message.path)
+            if self.server.metrics:
+                self.server.recorder.exception(message.route_prefix, type(exc).__name__)
             if started:  # the head is gone: end the stream; the proxy cuts the connection
                 self.send(Failure(id=rid, kind="user", message="response stream failed"))
             else:

@@ -19,7 +19,7 @@ from surge.replica.batching import batch
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
 from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
-from surge.serve import config, context, exceptions, handle, schema
+from surge.serve import config, context, exceptions, handle, metrics, schema
 
 __all__ = [
     "Application",
@@ -40,6 +40,7 @@ __all__ = [
     "get_replica_context",
     "handle",
     "ingress",
+    "metrics",
     "run",
     "schema",
     "shutdown",
