@@ -92,6 +92,7 @@ def _rest_api(controller: Controller, spec: ControllerProcessSpec) -> RestApi:
     forced = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
     return RestApi(controller.state, clock=controller.clock, controller_pid=os.getpid(),
                    token=os.environ.get("RAY_AUTH_TOKEN") or spec.token,
+                   control_token=spec.token,
                    require_token=forced or not loopback,
                    shutdown=lambda: controller.spawn(controller.shutdown()))
 

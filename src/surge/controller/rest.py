@@ -49,12 +49,13 @@ Answer = tuple[int, str, bytes]
 
 class RestApi:
     def __init__(self, state: ControllerState, *, clock: Clock,
-                 controller_pid: int, token: str | None, require_token: bool,
-                 shutdown: Callable[[], None]) -> None:
+                 controller_pid: int, token: str | None, control_token: str | None,
+                 require_token: bool, shutdown: Callable[[], None]) -> None:
         self.state = state
         self.clock = clock
         self.controller_pid = controller_pid
-        self.token = token
+        self.token = token  # what clients must show
+        self.control_token = control_token  # what the builder process connects with
         self.require_token = require_token and token is not None
         self.shutdown = shutdown
         self._applying = asyncio.Lock()
@@ -108,7 +109,7 @@ class RestApi:
             return await self._apply(config)
 
     async def _apply(self, config: dict[str, Any]) -> Answer:
-        spec = ApplySpec(controller=self.state.address, token=self.token,
+        spec = ApplySpec(controller=self.state.address, token=self.control_token,
                          config=msgspec.json.encode(config).decode())
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "surge.api.rest_apply", stdin=asyncio.subprocess.PIPE,
