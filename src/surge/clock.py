@@ -11,9 +11,13 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["SYSTEM", "Clock", "SystemClock"]
+__all__ = ["SYSTEM", "Clock", "SystemClock", "thread_cpu_s"]
 
 DAY_S = 24 * 3600
+
+# CPU seconds the calling thread has used: what a piece of work cost, without the time
+# the OS gave the core to someone else (the controller's own pace, controller/pace.py).
+thread_cpu_s = time.thread_time
 
 
 class Clock(Protocol):

@@ -24,6 +24,7 @@ from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.details import instance_details
 from surge.controller.executor import Executor
 from surge.controller.observer import Observer
+from surge.controller.pace import LoopPace
 from surge.controller.plan import PROXY_PREFIX
 from surge.controller.publish import Publisher
 from surge.controller.recovery import Recovery
@@ -50,7 +51,8 @@ class ControlApi:
     def __init__(self, state: ControllerState, executor: Executor, publisher: Publisher,
                  recovery: Recovery, autoscaler: Autoscaler, load: LoadTracker,
                  observer: Observer, clock: Clock, *, changed: asyncio.Condition,
-                 replan: Callable[[], None], shutdown: Callable[[], None]) -> None:
+                 replan: Callable[[], None], shutdown: Callable[[], None],
+                 pace: LoopPace | None = None) -> None:
         self.state = state
         self.executor = executor
         self.publisher = publisher
@@ -62,6 +64,7 @@ class ControlApi:
         self.changed = changed  # notified whenever state may have changed
         self.replan = replan  # act on the plan now (a member's news must not wait a tick)
         self.shutdown = shutdown
+        self.pace = pace or LoopPace()
         self.proxy_ready = asyncio.Event()  # the first proxy serves, or could not
 
     def __repr__(self) -> str:
@@ -183,6 +186,15 @@ class ControlApi:
         return [{"replica_id": r.replica_id, "app": r.deployment.app,
                  "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
                  "version": r.version} for r in self.state.replicas.values()]
+
+    async def rpc_loop_stats(self, peer: Peer, since: float = float("-inf")) -> dict[str, Any]:
+        """The control loop's ticks (controller/pace.py) and the autoscaling decisions
+        since `since` (monotonic seconds, this machine's clock)."""
+        decisions = [{"at": d.at, "deployment": str(d.deployment), "previous": d.previous,
+                      "target": d.target, "kind": d.kind.value}
+                     for d in self.autoscaler.decisions if d.at > since]
+        return {"ticks": self.pace.summary(since), "decisions": decisions,
+                "replicas": len(self.state.replicas), "now": self.clock.monotonic()}
 
     async def rpc_shutdown(self, peer: Peer) -> None:
         self.shutdown()

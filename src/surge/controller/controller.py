@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from surge.backends.base import Backend
-from surge.clock import SYSTEM, Clock
+from surge.clock import SYSTEM, Clock, thread_cpu_s
 from surge.config import HTTPOptions, default_proxy_workers
 from surge.controller.actions import FailReplica, KillProcess, StopProxy, StopReplica
 from surge.controller.api import ControlApi
@@ -37,6 +37,7 @@ from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.executor import DRAIN_GRACE_S, Executor
 from surge.controller.observer import Observer
+from surge.controller.pace import LoopPace, TickSample
 from surge.controller.plan import Observed, absorb_exits, is_proxy, plan, reconcile_deployment
 from surge.controller.publish import Publisher
 from surge.controller.recovery import Recovery
@@ -76,11 +77,12 @@ class Controller:
         self.recovery = Recovery(checkpoint or Checkpoint(None), backend.deaths_visible_at_once)
         self.publisher = Publisher(self.state)
         self.observer = Observer(self.state, self.load, self.autoscaler, clock)
+        self.pace = LoopPace()
         self.executor = Executor(self.state, backend, self.publisher, clock, spawn=self.spawn,
                                  new_replica_id=new_replica_id, forgotten=self._forgotten)
         self.api = ControlApi(self.state, self.executor, self.publisher, self.recovery,
                               self.autoscaler, self.load, self.observer, clock,
-                              changed=asyncio.Condition(), replan=self.replan,
+                              changed=asyncio.Condition(), replan=self.replan, pace=self.pace,
                               shutdown=lambda: self.spawn(self.shutdown()))
 
     def __repr__(self) -> str:
@@ -159,12 +161,19 @@ class Controller:
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
+        clock = self.clock
+        due = clock.monotonic()
         while not self.state.stopping:
+            started, cpu = clock.monotonic(), thread_cpu_s()
             try:
                 self.tick()
             except Exception:
                 log.exception("control loop step failed")
+            ended = clock.monotonic()
+            self.pace.record(TickSample(started, ended - started, thread_cpu_s() - cpu,
+                                        max(0.0, started - due)))
             await self.api.notify()
+            due = clock.monotonic() + TICK_S
             await asyncio.sleep(TICK_S)
 
     def tick(self) -> None:

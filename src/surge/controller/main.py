@@ -17,7 +17,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 
+from surge.backends.base import Backend
 from surge.backends.choice import BackendChoice, build_backend
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
@@ -25,7 +27,13 @@ from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.controller.rest import RestApi
 from surge.controller.web import start_dashboard
 from surge.errors import ConfigError
-from surge.launch import CONTROLLER_ERROR, CONTROLLER_READY, ControllerProcessSpec, read_spec
+from surge.launch import (
+    CONTROLLER_ERROR,
+    CONTROLLER_READY,
+    ControllerProcessSpec,
+    Membership,
+    read_spec,
+)
 from surge.observability.logs import configure_logging
 from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
@@ -33,13 +41,23 @@ from surge.transport.rpc import RpcPeer, split_address
 PROXY_START_TIMEOUT_S = 60.0
 READY, ERROR = CONTROLLER_READY, CONTROLLER_ERROR
 
+# Builds the backend from the spec and what members are told; the default is the
+# spec's choice (`bench/control_scale.py` passes its own, whose members are fakes).
+BackendFactory = Callable[[ControllerProcessSpec, Membership], Backend]
+
+
+def spec_backend(spec: ControllerProcessSpec, membership: Membership) -> Backend:
+    return build_backend(BackendChoice(spec.backend, spec.ray_address), membership,
+                         spec.state_dir)
+
 
 def announce(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
-async def serve(spec: ControllerProcessSpec) -> int:
+async def serve(spec: ControllerProcessSpec,
+                backend_factory: BackendFactory = spec_backend) -> int:
     loop = asyncio.get_running_loop()
     host, port = split_address(spec.address)
     holder: list[Controller] = []
@@ -52,8 +70,7 @@ async def serve(spec: ControllerProcessSpec) -> int:
         return 1
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
     try:
-        backend = build_backend(BackendChoice(spec.backend, spec.ray_address),
-                                spec.membership(bound), spec.state_dir)
+        backend = backend_factory(spec, spec.membership(bound))
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         server.close()
@@ -117,7 +134,7 @@ async def _start_proxies(controller: Controller, spec: ControllerProcessSpec,
     return 0
 
 
-def main() -> int:
+def main(backend_factory: BackendFactory = spec_backend) -> int:
     set_title("surge:controller")
     try:
         spec = read_spec(ControllerProcessSpec)
@@ -130,5 +147,5 @@ def main() -> int:
     configure_logging("controller", config=spec.logging)
     import uvloop
 
-    code: int = uvloop.run(serve(spec))
+    code: int = uvloop.run(serve(spec, backend_factory))
     return code

@@ -189,13 +189,14 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 async def connect_rpc(address: str, handler: RpcHandler | None,
-                      timeout: float = 5.0, token: str | None = None) -> RpcPeer:
+                      timeout: float = 5.0, token: str | None = None,
+                      peer_class: type[RpcPeer] = RpcPeer) -> RpcPeer:
     """Connect and authenticate (with `token`, else the one `find_token` finds)."""
     host, port = split_address(address)
     loop = asyncio.get_running_loop()
     try:
         _, peer = await asyncio.wait_for(
-            loop.create_connection(lambda: RpcPeer(handler), host, port), timeout)
+            loop.create_connection(lambda: peer_class(handler), host, port), timeout)
     except (TimeoutError, OSError) as exc:
         raise ControllerUnavailableError(
             f"no surge instance answers at {address} ({exc}); start one with serve.start() "
