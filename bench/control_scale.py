@@ -40,282 +40,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
-import secrets
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import cloudpickle
-
-from bench.common import cpu_seconds, free_port, rss_kib
-from bench.scale.procs import BenchProcess, percentile
-from surge.config import (
-    AppSpec,
-    AutoscalingConfig,
-    DeploymentConfig,
-    DeploymentSpec,
-    HTTPOptions,
-)
-from surge.launch import ControllerProcessSpec, Lifetime, await_ready, encode, start_process
-from surge.model import DeploymentId
-from surge.observability.config import DashboardOptions, LoggingConfig
-from surge.transport.rpc import RpcPeer, connect_rpc
-
-HERE = Path(__file__).resolve().parent / "scale"
-REPLICAS_PER_HOST = 2500
-ROUTERS_PER_HOST = 250
-TARGET_ONGOING = 2.0
-SERVICE_S = 0.01  # what the reported rates imply: in flight / rate
-STEADY_LOAD = 0.6  # of the replicas' target load, reached in a slow ramp: no scaling
-STEP_LOAD = 1.75  # a surge: proactive scales up at once (to max_replicas)
-DID = DeploymentId("scale", "Model")
-
-
-class Fake:
-    """Any class: the controller never unpickles a replica's code; fake replicas
-    never build it."""
-
-
-def app_spec(replicas: int) -> AppSpec:
-    scaling = AutoscalingConfig(min_replicas=replicas, max_replicas=replicas + replicas // 8,
-                                target_ongoing_requests=TARGET_ONGOING, upscale_delay_s=0.0)
-    config = DeploymentConfig(name=DID.name, max_ongoing_requests=8,
-                              autoscaling_config=scaling)
-    spec = DeploymentSpec(config=config, target_blob=cloudpickle.dumps(Fake),
-                          init_blob=cloudpickle.dumps(((), {})))
-    return AppSpec(name=DID.app, route_prefix="/", ingress=DID.name, deployments=(spec,))
-
-
-class Cluster:
-    """One configuration's processes, and the driver's control connection."""
-
-    def __init__(self, replicas: int, routers: int, startup_s: float) -> None:
-        self.replicas, self.routers, self.startup_s = replicas, routers, startup_s
-        self.directory = tempfile.mkdtemp(prefix="surge-scale-")
-        self.token = secrets.token_hex(16)
-        self.address = f"127.0.0.1:{free_port()}"
-        self.hosts: list[BenchProcess] = []
-        self.router_hosts: list[BenchProcess] = []
-        self.controller: subprocess.Popen[bytes] | None = None
-        self.driver: RpcPeer | None = None
-
-    async def start(self) -> None:
-        python = sys.executable
-        for i in range(max(2, math.ceil(self.replicas / REPLICAS_PER_HOST))):
-            host = await BenchProcess.start([python, str(HERE / "replica_host.py")], {
-                "controller": self.address, "token": self.token, "startup_s": self.startup_s,
-                "socket": os.path.join(self.directory, f"host-{i}.sock")})
-            await host.expect("listening", 60)
-            self.hosts.append(host)
-        state = os.path.join(self.directory, "state")
-        os.makedirs(state, mode=0o700)
-        spec = ControllerProcessSpec(
-            address=self.address, http=HTTPOptions(location="NoServer"), token=self.token,
-            state_dir=state, lifetime=Lifetime(parent_pid=os.getpid()),
-            logging=LoggingConfig(log_level="WARNING"),
-            dashboard=DashboardOptions(host="127.0.0.1", port=0))
-        argv = [python, str(HERE / "controller_main.py"),
-                *[os.path.join(self.directory, f"host-{i}.sock") for i in range(len(self.hosts))]]
-        with open(os.path.join(self.directory, "controller.log"), "wb") as log:
-            self.controller = start_process(argv, encode(spec), dict(os.environ),
-                                            stdout=subprocess.PIPE, stderr=log,
-                                            start_new_session=True)
-        await asyncio.to_thread(await_ready, self.controller, 60.0)
-        self.driver = await connect_rpc(self.address, None, token=self.token)
-        for _ in range(max(1, math.ceil(self.routers / ROUTERS_PER_HOST))):
-            share = math.ceil(self.routers / max(1, math.ceil(self.routers / ROUTERS_PER_HOST)))
-            count = min(share, self.routers - ROUTERS_PER_HOST * len(self.router_hosts))
-            host = await BenchProcess.start([python, str(HERE / "router_host.py")], {
-                "controller": self.address, "token": self.token, "routers": count})
-            await host.expect("started", 60)
-            self.router_hosts.append(host)
-
-    @property
-    def pid(self) -> int:
-        assert self.controller is not None
-        return self.controller.pid
-
-    async def call(self, method: str, **kwargs: Any) -> Any:
-        assert self.driver is not None
-        return await self.driver.call(method, timeout=120.0, **kwargs)
-
-    async def routers_ask(self, command: dict[str, Any], event: str) -> list[dict[str, Any]]:
-        for host in self.router_hosts:
-            host.send(command)
-        return [await host.expect(event, 120) for host in self.router_hosts]
-
-    async def router_status(self) -> tuple[int, int, int]:
-        """(routers connected, the smallest set a router holds, routers holding one)."""
-        answers = await self.routers_ask({"cmd": "status"}, "status")
-        return (sum(a["connected"] for a in answers),
-                min((a["smallest"] for a in answers if a["with_set"]), default=0),
-                sum(a["with_set"] for a in answers))
-
-    async def seen(self, ids: list[str], kind: str = "seen") -> dict[str, tuple[int, float]]:
-        """Per id: how many routers saw it (or saw it leave), and the latest time."""
-        total: dict[str, list[float]] = {i: [0, 0.0] for i in ids}
-        for answer in await self.routers_ask({"cmd": kind, "ids": ids}, kind):
-            for replica_id, (count, latest) in answer["result"].items():
-                total[replica_id][0] += count
-                total[replica_id][1] = max(total[replica_id][1], latest)
-        return {i: (int(c), t) for i, (c, t) in total.items()}
-
-    async def dropped(self, replica_id: str) -> bool:
-        count, _ = (await self.seen([replica_id], "gone"))[replica_id]
-        return count >= self.routers
-
-    async def set_load(self, fraction: float, queued: int) -> float:
-        """Every router reports this fraction of the replicas' target load; when the
-        first router host applied it."""
-        in_flight = round(fraction * self.replicas * TARGET_ONGOING / self.routers)
-        answers = await self.routers_ask({"cmd": "load", "rps": in_flight / SERVICE_S,
-                                          "in_flight": in_flight, "queued": queued}, "applied")
-        return min(a["t"] for a in answers)
-
-    async def stop(self) -> None:
-        if self.driver is not None:
-            self.driver.close()
-        if self.controller is not None and self.controller.poll() is None:
-            os.killpg(self.controller.pid, signal.SIGKILL)
-            self.controller.wait()
-        for host in self.router_hosts + self.hosts:
-            await host.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-async def until(check: Any, timeout_s: float, poll_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(poll_s)
-    return False
-
-
-async def window(cluster: Cluster, seconds: float) -> dict[str, float]:
-    """The controller's CPU share and ticks over `seconds` from now."""
-    started, cpu = time.monotonic(), cpu_seconds([cluster.pid])
-    await asyncio.sleep(seconds)
-    spent, elapsed = cpu_seconds([cluster.pid]) - cpu, time.monotonic() - started
-    ticks = (await cluster.call("loop_stats", since=started))["ticks"]
-    wall = [w * 1e3 for w in ticks["wall_s"]]
-    return {"cpu_pct": 100.0 * spent / elapsed, "tick_p50_ms": percentile(wall, 50),
-            "tick_p99_ms": percentile(wall, 99), "tick_max_ms": max(wall, default=math.nan),
-            "tick_cpu_p99_ms": percentile([c * 1e3 for c in ticks["cpu_s"]], 99),
-            "lag_p99_ms": percentile([lag * 1e3 for lag in ticks["lag_s"]], 99),
-            "rss_mib": rss_kib(cluster.pid) / 1024, "ticks": len(wall)}
-
-
-async def herd(cluster: Cluster, timeout_s: float) -> dict[str, float]:
-    started = time.monotonic()
-    await cluster.call("deploy", app=app_spec(cluster.replicas))
-
-    async def everyone() -> bool:
-        connected, smallest, holding = await cluster.router_status()
-        return (connected, holding, smallest) == (cluster.routers, cluster.routers,
-                                                   cluster.replicas)
-
-    done = await until(everyone, timeout_s, 0.2)
-    failed = sum(len(h.events("failed")) for h in cluster.hosts + cluster.router_hosts)
-    connected, smallest, _ = await cluster.router_status()
-    return {"herd_s": time.monotonic() - started if done else math.nan,
-            "member_failures": failed, "routers_connected": connected,
-            "smallest_set": smallest}
-
-
-async def one_change(cluster: Cluster, changes: int) -> dict[str, float]:
-    """Cut one replica's connection; until every router's set lacks it."""
-    times = []
-    for i in range(changes):
-        host = cluster.hosts[i % len(cluster.hosts)]
-        host.send({"cmd": "crash"})
-        crash = await host.expect("crash", 10)
-        victim: str = crash["id"]
-        if await until(lambda v=victim: cluster.dropped(v), 30, 0.05):  # type: ignore[misc]
-            _, latest = (await cluster.seen([victim], "gone"))[victim]
-            times.append((latest - crash["t"]) * 1e3)
-        await asyncio.sleep(1.0)  # its replacement starts and is published meanwhile
-    return {"fanout_change_ms": statistics.median(times) if times else math.nan,
-            "fanout_change_max_ms": max(times, default=math.nan)}
-
-
-async def _async(value: bool) -> bool:
-    return value
-
-
-async def step(cluster: Cluster, timeout_s: float) -> dict[str, float]:
-    started_before = {e["id"] for h in cluster.hosts for e in h.events("start")}
-    at = await cluster.set_load(STEP_LOAD, queued=2)
-    wanted = cluster.replicas // 8
-    decision: dict[str, Any] = {}
-
-    async def decided() -> bool:
-        found = [d for d in (await cluster.call("loop_stats", since=at))["decisions"]
-                 if d["kind"] == "up"]
-        if found:
-            decision.update(found[0])
-        return bool(found)
-
-    if not await until(decided, 30, 0.01):
-        print("no decision; the last ones:", (await cluster.call("loop_stats"))["decisions"][-3:],
-              (await cluster.call("status")).applications, flush=True)
-
-    def new_starts() -> list[dict[str, Any]]:
-        return sorted((e for h in cluster.hosts for e in h.events("start")
-                       if e["id"] not in started_before), key=lambda e: e["t"])
-
-    await until(lambda: _async(len(new_starts()) >= wanted), 30, 0.02)
-    starts = new_starts()
-    ids = [e["id"] for e in starts]
-
-    async def all_routed() -> bool:
-        seen = await cluster.seen(ids)
-        return all(count >= cluster.routers for count, _ in seen.values())
-
-    routed = await until(all_routed, timeout_s, 0.2)
-    ready = {e["id"]: e["t"] for h in cluster.hosts for e in h.events("ready")}
-    seen = await cluster.seen(ids)
-    fanouts = [(seen[i][1] - ready[i]) * 1e3 for i in ids if i in ready and
-               seen[i][0] >= cluster.routers]
-    load = await window(cluster, 2.0)  # the ticks while the new replicas settle
-    return {
-        "decision_ms": (decision["at"] - at) * 1e3 if decision else math.nan,
-        "decided_target": decision.get("target", math.nan),
-        "first_start_ms": (starts[0]["t"] - at) * 1e3 if starts else math.nan,
-        "last_start_ms": (starts[-1]["t"] - at) * 1e3 if len(starts) >= wanted else math.nan,
-        "scaleup_fanout_p50_ms": percentile(fanouts, 50),
-        "scaleup_fanout_max_ms": max(fanouts, default=math.nan),
-        "scaleup_routed": float(routed),
-        "step_tick_p99_ms": load["tick_p99_ms"],
-    }
-
-
-async def pushes(cluster: Cluster) -> dict[str, float]:
-    totals: dict[str, list[float]] = {}
-    for answer in await cluster.routers_ask({"cmd": "pushes", "reset": True}, "pushes"):
-        for topic, (count, size, largest, median) in answer["result"].items():
-            t = totals.setdefault(topic, [0, 0, 0, 0])
-            t[0] += count
-            t[1] += size
-            t[2] = max(t[2], largest)
-            t[3] = max(t[3], median)
-    sets = totals.get("replica_set", [0, 0, 0, 0])
-    return {"replica_set_pushes": sets[0], "replica_set_bytes": sets[1],
-            "replica_set_max_bytes": sets[2], "replica_set_p50_bytes": sets[3]}
+from bench.scale.cluster import STEADY_LOAD, Cluster
+from bench.scale.measure import herd, one_change, pushes, step, window
 
 
 async def run_config(replicas: int, routers: int, args: argparse.Namespace) -> dict[str, float]:
-    cluster = Cluster(replicas, routers, args.startup_s)
+    cluster = Cluster(replicas, routers, args.startup_s, not args.full_sets)
     result: dict[str, float] = {"replicas": replicas, "routers": routers}
     try:
         await cluster.start()
@@ -404,6 +144,27 @@ def summary(results: dict[tuple[int, int], dict[str, float]]) -> str:
     return "summary: " + " ".join(parts)
 
 
+def write_sim_figures(path: Path, replicas: int, routers: int, m: dict[str, float],
+                      runs: int) -> None:
+    """What `surge simulate` reads (control.measured): this run's medians."""
+    figures = {
+        "written_by": "bench/control_scale.py", "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores, shared with the fake members", "runs": runs,
+        "replicas": replicas, "routers": routers,
+        "decision_s": round(m["decision_ms"] / 1e3, 4),
+        "fanout_s": round(m["scaleup_fanout_p50_ms"] / 1e3, 4),
+        "what": {"decision_s": "a load step (queues start to grow) -> the scale-up decision",
+                 "fanout_s": "a new replica reports ready -> every router's set holds it "
+                             "(median over the step's new replicas)"},
+        "also": {"fanout_change_s": round(m["fanout_change_ms"] / 1e3, 4),
+                 "tick_p99_s": round(m["load_tick_p99_ms"] / 1e3, 5),
+                 "first_start_s": round(m["first_start_ms"] / 1e3, 4)},
+        "command": " ".join(["python", "bench/control_scale.py", *sys.argv[1:]]),
+    }
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="512x64,2000x250,10000x1000")
@@ -414,7 +175,13 @@ def main() -> None:
     parser.add_argument("--startup-s", type=float, default=0.2,
                         help="how long a fake replica 'builds' before it is ready")
     parser.add_argument("--herd-timeout-s", type=float, default=300.0)
+    parser.add_argument("--full-sets", action="store_true",
+                        help="routers ask for whole replica sets only (as surge's own "
+                             "routers do until they apply deltas)")
     parser.add_argument("--quick", action="store_true", help="1 rep, 4 s windows, 2 changes")
+    parser.add_argument("--sim-out", default="",
+                        help="write the first configuration's decision and fan-out times "
+                             "here, for `surge simulate` (its scenario's control.measured)")
     args = parser.parse_args()
     if args.quick:
         args.reps, args.window_s, args.settle_s, args.changes = 1, 4.0, 1.5, 2
@@ -431,6 +198,9 @@ def main() -> None:
         results[(replicas, routers)] = medians(runs)
     print_tables(results)
     print(summary(results))
+    if args.sim_out and results:
+        (replicas, routers), m = next(iter(results.items()))
+        write_sim_figures(Path(args.sim_out), replicas, routers, m, args.reps)
 
 
 if __name__ == "__main__":

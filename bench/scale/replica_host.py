@@ -157,7 +157,7 @@ class Host:
 
     def exited(self, replica_id: str, code: int) -> None:
         self.replicas.pop(replica_id, None)
-        if self.backend is not None:
+        if self.backend is not None and not self.backend.is_closing():
             self.backend.write((json.dumps({"exited": replica_id, "code": code}) + "\n").encode())
 
 

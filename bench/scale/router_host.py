@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
-from surge.model import DeploymentId, LoadReport, ReplicaSet, RouteTable
+from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, RouteTable
 from surge.observability.recorder import Recorder
 from surge.transport.messages import Message, Push
 from surge.transport.rpc import RpcPeer, connect_rpc
@@ -64,6 +64,8 @@ class FakeRouter:
         self.peer: RpcPeer | None = None
         self.watching: set[DeploymentId] = set()
         self.ids: dict[DeploymentId, set[str]] = {}
+        self.generation: dict[DeploymentId, int] = {}
+        self.resyncs = 0
         self.load = Load()
         self.counts = [0, 0, 0]  # arrived, completed, rejected
         self.owed = 0.0
@@ -76,8 +78,9 @@ class FakeRouter:
         try:
             self.peer = await connect_rpc(host.controller, self, token=host.token,
                                           peer_class=MeasuringPeer)
+            deltas = {"replica_set_deltas": True} if host.deltas else {}
             await self.peer.call("hello", role="proxy", pid=os.getpid(),
-                                 proxy_id=self.router_id, node_id="local")
+                                 proxy_id=self.router_id, node_id="local", **deltas)
         except Exception as exc:
             emit("failed", id=self.router_id, t=time.monotonic(), why=repr(exc))
             return
@@ -150,11 +153,27 @@ class FakeRouter:
                 if deployment not in self.watching:
                     self.watching.add(deployment)
                     self.host.loop.create_task(peer.call("watch", deployment=deployment))
-        elif topic == "replica_set":
+        elif topic == "replica_set":  # a whole set: O(its size), as Router.update
             assert isinstance(value, ReplicaSet)
             ids = {info.replica_id for info in value.replicas}
-            self.host.changed(self.ids.get(value.deployment, set()), ids)
+            before = self.ids.get(value.deployment, set())
+            self.host.changed(before - ids, ids - before)
             self.ids[value.deployment] = ids
+            self.generation[value.deployment] = value.generation
+        elif topic == "replica_set_delta":  # what changed: O(the change)
+            assert isinstance(value, ReplicaSetDelta)
+            did = value.deployment
+            if self.generation.get(did) != value.base:  # missed one: the whole set again
+                self.resyncs += 1
+                self.host.loop.create_task(peer.call("watch", deployment=did))
+                return
+            ids = self.ids.setdefault(did, set())
+            added = {info.replica_id for info in value.added} - ids
+            removed = set(value.removed) & ids
+            ids |= added
+            ids -= removed
+            self.generation[did] = value.generation
+            self.host.changed(removed, added)
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         emit("disconnected", id=self.router_id, t=time.monotonic())
@@ -165,6 +184,7 @@ class Host:
         self.loop = asyncio.get_running_loop()
         self.controller: str = config["controller"]
         self.token: str = config["token"]
+        self.deltas: bool = config.get("deltas", True)
         self.routers = [FakeRouter(self, i) for i in range(config["routers"])]
         self.first_seen: dict[str, list[float]] = {}  # id -> [routers, latest time]
         self.gone: dict[str, list[float]] = {}
@@ -173,13 +193,13 @@ class Host:
     def note_push(self, topic: str, size: int) -> None:
         self.pushes.setdefault(topic, []).append(size)
 
-    def changed(self, before: set[str], after: set[str]) -> None:
+    def changed(self, removed: set[str], added: set[str]) -> None:
         now = time.monotonic()
-        for replica_id in after - before:
+        for replica_id in added:
             seen = self.first_seen.setdefault(replica_id, [0, 0.0])
             seen[0] += 1
             seen[1] = max(seen[1], now)
-        for replica_id in before - after:
+        for replica_id in removed:
             gone = self.gone.setdefault(replica_id, [0, 0.0])
             gone[0] += 1
             gone[1] = max(gone[1], now)
@@ -199,8 +219,9 @@ class Host:
             emit("applied", t=time.monotonic())
         elif kind == "status":
             sizes = [len(ids) for r in self.routers for ids in r.ids.values()]
-            emit("status", connected=sum(1 for r in self.routers
-                                         if r.peer is not None and not r.peer.is_closed),
+            emit("status", resyncs=sum(r.resyncs for r in self.routers),
+                 connected=sum(1 for r in self.routers
+                               if r.peer is not None and not r.peer.is_closed),
                  with_set=len(sizes), smallest=min(sizes, default=0),
                  largest=max(sizes, default=0))
         elif kind in ("seen", "gone"):

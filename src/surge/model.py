@@ -19,6 +19,7 @@ __all__ = [
     "ProxyStatus",
     "ReplicaInfo",
     "ReplicaSet",
+    "ReplicaSetDelta",
     "ReplicaSpec",
     "RouteTable",
     "RouteTarget",
@@ -64,6 +65,46 @@ class ReplicaSet:
     # budget, and its Retry-After (None: the router's estimate from the drain rate).
     backpressure_status: int = 503
     retry_after_s: float | None = None
+    # Counts the sets pushed for this deployment on one connection: a ReplicaSetDelta
+    # applies to the set of its `base`.
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaSetDelta:
+    """What changed in a deployment's replica set since the set of generation `base`.
+
+    Pushed (topic `replica_set_delta`) instead of the whole set to routers that say
+    `replica_set_deltas` in their hello: the first set on a connection is whole, each
+    later one only what joined and left, with the limits, share and availability in
+    full (they are a few numbers). A router whose set is not `base` (it missed one)
+    asks for the whole set again (`watch`).
+    """
+
+    deployment: DeploymentId
+    base: int
+    generation: int
+    added: tuple[ReplicaInfo, ...]
+    removed: tuple[str, ...]  # replica ids
+    max_ongoing_requests: int
+    queue_limit: int
+    version: int = 0
+    unavailable: str = ""
+    backpressure_status: int = 503
+    retry_after_s: float | None = None
+
+    def apply(self, current: ReplicaSet) -> ReplicaSet | None:
+        """The set after this change (sorted by replica id, as whole sets are); None if
+        `current` is not the set it was made against."""
+        if current.generation != self.base or current.deployment != self.deployment:
+            return None
+        gone = set(self.removed)
+        kept = {r.replica_id: r for r in current.replicas if r.replica_id not in gone}
+        kept.update((r.replica_id, r) for r in self.added)
+        return ReplicaSet(self.deployment, tuple(kept[k] for k in sorted(kept)),
+                          self.max_ongoing_requests, self.queue_limit, self.version,
+                          self.unavailable, self.backpressure_status, self.retry_after_s,
+                          self.generation)
 
 
 @dataclass(frozen=True, repr=False)

@@ -40,6 +40,11 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
+async def turn() -> None:
+    """One turn of the event loop: pushes gathered by the publisher go out."""
+    await asyncio.sleep(0)
+
+
 def app(*configs: DeploymentConfig, code: bytes = b"v1", name: str = "app",
         route_prefix: str = "/") -> AppSpec:
     specs = tuple(DeploymentSpec(config=c, target_blob=code, init_blob=b"()") for c in configs)
@@ -79,6 +84,7 @@ class Harness:
         wanted = await self.api.rpc_replica_ready(peer, replica_id=replica_id,
                                                   address=f"unix:/s/{replica_id}.sock", pid=pid)
         assert wanted
+        await turn()
         return peer
 
     async def watcher(self, did: DeploymentId = DID) -> FakePeer:
@@ -86,6 +92,7 @@ class Harness:
         peer = FakePeer("proxy", proxy_id="proxy-0")
         await self.api.rpc_hello(peer, role="proxy", pid=1)
         await self.api.rpc_watch(peer, deployment=did)
+        await turn()
         return peer
 
     def states(self) -> dict[str, str]:
@@ -395,7 +402,8 @@ async def first_controller(tmp_path: Path) -> tuple[Harness, dict[str, int]]:
     await h.tick()
     for replica_id in ("Model-1", "Model-2"):
         await h.ready(replica_id)
-    await h.tick()  # members checkpointed
+    await h.tick()
+    await h.tick()  # members checkpointed: the first tick in which none changed
     pids = {p: proc.pid for p, proc in h.backend.processes.items()}
     return h, pids
 
@@ -411,6 +419,7 @@ async def rejoin(h: Harness, replica_id: str, pid: int) -> FakePeer:
     peer = FakePeer("replica", replica_id=replica_id)
     await h.api.rpc_hello(peer, role="replica", pid=pid, replica_id=replica_id, app="app",
                           deployment="Model", version=1, address=f"unix:/s/{replica_id}.sock")
+    await turn()
     return peer
 
 

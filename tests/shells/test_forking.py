@@ -6,32 +6,51 @@ import os
 import sys
 import time
 
-from surge.backends.forking import ForkServer
+from surge.backends.forking import ForkEvents, ForkServer
 from tests.eventually import eventually
 
 
-def test_a_poll_before_the_first_spawn_does_not_lose_the_ready_line() -> None:
-    # The controller polls for exits every tick; a poll that reads the fork server's
-    # ready line before any spawn must not make the first spawn wait for it again (it
-    # used to, for 30 s with the controller's loop blocked, then gave the server up).
+def test_submitting_never_waits_and_every_answer_comes_with_a_poll() -> None:
+    # The controller submits from its event loop: nothing may wait for the fork server
+    # (it used to, for its whole import, with every member's handshake timing out).
     server = ForkServer(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     try:
-        def polled_ready() -> bool:
-            assert server.poll() == []
+        started = time.monotonic()
+        for i in range(3):  # a spec the child cannot read: it exits at once
+            server.submit(f"replica-{i}", b"{}\n", dict(os.environ))
+        assert time.monotonic() - started < 0.5  # while the fork server still imports
+        seen = ForkEvents()
+
+        def all_reaped() -> bool:
+            events = server.poll()
+            seen.spawned += events.spawned
+            seen.failed += events.failed
+            seen.exited += events.exited
             time.sleep(0.05)
-            return server._ready
+            return len(seen.exited) == 3
 
-        eventually(polled_ready, 60, what="the fork server's ready line, read by a poll")
-        # A spec the child cannot read: it exits at once, which is all this needs.
-        pid = server.spawn("replica-1", b"{}\n", dict(os.environ))
-        assert pid > 0
-        exits: list[tuple[str, int]] = []
+        eventually(all_reaped, 90, what="three children forked and reaped")
+        assert sorted(p for p, _ in seen.spawned) == ["replica-0", "replica-1", "replica-2"]
+        assert all(pid > 0 for _, pid in seen.spawned) and seen.failed == []
+        assert sorted(p for p, _ in seen.exited) == ["replica-0", "replica-1", "replica-2"]
+    finally:
+        server.close()
 
-        def reaped() -> bool:
-            exits.extend(server.poll())
-            return bool(exits)
 
-        eventually(reaped, 30, what="the child's exit")
-        assert [process_id for process_id, _ in exits] == ["replica-1"]
+def test_a_fork_server_that_dies_fails_what_it_was_not_done_with() -> None:
+    server = ForkServer(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        server.process.kill()
+        server.process.wait()
+        server.submit("replica-1", b"{}\n", dict(os.environ))
+        failed: list[tuple[str, str]] = []
+
+        def reported() -> bool:
+            failed.extend(server.poll().failed)
+            time.sleep(0.05)
+            return bool(failed)
+
+        eventually(reported, 30, what="the request failed")
+        assert failed[0][0] == "replica-1" and server.broken
     finally:
         server.close()

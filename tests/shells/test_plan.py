@@ -23,7 +23,15 @@ from surge.controller.actions import (
     StopProxy,
     StopReplica,
 )
-from surge.controller.plan import Observed, absorb_exits, plan
+from surge.controller.plan import (
+    HEALTH_CHECKS_PER_TICK_MIN,
+    Observed,
+    absorb_exits,
+    health_budget,
+    needs_reconcile,
+    plan,
+    settled,
+)
 from surge.controller.state import ControllerState, ReplicaRecord
 from surge.model import DeploymentId, ReplicaInfo
 from surge.policy.lifecycle import ReplicaState
@@ -85,16 +93,51 @@ def test_a_failed_deployment_starts_nothing_more() -> None:
     (NOW + 1, False, 0, []),  # not due yet
     (NOW, False, 0, [CheckHealth("a")]),  # due now
     (NOW, True, 0, []),  # the last one is still running
-    (NOW + 1, False, 3, [FailReplica("a", "failed its health checks")]),
+    (NOW, False, 3, [FailReplica("a", "failed its health checks")]),
+    (NOW + 1, False, 3, []),  # (the executor fails it at its third failure already)
     (NOW, False, 2, [CheckHealth("a")]),
 ])
 def test_health_checks(due: float, running: bool, failures: int,
                        expected: list[Action]) -> None:
     state = state_with(("a", S.RUNNING, 2), target=1)
     replica = state.replicas["a"]
-    replica.next_health_check, replica.health_check_running = due, running
-    replica.health_failures = failures
+    state.health.schedule(replica, due)
+    replica.health_check_running, replica.health_failures = running, failures
     assert plan(state, Observed(), NOW) == expected
+
+
+def test_health_checks_that_come_due_together_are_spread_over_ticks() -> None:
+    """600 replicas with a 5 s period are checked 12 per tick on average; a herd that
+    came due together (a restarted controller adopting them all) starts at most twice
+    that per tick, the longest due first, instead of 600 calls in one tick."""
+    state = state_with(*((f"r{i:03}", S.RUNNING, 2) for i in range(600)), target=600,
+                       health_check_period_s=5.0)
+    for i, replica in enumerate(state.replicas.values()):
+        state.health.schedule(replica, NOW - 1 + i / 1000)
+    assert health_budget(state) == 12 * 2
+    checks = [a.replica_id for a in plan(state, Observed(), NOW) if isinstance(a, CheckHealth)]
+    assert checks == [f"r{i:03}" for i in range(24)]
+    assert health_budget(state_with(("a", S.RUNNING, 2), target=1)) == \
+        HEALTH_CHECKS_PER_TICK_MIN
+
+
+def test_only_what_changed_is_reconciled_once_settled() -> None:
+    state = state_with(("a", S.RUNNING, 2), ("b", S.RUNNING, 2), target=2)
+    assert needs_reconcile(state, state.deployments[DID])  # never reconciled yet
+    settled(state, plan(state, Observed(), NOW))
+    assert not needs_reconcile(state, state.deployments[DID])
+    state.replicas["a"].move(S.FAILED)  # a replica changed: its deployment is looked at
+    assert needs_reconcile(state, state.deployments[DID])
+    actions = plan(state, Observed(), NOW)
+    assert actions == [StartReplicas(DID, 1, "1 of 2 live")]
+    settled(state, actions)  # it asked for a start: unsettled until that is seen done
+    assert needs_reconcile(state, state.deployments[DID])
+    state.remove_replica("a")
+    state.add_replica(ReplicaRecord("c", DID, 2, 5.0, S.STARTING))
+    settled(state, plan(state, Observed(), NOW))
+    assert not needs_reconcile(state, state.deployments[DID])
+    state.deployments[DID].target = 3  # its own inputs changed
+    assert needs_reconcile(state, state.deployments[DID])
 
 
 def test_a_replica_past_its_drain_deadline_is_killed_every_tick() -> None:

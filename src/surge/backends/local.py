@@ -2,7 +2,9 @@
 
 Replicas are forked from a pre-imported template process (the fork server) when it
 is available, else started as fresh interpreters; the proxy is a child of the
-controller. Each gets its spec (surge.launch) on stdin. With a supervisor (the process
+controller. A start through the fork server does not wait for it (backends/forking.py):
+the replica's pid is known from a later `poll_exits`, and a signal asked for before
+then is sent once it is. Each gets its spec (surge.launch) on stdin. With a supervisor (the process
 that started the instance) they outlive the controller and leave with the supervisor;
 a restarted controller `adopt`s them by pid. Replicas listen on Unix sockets in the
 instance's state directory. GPUs are found from CUDA_VISIBLE_DEVICES or
@@ -29,7 +31,7 @@ from surge.backends.base import (
     ProxyLaunch,
     ReplicaLaunch,
 )
-from surge.backends.forking import ForkServer, ForkServerError
+from surge.backends.forking import ForkServer
 from surge.control_auth import TOKEN_ENV
 from surge.launch import Lifetime, Membership, Unix, encode, start_process
 from surge.process import open_pidfd, pid_gone
@@ -113,6 +115,8 @@ class LocalBackend:
         else:
             self.socket_dir = tempfile.mkdtemp(prefix="surge-")
         self.forked: dict[str, int] = {}  # replica id -> pid, for fork-server children
+        # Asked of the fork server, pid not known yet: id -> (spec, env, signal to send).
+        self.pending: dict[str, tuple[bytes, dict[str, str], int | None]] = {}
         self._exits: list[Exit] = []  # seen before poll_exits asked
         # Processes a previous controller started: id -> (pid, pidfd or None).
         self.adopted: dict[str, tuple[int, int | None]] = {}
@@ -143,16 +147,10 @@ class LocalBackend:
                                               launch.deployment.name, Unix(self.socket_dir),
                                               self.lifetime))
         env = self._env(extra, launch.sys_path)
-        if self.forkserver is not None:
-            try:
-                pid = self.forkserver.spawn(launch.replica_id, spec, env)
-                self.forked[launch.replica_id] = pid
-                return pid
-            except ForkServerError as exc:
-                log.warning("fork server unavailable (%s); starting replicas as new "
-                            "interpreters", exc)
-                self.forkserver.close()
-                self.forkserver = None
+        if self.forkserver is not None and not self.forkserver.broken:
+            self.forkserver.submit(launch.replica_id, spec, env)
+            self.pending[launch.replica_id] = (spec, env, None)
+            return 0  # known at a later poll_exits (and from the replica itself)
         return self._spawn(launch.replica_id, "surge.replica", spec, env)
 
     def start_proxy(self, launch: ProxyLaunch) -> int:
@@ -183,6 +181,12 @@ class LocalBackend:
         self._signal(process_id, signal.SIGKILL)
 
     def _signal(self, process_id: str, signum: int) -> None:
+        pending = self.pending.get(process_id)
+        if pending is not None:  # not forked yet: signalled once it is (KILL wins)
+            spec, env, asked = pending
+            self.pending[process_id] = (spec, env, signal.SIGKILL if signal.SIGKILL in (
+                asked, signum) else signum)
+            return
         adopted = self.adopted.get(process_id)
         forked = self.forked.get(process_id) or (adopted[0] if adopted else None)
         if forked is not None:
@@ -213,17 +217,45 @@ class LocalBackend:
                     os.close(pidfd)
                 self.gpus.give_back(process_id)
                 exits.append(Exit(process_id, None))
-        if self.forkserver is not None:
-            for process_id, code in self.forkserver.poll():
-                self.forked.pop(process_id, None)
-                self.gpus.give_back(process_id)
-                exits.append(Exit(process_id, code))
-            if not self.forkserver.alive:  # its children outlive it: watch them by pid
+        forkserver = self.forkserver
+        if forkserver is not None:
+            exits += self._forkserver_events(forkserver)
+            if not forkserver.alive:  # its children outlive it: watch them by pid
+                forkserver.close()
+                exits += self._forkserver_events(forkserver)  # what its thread saw last
                 for process_id, pid in self.forked.items():
                     self.adopted[process_id] = (pid, open_pidfd(pid))
                 self.forked.clear()
-                self.forkserver.close()
                 self.forkserver = None
+                for process_id, (spec, env, asked) in list(self.pending.items()):
+                    del self.pending[process_id]  # never answered: a new interpreter
+                    self._spawn(process_id, "surge.replica", spec, env)
+                    if asked is not None:
+                        self._signal(process_id, asked)
+        return exits
+
+    def _forkserver_events(self, forkserver: ForkServer) -> list[Exit]:
+        events = forkserver.poll()
+        for process_id, pid in events.spawned:
+            pending = self.pending.pop(process_id, None)
+            self.forked[process_id] = pid
+            if pending is not None and pending[2] is not None:
+                self._signal(process_id, pending[2])
+        for process_id, why in events.failed:
+            pending = self.pending.pop(process_id, None)
+            if pending is None:
+                continue
+            log.warning("the fork server could not start %s (%s); starting it as a new "
+                        "interpreter", process_id, why)
+            spec, env, asked = pending
+            self._spawn(process_id, "surge.replica", spec, env)
+            if asked is not None:
+                self._signal(process_id, asked)
+        exits = []
+        for process_id, code in events.exited:
+            self.forked.pop(process_id, None)
+            self.gpus.give_back(process_id)
+            exits.append(Exit(process_id, code))
         return exits
 
     def placements(self) -> Mapping[str, Placement]:
@@ -232,7 +264,7 @@ class LocalBackend:
     def alive(self) -> list[str]:
         running = [pid for pid, p in self.processes.items() if p.poll() is None]
         adopted = [p for p, (pid, fd) in self.adopted.items() if not pid_gone(pid, fd)]
-        return running + list(self.forked) + adopted
+        return running + list(self.forked) + list(self.pending) + adopted
 
     def close(self) -> None:
         if self.forkserver is not None:

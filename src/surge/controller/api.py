@@ -158,9 +158,8 @@ class ControlApi:
     async def rpc_status(self, peer: Peer) -> ServeStatus:
         state = self.state
         applications = {}
-        groups = state.by_deployment()
         for name in state.apps:
-            overview = state.app_status(name, groups)
+            overview = state.app_status(name)
             for dname, deployment in overview.deployments.items():
                 deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
             applications[name] = overview
@@ -262,15 +261,18 @@ class ControlApi:
         replica.peer = peer
         now = self.clock.monotonic()
         spare = (deployment.standby_wanted
-                 and len(state.running_current(deployment.id)) >= deployment.target)
+                 and state.count_running_current(deployment.id) >= deployment.target)
         replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
-        replica.next_health_check = now + deployment.config.health_check_period_s
+        state.health.schedule(replica, now + deployment.config.health_check_period_s)
         deployment.constructor_failures, deployment.ever_running = 0, True
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
         self.publisher.replica_set(deployment.id)
-        state.note_running_apps()
+        app = state.apps.get(deployment.id.app)
+        if (app is not None and not app.ever_running
+                and state.count_running_current(deployment.id) >= deployment.target):
+            state.note_running_apps()  # it may have just reached RUNNING
         await self.notify()
         return True
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from surge.config import AutoscalingConfig
@@ -25,37 +25,65 @@ __all__ = ["Autoscaler", "DecisionRecord", "LoadTracker"]
 
 log = logging.getLogger("surge.autoscaler")
 
+_ZEROS = (0, 0, 0)
+
 
 class LoadTracker:
-    """Per-deployment sums of router reports, closed into one sample per tick."""
+    """Per-deployment sums of router reports, closed into one sample per tick.
+
+    Counters (arrivals, completions, rejections) add up until the bucket closes; the
+    gauges (queued, in flight) are each router's latest, and their sums are kept as
+    reports replace them, so closing a bucket costs the same with 10 routers or 1,000.
+    """
 
     def __init__(self, tick_s: float) -> None:
         self.tick_s = tick_s
         self.series: dict[DeploymentId, deque[LoadSample]] = {}
         self._counters: dict[DeploymentId, list[int]] = {}
         self._gauges: dict[DeploymentId, dict[int, tuple[int, int]]] = {}
+        self._sums: dict[DeploymentId, list[int]] = {}  # queued, in flight over routers
+        self._sources: dict[int, set[DeploymentId]] = {}  # router -> what it reported
 
     def report(self, source: int, report: LoadReport) -> None:
-        counters = self._counters.setdefault(report.deployment, [0, 0, 0])
+        did = report.deployment
+        counters = self._counters.get(did)
+        if counters is None:
+            counters = self._counters[did] = [0, 0, 0]
         counters[0] += report.arrivals
         counters[1] += report.completions
         counters[2] += report.rejections
-        self._gauges.setdefault(report.deployment, {})[source] = (report.queued,
-                                                                  report.in_flight)
+        gauges = self._gauges.get(did)
+        if gauges is None:
+            gauges = self._gauges[did] = {}
+            self._sums[did] = [0, 0]
+        sums = self._sums[did]
+        old = gauges.get(source)
+        if old is None:
+            self._sources.setdefault(source, set()).add(did)
+        else:
+            sums[0] -= old[0]
+            sums[1] -= old[1]
+        gauges[source] = (report.queued, report.in_flight)
+        sums[0] += report.queued
+        sums[1] += report.in_flight
 
     def forget_source(self, source: int) -> None:
-        for gauges in self._gauges.values():
-            gauges.pop(source, None)
+        for did in self._sources.pop(source, ()):
+            old = self._gauges.get(did, {}).pop(source, None)
+            if old is not None:
+                self._sums[did][0] -= old[0]
+                self._sums[did][1] -= old[1]
 
-    def close_bucket(self, now: float, deployments: list[DeploymentId]) -> None:
+    def close_bucket(self, now: float, deployments: Iterable[DeploymentId]) -> None:
         for deployment in deployments:
-            arrivals, completions, rejections = self._counters.pop(deployment, [0, 0, 0])
-            gauges = self._gauges.get(deployment, {}).values()
+            arrivals, completions, rejections = self._counters.pop(deployment, _ZEROS)
+            queued, ongoing = self._sums.get(deployment, _ZEROS)[:2]
             sample = LoadSample(t=now, arrivals=arrivals, completions=completions,
-                                rejections=rejections, queued=sum(q for q, _ in gauges),
-                                ongoing=sum(f for _, f in gauges), duration_s=self.tick_s)
-            series = self.series.setdefault(deployment,
-                                            deque(maxlen=int(HISTORY_S / self.tick_s)))
+                                rejections=rejections, queued=queued, ongoing=ongoing,
+                                duration_s=self.tick_s)
+            series = self.series.get(deployment)
+            if series is None:
+                series = self.series[deployment] = deque(maxlen=int(HISTORY_S / self.tick_s))
             series.append(sample)
 
     def peek(self, deployment: DeploymentId, now: float) -> LoadSample | None:
@@ -64,11 +92,11 @@ class LoadTracker:
         since = series[-1].t if series else now - self.tick_s
         if now - since < 0.005:
             return None
-        arrivals, completions, rejections = self._counters.get(deployment, [0, 0, 0])
-        gauges = self._gauges.get(deployment, {}).values()
+        arrivals, completions, rejections = self._counters.get(deployment, _ZEROS)
+        queued, ongoing = self._sums.get(deployment, _ZEROS)[:2]
         return LoadSample(t=now, arrivals=arrivals, completions=completions,
-                          rejections=rejections, queued=sum(q for q, _ in gauges),
-                          ongoing=sum(f for _, f in gauges), duration_s=now - since)
+                          rejections=rejections, queued=queued, ongoing=ongoing,
+                          duration_s=now - since)
 
     def rates(self, deployment: DeploymentId, seconds: float = 1.0) -> dict[str, float]:
         """Offered/completed/rejected per second over the last `seconds`; queued, ongoing now."""
@@ -86,6 +114,9 @@ class LoadTracker:
         self.series.pop(deployment, None)
         self._counters.pop(deployment, None)
         self._gauges.pop(deployment, None)
+        self._sums.pop(deployment, None)
+        for deployments in self._sources.values():
+            deployments.discard(deployment)
 
 
 @dataclass

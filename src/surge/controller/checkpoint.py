@@ -4,7 +4,9 @@ Two files in the instance's state directory (private to its user, named in the
 controller's spec):
 `apps.pickle` holds every deployed AppSpec with its deployments' version counters,
 written on each deploy and delete; `members.json` lists the ready replicas and proxy
-workers (id, pid, ...), rewritten at most once per control-loop tick when it changed.
+workers (id, pid, ...), rewritten at most once per control-loop tick, and only in a
+tick in which a member came, went or changed state (`MembersText` renders it from one
+cached fragment per member, so a rewrite is a join, not an encoding of every member).
 A restarted controller loads both, waits for those members to reconnect and
 re-register (they keep serving meanwhile), adopts them, and only then reconciles.
 Writes go to a temporary file and are renamed, so a crash never leaves half a file.
@@ -24,7 +26,7 @@ import cloudpickle
 from surge.config import AppSpec
 from surge.process import start_time
 
-__all__ = ["Checkpoint", "Members", "SavedApp"]
+__all__ = ["Checkpoint", "Members", "MembersText", "SavedApp"]
 
 log = logging.getLogger("surge.controller")
 
@@ -49,6 +51,35 @@ class Members:
         """Whether `pid` is still the process that was saved (alive, not recycled)."""
         recorded = self.started.get(pid)
         return recorded is not None and recorded == start_time(pid)
+
+
+class MembersText:
+    """Renders `members.json` from fragments kept per member: what `load` reads."""
+
+    def __init__(self) -> None:
+        self._replicas: dict[tuple[str, int, str, str], str] = {}
+        self._started: dict[tuple[int, int], str] = {}
+        self._where: dict[tuple[str, str], str] = {}  # (app, deployment) -> its JSON
+
+    def render(self, replicas: list[tuple[str, int, str, str]], proxies: dict[str, int],
+               started: dict[int, int]) -> str:
+        """(id, pid, app, deployment) per replica, proxy id -> pid, pid -> start time."""
+        fragments = {key: self._replicas.get(key) or self._replica(key) for key in replicas}
+        times = {key: self._started.get(key) or f'"{key[0]}": {key[1]}'
+                 for key in started.items()}
+        self._replicas, self._started = fragments, times  # forget the departed
+        return ('{"proxies": ' + json.dumps(proxies, sort_keys=True)
+                + ', "replicas": {' + ", ".join(fragments.values())
+                + '}, "started": {' + ", ".join(times.values()) + "}}")
+
+    def _replica(self, key: tuple[str, int, str, str]) -> str:
+        replica_id, pid, app, deployment = key
+        where = self._where.get((app, deployment))
+        if where is None:
+            where = self._where[(app, deployment)] = (
+                f'"app": {json.dumps(app)}, "deployment": {json.dumps(deployment)}')
+        return f'{json.dumps(replica_id)}: {{{where}, "pid": {pid}}}'
+
 
 
 class Checkpoint:
@@ -76,9 +107,14 @@ class Checkpoint:
     def save_members(self, members: Members) -> None:
         if self.directory is None:
             return
-        text = json.dumps({"replicas": members.replicas, "proxies": members.proxies,
-                           "started": {str(p): t for p, t in members.started.items()}},
-                          sort_keys=True)
+        self.save_members_text(json.dumps(
+            {"replicas": members.replicas, "proxies": members.proxies,
+             "started": {str(p): t for p, t in members.started.items()}}, sort_keys=True))
+
+    def save_members_text(self, text: str) -> None:
+        """`members.json` as MembersText rendered it (written only if it changed)."""
+        if self.directory is None:
+            return
         if text != self._members_written:
             self._write(MEMBERS_FILE, text.encode())
             self._members_written = text

@@ -15,8 +15,10 @@ This class wires them and runs the loop: every `TICK_S` it takes the backend's e
 closes the load bucket, runs each autoscaled deployment's step, applies the plan, and
 checkpoints the members. A router whose queue starts to grow reports within
 URGENT_REPORT_DELAY_S (`load_urgent`), and the deployment is decided and reconciled
-without waiting a tick; so is everything a member's report changes (a proxy that
-serves, a replica that is ready).
+without waiting a tick: at the end of the event loop's turn, so that the reports of
+every router that saw the same burst are in the sum, and, when the last urgent decision
+was under URGENT_DECISION_INTERVAL_S ago, as soon as that interval ends; so is
+everything a member's report changes (a proxy that serves, a replica that is ready).
 """
 
 from __future__ import annotations
@@ -38,12 +40,24 @@ from surge.controller.checkpoint import Checkpoint
 from surge.controller.executor import DRAIN_GRACE_S, Executor
 from surge.controller.observer import Observer
 from surge.controller.pace import LoopPace, TickSample
-from surge.controller.plan import Observed, absorb_exits, is_proxy, plan, reconcile_deployment
+from surge.controller.plan import (
+    Observed,
+    absorb_exits,
+    is_proxy,
+    plan,
+    reconcile_deployment,
+    settled,
+)
 from surge.controller.publish import Publisher
 from surge.controller.recovery import Recovery
-from surge.controller.state import ControllerState, DeploymentRecord, Peer, ReplicaRecord
+from surge.controller.state import ControllerState, DeploymentRecord, Peer
 from surge.model import DeploymentId, LoadReport
-from surge.policy.autoscale_step import TICK_S, StepInputs, urgent_decision_due
+from surge.policy.autoscale_step import (
+    TICK_S,
+    URGENT_DECISION_INTERVAL_S,
+    StepInputs,
+    urgent_decision_due,
+)
 from surge.policy.autoscaling import LoadSample
 from surge.policy.lifecycle import ReplicaState
 
@@ -61,6 +75,10 @@ def random_replica_id(deployment: str) -> str:
 
 
 class Controller:
+    # Pushes whose handlers only read the value: an idle replica's telemetry, a router's
+    # unchanged report, repeated byte for byte, is not unpickled again (transport.rpc).
+    memo_topics = frozenset({"telemetry", "load"})
+
     def __init__(self, address: str, http: HTTPOptions, backend: Backend,
                  checkpoint: Checkpoint | None = None, *, clock: Clock = SYSTEM,
                  new_replica_id: Callable[[str], str] = random_replica_id) -> None:
@@ -72,6 +90,8 @@ class Controller:
         self.clock = clock
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
+        self._urgent_timer: asyncio.Handle | None = None
         self.load = LoadTracker(TICK_S)
         self.autoscaler = Autoscaler()
         self.recovery = Recovery(checkpoint or Checkpoint(None), backend.deaths_visible_at_once)
@@ -128,7 +148,12 @@ class Controller:
         if self.recovery.active:
             return
         self.executor.apply(absorb_exits(self.state, self.backend.poll_exits()))
-        self.executor.apply(plan(self.state, self._observe(), self.clock.monotonic()))
+        self._plan(self.clock.monotonic())
+
+    def _plan(self, now: float) -> None:
+        actions = plan(self.state, self._observe(), now)
+        settled(self.state, actions)
+        self.executor.apply(actions)
 
     # -- the control connection (transport.rpc.RpcHandler) --------------------------------
 
@@ -143,11 +168,31 @@ class Controller:
                 assert isinstance(report, LoadReport)
                 self.load.report(id(peer), report)
             if topic == "load_urgent" and not self.state.stopping:
-                for deployment in {report.deployment for report in value}:
-                    try:
-                        self.decide_now(deployment)
-                    except Exception:  # never on the member's connection
-                        log.exception("urgent decision for %s failed", deployment)
+                self._urgent.update(report.deployment for report in value)
+                if self._urgent_timer is None:  # after the other reports of this turn
+                    self._urgent_timer = asyncio.get_running_loop().call_soon(
+                        self._decide_urgent)
+
+    def _decide_urgent(self) -> None:
+        self._urgent_timer = None
+        pending, self._urgent = self._urgent, set()
+        now, wait = self.clock.monotonic(), None
+        for deployment in pending:
+            record = self.state.deployments.get(deployment)
+            if record is None:
+                continue
+            if not urgent_decision_due(record.last_urgent_decision, now):
+                self._urgent.add(deployment)  # decided on once the interval is over
+                left = record.last_urgent_decision + URGENT_DECISION_INTERVAL_S - now
+                wait = left if wait is None else min(wait, left)
+                continue
+            try:
+                self.decide_now(deployment)
+            except Exception:  # never on the member's connection
+                log.exception("urgent decision for %s failed", deployment)
+        if wait is not None:
+            self._urgent_timer = asyncio.get_running_loop().call_later(
+                max(wait, 0.0), self._decide_urgent)
 
     def on_disconnect(self, peer: Peer) -> None:
         self.publisher.drop(peer)
@@ -179,19 +224,21 @@ class Controller:
     def tick(self) -> None:
         now, state = self.clock.monotonic(), self.state
         self.executor.apply(absorb_exits(state, self.backend.poll_exits()))
-        self.load.close_bucket(now, list(state.deployments))
+        self.load.close_bucket(now, state.deployments)
         if self.recovery.active:  # re-attaching after a restart: change nothing yet
             self.executor.apply(self.recovery.due(state, now))
             return
-        groups = state.by_deployment()
         for record in list(state.deployments.values()):
-            self._autoscale(record, now, groups.get(record.id, []))
-        self.executor.apply(plan(state, self._observe(), now))
+            self._autoscale(record, now)
+        self._plan(now)
         state.note_running_apps()
-        self.recovery.save_members(state)
+        self.recovery.save_members(state, now)
+        self.publisher.flush()
 
     def _observe(self) -> Observed:
-        return Observed(frozenset(self.backend.alive()), self.backend.placements())
+        """The backend's proxies (its replicas are known from the state) and placements."""
+        others = frozenset(self.backend.alive()).difference(self.state.replicas)
+        return Observed(frozenset(p for p in others if is_proxy(p)), self.backend.placements())
 
     def decide_now(self, did: DeploymentId) -> None:
         """A router's queue just started to grow: decide (and act) without waiting a tick."""
@@ -203,10 +250,10 @@ class Controller:
         if not urgent_decision_due(record.last_urgent_decision, now):
             return
         record.last_urgent_decision = now
-        self._autoscale(record, now, self.state.replicas_of(did), self.load.peek(did, now))
+        self._autoscale(record, now, self.load.peek(did, now))
         self.executor.apply(reconcile_deployment(self.state, did))
 
-    def _autoscale(self, record: DeploymentRecord, now: float, replicas: list[ReplicaRecord],
+    def _autoscale(self, record: DeploymentRecord, now: float,
                    open_bucket: LoadSample | None = None) -> None:
         config = record.config.autoscaling_config
         if config is None or record.deleting:
@@ -216,7 +263,7 @@ class Controller:
             samples.append(open_bucket)
         step = self.autoscaler.step(record.id, config, StepInputs(
             now=now, second_of_day=self.clock.second_of_day(),
-            running=len(self.state.running_current(record.id, replicas)),
+            running=self.state.count_running_current(record.id),
             target=record.target,
             samples=samples, startup_lead_s=record.startup_lead_s))
         record.standby_floor = step.standby_replicas

@@ -17,8 +17,8 @@ from typing import Any
 
 from surge.clock import Clock
 from surge.config import AutoscalingConfig, DeploymentConfig
-from surge.controller.state import ControllerState, Groups
-from surge.model import ApplicationStatus, DeploymentStatus
+from surge.controller.state import ControllerState, ReplicaRecord
+from surge.model import ApplicationStatus, DeploymentId, DeploymentStatus
 from surge.policy.lifecycle import ReplicaState
 
 __all__ = ["RAY_VERSION", "empty_details", "instance_details"]
@@ -80,10 +80,11 @@ def instance_details(state: ControllerState, clock: Clock,
     }
 
 
-def _application(state: ControllerState, name: str, groups: Groups,
+def _application(state: ControllerState, name: str,
+                 groups: Mapping[DeploymentId, list[ReplicaRecord]],
                  wall_of: Callable[[float], float]) -> dict[str, Any]:
     app = state.apps[name]
-    overview = state.app_status(name, groups)
+    overview = state.app_status(name)
     status = overview.status
     if status is ApplicationStatus.DEPLOYING and app.deleting:
         status = ApplicationStatus.DELETING

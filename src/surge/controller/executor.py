@@ -163,7 +163,8 @@ class Executor:
         replica = self.state.replicas[action.replica_id]
         config = self.state.deployments[replica.deployment].config
         replica.health_check_running = True
-        replica.next_health_check = self.clock.monotonic() + config.health_check_period_s
+        self.state.health.schedule(replica,
+                                   self.clock.monotonic() + config.health_check_period_s)
         self.spawn(self._health_check(replica, config.health_check_timeout_s))
 
     async def _health_check(self, replica: ReplicaRecord, timeout_s: float) -> None:
@@ -210,7 +211,7 @@ class Executor:
 
     def _forget(self, action: ForgetDeployment) -> None:
         did = action.deployment
-        del self.state.deployments[did]
+        self.state.forget_deployment(did)
         self.publisher.forget(did)
         app = self.state.apps.get(did.app)
         removed = None

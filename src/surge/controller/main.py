@@ -36,9 +36,13 @@ from surge.launch import (
 )
 from surge.observability.logs import configure_logging
 from surge.process import die_with_parent, raise_fd_limit, set_title
+from surge.transport.gate import HandshakeGate
 from surge.transport.rpc import RpcPeer, split_address
 
 PROXY_START_TIMEOUT_S = 60.0
+# Connections the kernel holds for the controller before it accepts them: a herd of
+# members connecting at once must not have SYNs dropped (retried after 1 s, 3 s, ...).
+CONTROL_BACKLOG = 4096
 READY, ERROR = CONTROLLER_READY, CONTROLLER_ERROR
 
 # Builds the backend from the spec and what members are told; the default is the
@@ -62,8 +66,9 @@ async def serve(spec: ControllerProcessSpec,
     host, port = split_address(spec.address)
     holder: list[Controller] = []
     try:
-        server = await loop.create_server(lambda: RpcPeer(holder[0], spec.token), host, port,
-                                          reuse_address=True)
+        gate = HandshakeGate()  # a herd's handshakes, a few at a time, in order
+        server = await loop.create_server(lambda: RpcPeer(holder[0], spec.token, gate), host,
+                                          port, reuse_address=True, backlog=CONTROL_BACKLOG)
     except OSError as exc:
         announce(f"{ERROR} cannot listen on control address {spec.address}: "
                  f"{exc.strerror or exc}; set SURGE_ADDRESS to a free host:port")

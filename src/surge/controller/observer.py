@@ -161,10 +161,8 @@ class Observer:
         """Fold in the routers' new load samples and decisions; append a timeline point."""
         now, wall = self.clock.monotonic(), self.clock.wall()
         point: dict[str, Any] = {"t": round(wall, 3), "deployments": {}}
-        groups = self.state.by_deployment()
         for did, record in list(self.state.deployments.items()):
-            point["deployments"][str(did)] = self._deployment_point(did, record.target,
-                                                                    groups.get(did, []))
+            point["deployments"][str(did)] = self._deployment_point(did, record.target)
         self._fold_decisions(now, wall)
         self._prune(now)
         self._previous_latency = {did: self._latency_window(did) for did in
@@ -193,8 +191,7 @@ class Observer:
         self.router_rejected[did] = self.router_rejected.get(did, 0) + int(rejections)
         return arrivals, completions, rejections, span
 
-    def _deployment_point(self, did: DeploymentId, target: int,
-                          replicas: list[Any]) -> dict[str, Any]:
+    def _deployment_point(self, did: DeploymentId, target: int) -> dict[str, Any]:
         arrivals, completions, rejections, span = self._fold_load(did)
         per_s = 1.0 / span if span > 0 else 0.0
         series = self.load.series.get(did)
@@ -204,9 +201,7 @@ class Observer:
         previous = self._previous_latency.get(did)
         if previous is not None:
             latency.merge(previous)
-        states: dict[str, int] = {}
-        for replica in replicas:
-            states[replica.state.value] = states.get(replica.state.value, 0) + 1
+        group = self.state.group(did)
         status = self._window_status.get(did, {})
         window = SAMPLE_INTERVAL_S
         return {
@@ -217,9 +212,9 @@ class Observer:
             "queued": latest.queued if latest else 0, "ongoing": latest.ongoing if latest else 0,
             "p50_ms": _round(latency.quantile(0.5)),
             "p99_ms": _round(latency.quantile(0.99)),
-            "running": states.get(ReplicaState.RUNNING.value, 0),
-            "starting": states.get(ReplicaState.STARTING.value, 0),
-            "standby": states.get(ReplicaState.STANDBY.value, 0),
+            "running": group.count(ReplicaState.RUNNING),
+            "starting": group.count(ReplicaState.STARTING),
+            "standby": group.count(ReplicaState.STANDBY),
             "target": target,
         }
 
@@ -315,9 +310,8 @@ class Observer:
         """Applications, deployments and replicas with their states, for the page."""
         state = self.state
         apps = {}
-        groups = state.by_deployment()
         for name, app in state.apps.items():
-            overview = state.app_status(name, groups)
+            overview = state.app_status(name)
             apps[name] = {
                 "status": overview.status.value, "message": overview.message,
                 "route_prefix": app.route_prefix,

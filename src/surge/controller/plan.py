@@ -4,25 +4,34 @@ Each tick the controller (1) asks the backend what exited and turns that into ac
 (`absorb_exits`), applies them, then (2) asks `plan` what to do next and applies that:
 
 * per deployment: policy.reconcile turns target, version and replicas into starts,
-  activations and drains (nothing while the deployment has failed to start);
-* health checks that are due, and replicas that failed three in a row;
-* replicas still alive past their drain deadline are killed;
+  activations and drains (nothing while the deployment has failed to start), for the
+  deployments that changed since they were last found settled (`needs_reconcile`: a
+  replica of theirs appeared, left or moved, or their target, version, standby count,
+  failures or spec changed; the controller marks them settled with `settled`);
+* health checks that are due, in the order they came due, at most `health_budget` per
+  tick (a herd of replicas that became ready together is spread over the period), and
+  due replicas that failed three in a row;
+* draining replicas still alive past their drain deadline are killed;
 * proxies (policy.placement): the head's workers, the first one before the others (they
   join the port it bound), restarted when they exit; with EveryNode on a multi-node
   backend, one proxy per other node that hosts a replica, stopped when it hosts none;
 * deleted deployments whose last replica is gone are forgotten.
 
 Nothing here reads the clock or does I/O; tests feed states and assert the actions.
+The indexes it reads (controller/groups.py) make a tick cost what changed: a
+deployment with nothing new is not reconciled, only due health checks are looked at.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from surge.backends.base import Exit, Placement
 from surge.controller.actions import (
     Action,
+    ActivateReplica,
     CheckHealth,
     FailReplica,
     ForgetDeployment,
@@ -34,9 +43,11 @@ from surge.controller.actions import (
     StopProxy,
     StopReplica,
 )
+from surge.controller.groups import SERVING
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
     ControllerState,
+    DeploymentRecord,
     ReplicaRecord,
 )
 from surge.model import DeploymentId
@@ -44,12 +55,18 @@ from surge.policy import reconcile as policy
 from surge.policy.lifecycle import ReplicaState
 from surge.policy.placement import proxy_nodes, proxy_port
 
-__all__ = ["NODE_PROXY_PREFIX", "PROXY_PREFIX", "Observed", "absorb_exits", "is_proxy",
-           "plan", "reconcile_deployment"]
+__all__ = ["HEALTH_CHECKS_PER_TICK_MIN", "NODE_PROXY_PREFIX", "PROXY_PREFIX", "Observed",
+           "absorb_exits", "health_budget", "is_proxy", "needs_reconcile", "plan",
+           "reconcile_deployment", "reconcile_inputs", "settled"]
 
 PROXY_PREFIX = "proxy-"
 NODE_PROXY_PREFIX = "proxy-node-"
-_SERVING = (ReplicaState.RUNNING, ReplicaState.STANDBY)
+# Health checks started per tick: at least this many, and twice the steady rate (every
+# serving replica once per period), so a herd that came due together is spread over
+# half a period instead of hitting the controller in one tick.
+HEALTH_CHECKS_PER_TICK_MIN = 16
+HEALTH_BUDGET_FACTOR = 2.0
+TICK_S = 0.1  # policy.autoscale_step.TICK_S: the plan runs once per tick
 
 
 def is_proxy(process_id: str) -> bool:
@@ -78,31 +95,60 @@ def absorb_exits(state: ControllerState, exits: Iterable[Exit]) -> list[Action]:
 
 def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]:
     actions: list[Action] = []
-    groups = state.by_deployment()
-    for did in state.deployments:
-        replicas = groups.get(did, [])
-        changes = reconcile_deployment(state, did, replicas)
-        stopping = {a.replica_id for a in changes if isinstance(a, StopReplica)}
-        actions += changes
-        actions += _health([r for r in replicas if r.replica_id not in stopping], now)
-        if state.deployments[did].deleting and not replicas:
+    stopping: set[str] = set()
+    for did, record in state.deployments.items():
+        group = state.group(did)
+        if needs_reconcile(state, record):
+            changes = reconcile_deployment(state, did)
+            stopping.update(a.replica_id for a in changes if isinstance(a, StopReplica))
+            actions += changes
+        if record.deleting and not group.members:
             actions.append(ForgetDeployment(did))
+    actions += _health(state, now, stopping)
     actions += [KillProcess(r.replica_id, "still alive after its drain deadline")
-                for r in state.replicas.values()
+                for group in state.groups.values()
+                for stopped in (ReplicaState.DRAINING, ReplicaState.FAILED)
+                for r in group.by_state[stopped].values()
                 if r.stop_deadline is not None and now > r.stop_deadline]
     actions += _proxies(state, observed, now)
     return actions
+
+
+def reconcile_inputs(record: DeploymentRecord) -> tuple[object, ...]:
+    """What reconcile reads of the deployment itself (its replicas mark their group)."""
+    return (record.target, record.version, record.standby_wanted, record.constructor_failures,
+            record.deleting, id(record.spec))
+
+
+def needs_reconcile(state: ControllerState, record: DeploymentRecord) -> bool:
+    group = state.group(record.id)
+    return group.dirty or group.reconciled_inputs != reconcile_inputs(record)
+
+
+def settled(state: ControllerState, actions: Sequence[Action]) -> None:
+    """After a plan, before its actions are applied: the deployments it reconciled that
+    needed nothing are settled (reconciled again only once something changes). One
+    that asked for something stays unsettled, so a start that could not be placed is
+    asked for again at the next tick."""
+    busy = {a.deployment for a in actions if isinstance(a, StartReplicas)}
+    for action in actions:
+        if isinstance(action, StopReplica | ActivateReplica):
+            replica = state.replicas.get(action.replica_id)
+            if replica is not None:
+                busy.add(replica.deployment)
+    for did, record in state.deployments.items():
+        if did not in busy:
+            group = state.group(did)
+            group.dirty, group.reconciled_inputs = False, reconcile_inputs(record)
 
 
 def reconcile_deployment(state: ControllerState, did: DeploymentId,
                          replicas: Sequence[ReplicaRecord] | None = None) -> list[Action]:
     """Starts, activations and drains that bring the deployment to its target."""
     record = state.deployments[did]
-    group = state.replicas_of(did) if replicas is None else replicas
-    if state.failed(did, group):
+    if state.failed(did) or (replicas is None and _at_target(state, record)):
         return []
-    observed = [policy.ObservedReplica(r.replica_id, r.state, r.version, r.started_at)
-                for r in group]
+    observed = state.replicas_of(did) if replicas is None else replicas
     config = record.config
     rollout = policy.Rollout.of(record.target, config.rolling_update_percentage,
                                 config.max_surge_percent)
@@ -116,15 +162,46 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId,
     return actions
 
 
-def _health(replicas: Iterable[ReplicaRecord], now: float) -> list[Action]:
+def _at_target(state: ControllerState, record: DeploymentRecord) -> bool:
+    """Whether policy.reconcile would ask for nothing, from the counts alone: no live
+    replica of an old version, as many live ones of this version as wanted, and no
+    standby to activate (the common case of a settled deployment, in O(1))."""
+    group, version = state.group(record.id), record.version
+    if group.alive_outdated(version):
+        return False
+    running = group.count(ReplicaState.RUNNING, version)
+    standby = group.count(ReplicaState.STANDBY, version)
+    live = running + standby + group.count(ReplicaState.STARTING, version)
+    return (live == record.target + record.standby_wanted
+            and (running >= record.target or not standby))
+
+
+def health_budget(state: ControllerState) -> int:
+    """How many health checks one tick may start (HEALTH_CHECKS_PER_TICK_MIN)."""
+    steady = 0.0
+    for did, group in state.groups.items():
+        record = state.deployments.get(did)
+        if record is not None:
+            serving = group.count(ReplicaState.RUNNING) + group.count(ReplicaState.STANDBY)
+            steady += serving * TICK_S / max(record.config.health_check_period_s, TICK_S)
+    return max(HEALTH_CHECKS_PER_TICK_MIN, math.ceil(HEALTH_BUDGET_FACTOR * steady))
+
+
+def _health(state: ControllerState, now: float, skip: set[str]) -> list[Action]:
     actions: list[Action] = []
-    for replica in replicas:
-        if replica.state not in _SERVING or replica.peer is None:
+    budget = health_budget(state)
+    for replica_id in state.health.due(now):
+        replica = state.replicas.get(replica_id)
+        if (replica is None or replica_id in skip or replica.state not in SERVING
+                or replica.peer is None):
             continue
         if replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD:
             actions.append(FailReplica(replica.replica_id, "failed its health checks"))
-        elif not replica.health_check_running and now >= replica.next_health_check:
+        elif not replica.health_check_running:
             actions.append(CheckHealth(replica.replica_id))
+            budget -= 1
+            if budget <= 0:
+                break
     return actions
 
 
@@ -133,7 +210,8 @@ def _proxies(state: ControllerState, observed: Observed, now: float) -> list[Act
         return []
     if state.proxy_error and not state.proxy_address:  # the first one could not serve
         return []
-    present = (set(observed.alive) | set(state.proxies)) - set(state.replicas)
+    present = {p for p in (*observed.alive, *state.proxies)
+               if is_proxy(p) and p not in state.replicas}
     # The first worker binds the port; the others join it once it has.
     workers = state.proxy_count if state.proxy_address else 1
     actions: list[Action] = [
@@ -172,18 +250,19 @@ def _replica_nodes(state: ControllerState, observed: Observed) -> set[str] | Non
     """The nodes hosting live replicas, from the backend's placements or (after a
     restart, before those are known again) the replicas' own reports; None while a live
     replica's node is not known at all."""
-    nodes = set()
-    for replica_id, replica in state.replicas.items():
-        if not replica.alive:
+    nodes: set[str] = set()
+    unplaced = 0
+    for group in state.groups.values():
+        nodes.update(group.nodes)
+        unplaced += group.unplaced
+    for process_id, placed in observed.placements.items():
+        replica = state.replicas.get(process_id)
+        if replica is None or not replica.alive:
             continue
-        placed = observed.placements.get(replica_id)
-        if placed is not None:
-            nodes.add(placed.node_id)
-        elif replica.info is not None:
-            nodes.add(replica.info.node_id)
-        elif replica.state is not ReplicaState.STARTING:
-            return None
-    return nodes
+        nodes.add(placed.node_id)
+        if replica.info is None and replica.state is not ReplicaState.STARTING:
+            unplaced -= 1  # placed: its node is known after all
+    return nodes if not unplaced else None
 
 
 def _ports_by_ip(state: ControllerState, observed: Observed,

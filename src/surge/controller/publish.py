@@ -1,37 +1,92 @@
 """What the controller pushes to routers: the route table and each deployment's replica set.
 
 Proxies get the route table when they say hello and on every change. A router that
-watches a deployment gets its replica set on watching and whenever the set, the
-deployment's limits, its queue share (the queue budget split over the watchers) or
-its availability change; an unchanged set is not pushed again. While a restarted
-controller re-attaches to its members, nothing is pushed (`paused`): routers keep
-serving from the sets the previous controller sent.
+watches a deployment gets its replica set when it starts watching and whenever the set,
+the deployment's limits, its queue share (the queue budget split over the watchers) or
+its availability change; an unchanged set is not pushed again.
+
+Changes are gathered, not pushed one at a time: `replica_set(did)` marks the deployment
+and asks for a `flush` at the next turn of the event loop (the control loop also flushes
+at the end of each tick), so a herd of replicas that report ready together, or of
+routers that start watching together, costs one push per watcher, and each push is
+pickled once for all of its watchers (transport.rpc.broadcast). Routers that say
+`replica_set_deltas` in their hello get one whole set, then only what changed
+(model.ReplicaSetDelta): a push then costs what changed, not the size of the set.
+While a restarted controller re-attaches to its members, nothing is pushed (`paused`):
+routers keep serving from the sets the previous controller sent.
 """
 
 from __future__ import annotations
 
-from surge.controller.state import ControllerState, Peer
-from surge.model import DeploymentId, ReplicaSet, RouteTable, RouteTarget
-from surge.policy.admission import queue_share
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["UNAVAILABLE_FAILED", "Publisher"]
+from surge.controller.state import ControllerState, DeploymentRecord, Peer
+from surge.model import (
+    DeploymentId,
+    ReplicaInfo,
+    ReplicaSet,
+    ReplicaSetDelta,
+    RouteTable,
+    RouteTarget,
+)
+from surge.policy.admission import queue_share
+from surge.policy.lifecycle import ReplicaState
+from surge.transport.rpc import broadcast
+
+__all__ = ["DELTAS", "UNAVAILABLE_FAILED", "Publisher"]
 
 # What routers tell callers of a deployment that failed to start (no user text: the
 # traceback is for the operator, in status()).
 UNAVAILABLE_FAILED = "its replicas failed to start; serve.status() shows the error"
+# The hello key of a router that applies ReplicaSetDelta pushes.
+DELTAS = "replica_set_deltas"
+
+
+@dataclass(frozen=True)
+class _Header:
+    """The limits, queue share and availability a set is pushed with."""
+
+    max_ongoing_requests: int
+    queue_limit: int
+    unavailable: str
+    backpressure_status: int
+    retry_after_s: float | None
+
+
+@dataclass
+class _Published:
+    header: _Header
+    members: dict[str, ReplicaInfo]  # the routable replicas pushed last
+    generation: int
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    try:
+        asyncio.get_running_loop().call_soon(callback)
+    except RuntimeError:  # no loop (a test driving the state by hand): now
+        callback()
 
 
 class Publisher:
-    def __init__(self, state: ControllerState) -> None:
+    def __init__(self, state: ControllerState,
+                 schedule: Callable[[Callable[[], None]], None] = _call_soon) -> None:
         self.state = state
         self.watchers: dict[DeploymentId, set[Peer]] = {}
         self.proxies: set[Peer] = set()
         self.paused = False
-        self._pushed: dict[DeploymentId, tuple[object, ...]] = {}
+        self.pushed_bytes = 0  # replica-set payload bytes sent (each watcher counted)
+        self._schedule = schedule
+        self._published: dict[DeploymentId, _Published] = {}
+        self._fresh: dict[DeploymentId, set[Peer]] = {}  # watchers owed a whole set
+        self._dirty: set[DeploymentId] = set()
+        self._forced: set[DeploymentId] = set()
+        self._flush_pending = False
 
     def __repr__(self) -> str:
         return (f"<Publisher proxies={len(self.proxies)} watched={len(self.watchers)} "
-                f"paused={self.paused}>")
+                f"dirty={len(self._dirty)} paused={self.paused}>")
 
     def routes(self) -> RouteTable:
         return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
@@ -43,13 +98,14 @@ class Publisher:
         peer.push("routes", self.routes())
 
     def push_routes(self) -> None:
-        table = self.routes()
-        for proxy in self.proxies:
-            proxy.push("routes", table)
+        broadcast(self.proxies, "routes", self.routes())
 
     def watch(self, peer: Peer, did: DeploymentId) -> None:
+        """A router watches the deployment: it gets the whole set, the others a new
+        share of the queue."""
         self.watchers.setdefault(did, set()).add(peer)
-        self.replica_set(did, force=True)
+        self._fresh.setdefault(did, set()).add(peer)
+        self._mark(did)
 
     def drop(self, peer: Peer) -> None:
         """A connection closed: it watches nothing now (the others' shares grow)."""
@@ -57,32 +113,89 @@ class Publisher:
         for did, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)
-                self.replica_set(did, force=True)
+                self._fresh.get(did, set()).discard(peer)
+                self._mark(did)
 
     def replica_set(self, did: DeploymentId, force: bool = False) -> None:
-        record = self.state.deployments.get(did)
-        watchers = self.watchers.get(did)
-        if record is None or not watchers or self.paused:
-            return
-        running = sorted((r.info for r in self.state.running(did) if r.info is not None),
-                         key=lambda info: info.replica_id)
-        config = record.config
-        share = queue_share(config.queue_limit, len(watchers))
-        unavailable = UNAVAILABLE_FAILED if self.state.failed(did) else ""
-        backpressure = config.backpressure_config
-        key = (tuple(running), config.max_ongoing_requests, share, unavailable, backpressure)
-        if not force and self._pushed.get(did) == key:
-            return
-        self._pushed[did] = key
-        replica_set = ReplicaSet(did, tuple(running), config.max_ongoing_requests, share,
-                                 record.version, unavailable, backpressure.status_code,
-                                 backpressure.retry_after_s)
-        for watcher in watchers:
-            watcher.push("replica_set", replica_set)
+        """The deployment's set may have changed (`force`: push it whole to every
+        watcher even if not)."""
+        if force:
+            self._forced.add(did)
+        self._mark(did)
 
     def replica_sets(self, force: bool = False) -> None:
         for did in list(self.state.deployments):
             self.replica_set(did, force)
 
     def forget(self, did: DeploymentId) -> None:
-        self._pushed.pop(did, None)
+        self._published.pop(did, None)
+        self._dirty.discard(did)
+        self._forced.discard(did)
+
+    def _mark(self, did: DeploymentId) -> None:
+        self._dirty.add(did)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._schedule(self.flush)
+
+    def flush(self) -> None:
+        """Push what changed since the last flush (nothing while paused)."""
+        self._flush_pending = False
+        if self.paused or not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        for did in sorted(dirty):
+            self._publish(did)
+
+    def _publish(self, did: DeploymentId) -> None:
+        record = self.state.deployments.get(did)
+        watchers = self.watchers.get(did)
+        if record is None or not watchers:
+            return
+        running = self.state.group(did).by_state[ReplicaState.RUNNING]
+        members = {rid: r.info for rid, r in running.items() if r.info is not None}
+        header = self._header(record, len(watchers))
+        last = self._published.get(did)
+        forced = did in self._forced
+        self._forced.discard(did)
+        fresh = self._fresh.pop(did, set()) & watchers
+        if (last is not None and header == last.header
+                and members.keys() == last.members.keys()):
+            self._push_whole(did, record, last, watchers if forced else fresh)
+            return
+        now = _Published(header, members, last.generation + 1 if last is not None else 1)
+        self._published[did] = now
+        whole = watchers if forced or last is None else {
+            w for w in watchers if w in fresh or not w.info.get(DELTAS)}
+        self._push_whole(did, record, now, whole)
+        if last is not None and len(whole) < len(watchers):
+            self._push_delta(did, record, last, now, watchers - whole)
+
+    def _header(self, record: DeploymentRecord, watchers: int) -> _Header:
+        config = record.config
+        backpressure = config.backpressure_config
+        return _Header(config.max_ongoing_requests, queue_share(config.queue_limit, watchers),
+                       UNAVAILABLE_FAILED if self.state.failed(record.id) else "",
+                       backpressure.status_code, backpressure.retry_after_s)
+
+    def _push_whole(self, did: DeploymentId, record: DeploymentRecord, published: _Published,
+                    targets: set[Peer]) -> None:
+        if not targets:
+            return
+        h, members = published.header, published.members
+        replica_set = ReplicaSet(did, tuple(members[k] for k in sorted(members)),
+                                 h.max_ongoing_requests, h.queue_limit, record.version,
+                                 h.unavailable, h.backpressure_status, h.retry_after_s,
+                                 published.generation)
+        self.pushed_bytes += broadcast(targets, "replica_set", replica_set) * len(targets)
+
+    def _push_delta(self, did: DeploymentId, record: DeploymentRecord, last: _Published,
+                    now: _Published, targets: set[Peer]) -> None:
+        h = now.header
+        added = sorted(now.members.keys() - last.members.keys())
+        delta = ReplicaSetDelta(did, last.generation, now.generation,
+                                tuple(now.members[k] for k in added),
+                                tuple(sorted(last.members.keys() - now.members.keys())),
+                                h.max_ongoing_requests, h.queue_limit, record.version,
+                                h.unavailable, h.backpressure_status, h.retry_after_s)
+        self.pushed_bytes += broadcast(targets, "replica_set_delta", delta) * len(targets)

@@ -28,10 +28,11 @@ from surge.controller.actions import (
     KillProcess,
     ProxyReady,
 )
-from surge.controller.checkpoint import Checkpoint, Members, SavedApp
+from surge.controller.checkpoint import Checkpoint, Members, MembersText, SavedApp
 from surge.controller.state import ControllerState, Peer
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, ReplicaInfo
+from surge.policy.lifecycle import ALIVE
 from surge.process import start_time
 
 __all__ = ["RECOVERY_TIMEOUT_S", "Recovery"]
@@ -40,6 +41,11 @@ log = logging.getLogger("surge.controller")
 
 # After a restart, how long to wait for the previous controller's members to re-register.
 RECOVERY_TIMEOUT_S = 5.0
+# While members keep coming and going (a herd starting), the members checkpoint is
+# rewritten at most this often, and once more in the first tick without a change. A
+# member missing from it re-attaches after a restart all the same; only the wait for
+# it is shorter.
+MEMBERS_SAVE_INTERVAL_S = 1.0
 
 
 class Recovery:
@@ -55,6 +61,11 @@ class Recovery:
         self.specs: dict[str, AppSpec] = {}  # as deployed, for the checkpoint
         self.expected: Members | None = None  # set while waiting for members to return
         self._started: dict[int, int] = {}  # pid -> start time, read once per member
+        self._no_start: set[int] = set()  # pids with none to read (gone before saved)
+        self._members = MembersText()
+        self._saved: tuple[object, ...] | None = None  # what the last save was made of
+        self._seen: tuple[object, ...] | None = None  # what the last call saw
+        self._saved_at = float("-inf")
         self.deadline = 0.0
         self.done = asyncio.Event()
         self.done.set()
@@ -131,7 +142,7 @@ class Recovery:
         targets = []
         for did, deployment in state.deployments.items():
             scaling = deployment.config.autoscaling_config
-            adopted = len(state.running_current(did))
+            adopted = state.count_running_current(did)
             if scaling is not None and adopted:
                 targets.append((did, min(max(adopted, scaling.min_replicas),
                                          scaling.max_replicas)))
@@ -158,16 +169,33 @@ class Recovery:
         except Exception as exc:  # never fail a deploy for it; a restart would lose the app
             log.error("cannot save the checkpoint: %s", exc)
 
-    def save_members(self, state: ControllerState) -> None:
-        alive = [r for r in state.replicas.values() if r.info is not None and r.alive]
-        replicas: dict[str, dict[str, Any]] = {
-            r.replica_id: {"pid": r.pid, "app": r.deployment.app,
-                           "deployment": r.deployment.name} for r in alive}
+    def save_members(self, state: ControllerState, now: float) -> None:
+        """Checkpoint the ready members if any came, went or moved since the last save:
+        in the first tick without a change, or MEMBERS_SAVE_INTERVAL_S after the last."""
         proxies = {p.proxy_id: p.pid for p in state.proxies.values()}
-        pids = [r.pid for r in alive] + list(proxies.values())
-        known = {pid: self._started.get(pid) or start_time(pid) for pid in pids}
-        self._started = {pid: t for pid, t in known.items() if t is not None}
+        revision = (state.changes.count, tuple(proxies.items()))
+        quiet, self._seen = revision == self._seen, revision
+        if revision == self._saved or self.checkpoint.directory is None or (
+                not quiet and now - self._saved_at < MEMBERS_SAVE_INTERVAL_S):
+            return
+        alive = [(r.replica_id, r.pid, did.app, did.name)
+                 for did, group in state.groups.items() for live in ALIVE
+                 for r in group.by_state[live].values() if r.info is not None]
+        pids = [pid for _, pid, _, _ in alive] + list(proxies.values())
+        started, missing = {}, set()
+        for pid in pids:
+            known = self._started.get(pid)
+            if known is None and pid not in self._no_start:
+                known = start_time(pid)
+            if known is None:
+                missing.add(pid)
+            else:
+                started[pid] = known
+        self._started, self._no_start = started, missing
         try:
-            self.checkpoint.save_members(Members(replicas, proxies, dict(self._started)))
+            self.checkpoint.save_members_text(
+                self._members.render(alive, proxies, self._started))
         except OSError as exc:
             log.error("cannot save the checkpoint: %s", exc)
+            return
+        self._saved, self._saved_at = revision, now

@@ -1,8 +1,13 @@
 """The controller's state: applications, deployments, replicas and proxies, in one place.
 
 `ControllerState` holds one index of each: `apps` by name, `deployments` by id,
-`replicas` by replica id (a deployment finds its replicas by asking the state, so no
-record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) and
+`replicas` by replica id, `proxies` by proxy id. Each deployment's replicas are also
+indexed by state and counted by (state, version) in a `ReplicaGroup`
+(controller/groups.py), kept up to date by `add_replica`, `remove_replica` and
+`ReplicaRecord.move`, the only ways a replica appears, leaves or changes state; health
+checks due are kept in order in a `HealthSchedule`. So questions the loop asks every
+tick (how many run, has it failed, what changed) cost what changed, not a pass over
+every replica. The plan (controller/plan.py) and
 recovery read it and return actions. It is written by the executor (what actions do),
 the desired-state changes (controller/desired.py), the RPC handlers for what members
 report about themselves, the autoscaling step's target, and the loop's own flags
@@ -16,12 +21,13 @@ UNHEALTHY, before it DEPLOY_FAILED), is recorded by the control loop
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from surge.backends.base import Placement
 from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.controller.groups import Changes, HealthSchedule, ReplicaGroup
 from surge.model import (
     AccessTokens,
     ApplicationStatus,
@@ -32,8 +38,6 @@ from surge.model import (
     ReplicaInfo,
 )
 from surge.policy.lifecycle import ALIVE, ReplicaState, transition
-
-Groups = dict[DeploymentId, list["ReplicaRecord"]]
 
 __all__ = [
     "HEALTH_CHECK_FAILURE_THRESHOLD",
@@ -79,13 +83,18 @@ class ReplicaRecord:
     health_check_running: bool = False
     health_failures: int = 0
     stop_deadline: float | None = None  # killed if still alive after this
+    # The index it is counted in (set by ControllerState.add_replica), told of each move.
+    group: ReplicaGroup | None = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return (f"<Replica {self.replica_id} {self.state.value} v{self.version} "
                 f"pid={self.pid}>")
 
     def move(self, new: ReplicaState) -> None:
-        self.state = transition(self.state, new)
+        old = self.state
+        self.state = transition(old, new)
+        if self.group is not None:
+            self.group.moved(self, old)
 
     @property
     def alive(self) -> bool:
@@ -181,6 +190,9 @@ class ControllerState:
     proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
     daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
+    groups: dict[DeploymentId, ReplicaGroup] = field(default_factory=dict)  # by deployment
+    health: HealthSchedule = field(default_factory=HealthSchedule)
+    changes: Changes = field(default_factory=Changes)  # replicas that came, went, moved
 
     def __repr__(self) -> str:
         return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "
@@ -193,68 +205,69 @@ class ControllerState:
         node = self.node_proxies.get(proxy_id)
         return node.node_id if node is not None else self.head.node_id
 
+    def group(self, did: DeploymentId) -> ReplicaGroup:
+        """The deployment's replicas, indexed (an empty group for one without any)."""
+        group = self.groups.get(did)
+        if group is None:
+            group = self.groups[did] = ReplicaGroup(did, self.health, self.changes)
+        return group
+
     def replicas_of(self, did: DeploymentId) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if r.deployment == did]
+        group = self.groups.get(did)
+        return list(group.members.values()) if group is not None else []
 
     def by_deployment(self) -> dict[DeploymentId, list[ReplicaRecord]]:
-        """Every deployment's replicas, grouped in one pass."""
+        """Every deployment's replicas (a copy: for status pages, not for the loop)."""
         groups: dict[DeploymentId, list[ReplicaRecord]] = {did: [] for did in self.deployments}
-        for replica in self.replicas.values():
-            groups.setdefault(replica.deployment, []).append(replica)
+        for did, group in self.groups.items():
+            if group.members:
+                groups[did] = list(group.members.values())
         return groups
 
     def running(self, did: DeploymentId) -> list[ReplicaRecord]:
-        return [r for r in self.replicas_of(did) if r.state is ReplicaState.RUNNING]
+        return list(self.group(did).by_state[ReplicaState.RUNNING].values())
 
-    def running_current(self, did: DeploymentId,
-                        replicas: Iterable[ReplicaRecord] | None = None) -> list[ReplicaRecord]:
+    def count_running_current(self, did: DeploymentId) -> int:
         """RUNNING replicas of the deployment's current version."""
-        version = self.deployments[did].version
-        group = self.replicas_of(did) if replicas is None else replicas
-        return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
+        return self.group(did).count(ReplicaState.RUNNING, self.deployments[did].version)
 
-    def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
+    def failed(self, did: DeploymentId) -> bool:
         """Its replicas failed to start max_constructor_retry_count times in a row and
         none runs: no replica will come."""
         record = self.deployments[did]
-        group = self.replicas_of(did) if replicas is None else replicas
         return (record.constructor_failures >= record.config.max_constructor_retry_count
-                and not any(r.state is ReplicaState.RUNNING for r in group))
+                and not self.group(did).count(ReplicaState.RUNNING))
 
     # -- status (no side effects) ------------------------------------------------------
 
-    def deployment_status(self, did: DeploymentId,
-                          groups: Groups | None = None) -> DeploymentStatusOverview:
+    def deployment_status(self, did: DeploymentId) -> DeploymentStatusOverview:
         record = self.deployments[did]
-        replicas = self.replicas_of(did) if groups is None else groups.get(did, [])
-        counts: dict[str, int] = {}
-        for replica in replicas:
-            counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
-        current = self.running_current(did, replicas)
-        outdated = [r for r in replicas if r.version != record.version and r.alive]
-        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until a replica ever ran
+        group = self.group(did)
+        counts = {state.value: len(members) for state, members in group.by_state.items()
+                  if members}
+        current = group.count(ReplicaState.RUNNING, record.version)
+        outdated = group.alive_outdated(record.version)
+        if self.failed(did):  # as Ray: DEPLOY_FAILED until a replica ever ran
             status = (DeploymentStatus.UNHEALTHY if record.ever_running
                       else DeploymentStatus.DEPLOY_FAILED)
             message = record.last_error
-        elif len(current) == record.target and not outdated:
+        elif current == record.target and not outdated:
             status, message = DeploymentStatus.HEALTHY, ""
-        elif len(current) > record.target:
+        elif current > record.target:
             status, message = DeploymentStatus.DOWNSCALING, ""
         else:
             status = DeploymentStatus.UPDATING
-            message = f"{len(current)} of {record.target} replicas running"
+            message = f"{current} of {record.target} replicas running"
         return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
                                         target_replicas=record.target)
 
-    def app_status(self, name: str, groups: Groups | None = None) -> ApplicationStatusOverview:
-        """The application's status (pass `by_deployment()` when asking for many)."""
+    def app_status(self, name: str) -> ApplicationStatusOverview:
+        """The application's status."""
         app = self.apps[name]
-        groups = self.by_deployment() if groups is None else groups
         present = [did for did in app.ids() if did in self.deployments]
-        deployments = {did.name: self.deployment_status(did, groups) for did in present}
+        deployments = {did.name: self.deployment_status(did) for did in present}
         states = {d.status for d in deployments.values()}
-        failed = [self.deployments[did] for did in present
-                  if self.failed(did, groups.get(did, []))]
+        failed = [self.deployments[did] for did in present if self.failed(did)]
         if app.deleting:
             status, message = ApplicationStatus.DELETING, ""
         elif failed and not app.ever_running:
@@ -274,16 +287,30 @@ class ControllerState:
 
     def note_running_apps(self) -> None:
         """Remember which applications have reached RUNNING (the control loop calls it)."""
-        waiting = [name for name, app in self.apps.items() if not app.ever_running]
-        groups = self.by_deployment() if waiting else {}
-        for name in waiting:
-            if self.app_status(name, groups).status is ApplicationStatus.RUNNING:
+        for name in [name for name, app in self.apps.items() if not app.ever_running]:
+            if self.app_status(name).status is ApplicationStatus.RUNNING:
                 self.apps[name].ever_running = True
 
     # -- changes the executor and the RPC handlers make ----------------------------------
 
     def add_replica(self, replica: ReplicaRecord) -> None:
+        """A new replica (the executor's start, an adoption); with `next_health_check`
+        set, a serving one is scheduled for it."""
         self.replicas[replica.replica_id] = replica
+        replica.group = self.group(replica.deployment)
+        replica.group.add(replica)
 
     def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
-        return self.replicas.pop(replica_id, None)
+        replica = self.replicas.pop(replica_id, None)
+        if replica is not None and replica.group is not None:
+            replica.group.remove(replica)
+            if not replica.group.members and replica.deployment not in self.deployments:
+                self.groups.pop(replica.deployment, None)
+        return replica
+
+    def forget_deployment(self, did: DeploymentId) -> None:
+        """A deleted deployment whose last replica is gone."""
+        del self.deployments[did]
+        group = self.groups.get(did)
+        if group is not None and not group.members:
+            del self.groups[did]

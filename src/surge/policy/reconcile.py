@@ -16,11 +16,29 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from surge.policy.lifecycle import ReplicaState
 
-__all__ = ["ActivateReplica", "ObservedReplica", "Rollout", "StartReplicas", "StopReplica",
-           "reconcile"]
+__all__ = ["ActivateReplica", "ObservedReplica", "ReplicaView", "Rollout", "StartReplicas",
+           "StopReplica", "reconcile"]
+
+
+class ReplicaView(Protocol):
+    """What reconcile reads of a replica (ObservedReplica, or the controller's own
+    records, passed as they are: no copy per replica per call)."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def state(self) -> ReplicaState: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def started_at(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,7 @@ Action = StartReplicas | StopReplica | ActivateReplica
 _LIVE = (ReplicaState.STARTING, ReplicaState.STANDBY, ReplicaState.RUNNING)
 
 
-def reconcile(target: int, version: int, replicas: Sequence[ObservedReplica],
+def reconcile(target: int, version: int, replicas: Sequence[ReplicaView],
               standby: int = 0, rollout: Rollout = Rollout()) -> list[Action]:
     live = [r for r in replicas if r.state in _LIVE]
     current = [r for r in live if r.version == version]
@@ -113,12 +131,12 @@ def reconcile(target: int, version: int, replicas: Sequence[ObservedReplica],
     return actions
 
 
-def _pending(current: Sequence[ObservedReplica]) -> list[ObservedReplica]:
+def _pending(current: Sequence[ReplicaView]) -> list[ReplicaView]:
     return [r for r in current if r.state is not ReplicaState.RUNNING]
 
 
-def _starts(missing: int, current: Sequence[ObservedReplica],
-            old_running: Sequence[ObservedReplica], target: int, rollout: Rollout) -> int:
+def _starts(missing: int, current: Sequence[ReplicaView],
+            old_running: Sequence[ReplicaView], target: int, rollout: Rollout) -> int:
     """How many of the `missing` new-version replicas may start now."""
     if missing <= 0 or not old_running:  # not rolling: start what is missing
         return missing
@@ -129,7 +147,7 @@ def _starts(missing: int, current: Sequence[ObservedReplica],
     return missing
 
 
-def _stop_order(replica: ObservedReplica, activated: set[str]) -> tuple[int, float]:
+def _stop_order(replica: ReplicaView, activated: set[str]) -> tuple[int, float]:
     # STARTING first, then STANDBY, then RUNNING; the most recently started first.
     rank = {ReplicaState.STARTING: 0, ReplicaState.STANDBY: 1}.get(replica.state, 2)
     if replica.replica_id in activated:

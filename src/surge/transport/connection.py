@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from surge.transport.framing import MAX_FRAME_BYTES, FrameDecoder, FrameEncoder
+from surge.transport.gate import HandshakeGate
 from surge.transport.messages import Message
 
 __all__ = ["FramedProtocol"]
@@ -33,6 +34,8 @@ class FramedProtocol(asyncio.Protocol):
         self.is_closed = False
         self._loop = asyncio.get_running_loop()
         self._auth_timer: asyncio.TimerHandle | None = None
+        self._gate: HandshakeGate | None = None
+        self._gate_state = ""  # "" | "waiting" | "in" (its handshake runs) | "out"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -76,10 +79,25 @@ class FramedProtocol(asyncio.Protocol):
             self.transport.write(bytes(self._out))
         self._out.clear()
 
-    def expect_token(self) -> None:
+    def expect_token(self, gate: HandshakeGate | None = None) -> None:
         """Until `token_accepted`: small frames only, and a deadline to present the token
-        (an unauthenticated peer must not make us buffer a gigabyte or hold a socket)."""
+        (an unauthenticated peer must not make us buffer a gigabyte or hold a socket).
+        With a `gate` (transport/gate.py), it may first wait its turn, unread."""
         self._decoder.max_frame = PREAUTH_MAX_FRAME
+        self._gate = gate
+        if gate is None or gate.enter(self):
+            self._gate_state = "in" if gate is not None else ""
+            self._auth_timer = self._loop.call_later(PREAUTH_TIMEOUT_S, self.close)
+            return
+        self._gate_state = "waiting"
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def admitted(self) -> None:
+        """Its turn came (HandshakeGate): read it, and start its deadline."""
+        self._gate_state = "in"
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
         self._auth_timer = self._loop.call_later(PREAUTH_TIMEOUT_S, self.close)
 
     def token_accepted(self) -> None:
@@ -87,6 +105,17 @@ class FramedProtocol(asyncio.Protocol):
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
+        self._leave_gate()
+
+    def _leave_gate(self) -> None:
+        gate, state = self._gate, self._gate_state
+        if gate is None or state in ("", "out"):
+            return
+        self._gate_state = "out"
+        if state == "waiting":
+            gate.forget(self)
+        else:
+            gate.leave(self)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -97,6 +126,7 @@ class FramedProtocol(asyncio.Protocol):
         self.is_closed = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()
+        self._leave_gate()
         self.closed(exc)
 
     def message_received(self, message: Message) -> None:

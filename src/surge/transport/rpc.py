@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import pickle
 import secrets
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import cloudpickle
@@ -18,6 +19,7 @@ import cloudpickle
 from surge.control_auth import TOKEN_ENV, find_token, token_path
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.transport.connection import FramedProtocol
+from surge.transport.gate import HandshakeGate
 from surge.transport.handshake import (
     NONCE_BYTES,
     ClientHandshake,
@@ -27,10 +29,20 @@ from surge.transport.handshake import (
 )
 from surge.transport.messages import Message, Push, Reply, Rpc
 
-__all__ = ["RpcHandler", "RpcPeer", "connect_rpc", "split_address"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "RpcHandler", "RpcPeer", "broadcast", "connect_rpc",
+           "split_address"]
+
+# How long a client waits for the controller's side of the handshake once connected: a
+# controller busy with a herd lets handshakes in a few at a time (transport/gate.py),
+# and a member that gave up early would exit (and be restarted into the same herd).
+HANDSHAKE_TIMEOUT_S = 30.0
 
 
 class RpcHandler(Protocol):
+    """(A handler may also name `memo_topics`: pushes of those topics that repeat the
+    previous one's bytes are delivered as the previous value, not unpickled again; only
+    for handlers that never change a pushed value.)"""
+
     async def handle_rpc(self, peer: RpcPeer, method: str, kwargs: dict[str, Any]) -> Any: ...
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None: ...
@@ -51,9 +63,11 @@ class RpcPeer(FramedProtocol):
     guarded link: the other end must complete the handshake (transport/handshake.py)
     before anything it sends is unpickled; `authenticate` is the connecting end's."""
 
-    def __init__(self, handler: RpcHandler | None, token: str | None = None) -> None:
+    def __init__(self, handler: RpcHandler | None, token: str | None = None,
+                 gate: HandshakeGate | None = None) -> None:
         super().__init__()
         self.handler = handler
+        self._handshake_gate = gate
         self._server = ServerHandshake(token, secrets.token_bytes(NONCE_BYTES)) \
             if token else None
         self._client: ClientHandshake | None = None
@@ -61,6 +75,8 @@ class RpcPeer(FramedProtocol):
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self.info: dict[str, Any] = {}  # what the other side told us about itself
+        self._memo_topics: frozenset[str] = getattr(handler, "memo_topics", frozenset())
+        self._memo: dict[str, tuple[bytes, Any]] = {}  # topic -> the last payload, value
         self.connected = asyncio.Event()
         self.disconnected = asyncio.Event()
 
@@ -72,7 +88,7 @@ class RpcPeer(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self._server is not None:
-            self.expect_token()
+            self.expect_token(self._handshake_gate)
         self.connected.set()
 
     async def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -89,6 +105,10 @@ class RpcPeer(FramedProtocol):
 
     def push(self, topic: str, value: Any) -> None:
         self.send(Push(topic=topic, payload=cloudpickle.dumps(value)))
+
+    def push_payload(self, topic: str, payload: bytes) -> None:
+        """Push a value pickled already (`broadcast`: one pickle for many peers)."""
+        self.send(Push(topic=topic, payload=payload))
 
     async def authenticate(self, token: str, timeout: float | None = None) -> None:
         """Prove we know the token once the other end has proved it does; nothing it
@@ -153,7 +173,17 @@ class RpcPeer(FramedProtocol):
         elif isinstance(message, Rpc):
             self._loop.create_task(self._serve(message))
         elif isinstance(message, Push) and self.handler is not None:
-            self.handler.on_push(self, message.topic, pickle.loads(message.payload))
+            self.handler.on_push(self, message.topic, self._value(message))
+
+    def _value(self, message: Push) -> Any:
+        if message.topic not in self._memo_topics:
+            return pickle.loads(message.payload)
+        last = self._memo.get(message.topic)
+        if last is not None and last[0] == message.payload:  # an idle member's report
+            return last[1]
+        value = pickle.loads(message.payload)
+        self._memo[message.topic] = (message.payload, value)
+        return value
 
     async def _serve(self, message: Rpc) -> None:
         try:
@@ -183,6 +213,21 @@ class RpcPeer(FramedProtocol):
             self.handler.on_disconnect(self)
 
 
+def broadcast(peers: Iterable[Any], topic: str, value: Any) -> int:
+    """Push `value` to every peer, pickled once (with the C pickler: for surge's own
+    value types, never user code); peers that are not RpcPeers (tests' fakes) get the
+    value itself. Returns the payload's size (0 if no peer needed it)."""
+    payload = b""
+    for peer in peers:
+        if isinstance(peer, RpcPeer):
+            if not payload:
+                payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            peer.push_payload(topic, payload)
+        else:
+            peer.push(topic, value)
+    return len(payload)
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host or "127.0.0.1", int(port)
@@ -190,8 +235,11 @@ def split_address(address: str) -> tuple[str, int]:
 
 async def connect_rpc(address: str, handler: RpcHandler | None,
                       timeout: float = 5.0, token: str | None = None,
-                      peer_class: type[RpcPeer] = RpcPeer) -> RpcPeer:
-    """Connect and authenticate (with `token`, else the one `find_token` finds)."""
+                      peer_class: type[RpcPeer] = RpcPeer,
+                      handshake_timeout: float | None = None) -> RpcPeer:
+    """Connect (within `timeout`) and authenticate (with `token`, else the one
+    `find_token` finds; within `handshake_timeout`, by default the longer of `timeout`
+    and HANDSHAKE_TIMEOUT_S: the controller may let it in only after others)."""
     host, port = split_address(address)
     loop = asyncio.get_running_loop()
     try:
@@ -204,7 +252,8 @@ async def connect_rpc(address: str, handler: RpcHandler | None,
     token = token or find_token(address)
     if token:
         try:
-            await peer.authenticate(token, timeout)
+            await peer.authenticate(token, handshake_timeout if handshake_timeout is not None
+                                    else max(timeout, HANDSHAKE_TIMEOUT_S))
         except _Impostor:
             peer.close()
             raise ControlAuthError(

@@ -1,0 +1,68 @@
+"""transport.gate: handshakes a bounded few at a time, first come first served."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from surge.transport.gate import HandshakeGate
+from surge.transport.rpc import RpcPeer, connect_rpc
+
+TOKEN = "the-token"
+
+
+class Waiting:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log, self.is_closed = name, log, False
+
+    def admitted(self) -> None:
+        self.log.append(self.name)
+
+
+def test_beyond_the_limit_connections_wait_in_order_and_closed_ones_are_skipped() -> None:
+    gate, log = HandshakeGate(limit=2), []
+    a, b, c, d, e = (Waiting(n, log) for n in "abcde")
+    assert [gate.enter(x) for x in (a, b, c, d, e)] == [True, True, False, False, False]
+    d.is_closed = True
+    gate.forget(e)  # closed while waiting
+    gate.leave(a)
+    assert log == ["c"]
+    gate.leave(b)  # d closed meanwhile: nobody else waits
+    assert log == ["c"] and (gate.running, len(gate.waiting)) == (1, 0)
+    assert (gate.admitted_total, gate.queued_total) == (3, 3)
+    with pytest.raises(ValueError):
+        HandshakeGate(limit=0)
+
+
+class Handler:
+    async def handle_rpc(self, peer: RpcPeer, method: str, kwargs: dict[str, Any]) -> Any:
+        return method
+
+    def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
+        pass
+
+    def on_disconnect(self, peer: RpcPeer) -> None:
+        pass
+
+
+def test_a_herd_of_clients_all_get_in_through_a_gate_of_one() -> None:
+    async def main() -> HandshakeGate:
+        gate = HandshakeGate(limit=1)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: RpcPeer(Handler(), TOKEN, gate),
+                                          "127.0.0.1", 0, backlog=256)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        peers = await asyncio.gather(*(connect_rpc(address, None, token=TOKEN)
+                                       for _ in range(40)))
+        answers = await asyncio.gather(*(peer.call("hello") for peer in peers))
+        for peer in peers:
+            peer.close()
+        server.close()
+        assert answers == ["hello"] * 40
+        return gate
+
+    gate = asyncio.run(main())
+    assert gate.admitted_total == 40 and gate.queued_total > 0
+    assert (gate.running, len(gate.waiting)) == (0, 0)

@@ -1,0 +1,97 @@
+"""controller.publish: replica sets gathered per flush, pickled once, and deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from surge.backends.base import LOCAL_PLACEMENT
+from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.controller import desired
+from surge.controller.publish import DELTAS, Publisher
+from surge.controller.state import ControllerState, ReplicaRecord
+from surge.model import DeploymentId, ReplicaInfo, ReplicaSet, ReplicaSetDelta
+from surge.policy.lifecycle import ReplicaState
+from surge.testing import FakePeer
+
+DID = DeploymentId("app", "Model")
+
+
+def setup() -> tuple[ControllerState, Publisher, list[Callable[[], None]]]:
+    state = ControllerState("127.0.0.1:1", HTTPOptions(), 1, head=LOCAL_PLACEMENT)
+    spec = DeploymentSpec(config=DeploymentConfig(name="Model", max_queued_requests=12),
+                          target_blob=b"v", init_blob=b"")
+    desired.deploy(state, AppSpec(name="app", route_prefix="/", ingress="Model",
+                                  deployments=(spec,)), wall=0.0)
+    flushes: list[Callable[[], None]] = []
+    return state, Publisher(state, schedule=flushes.append), flushes
+
+
+def ready(state: ControllerState, replica_id: str) -> None:
+    replica = ReplicaRecord(replica_id, DID, 1, 0.0)
+    state.add_replica(replica)
+    replica.info = ReplicaInfo(replica_id, DID, f"unix:/s/{replica_id}", 1)
+    replica.move(ReplicaState.RUNNING)
+
+
+def flush(flushes: list[Callable[[], None]]) -> None:
+    while flushes:
+        flushes.pop(0)()
+
+
+def test_a_herd_of_changes_is_one_push_per_watcher() -> None:
+    state, publisher, flushes = setup()
+    router = FakePeer("proxy")
+    publisher.watch(router, DID)
+    for name in ("a", "b", "c"):
+        ready(state, name)
+        publisher.replica_set(DID)
+    assert len(flushes) == 1  # one flush asked for, however many changes
+    flush(flushes)
+    sets: list[ReplicaSet] = router.pushed("replica_set")
+    assert [[r.replica_id for r in s.replicas] for s in sets] == [["a", "b", "c"]]
+    assert (sets[0].queue_limit, sets[0].generation) == (12, 1)
+    publisher.replica_set(DID)
+    flush(flushes)  # nothing changed: nothing pushed
+    assert len(router.pushed("replica_set")) == 1
+
+
+def test_routers_that_apply_deltas_get_what_changed_and_the_others_whole_sets() -> None:
+    state, publisher, flushes = setup()
+    ready(state, "a")
+    whole, deltas = FakePeer("proxy"), FakePeer("proxy", **{DELTAS: True})
+    publisher.watch(whole, DID)
+    publisher.watch(deltas, DID)
+    flush(flushes)
+    first: ReplicaSet = deltas.pushed("replica_set")[0]  # the first set is always whole
+    assert [r.replica_id for r in first.replicas] == ["a"] and first.queue_limit == 6
+    ready(state, "b")
+    state.replicas["a"].move(ReplicaState.DRAINING)
+    publisher.replica_set(DID)
+    flush(flushes)
+    delta: ReplicaSetDelta = deltas.pushed("replica_set_delta")[0]
+    assert ([r.replica_id for r in delta.added], delta.removed) == (["b"], ("a",))
+    assert (delta.base, delta.generation) == (1, 2)
+    assert delta.apply(first) == whole.pushed("replica_set")[-1]
+    assert delta.apply(whole.pushed("replica_set")[-1]) is None  # not its base
+    late = FakePeer("proxy", **{DELTAS: True})
+    publisher.watch(late, DID)  # a new watcher: a whole set; the others a new share
+    flush(flushes)
+    assert [r.replica_id for r in late.pushed("replica_set")[0].replicas] == ["b"]
+    share: ReplicaSetDelta = deltas.pushed("replica_set_delta")[-1]
+    assert (share.added, share.removed, share.queue_limit) == ((), (), 4)
+    assert whole.pushed("replica_set")[-1].queue_limit == 4
+
+
+def test_nothing_is_pushed_while_paused_and_everything_after() -> None:
+    state, publisher, flushes = setup()
+    router = FakePeer("proxy", **{DELTAS: True})
+    publisher.paused = True
+    publisher.watch(router, DID)
+    ready(state, "a")
+    publisher.replica_set(DID)
+    flush(flushes)
+    assert router.pushes == []
+    publisher.paused = False
+    publisher.replica_sets(force=True)
+    flush(flushes)
+    assert [r.replica_id for r in router.pushed("replica_set")[0].replicas] == ["a"]
