@@ -9,6 +9,7 @@ report lag and urgent decisions have tests of their own.
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 from surge.config import AutoscalingConfig
 from surge.policy.autoscaling import AutoscalingContext
+from surge.policy.reconcile import StartReplicas
+from surge.sim.cluster import ClusterState
 from surge.sim.engine import Simulation, history_needed_s
 from surge.sim.scenario import Scenario
 from surge.sim.sweep import simulate
@@ -324,3 +327,22 @@ def test_every_request_ends_exactly_once(rates: list[int], service_ms: int, max_
     assert_conserved(sim)
     if until is None:
         assert sim.flow.queued == sim.flow.ongoing == 0
+
+
+def test_a_replica_set_fan_out_delays_when_a_ready_replica_takes_traffic() -> None:
+    """A replica started at t=1 with a 2 s start-up is RUNNING at 3 s, and routable at
+    once, or (control.fanout_s) once its replica set reached the routers."""
+    def routable_at(fanout_s: float) -> list[int]:
+        spec = scenario(**{"control__fanout_s": fanout_s})
+        assert spec.control.fanout_s == fanout_s
+        cluster = ClusterState(spec.cluster, random.Random(0), fanout_s=spec.control.fanout_s)
+        cluster.apply([StartReplicas(1, "up")], 1.0)
+        seen = []
+        for t in (2.9, 3.0, 3.2, 3.3):
+            cluster.advance(t, 1, 0)
+            seen.append(cluster.routable)
+        assert cluster.running == 1
+        return seen
+
+    assert routable_at(0.0) == [0, 1, 1, 1]
+    assert routable_at(0.25) == [0, 0, 0, 1]

@@ -201,3 +201,28 @@ def test_the_highest_rate_in_an_interval_sees_a_jump_inside_it() -> None:
                                    Segment(1, 500, 500))))
     assert shape.max_rate(0.0, 0.9) == 10
     assert shape.max_rate(0.95, 1.05) == 500
+
+
+def test_measured_control_figures_are_read_with_where_they_came_from(tmp_path: Path) -> None:
+    (tmp_path / "control.json").write_text(
+        '{"written_by": "bench/control_scale.py", "replicas": 512, "routers": 64, '
+        '"date": "2026-12-01", "runs": 3, "decision_s": 0.012, "fanout_s": 0.02}')
+    data = yaml.safe_load(REFERENCE.read_text())
+    data["control"] = {"measured": "control.json"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    control = load_scenario(tmp_path / "s.yaml").control
+    assert (control.decision_s, control.fanout_s) == (0.012, 0.02)
+    assert control.source.startswith("measured by bench/control_scale.py at 512 replicas "
+                                     "x 64 routers (2026-12-01, median of 3 runs")
+    data["control"] = {"measured": "control.json", "fanout_s": 0.5}  # a key wins
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    control = load_scenario(tmp_path / "s.yaml").control
+    assert (control.decision_s, control.fanout_s) == (0.012, 0.5)
+    assert control.source.startswith("given in the scenario (fanout_s); otherwise measured")
+    data["control"] = {"measured": "missing.json"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ScenarioError, match=r"control\.measured: cannot read"):
+        load_scenario(tmp_path / "s.yaml")
+    del data["control"]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    assert load_scenario(tmp_path / "s.yaml").control.source.startswith("assumed")

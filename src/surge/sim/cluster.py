@@ -62,9 +62,10 @@ class SimReplica:
 class ClusterState:
     """The replicas of one deployment on a cluster of fixed size."""
 
-    def __init__(self, spec: Cluster, rng: random.Random) -> None:
+    def __init__(self, spec: Cluster, rng: random.Random, fanout_s: float = 0.0) -> None:
         self.spec = spec
         self.rng = rng
+        self.fanout_s = fanout_s  # a ready replica is routable this long later
         self.replicas: dict[str, SimReplica] = {}
         self.retired: list[SimReplica] = []
         self._events: list[tuple[float, int, int, str]] = []
@@ -112,8 +113,11 @@ class ClusterState:
                 else:
                     replica.move(S.RUNNING)
                     self.running += 1
-                    self._route(replica)
-                    changed = True
+                    if self.fanout_s > 0:  # routable once its set reached the routers
+                        self._at(when + self.fanout_s, _ROUTABLE, replica_id)
+                    else:
+                        self._route(replica)
+                        changed = True
                 self.dirty = True
             elif kind == _ROUTABLE and replica.state is S.RUNNING and not replica.routable:
                 self._route(replica)

@@ -31,8 +31,12 @@ Approximations (docs/simulate.md lists them with their effect):
 * routers' queues are one FIFO holding the sum of their shares (they see equal traffic);
 * timeouts happen in the queue only (a dispatched request always completes);
 * proxies add a fixed `overhead_ms`; their CPU is not modelled;
-* the controller acts at once: no RPC latency, process placement is a free GPU slot,
-  a replica is routable as soon as it is ready (standbys after `standby_activation_s`).
+* the controller decides `control.decision_s` after a router's queue starts to grow (by
+  default the urgent report's 5 ms) and a ready replica is routable `control.fanout_s`
+  later (by default at once): both measured on the real controller by
+  bench/control_scale.py when the scenario names its figures (`control.measured`);
+  process placement is a free GPU slot (standbys are routable after
+  `standby_activation_s`).
 """
 
 from __future__ import annotations
@@ -131,7 +135,8 @@ class Simulation:
         self.flow = Flow(scenario, np.random.default_rng(seeds[0]),
                          self.points + self.drain_points)
         self.cluster = ClusterState(scenario.cluster,
-                                    random.Random(int(seeds[1].generate_state(1)[0])))
+                                    random.Random(int(seeds[1].generate_state(1)[0])),
+                                    fanout_s=scenario.control.fanout_s)
         self.report_rng = np.random.default_rng(seeds[2])
         self.shape = TrafficShape(scenario.traffic.schedule)
         config = scenario.autoscaling
@@ -159,6 +164,10 @@ class Simulation:
         self._raw: LoadSample | None = None  # the tick before, as the flow saw it
         self._urgent_at: float | None = None
         self._last_urgent = -math.inf
+        # From a router's queue starting to grow to the decision: measured, or the
+        # urgent report's own delay.
+        self.decision_delay_s = (control.decision_s if control.decision_s is not None
+                                 else URGENT_REPORT_DELAY_S)
 
     def __repr__(self) -> str:
         return (f"<Simulation {self.scenario.name} t={self.end_s:.1f}s target={self.target} "
@@ -221,7 +230,7 @@ class Simulation:
             flow.fine(t, dt, cluster.routable, rate)
             if flow.pressure_at is not None:
                 if urgent and self._urgent_at is None:
-                    self._urgent_at = flow.pressure_at + URGENT_REPORT_DELAY_S
+                    self._urgent_at = flow.pressure_at + self.decision_delay_s
                 flow.pressure_at = None
             if self._urgent_at is not None and t + dt >= self._urgent_at - _EVENT_EPS:
                 self._urgent_at = None

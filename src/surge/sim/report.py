@@ -140,7 +140,10 @@ def _run_block(sim: Simulation, label: str) -> dict[str, Any]:
             "connections": 0, "max_time_s": None, "workers": 1,
             "schedule": schedule.to_spec(), "schedule_duration_s": schedule.duration_s,
             "expected_requests": round(schedule.total), "stopped_early": False,
-            "replicas_sampled": True, "scenario": scenario.source, "run": label}
+            "replicas_sampled": True, "scenario": scenario.source, "run": label,
+            "control": {"decision_s": sim.decision_delay_s,
+                        "fanout_s": scenario.control.fanout_s,
+                        "source": scenario.control.source}}
 
 
 def _fraction(part: float, whole: float) -> float | None:
@@ -202,6 +205,7 @@ def sim_table(report: dict[str, Any]) -> str:
         return "-" if value is None else f"{100 * value:.3f}%"
 
     ttc = s["time_to_capacity_s"]
+    control = report["run"].get("control")
     rows = [
         ("within SLO (2xx <= SLO)", f"{pct(s['slo_ok_fraction'])} of all requests, "
                                     f"{pct(s['slo_ok_fraction_pulse'])} of the pulse's"),
@@ -214,6 +218,11 @@ def sim_table(report: dict[str, Any]) -> str:
                          f"quiet, {sim['fine_steps']:,} fine steps of {sim['fine_step_ms']} "
                          "ms)"),
     ]
+    if control:
+        rows.append(("control plane", f"decision {control['decision_s'] * 1e3:.1f} ms after "
+                                      f"a queue starts to grow, fan-out "
+                                      f"{control['fanout_s'] * 1e3:.1f} ms: "
+                                      f"{control['source']}"))
     width = max(len(label) for label, _ in rows) + 2
     lines = [f"{label:<{width}}{value}" for label, value in rows]
     if sim["decisions"]:

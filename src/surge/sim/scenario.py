@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,11 @@ DEFAULT_REPORT_INTERVAL_S = 0.1
 
 _TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
         "deployment", "slo_ms", "control", "fine_step_ms", "variants")
-_CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s")
+_CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s", "decision_s",
+            "fanout_s", "measured")
+# Without measured figures, the controller is assumed to act at once.
+ASSUMED_CONTROL = ("assumed: a decision 5 ms after a router's queue starts to grow (its "
+                   "report's delay), a ready replica routable at once")
 _CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
             "standby_activation_s", "drain_s")
 _SERVICE = ("service_time_ms", "overhead_ms", "batching")
@@ -116,11 +121,17 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Control:
-    """How the controller sees load: report cadence, urgent reports, its clock's phase."""
+    """How the controller sees load and acts: report cadence, urgent reports, its clock's
+    phase, and how long its decisions and replica-set pushes take (`decision_s`: from a
+    router's queue starting to grow to the decision; `fanout_s`: from a replica being
+    ready to every router routing to it), assumed or measured (`source` says which)."""
 
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
     urgent_decisions: bool = True
     clock_offset_s: float | None = None  # None: drawn from the seed
+    decision_s: float | None = None  # None: the urgent report's delay alone
+    fanout_s: float = 0.0
+    source: str = ASSUMED_CONTROL
 
 
 @dataclass(frozen=True)
@@ -305,9 +316,40 @@ def _deployment(data: Mapping[str, Any], where: str) -> DeploymentConfig:
     return config
 
 
-def _control(data: Mapping[str, Any], where: str) -> Control:
+def _measured(section: Mapping[str, Any], w: str, base: Path | None) -> dict[str, Any]:
+    """The figures bench/control_scale.py wrote (`--sim-out`), and where they came from."""
+    name = section.get("measured")
+    if name is None:
+        return {}
+    path = Path(str(name))
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    try:
+        figures = json.loads(path.read_text())
+        decision, fanout = float(figures["decision_s"]), float(figures["fanout_s"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ScenarioError(f"{w}.measured: cannot read the measured control figures from "
+                            f"{path} ({exc!r}); bench/control_scale.py --sim-out writes "
+                            "them") from None
+    source = (f"measured by {figures.get('written_by', 'bench/control_scale.py')} at "
+              f"{figures.get('replicas', '?')} replicas x {figures.get('routers', '?')} "
+              f"routers ({figures.get('date', '?')}, median of {figures.get('runs', '?')} "
+              f"runs; {name})")
+    return {"decision_s": decision, "fanout_s": fanout, "source": source}
+
+
+def _control(data: Mapping[str, Any], where: str, base: Path | None = None) -> Control:
     section = _section(data, "control", _CONTROL, where, required=False)
     w = f"{where}.control"
+    measured = _measured(section, w, base)
+    explicit = [k for k in ("decision_s", "fanout_s") if section.get(k) is not None]
+    decision = section.get("decision_s", measured.get("decision_s"))
+    if decision is not None:
+        decision = float(_number({"decision_s": decision}, "decision_s", w))
+    source = measured.get("source", ASSUMED_CONTROL)
+    if explicit:
+        source = f"given in the scenario ({', '.join(explicit)})" + (
+            f"; otherwise {source}" if measured else "")
     urgent = section.get("urgent_decisions", True)
     if not isinstance(urgent, bool):
         raise ScenarioError(f"{w}.urgent_decisions must be true or false, got {urgent!r}")
@@ -317,7 +359,11 @@ def _control(data: Mapping[str, Any], where: str) -> Control:
                                         DEFAULT_REPORT_INTERVAL_S)),
         urgent_decisions=urgent,
         clock_offset_s=None if offset is None else float(
-            _number(section, "clock_offset_s", w)))
+            _number(section, "clock_offset_s", w)),
+        decision_s=decision,
+        fanout_s=float(_number({"fanout_s": section.get("fanout_s", measured.get(
+            "fanout_s", 0.0))}, "fanout_s", w)),
+        source=source)
 
 
 def _variants(data: Mapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
@@ -347,7 +393,7 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
         slo_ms=float(_number(data, "slo_ms", where, 200.0, strict=True)),
         fine_step_s=float(_number(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
                                   strict=True)) / 1000,
-        control=_control(data, where), variants=variants,
+        control=_control(data, where, base), variants=variants,
         description=str(data.get("description") or ""),
         raw=copy.deepcopy(dict(data)), source=source)
     for name, overrides in variants.items():  # a bad variant fails now, not mid-sweep
