@@ -179,6 +179,7 @@ class Replica:
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         _close(listeners, address, local_address)
+        await self.user.destroy()  # lifespan shutdown, then the user's __del__
         self.user.close()
         self.runtime.close()
         return 0
