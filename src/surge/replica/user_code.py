@@ -27,6 +27,7 @@ from starlette.responses import Response
 from surge.errors import RayServeException
 from surge.replica.asgi_lifespan import Lifespan
 from surge.replica.ingress import build_app
+from surge.replica.multiplex import shutdown_all
 
 __all__ = ["Send", "UserCode", "asgi_scope"]
 
@@ -69,20 +70,20 @@ class UserCode:
     async def destroy(self) -> None:
         """On a graceful stop: the lifespan's shutdown, then the user's `__del__`, once;
         what they raise is logged, never raised."""
-        if self._destroyed or self.instance is None:
+        if self._destroyed or (self.instance is None and not self.is_function):
             return
         self._destroyed = True
         if self.lifespan is not None:
             await self.lifespan.shutdown()
-        destructor = getattr(self.instance, "__del__", None)
-        if destructor is None:
-            return
+        destructor = getattr(self.instance, "__del__", None) if not self.is_function else None
         try:
-            result = destructor()
-            if inspect.isawaitable(result):
-                await result
+            if destructor is not None:
+                result = destructor()
+                if inspect.isawaitable(result):
+                    await result
         except Exception:
             log.exception("__del__ of %s raised", type(self.instance).__name__)
+        await shutdown_all()  # multiplexed models: unloaded, their __del__ run (as Ray)
 
     @property
     def servable(self) -> Any:
