@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import http
 
-__all__ = ["CONTINUE", "chunk", "forbids_body", "head", "simple"]
+__all__ = ["CONTINUE", "LAST_CHUNK", "chunk", "forbids_body", "head", "simple"]
 
 _STATUS_LINES = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus
@@ -12,6 +12,7 @@ _STATUS_LINES = {
 _STATUS_LINES[499] = b"HTTP/1.1 499 Client Closed Request\r\n"
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body
 
 
 def status_line(status: int) -> bytes:
@@ -63,9 +64,9 @@ def head(status: int, headers: list[tuple[bytes, bytes]], request_id: bytes,
 
 def simple(status: int, body: bytes, request_id: bytes, keep_alive: bool,
            content_type: bytes = b"text/plain; charset=utf-8",
-           extra: list[tuple[bytes, bytes]] | None = None, *, http_10: bool = False,
+           extra: tuple[tuple[bytes, bytes], ...] = (), *, http_10: bool = False,
            head_only: bool = False) -> bytes:
-    headers = [(b"content-type", content_type), *(extra or [])]
+    headers = [(b"content-type", content_type), *extra]
     data = head(status, headers, request_id, len(body), keep_alive, http_10=http_10)
     return data if head_only or forbids_body(status) else data + body
 

@@ -51,6 +51,11 @@ class Pending:
         self.link: ReplicaLink | None = None
         self.cancelled = False
 
+    def consumed(self, nbytes: int) -> None:
+        """The sink has passed nbytes of this response's body on (written them to its
+        client): the replica may send that many more."""
+        pass
+
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
