@@ -175,20 +175,26 @@ class Exchange:
         status = self.status = message.status
         request = self.head
         http_10 = request.http_10
-        no_body = request.head_only or forbids_body(status)
-        if not message.more:
+        if not message.more:  # the usual: the whole answer in one frame
             self.phase = EXCHANGE[self.phase][_END]
             body = message.body
             data = head(status, message.headers, request.request_id, len(body), self.keep_alive,
-                        http_10=http_10)
-            self._write(data if no_body else data + body)
-            self._finish()
-        elif no_body:
+                        True, http_10)
+            if body and not (request.head_only or forbids_body(status)):
+                data += body
+            conn = self.conn
+            conn.records.append(self)
+            if conn.exchanges[0] is self:
+                conn.out.append(data)
+                conn.advance_line()
+            else:
+                self.buffer = [data]  # nothing of it was written before: this is all
+        elif request.head_only or forbids_body(status):
             # HEAD (or 204/304) of a stream: the head is the whole answer. Stop the stream
             # rather than wait for it: it may never end (server-sent events).
             self.phase = EXCHANGE[self.phase][_END]
             self._write(head(status, message.headers, request.request_id, None, self.keep_alive,
-                             chunked=not http_10, http_10=http_10))
+                             not http_10, http_10))
             self.conn.cancels.append(self)
             self._finish()
         else:
@@ -196,7 +202,7 @@ class Exchange:
             if http_10:
                 self.keep_alive = False  # HTTP/1.0 has no chunks: the close ends the body
             data = head(status, message.headers, request.request_id, None, self.keep_alive,
-                        chunked=not http_10, http_10=http_10)
+                        not http_10, http_10)
             body = message.body
             if body:
                 self._write(data + (body if http_10 else chunk(body)), len(body))

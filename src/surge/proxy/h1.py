@@ -25,7 +25,15 @@ from collections.abc import Callable
 import httptools
 
 from surge.proxy.exchange import Exchange
-from surge.proxy.h1_state import CONNECTION, Conn, ConnEvent, H1StateError, Phase
+from surge.proxy.h1_state import (
+    CONNECTION,
+    EXCHANGE,
+    Conn,
+    ConnEvent,
+    H1StateError,
+    Phase,
+    PhaseEvent,
+)
 from surge.proxy.head import HeadFields, RequestHead, new_request_id, read_head
 from surge.proxy.responses import CONTINUE, simple
 from surge.proxy.site import Site
@@ -42,6 +50,7 @@ IDLE, HEADERS, BODY, CLOSING, CLOSED = (Conn.IDLE, Conn.HEADERS, Conn.BODY, Conn
                                         Conn.CLOSED)
 _READING = (IDLE, HEADERS, BODY)
 DONE, QUEUED = Phase.DONE, Phase.QUEUED
+_DISPATCHED = EXCHANGE[QUEUED][PhaseEvent.DISPATCH]
 _BEGIN, _HEADERS_END, _END, _LAST = (ConnEvent.BEGIN, ConnEvent.HEADERS_END, ConnEvent.END,
                                      ConnEvent.LAST)
 _REFUSE, _DECLINE, _CLOSE = ConnEvent.REFUSE, ConnEvent.DECLINE, ConnEvent.CLOSE
@@ -50,6 +59,9 @@ _IDLE_TIMEOUT, _LOST = ConnEvent.IDLE_TIMEOUT, ConnEvent.LOST
 REFUSAL_REASONS = {400: "malformed", 408: "header_timeout", 413: "body_too_large",
                    431: "headers_too_large"}
 _WANTED = HeadFields.WANTED
+
+
+_NO_HEAD = RequestHead.bare(b"-")
 
 
 class _Stop(Exception):
@@ -88,7 +100,7 @@ class H1Connection:
         self.holding: list[Exchange] = []  # exchanges with acknowledgements held back
         # The request being read:
         self.fields = HeadFields()
-        self.head: RequestHead | None = None
+        self.head = _NO_HEAD  # the last request's, once its headers are in
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] | None = None
@@ -196,8 +208,12 @@ class H1Connection:
         self.body_at = self.received_at
         parser = self.parser
         fields = self.fields
-        head = self.head = read_head(parser.get_method(), self.url, parser.get_http_version(),
-                                     self.headers, fields, self.site)
+        self.head = read_head(parser.get_method(), self.url, parser.get_http_version(),
+                              self.headers, fields, self.site)
+        if fields.noted:  # a declared body, Expect: the checks below have work to do
+            self._announced(fields)
+
+    def _announced(self, fields: HeadFields) -> None:
         if fields.declared > self._max_body:
             self._refuse(413, f"Request body exceeds the limit of {self._max_body} "
                               "bytes.".encode())
@@ -206,6 +222,7 @@ class H1Connection:
         # for bodies over 1 KiB) would otherwise wait a second for it. An interim
         # response may only go out when no earlier response is still owed, and a body
         # that will be refused is not invited (it is read and dropped).
+        head = self.head
         if (head.expect_continue and fields.declared > 0 and not self.exchanges
                 and head.http_version == "1.1"
                 and (head.answer is None or head.answer.invites_body)):
@@ -218,8 +235,7 @@ class H1Connection:
             self._refuse(413, f"Request body exceeds the limit of {self._max_body} "
                               "bytes.".encode())
             raise _Stop
-        head = self.head
-        if head is not None and head.answer is None:  # else read and dropped
+        if self.head.answer is None:  # else read and dropped
             if self.body is None:
                 self.body = [body]
             else:
@@ -228,8 +244,7 @@ class H1Connection:
     def on_message_complete(self) -> None:
         parser = self.parser
         head = self.head
-        assert head is not None  # on_headers_complete came first
-        keep_alive = bool(parser.should_keep_alive())
+        keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
             if head.method == "CONNECT":
                 self._refuse(400, b"Protocol upgrades are not supported.")
@@ -247,7 +262,8 @@ class H1Connection:
         if head.answer is not None:
             exchange.answer(head.answer)
         elif owed <= MAX_PIPELINED:
-            exchange.dispatch()
+            exchange.phase = _DISPATCHED
+            self.dispatch.append(exchange)
         if owed >= MAX_PIPELINED:
             self.reading_paused = True
 
@@ -269,21 +285,22 @@ class H1Connection:
         """Pass the written responses at the head of the line; the next one's turn comes."""
         exchanges = self.exchanges
         while exchanges and exchanges[0].phase is DONE:
-            written = exchanges.popleft()
-            if not written.keep_alive:
+            if not exchanges.popleft().keep_alive:
                 self.state = CONNECTION[self.state][_CLOSE]
                 self._abandon()  # nothing after a close can be answered
                 return
-            if len(exchanges) >= MAX_PIPELINED:  # one more fits the window now
-                entering = exchanges[MAX_PIPELINED - 1]
-                if entering.phase is QUEUED:
-                    entering.dispatch()
             if exchanges:
+                if len(exchanges) >= MAX_PIPELINED:  # one more fits the window now
+                    entering = exchanges[MAX_PIPELINED - 1]
+                    if entering.phase is QUEUED:
+                        entering.dispatch()
                 exchanges[0].flush()
-        if len(exchanges) < MAX_PIPELINED:
+        if not exchanges:
             self.reading_paused = False
-        if not exchanges and self.state is IDLE:
-            self.idle_since = self.site.now()
+            if self.state is IDLE:
+                self.idle_since = self.site.now()
+        elif self.reading_paused and len(exchanges) < MAX_PIPELINED:
+            self.reading_paused = False
 
     def acknowledge(self, exchange: Exchange, nbytes: int) -> None:
         """`nbytes` of a streamed body reached the transport: the replica may send more."""

@@ -184,8 +184,9 @@ def read_head(method: bytes, url: bytes, http_version: str,
               headers: list[tuple[bytes, bytes]], fields: HeadFields, site: Site) -> RequestHead:
     """Decide once, from the request line and the noted headers, what becomes of it."""
     name = _METHODS.get(method) or method.decode("latin-1")
-    request_id = fields.request_id or new_request_id()
-    timeout = parse_timeout(fields.timeout, site.spec.request_timeout_s)
+    request_id = fields.request_id or b"%s-%x" % (_ID_PREFIX, next(_ids))
+    timeout = (site.default_timeout if fields.timeout is None
+               else parse_timeout(fields.timeout, site.default_timeout))
     route: Route[Any] | None = None
     labels = NO_ROUTE
     try:

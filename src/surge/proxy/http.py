@@ -93,72 +93,88 @@ class HttpConnection(asyncio.Protocol):
     # -- carrying out the core's decisions -------------------------------------------------
 
     def _act(self) -> None:
+        """Carry out what the core decided, in the order proxy/h1.py gives."""
         if self._acting:  # a frame delivered while we act: the loop below picks it up
             self._again = True
             return
         self._acting = True
+        core = self.core
         try:
-            self._perform()
-            while self._again:
+            while True:
+                if core.dispatch:
+                    self._dispatch_all(core.dispatch)
+                if core.cancels or core.acks:
+                    self._stop_and_grant(core)
+                out = core.out
+                if out:
+                    if self.transport is not None:
+                        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                    out.clear()
+                records = core.records
+                if records:
+                    record = self.proxy.record
+                    for exchange in records:
+                        if exchange.timer is not None:
+                            self._disarm(exchange)
+                        record(exchange)
+                    records.clear()
+                if core.settled or core.rejections:
+                    self._settle_and_count(core)
+                if core.state is CLOSED or core.reading_paused is not self._reading_paused:
+                    self._flow(core)
+                if not self._again:
+                    return
                 self._again = False
-                self._perform()
         finally:
             self._acting = False
 
-    def _perform(self) -> None:
-        core = self.core
-        dispatch = core.dispatch
-        if dispatch:
-            index = 0
-            while index < len(dispatch):  # an answer at once may let a queued one in
-                self._dispatch(dispatch[index])
-                index += 1
-            dispatch.clear()
-        if core.cancels:
-            for exchange in core.cancels:
-                if exchange.pending is not None:
-                    exchange.head.route.router.cancel(exchange.pending)  # type: ignore[union-attr]
-            core.cancels.clear()
+    def _dispatch_all(self, dispatch: list[Exchange]) -> None:
+        index = 0
+        while index < len(dispatch):  # an answer at once may let a queued one in
+            self._dispatch(dispatch[index])
+            index += 1
+        dispatch.clear()
+
+    def _stop_and_grant(self, core: H1Connection) -> None:
+        for exchange in core.cancels:
+            if exchange.pending is not None:
+                exchange.head.route.router.cancel(exchange.pending)  # type: ignore[union-attr]
+        core.cancels.clear()
+        # Acknowledged after the write below, in the same turn: the replica cannot act on
+        # a grant before the bytes it stands for are with the transport.
+        for exchange, nbytes in core.acks:
+            exchange.pending.consumed(nbytes)
+        core.acks.clear()
+
+    def _disarm(self, exchange: Exchange) -> None:
+        if exchange.phase is not DETACHED:  # a detached request's deadline still holds
+            exchange.timer.cancel()
+            exchange.timer = None
+
+    def _settle_and_count(self, core: H1Connection) -> None:
+        for exchange in core.settled:
+            if exchange.timer is not None:
+                exchange.timer.cancel()
+                exchange.timer = None
+        core.settled.clear()
+        rejected = self.proxy.recorder.rejected
+        for app, deployment, reason in core.rejections:
+            rejected(app, deployment, reason)
+        core.rejections.clear()
+
+    def _flow(self, core: H1Connection) -> None:
         transport = self.transport
-        out = core.out
-        if out:
-            if transport is not None:
-                transport.write(out[0] if len(out) == 1 else b"".join(out))
-            out.clear()
-        if core.acks:
-            for exchange, nbytes in core.acks:
-                exchange.pending.consumed(nbytes)
-            core.acks.clear()
-        records = core.records
-        if records:
-            record = self.proxy.record
-            for exchange in records:
-                if exchange.timer is not None and exchange.phase is not DETACHED:
-                    exchange.timer.cancel()
-                    exchange.timer = None
-                record(exchange)
-            records.clear()
-        if core.settled:
-            for exchange in core.settled:
-                if exchange.timer is not None:
-                    exchange.timer.cancel()
-                    exchange.timer = None
-            core.settled.clear()
-        if core.rejections:
-            rejected = self.proxy.recorder.rejected
-            for app, deployment, reason in core.rejections:
-                rejected(app, deployment, reason)
-            core.rejections.clear()
-        if transport is not None:
-            if core.state is CLOSED:
-                if not transport.is_closing():
-                    transport.close()
-            elif core.reading_paused is not self._reading_paused:
-                self._reading_paused = core.reading_paused
-                if core.reading_paused:
-                    transport.pause_reading()
-                else:
-                    transport.resume_reading()
+        if transport is None:
+            return
+        if core.state is CLOSED:
+            if not transport.is_closing():
+                transport.close()
+        elif core.reading_paused is not self._reading_paused:
+            self._reading_paused = core.reading_paused
+            if core.reading_paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     def _dispatch(self, exchange: Exchange) -> None:
         head = exchange.head

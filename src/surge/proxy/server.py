@@ -46,6 +46,7 @@ class Proxy:
         self.spec = spec
         self.now = clock.monotonic
         self.recorder = Recorder("proxy", proxy_id)
+        self._http_request = self.recorder.http_request
         self.metrics = metrics  # off: no recording at all (nobody reads it)
         self.access = AccessLog(logging_config or LoggingConfig(), proxy_id)
         self.loop = asyncio.get_running_loop()
@@ -93,8 +94,8 @@ class Proxy:
         head = exchange.head
         app, deployment, route = head.labels
         if self.metrics:
-            self.recorder.http_request(
-                (app, deployment, route, head.method, exchange.status), latency_ms)
+            self._http_request((app, deployment, route, head.method, exchange.status),
+                               latency_ms)
         if access.enabled and access.wanted(now):
             access.write(head.request_id.decode(errors="replace"), head.method, head.path,
                          exchange.status, latency_ms, route=route, application=app,

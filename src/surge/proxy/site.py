@@ -34,12 +34,13 @@ class RouteSource(Protocol):
 
 
 class Site:
-    __slots__ = ("_compiled", "_router_for", "_source", "draining", "host", "now", "port",
-                 "scheme", "spec")
+    __slots__ = ("_compiled", "_router_for", "_source", "default_timeout", "draining", "host",
+                 "now", "port", "scheme", "spec")
 
     def __init__(self, spec: ProxySpec, now: Callable[[], float], source: RouteSource,
                  router_for: Callable[[RouteTarget], Any]) -> None:
         self.spec = spec
+        self.default_timeout = spec.request_timeout_s  # without x-request-timeout-seconds
         self.now = now  # monotonic seconds
         self._source = source
         self._router_for = router_for
