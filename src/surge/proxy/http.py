@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpConnection"]
 
-CLOSED, WAITING, DETACHED = Conn.CLOSED, Phase.WAITING, Phase.DETACHED
+CLOSED, WAITING, DONE, DETACHED = Conn.CLOSED, Phase.WAITING, Phase.DONE, Phase.DETACHED
 TOO_MANY = b"Too many connections; retry later."
 
 
@@ -103,13 +103,13 @@ class HttpConnection(asyncio.Protocol):
             while True:
                 if core.dispatch:
                     self._dispatch_all(core.dispatch)
-                if core.cancels or core.acks:
-                    self._stop_and_grant(core)
                 out = core.out
                 if out:
                     if self.transport is not None:
                         self.transport.write(out[0] if len(out) == 1 else b"".join(out))
                     out.clear()
+                if core.cancels or core.acks:
+                    self._stop_and_grant(core)
                 records = core.records
                 if records:
                     record = self.proxy.record
@@ -117,6 +117,10 @@ class HttpConnection(asyncio.Protocol):
                         if exchange.timer is not None:
                             self._disarm(exchange)
                         record(exchange)
+                        if exchange.phase is DONE and not (exchange.buffered or exchange.held):
+                            # Nothing more to tell its Pending (it points back at the
+                            # exchange): no cycle is left for the garbage collector.
+                            exchange.pending = None
                     records.clear()
                 if core.settled or core.rejections:
                     self._settle_and_count(core)
@@ -140,8 +144,7 @@ class HttpConnection(asyncio.Protocol):
             if exchange.pending is not None:
                 exchange.head.route.router.cancel(exchange.pending)  # type: ignore[union-attr]
         core.cancels.clear()
-        # Acknowledged after the write below, in the same turn: the replica cannot act on
-        # a grant before the bytes it stands for are with the transport.
+        # After the write above: the bytes a grant stands for are with the transport.
         for exchange, nbytes in core.acks:
             exchange.pending.consumed(nbytes)
         core.acks.clear()
