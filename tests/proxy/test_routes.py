@@ -81,7 +81,7 @@ def test_each_route_carries_its_constants_and_routers_are_made_once_per_compile(
         routes.match("/open/deeper/still")
     assert len(made) == 3  # lookups make nothing
     assert routes.source is source and len(routes) == 3
-    assert repr(routes) == "<CompiledRoutes ['/locked', '/open'] root=True>"
+    assert repr(routes) == "<CompiledRoutes ['/locked', '/open'] root=True any_auth=True>"
     assert repr(locked) == "<Route /locked -> app/locked#Ingress 1 token(s)>"
 
 

@@ -3,12 +3,12 @@
 `H1Connection` parses with httptools and owns the connection's state (`h1_state.Conn`)
 and its exchanges in request order. It never touches a socket, a loop or a router: what
 it decides waits in its lists for the shell (`proxy/http.py`) to carry out, in this
-order: `dispatch` (send to the route's router), `cancels`, `out` (bytes to write),
+order: `dispatch` (send to the route's router), `out` (bytes to write), `cancels`,
 `acks` (streamed body bytes written: `Pending.consumed`), `records` (metrics and access
 log; the deadline is disarmed unless the request runs on detached), `settled` (a
 detached request ended: disarm its deadline), `rejections` (counters); then close when
-`state` is CLOSED, and pause or resume reading as `reading_paused` says. `wake` tells the shell
-there is something to do after a frame or failure the router delivered.
+`state` is CLOSED, and pause or resume reading as `reading_paused` says. `wake` tells
+the shell there is something to do after a frame or failure the router delivered.
 
 Each request's head is read once, when its headers are in (`head.read_head`). Requests
 may be pipelined: at most MAX_PIPELINED are owed at a time; past that reading pauses,

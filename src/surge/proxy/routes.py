@@ -51,7 +51,7 @@ class CompiledRoutes(Generic[R]):
         # reversed: of two targets with one prefix the first wins, as in RouteTable.match
         self._by_prefix = {r.prefix: r for r in reversed(routes) if r.prefix != "/"}
         self.root = next((r for r in routes if r.prefix == "/"), None)
-        # Whether any route needs a token: if none does, Authorization is never read.
+        # Whether any route needs a token (a table without one never checks a bearer).
         self.any_auth = any(r.digests is not None for r in routes)
         # The body of /-/routes, Ray's shape: {route_prefix: application}.
         self.listing = json.dumps({r.prefix: r.app for r in routes}).encode()
@@ -60,7 +60,8 @@ class CompiledRoutes(Generic[R]):
         return len(self._by_prefix) + (self.root is not None)
 
     def __repr__(self) -> str:
-        return f"<CompiledRoutes {sorted(self._by_prefix)} root={self.root is not None}>"
+        return (f"<CompiledRoutes {sorted(self._by_prefix)} root={self.root is not None} "
+                f"any_auth={self.any_auth}>")
 
     def match(self, path: str) -> Route[R] | None:
         """The route with the longest prefix that is `path` or a whole-segment start of it."""
