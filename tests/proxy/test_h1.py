@@ -477,3 +477,17 @@ def test_frames_after_the_answer_are_a_bug() -> None:
         exchange.on_frame(Result(id=1, payload=b""))
     with pytest.raises(H1StateError):
         exchange.timed_out(1.0)  # its deadline was disarmed when it was answered
+
+
+def test_the_router_side_logs_a_refused_frame_and_keeps_going(
+        caplog: pytest.LogCaptureFixture) -> None:
+    w = wire()
+    w.send(request() + request())
+    first, second = w.waiting
+    w.reply(first)
+    first.deliver(HttpBody(id=1, body=b"late", more=False))  # a router bug, say
+    [record] = [r for r in caplog.records if r.getMessage().startswith("dropped")]
+    assert "dropped HttpBody for <Exchange GET '/app' done" in record.getMessage()
+    caplog.clear()  # seen: the autouse check would fail the test otherwise
+    w.reply(second)
+    assert [r.status for r in w.responses()] == [200, 200]

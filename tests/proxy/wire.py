@@ -19,7 +19,7 @@ from surge.proxy.h1 import H1Connection
 from surge.proxy.h1_state import Conn
 from surge.proxy.site import Site
 from surge.testing import FakeClock
-from surge.transport.messages import HttpBody, HttpStart
+from surge.transport.messages import HttpBody, HttpStart, Message
 
 TOKEN = "a-token-of-sixteen-or-more"
 JSON = [(b"content-type", b"application/json")]
@@ -112,18 +112,24 @@ class Wire:
         self.waiting.remove(exchange)
         headers = [(b"content-type", b"text/plain"),
                    (b"content-length", str(len(body)).encode())] if headers is None else headers
-        exchange.deliver(HttpStart(id=1, status=status, headers=headers, body=body, more=False))
+        self.frame(exchange, HttpStart(id=1, status=status, headers=headers, body=body,
+                                       more=False))
 
     def stream(self, exchange: Exchange, *chunks: bytes, end: bool = True) -> None:
         """A streamed answer: the first chunk with the head, the rest as body frames."""
         self.waiting.remove(exchange)
         first, *rest = chunks or (b"",)
-        exchange.deliver(HttpStart(id=1, status=200, headers=[(b"content-type", b"text/plain")],
-                                   body=first, more=bool(rest) or not end))
+        self.frame(exchange, HttpStart(id=1, status=200, headers=[(b"content-type", b"text/plain")],
+                                       body=first, more=bool(rest) or not end))
         for index, piece in enumerate(rest):
             if exchange in self.cancelled:
                 return  # as a router does: a cancelled request gets no more frames
-            exchange.deliver(HttpBody(id=1, body=piece, more=index < len(rest) - 1 or not end))
+            self.frame(exchange, HttpBody(id=1, body=piece, more=index < len(rest) - 1 or not end))
+
+    def frame(self, exchange: Exchange, message: Message) -> None:
+        """As Exchange.deliver, but a frame the tables refuse raises here (deliver logs it)."""
+        exchange.on_frame(message)
+        self.collect()
 
     def acked(self, exchange: Exchange) -> int:
         return sum(n for e, n in self.acks if e is exchange)

@@ -78,12 +78,22 @@ class Exchange:
 
     # -- the Sink the router calls ---------------------------------------------------------
 
+    # A frame or failure the tables do not allow here is a bug in surge, never a client's
+    # doing. It is logged with the exchange's state and dropped: raised into the router it
+    # would close the replica link that every other request on it shares.
+
     def deliver(self, message: Message) -> None:
-        self.on_frame(message)
+        try:
+            self.on_frame(message)
+        except H1StateError:
+            log.exception("dropped %s for %r", type(message).__name__, self)
         self.conn.wake()
 
     def fail(self, exc: BaseException) -> None:
-        self.on_failure(exc)
+        try:
+            self.on_failure(exc)
+        except H1StateError:
+            log.exception("dropped the failure %r for %r", exc, self)
         self.conn.wake()
 
     # -- decisions -------------------------------------------------------------------------
