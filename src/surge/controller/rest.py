@@ -1,7 +1,8 @@
 """Ray Serve's REST API on the dashboard port, so Ray's `serve` CLI and KubeRay drive surge.
 
     GET    /api/version, /api/ray/version   Ray's version handshake (the CLI checks it)
-    GET    /api/serve/applications/         the instance (controller/details.py)
+    GET    /api/serve/applications/         the instance (controller/details.py);
+                                            ?api_type=declarative|imperative: those only
     PUT    /api/serve/applications/         deploy a ServeDeploySchema config, declaratively
     DELETE /api/serve/applications/         shut the instance down (as Ray's serve shutdown)
     GET    /api/gcs_healthz, /api/local_raylet_healthz   the probes KubeRay's pods run
@@ -26,6 +27,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 
@@ -43,6 +45,7 @@ APPLY_TIMEOUT_S = 300.0
 MAX_ERROR_BYTES = 16 * 1024  # of the builder's error, in a 400's body
 APPLICATIONS = "/api/serve/applications/"
 HEALTH = ("/api/gcs_healthz", "/api/local_raylet_healthz", "/api/healthz")
+API_TYPES = ("imperative", "declarative")  # Ray's APIType values a caller may ask for
 
 Answer = tuple[int, str, bytes]
 
@@ -66,7 +69,7 @@ class RestApi:
         return path.startswith("/api/") and path != "/api/timeline"
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str],
-                     body: bytes) -> Answer:
+                     body: bytes, query: str = "") -> Answer:
         if path in ("/api/version", "/api/ray/version") and method == "GET":
             return _json(200, {"version": "4", "ray_version": RAY_VERSION,
                                "ray_commit": "surge", "session_name": "surge"})
@@ -78,7 +81,7 @@ class RestApi:
         if refused is not None:
             return refused
         if method == "GET":
-            return _json(200, instance_details(self.state, self.clock, self.controller_pid))
+            return self._get(query)
         if method == "PUT":
             return await self._put(body)
         if method == "DELETE":
@@ -96,6 +99,16 @@ class RestApi:
         if not hmac.compare_digest(offered[7:].strip().encode(), self.token.encode()):
             return 403, "text/plain", b"the token was refused"
         return None
+
+    def _get(self, query: str) -> Answer:
+        """KubeRay asks for `?api_type=declarative`: the applications a config deployed,
+        not those a script's serve.run did (Ray filters the same way)."""
+        asked = (parse_qs(query).get("api_type") or [""])[0]
+        if asked and asked.lower() not in API_TYPES:
+            return 400, "text/plain", (f"Invalid 'api_type' value: '{asked}'. Must be one "
+                                       f"of: {', '.join(API_TYPES)}").encode()
+        return _json(200, instance_details(self.state, self.clock, self.controller_pid,
+                                           source=asked.lower() or None))
 
     async def _put(self, body: bytes) -> Answer:
         try:
