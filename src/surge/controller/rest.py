@@ -14,8 +14,9 @@ the user's code, which the controller never does: a short-lived process
 answer is its outcome. PUTs run one at a time.
 
 Authentication: none on loopback (the default host); bound elsewhere, every
-/api/serve/ request needs the instance's control token as `Authorization: Bearer ...`
-(or KubeRay's `X-Ray-Authorization`): 401 without one, 403 with a wrong one.
+/api/serve/ request needs the token (Ray's RAY_AUTH_TOKEN when set, else the instance's
+control token) as `Authorization: Bearer ...` (or KubeRay's `X-Ray-Authorization`): 401
+without one, 403 with a wrong one. The builder always gets the control token.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +34,7 @@ from urllib.parse import parse_qs
 import msgspec
 
 from surge.clock import Clock
+from surge.control_auth import find_token
 from surge.controller.details import RAY_VERSION, instance_details
 from surge.controller.state import ControllerState
 from surge.launch import ApplySpec, encode
@@ -100,6 +103,14 @@ class RestApi:
             return 403, "text/plain", b"the token was refused"
         return None
 
+    def _control_token(self) -> str | None:
+        """The control API's token, which the builder needs. The REST token is it, unless
+        it is Ray's RAY_AUTH_TOKEN (KubeRay's token auth); the controller does not know
+        that one, so then the instance's published control token."""
+        if self.token is not None and self.token == os.environ.get("RAY_AUTH_TOKEN"):
+            return find_token(self.state.address)
+        return self.token
+
     def _get(self, query: str) -> Answer:
         """KubeRay asks for `?api_type=declarative`: the applications a config deployed,
         not those a script's serve.run did (Ray filters the same way)."""
@@ -121,7 +132,7 @@ class RestApi:
             return await self._apply(config)
 
     async def _apply(self, config: dict[str, Any]) -> Answer:
-        spec = ApplySpec(controller=self.state.address, token=self.token,
+        spec = ApplySpec(controller=self.state.address, token=self._control_token(),
                          config=msgspec.json.encode(config).decode())
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "surge.api.rest_apply", stdin=asyncio.subprocess.PIPE,
