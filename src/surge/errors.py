@@ -21,6 +21,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
+
 __all__ = [
     "BackPressureError",
     "ConfigError",
@@ -33,6 +37,7 @@ __all__ = [
     "ReplicaDiedError",
     "RequestCancelledError",
     "UserCodeError",
+    "users_traceback",
 ]
 
 
@@ -112,3 +117,19 @@ class ControllerUnavailableError(RayServeException):
 
 class ControlAuthError(RayServeException, PermissionError):
     """The control API refused this connection: its token is missing or wrong."""
+
+
+_SURGE = os.path.dirname(os.path.abspath(__file__))  # src/surge
+
+
+def users_traceback() -> str:
+    """The exception being handled, with surge's own frames (and the import machinery's)
+    left out, as Ray shows a failed constructor: what the user can act on."""
+    _, exc, tb = sys.exc_info()
+    assert exc is not None
+    frames = [f for f in traceback.extract_tb(tb)
+              if not os.path.abspath(f.filename).startswith(_SURGE + os.sep)
+              and not f.filename.startswith("<frozen ")]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)

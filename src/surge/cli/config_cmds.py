@@ -32,8 +32,9 @@ def add_parsers(commands: Any) -> None:
                     "with builder arguments as key=value) to a running surge instance: "
                     "changed user_config reconfigures replicas in place, other changes "
                     "roll them (new replicas serve before old ones drain), applications "
-                    "missing from the file are deleted. `-a http://HOST:PORT` deploys "
-                    "through the dashboard's REST API, as Ray's `serve deploy`.")
+                    "an earlier config deployed and the file lacks are deleted. "
+                    "`-a http://HOST:PORT` deploys through the dashboard's REST API, "
+                    "as Ray's `serve deploy`.")
     deploy.add_argument("config_or_import_path",
                         help="config file (YAML), or an import path such as main:app")
     deploy.add_argument("arguments", nargs="*", metavar="key=value",

@@ -135,6 +135,14 @@ class ControlApi:
         for did in self.state.apps[app.name].ids():
             self.publisher.replica_set(did, force=True)
 
+    async def rpc_build_failed(self, peer: Peer, name: str, message: str,
+                               source_config: dict[str, Any], route_prefix: str | None) -> None:
+        """A config's application did not build (Ray's REST PUT answered already):
+        DEPLOY_FAILED with the reason."""
+        desired.build_failed(self.state, name, message, source_config, route_prefix,
+                             self.clock.wall())
+        await self.notify()
+
     async def rpc_wait_app(self, peer: Peer, name: str, timeout_s: float | None = None
                            ) -> ApplicationStatusOverview | None:
         done = {ApplicationStatus.RUNNING, ApplicationStatus.DEPLOY_FAILED}

@@ -36,7 +36,7 @@ class Publisher:
     def routes(self) -> RouteTable:
         return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
                                 for a in self.state.apps.values()
-                                if a.route_prefix is not None))
+                                if a.route_prefix is not None and a.ingress))
 
     def add_proxy(self, peer: Peer) -> None:
         self.proxies.add(peer)

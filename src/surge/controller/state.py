@@ -139,6 +139,9 @@ class AppRecord:
     deployed_at: float  # wall seconds
     auth: AccessTokens | None = None  # token digests its HTTP route requires
     source_config: Mapping[str, Any] | None = None  # its config entry, if deployed from one
+    # The last config for it failed to build (import error, bad args): DEPLOY_FAILED with
+    # this message, while what it had keeps serving. Cleared by the next deploy.
+    build_error: str = ""
     deleting: bool = False
     ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 
@@ -257,6 +260,8 @@ class ControllerState:
                   if self.failed(did, groups.get(did, []))]
         if app.deleting:
             status, message = ApplicationStatus.DELETING, ""
+        elif app.build_error:
+            status, message = ApplicationStatus.DEPLOY_FAILED, app.build_error
         elif failed and not app.ever_running:
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"

@@ -135,7 +135,7 @@ class DashboardServer:
             if not length.isdigit() or int(length) > MAX_BODY_BYTES:
                 return 413, "text/plain", b"the body is too large (or its length unreadable)"
             body = await asyncio.wait_for(reader.readexactly(int(length)), REQUEST_TIMEOUT_S)
-            return await self.rest.handle(method, target.path, headers, body)
+            return await self.rest.handle(method, target.path, headers, body, target.query)
         if method != "GET":
             return 405, "text/plain", b"only GET"
         return self.respond_get(target.path, target.query)

@@ -17,13 +17,12 @@ import logging
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 import cloudpickle
 
 from surge.control_auth import user_dir
-from surge.errors import ConfigError, ControllerUnavailableError
+from surge.errors import ConfigError, ControllerUnavailableError, users_traceback
 from surge.launch import ReplicaProcessSpec, Tcp, Unix, read_spec
 from surge.model import ImportedTarget, ReplicaSpec
 from surge.observability.logs import configure_logging
@@ -46,21 +45,6 @@ def resolve_target(target: Any) -> Any:
     for part in target.qualname.split("."):
         found = getattr(found, part)
     return getattr(found, "func_or_class", found)
-
-
-_SURGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/surge
-
-
-def users_traceback() -> str:
-    """The exception being handled, with surge's own frames left out (as Ray shows a
-    failed constructor: what the user can act on)."""
-    _, exc, tb = sys.exc_info()
-    assert exc is not None
-    frames = [f for f in traceback.extract_tb(tb)
-              if not os.path.abspath(f.filename).startswith(_SURGE + os.sep)]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
 
 
 class Replica:
