@@ -277,6 +277,32 @@ def refused_update(head: Head, kuberay: RayServiceController, good: str, bad: st
     assert back.put is None
 
 
+def failed_build(head: Head, kuberay: RayServiceController, good: str, bad: str,
+                 reason: str) -> None:
+    """A config whose application does not import. Within the PUT's answer budget it is a
+    400 (as `refused_update`); a build that outlives it (a loaded machine) is a 200 and
+    then DEPLOY_FAILED with the reason, as Ray reports it. Either way the old version
+    serves on, and the good spec afterwards makes it RUNNING again."""
+    def outcome(r: Reconciled) -> bool:
+        if r.put is not None and r.put.status == 400:
+            return True
+        app = r.applications.get("greeter")
+        return app is not None and app.status == "DEPLOY_FAILED" and reason in app.message
+
+    failed = reconcile_until(kuberay, bad, outcome, 60, "the bad import's 400 or DEPLOY_FAILED")
+    if failed.put is not None and failed.put.status == 400:
+        assert failed.error is not None and reason in failed.error, failed.error
+        assert kuberay.cached == good
+    else:
+        assert kuberay.cached == bad  # accepted: KubeRay reads the failure in the status
+    assert greet(head)["version"] == "2"
+    back = reconcile_until(
+        kuberay, good, lambda r: r.error is None and r.ready
+        and r.app_status("greeter") == "RUNNING", 60, "the good spec running again")
+    assert greet(head)["version"] == "2"
+    assert back.error is None
+
+
 def app_that_fails_to_start(head: Head, kuberay: RayServiceController, good: str) -> None:
     with_broken = serve_config_v2(greeting="howdy", version="2", language="german",
                                   extra=BROKEN_APP)
@@ -344,8 +370,8 @@ def test_kuberay_drives_a_rayservice_through_deploys_updates_and_failures(
                                                      "num_replicas: 2\n        "
                                                      "max_ongoing_requests: 0"),
                        "max_ongoing_requests")
-        refused_update(head, kuberay, v2, v2.replace("greeter:app", "greeter:no_such_app"),
-                       "no_such_app")
+        failed_build(head, kuberay, v2, v2.replace("greeter:app", "greeter:no_such_app"),
+                     "no_such_app")
         app_that_fails_to_start(head, kuberay, v2)
         declarative_only(head, kuberay, v2)
         check_probes(head)

@@ -261,7 +261,8 @@ class ControlApi:
                  and len(state.running_current(deployment.id)) >= deployment.target)
         replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
         replica.next_health_check = now + deployment.config.health_check_period_s
-        deployment.constructor_failures, deployment.ever_running = 0, True
+        if replica.version == deployment.version:  # an old one's start proves nothing new
+            deployment.constructor_failures, deployment.version_ran = 0, True
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
@@ -276,8 +277,7 @@ class ControlApi:
             return
         deployment = self.state.deployments.get(replica.deployment)
         if deployment is not None and replica.version == deployment.version:
-            deployment.constructor_failures += 1
-            deployment.last_error = error
+            self.state.start_failed(deployment, error, self.clock.monotonic())
         if replica.alive:
             replica.move(ReplicaState.FAILED)
         await self.notify()

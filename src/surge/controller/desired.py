@@ -74,6 +74,7 @@ def _update(state: ControllerState, record: DeploymentRecord, spec: DeploymentSp
     if record.code_version != spec.code_version:
         record.version += 1
         record.code_version = spec.code_version
+        record.version_ran = False
     elif record.config.user_config != spec.config.user_config:
         actions = [Reconfigure(r.replica_id, spec.config.user_config)
                    for r in state.running(record.id)]

@@ -199,10 +199,10 @@ class Executor:
         if replica is None:
             return
         record = self.state.deployments.get(replica.deployment)
-        if action.before_ready and record is not None:
-            record.constructor_failures += 1
-            record.last_error = record.last_error or (
-                f"replica process exited with code {action.returncode} before it was ready")
+        if action.before_ready and record is not None and replica.version == record.version:
+            self.state.start_failed(record, record.last_error or (
+                f"replica process exited with code {action.returncode} before it was ready"),
+                self.clock.monotonic())
         elif replica.state is ReplicaState.RUNNING:
             log.warning("replica %s of %s died (exit code %s); replacing it",
                         replica.replica_id, replica.deployment, action.returncode)
@@ -255,7 +255,7 @@ class Executor:
     def _adopt_replica(self, action: AdoptReplica) -> None:
         info, now = action.info, self.clock.monotonic()
         record = self.state.deployments[info.deployment]
-        record.ever_running = True
+        record.version_ran = record.version_ran or action.version == record.version
         self.state.add_replica(ReplicaRecord(
             info.replica_id, info.deployment, action.version, now, state=ReplicaState.RUNNING,
             pid=info.pid, info=info, peer=action.peer,

@@ -48,6 +48,8 @@ __all__ = [
 
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
+START_BACKOFF_S = 0.5  # after a replica failed to start; doubles per failure in a row
+START_BACKOFF_MAX_S = 30.0
 
 
 class Peer(Protocol):
@@ -107,7 +109,10 @@ class DeploymentRecord:
     standby_floor: int = 0  # from the autoscaling schedule in force now
     last_urgent_decision: float = float("-inf")
     startups_seen: int = 0
-    ever_running: bool = False  # a replica of it has served (a failure then is UNHEALTHY)
+    # A replica of the current version has served: a failure then is UNHEALTHY, not a
+    # failed deploy (or update).
+    version_ran: bool = False
+    start_not_before: float = float("-inf")  # monotonic: backoff after a failed start
 
     def __repr__(self) -> str:
         return (f"<Deployment {self.id} v{self.version} target={self.target}"
@@ -191,6 +196,16 @@ class ControllerState:
 
     # -- queries --------------------------------------------------------------------------
 
+    @staticmethod
+    def start_failed(record: DeploymentRecord, error: str, now: float) -> None:
+        """A replica of its current version failed to start: count it, and wait before
+        the next start (0.5 s, doubling up to 30 s), so a constructor that keeps failing
+        is not restarted every tick."""
+        record.constructor_failures += 1
+        record.last_error = error
+        record.start_not_before = now + min(START_BACKOFF_MAX_S, START_BACKOFF_S * 2 ** min(
+            record.constructor_failures - 1, 16))
+
     def proxy_node(self, proxy_id: str) -> str:
         """The node a proxy runs on: a node proxy's, else the head's."""
         node = self.node_proxies.get(proxy_id)
@@ -217,12 +232,16 @@ class ControllerState:
         return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
 
     def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
-        """Its replicas failed to start max_constructor_retry_count times in a row and
-        none runs: no replica will come."""
+        """Its replicas failed to start max_constructor_retry_count times in a row, and
+        either its current version never ran (the deploy or the update failed, as Ray
+        stops it: the old version's replicas keep serving) or none runs now."""
         record = self.deployments[did]
+        if record.constructor_failures < record.config.max_constructor_retry_count:
+            return False
+        if not record.version_ran:
+            return True
         group = self.replicas_of(did) if replicas is None else replicas
-        return (record.constructor_failures >= record.config.max_constructor_retry_count
-                and not any(r.state is ReplicaState.RUNNING for r in group))
+        return not any(r.state is ReplicaState.RUNNING for r in group)
 
     # -- status (no side effects) ------------------------------------------------------
 
@@ -235,8 +254,8 @@ class ControllerState:
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
         current = self.running_current(did, replicas)
         outdated = [r for r in replicas if r.version != record.version and r.alive]
-        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until a replica ever ran
-            status = (DeploymentStatus.UNHEALTHY if record.ever_running
+        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until its version ever ran
+            status = (DeploymentStatus.UNHEALTHY if record.version_ran
                       else DeploymentStatus.DEPLOY_FAILED)
             message = record.last_error
         elif len(current) == record.target and not outdated:
@@ -262,7 +281,7 @@ class ControllerState:
             status, message = ApplicationStatus.DELETING, ""
         elif app.build_error:
             status, message = ApplicationStatus.DEPLOY_FAILED, app.build_error
-        elif failed and not app.ever_running:
+        elif any(not d.version_ran for d in failed):  # the deploy or the update failed
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)
