@@ -65,7 +65,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
                                      port=dashboard.port if dashboard_port is None
-                                     else dashboard_port)
+                                     else dashboard_port, required=True)
     choice = BackendChoice(backend, (ray_address or caller_ray_address())
                            if backend == "ray" else ray_address)
     connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),

@@ -77,7 +77,8 @@ def main() -> int:
                                logging=spec.logging, dashboard=spec.dashboard)
         supervisor = Supervisor(spec.address, options, sys_path=spec.sys_path, detached=True)
     except Exception as exc:  # said to the starting process, which raises it
-        print(f"{CONTROLLER_ERROR} {exc}", flush=True)
+        reason = str(exc).removeprefix("could not start surge: ")  # it says that itself
+        print(f"{CONTROLLER_ERROR} {reason}", flush=True)
         return 1
     ready = {**supervisor.ready, "address": supervisor.address, "daemon_pid": os.getpid()}
     print(f"{CONTROLLER_READY} {json.dumps(ready)}", flush=True)
