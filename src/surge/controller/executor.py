@@ -183,6 +183,7 @@ class Executor:
     def _reconfigure(self, action: Reconfigure) -> None:
         replica = self.state.replicas.get(action.replica_id)
         if replica is not None and replica.peer is not None:
+            replica.reconfiguring = True  # the deployment reads UPDATING until it has it
             self.spawn(self._send_config(replica, action.user_config))
 
     async def _send_config(self, replica: ReplicaRecord, user_config: Any) -> None:
@@ -193,6 +194,8 @@ class Executor:
             log.error("reconfigure of replica %s failed: %s; replacing it",
                       replica.replica_id, exc)
             self._fail(FailReplica(replica.replica_id, f"reconfigure failed: {exc}"))
+        finally:
+            replica.reconfiguring = False
 
     def _replica_exited(self, action: ReplicaExited) -> None:
         replica = self.state.remove_replica(action.replica_id)

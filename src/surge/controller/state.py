@@ -81,6 +81,7 @@ class ReplicaRecord:
     health_check_running: bool = False
     health_failures: int = 0
     stop_deadline: float | None = None  # killed if still alive after this
+    reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
 
     def __repr__(self) -> str:
         return (f"<Replica {self.replica_id} {self.state.value} v{self.version} "
@@ -253,7 +254,8 @@ class ControllerState:
         for replica in replicas:
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
         current = self.running_current(did, replicas)
-        outdated = [r for r in replicas if r.version != record.version and r.alive]
+        outdated = [r for r in replicas if (r.version != record.version or r.reconfiguring)
+                    and r.alive]
         if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until its version ever ran
             status = (DeploymentStatus.UNHEALTHY if record.version_ran
                       else DeploymentStatus.DEPLOY_FAILED)
