@@ -3,7 +3,9 @@
 Whoever starts a surge process writes it one JSON line and closes the pipe: the
 supervisor starts the controller with a `ControllerProcessSpec`; a backend starts
 proxies and replicas with a `ProxyProcessSpec` or `ReplicaProcessSpec` (directly, through
-the fork server, or through the Ray actor that hosts it, which fills in its node). The
+the fork server, or through the Ray actor that hosts it, which fills in its node), and
+a node's weight store with a `WeightStoreProcessSpec` (a replica's spec names the
+store's socket, `weight_store`). The
 spec says everything the environment used to carry: the control address and token
 (stdin is private to the two processes, unlike argv or /proc/PID/environ), where to
 listen (`Unix(directory)` or `Tcp(host)`), which node it is on, what its lifetime is
@@ -21,6 +23,7 @@ from typing import Any, BinaryIO, TypeVar
 import msgspec
 
 from surge.config import HTTPOptions
+from surge.config.weights import WeightStoreOptions
 from surge.errors import ConfigError
 from surge.observability.config import DashboardOptions, LoggingConfig
 
@@ -37,6 +40,7 @@ __all__ = [
     "ReplicaProcessSpec",
     "Tcp",
     "Unix",
+    "WeightStoreProcessSpec",
     "encode",
     "read_spec",
     "start_process",
@@ -102,6 +106,21 @@ class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     app: str
     deployment: str
     listen: Unix | Tcp
+    weight_store: str | None = None  # the Unix socket of this node's store (surge.weights)
+
+
+class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
+    """A node's weight store (surge.weights): where its entries live, its budget, and
+    where it listens: on `listen_fd`, a socket its starter bound at `socket_path` and
+    handed down (connections wait in its backlog until the store accepts), or, without
+    one, on a socket it binds there itself."""
+
+    options: WeightStoreOptions = WeightStoreOptions()
+    socket_path: str
+    listen_fd: int | None = None
+    node_id: str = LOCAL_NODE
+    lifetime: Lifetime = Lifetime()
+    logging: LoggingConfig = LoggingConfig()
 
 
 class ProxyProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="proxy"):
@@ -119,11 +138,11 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
-                lifetime: Lifetime) -> ReplicaProcessSpec:
+                lifetime: Lifetime, weight_store: str | None = None) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,
-                                  listen=listen)
+                                  listen=listen, weight_store=weight_store)
 
     def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
         return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,
@@ -142,6 +161,7 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
     lifetime: Lifetime = Lifetime()
     logging: LoggingConfig = LoggingConfig()
     dashboard: DashboardOptions = DashboardOptions()
+    weights: WeightStoreOptions = WeightStoreOptions()
 
     def membership(self, bound: str) -> Membership:
         """What this controller, listening at `bound`, tells its members."""
@@ -150,10 +170,12 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
                           metrics=self.dashboard.enabled)
 
 
-Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec)
+Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec,
+               WeightStoreProcessSpec)
 
 
-def encode(spec: ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec) -> bytes:
+def encode(spec: ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec
+           | WeightStoreProcessSpec) -> bytes:
     """The spec as the one line its process reads."""
     return msgspec.json.encode(spec) + b"\n"
 
