@@ -103,11 +103,12 @@ def _chunk(path: str, fd: int, offset: int, length: int, pieces: Sequence[Piece]
     return hashlib.sha256(view).digest()
 
 
-def copy_and_hash(plan: Plan, sink: Sink, workers: int) -> str:
-    """Write the entry that `plan` describes into `sink`; returns its key."""
+def copy_and_hash(plan: Plan, sink: Sink, workers: int, chunk_bytes: int = CHUNK_BYTES) -> str:
+    """Write the entry that `plan` describes into `sink`; returns its key (which depends
+    on `chunk_bytes`: the store always uses CHUNK_BYTES)."""
     sink.write(0, plan.header)
     with concurrent.futures.ThreadPoolExecutor(max(1, workers), "surge-weights-copy") as pool:
-        digests = [_file(file, plan, sink, pool) for file in plan.files]
+        digests = [_file(file, plan, sink, pool, chunk_bytes) for file in plan.files]
     for inflate in plan.inflates:
         with zipfile.ZipFile(inflate.path) as archive, archive.open(inflate.member) as member:
             member.read(inflate.skip)
@@ -121,16 +122,16 @@ def copy_and_hash(plan: Plan, sink: Sink, workers: int) -> str:
     return entry_key(plan.files, digests)
 
 
-def _file(file: SourceFile, plan: Plan, sink: Sink,
-          pool: concurrent.futures.Executor) -> list[bytes]:
+def _file(file: SourceFile, plan: Plan, sink: Sink, pool: concurrent.futures.Executor,
+          chunk_bytes: int) -> list[bytes]:
     """One file's chunk digests, its chunks read (and copied) by the pool's threads."""
     pieces = [p for p in plan.pieces if p.path == file.path]
     starts = [p.offset for p in pieces]
     fd = os.open(file.path, os.O_RDONLY)
     try:
         futures = [pool.submit(_chunk, file.path, fd, offset,
-                               min(CHUNK_BYTES, file.size - offset), pieces, starts, sink)
-                   for offset in range(0, file.size, CHUNK_BYTES)]
+                               min(chunk_bytes, file.size - offset), pieces, starts, sink)
+                   for offset in range(0, file.size, chunk_bytes)]
         concurrent.futures.wait(futures)  # all done before the descriptor closes
         return [future.result() for future in futures]
     finally:
