@@ -55,7 +55,7 @@ def test_the_data_is_aligned_and_each_tensor_to_its_item_size(tmp_path: Path) ->
     for tensor in layout.tensors:
         item = {"F16": 2, "F32": 4, "I64": 8, "U8": 1}[tensor.dtype]
         assert (len(layout.header) + tensor.begin) % item == 0
-    assert [t.dtype for t in layout.tensors][0] == "I64"  # largest item size first
+    assert layout.tensors[0].dtype == "I64"  # largest item size first
 
 
 def test_a_directory_of_shards_and_an_npz_give_the_same_tensors(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_missing_sources_and_unsupported_arrays_are_clear_errors(tmp_path: Path)
     with pytest.raises(WeightSourceError, match="no such file or directory"):
         weights.load("gone", tmp_path / "gone.safetensors")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(WeightSourceError, match="holds no .safetensors files"):
+    with pytest.raises(WeightSourceError, match=r"holds no \.safetensors files"):
         weights.load("empty", tmp_path / "empty")
     np.savez(tmp_path / "f.npz", x=np.asfortranarray(np.ones((2, 3))))
     with pytest.raises(WeightSourceError, match="Fortran-ordered"):
@@ -141,7 +141,7 @@ def test_missing_sources_and_unsupported_arrays_are_clear_errors(tmp_path: Path)
     with pytest.raises(WeightSourceError, match="little-endian"):
         weights.load("o", tmp_path / "o.npz")
     (tmp_path / "z.npz").write_bytes(b"PK not a zip")
-    with pytest.raises(WeightSourceError, match="not a readable .npz"):
+    with pytest.raises(WeightSourceError, match=r"not a readable \.npz"):
         weights.load("z", tmp_path / "z.npz")
 
 
