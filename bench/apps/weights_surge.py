@@ -61,7 +61,12 @@ class Model:
         return "ok"
 
 
-AUTOSCALING = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2}
+# Ray's default policy, tuned for bursts (as bench/autoscale_step.py's ray_tuned): surge's
+# proactive policy would size for the baseline's own cold start projected over the first
+# replica's start-up (seconds with a 2 GiB model), and scale to 8 before the step.
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2,
+               "upscale_delay_s": 0, "metrics_interval_s": 0.5, "look_back_period_s": 2,
+               "upscaling_factor": 2, "policy": {"policy_function": "ray_default"}}
 
 
 def main() -> None:

@@ -107,7 +107,7 @@ def header(entries: dict[str, object]) -> bytes:
 @pytest.mark.parametrize(("data", "message"), [
     (b"abc", "too short for a safetensors file"),
     (struct.pack("<Q", 1 << 40) + b"{}", "does not fit the file"),
-    (struct.pack("<Q", 4) + b"nope", "the header is not JSON"),
+    (struct.pack("<Q", 4) + b"nope", "the header is not a JSON object"),
     (header({"x": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}) + b"\0" * 4,
      "has dtype 'F99'"),
     (header({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}) + b"\0" * 4,
@@ -118,7 +118,7 @@ def header(entries: dict[str, object]) -> bytes:
              "y": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}) + b"\0" * 8,
      "overlaps"),
     (header({"x": {"dtype": "F32", "shape": "big", "data_offsets": [0, 4]}}) + b"\0" * 4,
-     "not a list of sizes"),
+     "shape as a list of sizes"),
 ])
 def test_a_malformed_file_is_a_clear_error(tmp_path: Path, data: bytes, message: str) -> None:
     path = tmp_path / "bad.safetensors"

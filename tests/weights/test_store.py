@@ -109,7 +109,7 @@ def test_a_malformed_or_missing_source_is_a_clear_error(store: NodeStore,
                                                         tmp_path: Path) -> None:
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
-    with pytest.raises(WeightSourceError, match=f"{bad}: the header is not JSON"):
+    with pytest.raises(WeightSourceError, match=f"{bad}: the header is not a JSON object"):
         weights.load("bad", bad)
     with pytest.raises(WeightSourceError, match="No such file"):
         weights.load("gone", tmp_path / "gone.safetensors")

@@ -20,6 +20,7 @@ import struct
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 
@@ -53,8 +54,9 @@ class SourceFile:
     size: int
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(msgspec.Struct, frozen=True):
+    """One tensor of an entry (a msgspec struct: made by the hundred on every load)."""
+
     name: str
     dtype: str  # a safetensors dtype (DTYPES)
     shape: tuple[int, ...]
@@ -122,29 +124,34 @@ def _bad(where: str, what: str) -> WeightSourceError:
     return WeightSourceError(f"{where}: {what}")
 
 
-def _shape(value: object, where: str, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise _bad(where, f"tensor {name!r} has shape {value!r}, not a list of sizes")
-    return tuple(value)
+class _Info(msgspec.Struct, forbid_unknown_fields=True):
+    """One tensor's header entry, typed: msgspec checks its shape in C."""
+
+    dtype: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    data_offsets: tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
 
 
-def _tensor(name: str, info: object, where: str) -> Tensor:
-    if not isinstance(info, dict):
-        raise _bad(where, f"tensor {name!r} is {info!r}, not a mapping")
-    dtype = info.get("dtype")
-    if dtype not in DTYPES:
-        raise _bad(where, f"tensor {name!r} has dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    shape = _shape(info.get("shape"), where, name)
-    offsets = info.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-        raise _bad(where, f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
-    begin, end = offsets
-    if not 0 <= begin <= end or end - begin != math.prod(shape) * DTYPES[dtype][0]:
-        raise _bad(where, f"tensor {name!r}: data_offsets {offsets} do not hold a {dtype} "
-                   f"tensor of shape {list(shape)}")
-    return Tensor(name, dtype, shape, begin, end)
+_RAW_HEADER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_INFO = msgspec.json.Decoder(_Info)
+_METADATA = msgspec.json.Decoder(dict[str, str])
+
+
+def _tensor(name: str, raw: msgspec.Raw, where: str) -> Tensor:
+    try:
+        info = _INFO.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise _bad(where, f"tensor {name!r}: {exc} (want dtype, shape as a list of sizes, "
+                   "data_offsets as [begin, end])") from None
+    size = DTYPES.get(info.dtype)
+    if size is None:
+        raise _bad(where, f"tensor {name!r} has dtype {info.dtype!r}; known: "
+                   f"{', '.join(DTYPES)}")
+    begin, end = info.data_offsets
+    if begin > end or end - begin != math.prod(info.shape) * size[0]:
+        raise _bad(where, f"tensor {name!r}: data_offsets {list(info.data_offsets)} do not "
+                   f"hold a {info.dtype} tensor of shape {info.shape}")
+    return Tensor(name, info.dtype, tuple(info.shape), begin, end)
 
 
 def read_header(data: bytes | memoryview | mmap.mmap, size: int,
@@ -160,18 +167,18 @@ def read_header(data: bytes | memoryview | mmap.mmap, size: int,
     if len(data) < 8 + length:
         raise _bad(where, "the header is cut short")
     try:
-        parsed = msgspec.json.decode(bytes(data[8:8 + length]))
-    except msgspec.DecodeError as exc:
-        raise _bad(where, f"the header is not JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise _bad(where, "the header is not a JSON object")
-    metadata = parsed.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise _bad(where, "__metadata__ must map strings to strings")
+        parsed = _RAW_HEADER.decode(data[8:8 + length])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _bad(where, f"the header is not a JSON object ({exc})") from None
+    metadata: dict[str, str] = {}
+    if "__metadata__" in parsed:
+        try:
+            metadata = _METADATA.decode(parsed.pop("__metadata__"))
+        except msgspec.ValidationError:
+            raise _bad(where, "__metadata__ must map strings to strings") from None
     if len(parsed) > MAX_TENSORS:
         raise _bad(where, f"{len(parsed):,} tensors; at most {MAX_TENSORS:,}")
-    tensors = sorted((_tensor(name, info, where) for name, info in parsed.items()),
+    tensors = sorted((_tensor(name, raw, where) for name, raw in parsed.items()),
                      key=lambda t: (t.begin, t.end))
     start = 8 + length
     previous_end = 0

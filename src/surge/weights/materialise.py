@@ -5,10 +5,12 @@ size, inode, device and modification and change times (stat only; a change time 
 be set back by hand, so a file rewritten in place gets a new fingerprint). Only a new
 fingerprint makes the store read the source; it then copies it into the entry and
 hashes it in the same pass (`copy_and_hash`): each file is read once in CHUNK_BYTES
-chunks by a few threads (hashlib and pread release the GIL); each chunk is hashed and
-the parts of it that tensors occupy are written where the plan says. The entry's key is
-the SHA-256 of the files' names, sizes and chunk digests: the same bytes give the same
-key wherever they come from, a changed byte gives another.
+chunks by a few threads into a buffer each (hashlib, preadv and pwrite release the
+GIL; pread rather than a mapping of the source, which a truncation would turn into a
+SIGBUS); each chunk is hashed and the parts of it that tensors occupy are written where
+the plan says. The entry's key is the SHA-256 of the files' names, sizes and chunk
+digests: the same bytes give the same key wherever they come from, a changed byte gives
+another.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import mmap
 import os
 import struct
+import threading
 import zipfile
 from collections.abc import Sequence
 
@@ -85,12 +88,16 @@ class Sink:
 
 
 def _chunk(path: str, fd: int, offset: int, length: int, pieces: Sequence[Piece],
-           starts: Sequence[int], sink: Sink) -> bytes:
-    data = os.pread(fd, length, offset)
-    if len(data) != length:
-        raise OSError(f"{path} is shorter than it was ({offset + len(data):,} bytes read of "
+           starts: Sequence[int], sink: Sink, buffers: threading.local) -> bytes:
+    # one buffer per thread, reused: a fresh 16 MiB allocation per chunk costs its faults
+    buffer: bytearray | None = getattr(buffers, "buffer", None)
+    if buffer is None or len(buffer) < length:
+        buffer = buffers.buffer = bytearray(length)
+    view = memoryview(buffer)[:length]
+    read = os.preadv(fd, [view], offset)
+    if read != length:
+        raise OSError(f"{path} is shorter than it was ({offset + read:,} bytes read of "
                       f"{offset + length:,}): it changed while it was read")
-    view = memoryview(data)
     end = offset + length
     # pieces are sorted by offset and do not overlap: start from the last one before us
     index = max(0, bisect.bisect_right(starts, offset) - 1)
@@ -107,8 +114,9 @@ def copy_and_hash(plan: Plan, sink: Sink, workers: int, chunk_bytes: int = CHUNK
     """Write the entry that `plan` describes into `sink`; returns its key (which depends
     on `chunk_bytes`: the store always uses CHUNK_BYTES)."""
     sink.write(0, plan.header)
+    buffers = threading.local()
     with concurrent.futures.ThreadPoolExecutor(max(1, workers), "surge-weights-copy") as pool:
-        digests = [_file(file, plan, sink, pool, chunk_bytes) for file in plan.files]
+        digests = [_file(file, plan, sink, pool, chunk_bytes, buffers) for file in plan.files]
     for inflate in plan.inflates:
         with zipfile.ZipFile(inflate.path) as archive, archive.open(inflate.member) as member:
             member.read(inflate.skip)
@@ -123,14 +131,15 @@ def copy_and_hash(plan: Plan, sink: Sink, workers: int, chunk_bytes: int = CHUNK
 
 
 def _file(file: SourceFile, plan: Plan, sink: Sink, pool: concurrent.futures.Executor,
-          chunk_bytes: int) -> list[bytes]:
+          chunk_bytes: int, buffers: threading.local) -> list[bytes]:
     """One file's chunk digests, its chunks read (and copied) by the pool's threads."""
     pieces = [p for p in plan.pieces if p.path == file.path]
     starts = [p.offset for p in pieces]
     fd = os.open(file.path, os.O_RDONLY)
     try:
         futures = [pool.submit(_chunk, file.path, fd, offset,
-                               min(chunk_bytes, file.size - offset), pieces, starts, sink)
+                               min(chunk_bytes, file.size - offset), pieces, starts, sink,
+                               buffers)
                    for offset in range(0, file.size, chunk_bytes)]
         concurrent.futures.wait(futures)  # all done before the descriptor closes
         return [future.result() for future in futures]
