@@ -15,6 +15,7 @@ tied to (`Lifetime`), its logging config and whether it records metrics.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ import msgspec
 
 from surge.config import HTTPOptions
 from surge.config.weights import WeightStoreOptions
+from surge.control_auth import user_dir
 from surge.errors import ConfigError
 from surge.observability.config import DashboardOptions, LoggingConfig
 
@@ -36,6 +38,7 @@ __all__ = [
     "Lifetime",
     "MemberSpec",
     "Membership",
+    "NodeWeightStore",
     "ProxyProcessSpec",
     "ReplicaProcessSpec",
     "Tcp",
@@ -102,11 +105,26 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True  # False: nobody reads metrics, record none
 
 
+class NodeWeightStore(msgspec.Struct, frozen=True, tag="node_weight_store"):
+    """The weight store of whichever node a process lands on (a cluster backend places
+    it): a socket in the user's private directory there, per instance and node; the host
+    that starts the first replica on a node starts the store with these options."""
+
+    instance: str
+    options: WeightStoreOptions = WeightStoreOptions()
+
+    def socket_path(self, node_id: str) -> str:
+        tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.instance)[-40:]
+        return os.path.join(user_dir(), f"weights-{tag}-{node_id[:16]}.sock")
+
+
 class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     app: str
     deployment: str
     listen: Unix | Tcp
-    weight_store: str | None = None  # the Unix socket of this node's store (surge.weights)
+    # this node's weight store (surge.weights): its Unix socket, or (placed on a cluster)
+    # the store of whichever node the replica lands on
+    weight_store: str | NodeWeightStore | None = None
 
 
 class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
@@ -138,7 +156,8 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
-                lifetime: Lifetime, weight_store: str | None = None) -> ReplicaProcessSpec:
+                lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None
+                ) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,

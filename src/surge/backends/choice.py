@@ -58,7 +58,7 @@ def build_backend(choice: BackendChoice, membership: Membership,
         except ImportError as exc:
             raise ConfigError(f"backend 'ray' needs Ray ({exc}); install it with "
                               "pip install 'surge[ray]'") from None
-        return RayBackend(membership, choice.ray_address, state_dir)
+        return RayBackend(membership, choice.ray_address, state_dir, weights)
     from surge.backends.local import LocalBackend
 
     return LocalBackend(membership, state_dir, weights=weights)

@@ -245,7 +245,7 @@ def main(launch: ReplicaProcessSpec) -> int:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
-    set_store(launch.weight_store)  # weights.load in the user's code maps from it
+    set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     import uvloop
 
     async def run() -> int:

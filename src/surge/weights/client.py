@@ -25,6 +25,7 @@ from surge.errors import (
     WeightStoreFullError,
     WeightStoreUnavailableError,
 )
+from surge.launch import LOCAL_NODE, NodeWeightStore
 from surge.weights import protocol as p
 
 __all__ = ["StoreClient", "current_store", "set_store"]
@@ -129,11 +130,13 @@ class StoreClient:
 _store: StoreClient | None = None
 
 
-def set_store(path: str | None) -> None:
-    """Use the store at `path` (a replica's spec's `weight_store`); None: no store."""
+def set_store(where: str | NodeWeightStore | None, node_id: str = LOCAL_NODE) -> None:
+    """Use the store at `where` (a replica's spec's `weight_store`: a socket's path, or
+    its node's store on a cluster); None: no store."""
     global _store
     if _store is not None:
         _store.close()
+    path = where.socket_path(node_id) if isinstance(where, NodeWeightStore) else where
     _store = StoreClient(path) if path else None
 
 

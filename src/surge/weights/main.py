@@ -4,7 +4,9 @@ It reads its `WeightStoreProcessSpec` (surge.launch), sweeps its directory of en
 files whose owner no longer runs (an instance killed whole), forks its guardian, and
 serves on the socket its starter bound. It leaves like a replica: with the supervisor
 (outliving a controller that crashes, which re-attaches to it by its socket), or,
-unsupervised, with its parent; on SIGTERM it unlinks its entries and its socket.
+unsupervised, with its parent; placed on a cluster node, with its host actor or after
+the orphan timeout with no replica connected. On SIGTERM it unlinks its entries and
+its socket.
 
 The guardian (`surge:weights-guard`) is a fork taken before any thread exists, in its
 own session (a kill of the instance's process group misses it), holding the read end
@@ -93,6 +95,14 @@ async def serve(spec: WeightStoreProcessSpec, store: WeightStore,
     server = await asyncio.start_unix_server(store.serve_connection, sock=listener)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     watch_supervisor(loop, spec.lifetime.supervisor_pid, stop.set)
+    orphan = spec.lifetime.orphan_timeout_s
+    if orphan is not None:  # on a cluster node: leave once no replica used us for that long
+        timer: list[asyncio.TimerHandle] = [loop.call_later(orphan, stop.set)]
+
+        def idle() -> None:
+            timer[0] = loop.call_later(orphan, stop.set)
+
+        store.on_idle, store.on_busy = idle, lambda: timer[0].cancel()
     log.info("weight store on %s: %s, budget %s MiB", spec.socket_path, store.directory,
              f"{store.budget / 2**20:,.0f}")
     try:

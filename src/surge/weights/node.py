@@ -28,7 +28,7 @@ from surge.observability.config import LoggingConfig
 from surge.process import open_pidfd, pid_gone
 from surge.weights.client import StoreClient
 
-__all__ = ["NodeStore"]
+__all__ = ["NodeStore", "bind_store_socket"]
 
 log = logging.getLogger("surge.backend")
 
@@ -36,6 +36,20 @@ LISTEN_BACKLOG = 1024
 STOP_TIMEOUT_S = 5.0
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+
+
+def bind_store_socket(path: str) -> socket.socket:
+    """A listening Unix socket at `path` (a stale one there is replaced), to hand down."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(LISTEN_BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 class NodeStore:
@@ -97,12 +111,8 @@ class NodeStore:
             client.close()
 
     def _start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = bind_store_socket(self.socket_path)
         try:
-            listener.bind(self.socket_path)
-            listener.listen(LISTEN_BACKLOG)
             spec = WeightStoreProcessSpec(options=self.options, socket_path=self.socket_path,
                                           listen_fd=listener.fileno(), node_id=self.node_id,
                                           lifetime=self.lifetime, logging=self.logging)

@@ -107,6 +107,10 @@ class WeightStore:
         self.hits = self.materialised = self.evicted = 0
         self._serial = 0
         self.jobs = concurrent.futures.ThreadPoolExecutor(2, "surge-weights-job")
+        # called when the last connection closes and when a first one opens (an orphan
+        # timer on a cluster node: surge.weights.main)
+        self.on_idle: Callable[[], None] | None = None
+        self.on_busy: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return (f"<WeightStore {self.directory} entries={len(self.entries)} "
@@ -124,6 +128,8 @@ class WeightStore:
             writer.close()
             return
         holder = self.holders[writer] = Holder(_peer_pid(writer))
+        if len(self.holders) == 1 and self.on_busy is not None:
+            self.on_busy()
         try:
             while True:
                 head = await reader.readexactly(4)
@@ -141,6 +147,8 @@ class WeightStore:
             self.drop(holder)
             del self.holders[writer]
             writer.close()
+            if not self.holders and self.on_idle is not None:
+                self.on_idle()
 
     def drop(self, holder: Holder) -> None:
         for key, count in holder.refs.items():
