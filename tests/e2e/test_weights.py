@@ -92,3 +92,60 @@ def replicas_share_one_entry_and_a_killed_one_lets_go(store_dir: str, source: Pa
     eventually(holders_are_the_live_replicas, 30,
                what="the killed replica's reference dropped, its replacement's taken")
     return key
+
+
+DRIVER = """
+import sys
+import numpy as np
+from safetensors.numpy import save_file
+from surge import serve
+from tests.e2e.test_weights import Holder
+save_file({"x": np.ones(1 << 16, dtype=np.float32)}, sys.argv[2])
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[3])},
+            weight_store={"directory": sys.argv[1]})
+handle = serve.run(Holder.options(num_replicas=1).bind(sys.argv[2]), name="doomed",
+                   route_prefix=None)
+print("READY", handle.info.remote().result(timeout_s=30)["key"], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_instance_killed_whole_is_swept_by_the_next_store(store_dir: str,
+                                                             tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import free_port
+    from tests.e2e.procs import alive, descendants
+    from tests.weights.conftest import env
+
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, store_dir, str(tmp_path / "m.safetensors"),
+         str(free_port())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**env(), "SURGE_ADDRESS": f"127.0.0.1:{free_port()}",
+             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                            env()["PYTHONPATH"]])})
+    assert driver.stdout is not None and driver.stdin is not None
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("READY"), line
+        key = line.split()[1]
+        doomed = [driver.pid, *descendants(driver.pid)]  # guardian included: nobody is left
+        for pid in doomed:
+            os.kill(pid, signal.SIGKILL)
+        driver.wait()
+        eventually(lambda: not any(alive(pid) for pid in doomed), 10,
+                   what="every process of the instance gone")
+        assert [n for n in os.listdir(store_dir) if key[:32] in n]  # left behind
+        source = tmp_path / "other.safetensors"
+        save_file({"y": np.zeros(16, dtype=np.float32)}, str(source))
+        with running_instance({"weight_store": {"directory": store_dir}}):
+            serve.run(Holder.options(num_replicas=1).bind(str(source)), name="next",
+                      route_prefix=None)  # its store started (and swept) before
+            assert not [n for n in os.listdir(store_dir) if key[:32] in n]  # swept at start
+    finally:
+        driver.stdin.close()
+        driver.stdout.close()
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
