@@ -19,6 +19,8 @@ unlinks its files when it exits, through its guardian when it is killed, and at 
 next start when everything was. See docs/weights.md.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from surge.config.weights import WeightStoreOptions
 from surge.errors import (
     WeightBudgetError,
@@ -27,8 +29,22 @@ from surge.errors import (
     WeightStoreFullError,
     WeightStoreUnavailableError,
 )
-from surge.weights.api import Weights, WeightsInfo, load, load_async, stats
 from surge.weights.protocol import EntryStats, StoreStats
+
+if TYPE_CHECKING:
+    from surge.weights.api import Weights, WeightsInfo, load, load_async, stats
+
+_API = ("Weights", "WeightsInfo", "load", "load_async", "stats")
+
+
+def __getattr__(name: str) -> Any:
+    # The API (and numpy) on first use: the store's own process never imports them.
+    if name in _API:
+        from surge.weights import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'surge.weights' has no attribute {name!r}")
+
 
 __all__ = [
     "EntryStats",

@@ -8,10 +8,11 @@ unsupervised, with its parent; placed on a cluster node, with its host actor or 
 the orphan timeout with no replica connected. On SIGTERM it unlinks its entries and
 its socket.
 
-The guardian (`surge:weights-guard`) is a fork taken before any thread exists, in its
-own session (a kill of the instance's process group misses it), holding the read end
-of a pipe whose write end only the store has. When the store dies, however it dies, the
-pipe reads EOF and the guardian unlinks the store's files; then it exits.
+The guardian (`surge:weights-guard`) is a bare interpreter (`python -S`, a few lines,
+a few MiB) in its own session (a kill of the instance's process group misses it),
+holding the read end of a pipe whose write end only the store has. When the store dies,
+however it dies, the pipe reads EOF and the guardian unlinks the store's files (the
+names that start with its owner's stem); then it exits.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import resource
 import signal
 import socket
+import subprocess
 import sys
 
 from surge.config.weights import WeightStoreOptions
@@ -54,26 +55,30 @@ def check_directory(options: WeightStoreOptions) -> tuple[str, int]:
     return directory, options.budget_for(info.f_blocks * info.f_frsize)
 
 
-def start_guardian(directory: str, owner: Owner) -> int:
-    """Fork the guardian; returns the pipe's write end, which the store keeps open."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+GUARDIAN = """
+import os, sys
+directory, stem, pipe = sys.argv[1], sys.argv[2], int(sys.argv[3])
+while os.read(pipe, 1):
+    pass
+for name in os.listdir(directory):
+    if name.startswith(stem):
         try:
-            os.close(write_end)
-            os.setsid()
-            set_title("surge:weights-guard")
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            os.closerange(3, read_end)  # the listening socket above all: it must not linger
-            os.closerange(read_end + 1, min(limit, 1 << 16))
-            while os.read(read_end, 1):
-                pass
-            sweep(directory, owner)
-        finally:
-            os._exit(0)
-    os.close(read_end)
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+"""
+
+
+def start_guardian(directory: str, owner: Owner) -> int:
+    """Start the guardian; returns the pipe's write end, which the store keeps open."""
+    read_end, write_end = os.pipe()
+    try:
+        subprocess.Popen(["surge:weights-guard", "-S", "-c", GUARDIAN, directory,
+                          owner.stem, str(read_end)], executable=sys.executable,
+                         pass_fds=(read_end,), start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    finally:
+        os.close(read_end)
     return write_end
 
 
