@@ -7,7 +7,7 @@ otherwise the store reads the source's headers (`formats.plan`), decides what to
 checks the directory's free space, and copies and hashes the source into a new file in
 a worker thread (`materialise.copy_and_hash`). Concurrent requests for the same source
 wait for that one copy. A source whose fingerprint changed while it was read is read
-again. The finished file is made read-only (mode 0444) and renamed to its entry name;
+again. The finished file is made read-only (mode 0400) and renamed to its entry name;
 if its content hash is already an entry (the same bytes from another path), the copy
 is dropped and the entry shared. References are counted per connection, so a process
 that dies, however it dies, gives its references back when the kernel closes its
@@ -285,7 +285,7 @@ class WeightStore:
                 raise WeightSourceError(f"{source}: {exc.strerror or exc}") from None
             if _changed(source, print_):
                 raise _Changed()
-            os.fchmod(fd, 0o444)
+            os.fchmod(fd, 0o400)  # read-only, and only for this user (as its replicas are)
         except BaseException:
             unlink_quietly(partial)
             raise
