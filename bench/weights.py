@@ -1,6 +1,6 @@
 """Fast model loading: 8 replicas of a 2 GiB model, with and without the weight store.
 
-    python bench/weights.py [--size-gib 2] [--tensors 256] [--replicas 8] [--hold 40]
+    python bench/weights.py [--size-gib 2] [--tensors 256] [--replicas 8] [--hold 90]
 
 A generated safetensors model (random float16 tensors, cached in
 ~/.cache/surge-bench/) is loaded by every replica of bench/apps/weights_surge.py, from
@@ -12,7 +12,8 @@ each replica its own copy); each replica then reads a byte of every page of it.
    and the load time is the replica's (`weights.load` and building every array, or
    `load_file`); then the PSS of the 8 replicas (/proc/PID/smaps_rollup).
 2. Pulse: min 1 / max 8 replicas (target 2 ongoing, 40 ms handler: ~100 req/s a
-   replica), 40 req/s for 5 s, then 700 req/s open-loop for `--hold` s: time to capacity
+   replica), 40 req/s for 5 s, then 700 req/s open-loop for `--hold` s (long enough for
+   the no-store run's copies to finish on a busy machine): time to capacity
    (bench/autoscale_step.py's rule: the first 100 ms served at >= 95% of offered that
    starts a 0.5 s window doing so) and failed requests (any non-2xx) after the step.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import struct
@@ -239,13 +241,14 @@ def main() -> None:
     parser.add_argument("--size-gib", type=float, default=2.0)
     parser.add_argument("--tensors", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=8)
-    parser.add_argument("--hold", type=float, default=40.0, help="seconds at the peak")
+    parser.add_argument("--hold", type=float, default=90.0, help="seconds at the peak")
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
     model = make_model(args.model or CACHE / f"weights-{args.size_gib:g}gib-"
                        f"{args.tensors}.safetensors", args.size_gib, args.tensors)
     size = model.stat().st_size
-    print(f"model: {model} ({size / GiB:.2f} GiB, {args.tensors} tensors)", flush=True)
+    print(f"model: {model} ({size / GiB:.2f} GiB, {args.tensors} tensors); load average "
+          f"{os.getloadavg()[0]:.1f}, {mem_available() / GiB:.1f} GiB available", flush=True)
     runs = {}
     for mode in ("store", "file"):
         print(f"\nreplicas, {mode}: 1 then {args.replicas} ...", flush=True)
@@ -289,7 +292,7 @@ def main() -> None:
         "notes": {m: run.note for m, run in runs.items()},
         "pulse": {m: {"summary": c.summary, "series": c.rows, "note": n}
                   for m, (c, n) in pulses.items()}}, indent=1))
-    print(f"\nseries written to {out}")
+    print(f"\nseries written to {out}; load average now {os.getloadavg()[0]:.1f}")
     next_load = max((r.load_s for r in store.replicas[1:]), default=float("nan"))
     print(f"summary: first_load_s={store.replicas[0].load_s:.2f} "
           f"next_load_ms={next_load * 1000:.1f} pss_ratio={store.total_pss_kib / one_copy:.2f} "

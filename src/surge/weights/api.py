@@ -18,7 +18,7 @@ import mmap
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from surge.clock import SYSTEM
 from surge.errors import WeightSourceError, WeightStoreUnavailableError
 from surge.weights import protocol as p
 from surge.weights.client import current_store
-from surge.weights.formats import DTYPES, Tensor, plan, read_header
+from surge.weights.formats import DTYPES, Tensor, plan
 from surge.weights.materialise import COPY_WORKERS, Sink, copy_and_hash
 
 if TYPE_CHECKING:
@@ -62,12 +62,13 @@ class _Segment(mmap.mmap):
 class Weights(Mapping[str, np.ndarray]):
     """Tensor name -> read-only numpy array, zero-copy over the entry's pages."""
 
-    def __init__(self, segment: _Segment, info: WeightsInfo) -> None:
+    def __init__(self, segment: _Segment, info: WeightsInfo, start: int,
+                 tensors: Iterable[Tensor], metadata: dict[str, str]) -> None:
         self._segment = segment
+        self._bytes = np.frombuffer(segment, dtype=np.uint8)  # sliced, then viewed per tensor
         self.info = info
-        start, metadata, tensors = read_header(segment, len(segment), info.path or info.source)
         self._start = start
-        self.metadata: dict[str, str] = metadata
+        self.metadata = metadata
         self._tensors: dict[str, Tensor] = {t.name: t for t in tensors}
         self._arrays: dict[str, np.ndarray] = {}
 
@@ -93,14 +94,13 @@ class Weights(Mapping[str, np.ndarray]):
         if numpy_dtype is None:
             raise TypeError(f"tensor {tensor.name!r} is {tensor.dtype}, which numpy has no "
                             "type for: use .torch()")
-        count = math.prod(tensor.shape)
-        if count == 0:
+        if tensor.begin == tensor.end:
             empty = np.empty(tensor.shape, dtype=numpy_dtype)
             empty.flags.writeable = False
             return empty
-        flat = np.frombuffer(self._segment, dtype=numpy_dtype, count=count,
-                             offset=self._start + tensor.begin)
-        return flat.reshape(tensor.shape)
+        start = self._start + tensor.begin
+        view = self._bytes[start:start + tensor.nbytes].view(numpy_dtype)
+        return view.reshape(tensor.shape)
 
     def dtype(self, name: str) -> str:
         """The tensor's safetensors dtype (F16, BF16, ...)."""
@@ -167,7 +167,11 @@ def load(name: str, source: str | os.PathLike[str]) -> Weights:
         raise WeightStoreUnavailableError(f"cannot map the entry {entry.path}: "
                                           f"{exc.strerror or exc}") from None
     weakref.finalize(segment, store.release, entry.key)
-    return Weights(segment, _info(name, entry, answer.hit, started))
+    if len(segment) < entry.nbytes:
+        raise WeightStoreUnavailableError(f"the entry {entry.path} is shorter than the store "
+                                          "says: not an entry of this store")
+    return Weights(segment, _info(name, entry, answer.hit, started), entry.data_start,
+                   entry.tensors, entry.metadata)
 
 
 def _info(name: str, entry: p.EntryInfo, hit: bool, started: float) -> WeightsInfo:
@@ -189,7 +193,8 @@ def _load_private(name: str, path: str, started: float) -> Weights:
         os.close(fd)
     seconds = SYSTEM.monotonic() - started
     return Weights(segment, WeightsInfo(name, key, path, layout.nbytes, False, False, None,
-                                        seconds, seconds))
+                                        seconds, seconds), len(layout.header), layout.tensors,
+                   layout.metadata)
 
 
 async def load_async(name: str, source: str | os.PathLike[str]) -> Weights:

@@ -54,8 +54,9 @@ class SourceFile:
     size: int
 
 
-class Tensor(msgspec.Struct, frozen=True):
-    """One tensor of an entry (a msgspec struct: made by the hundred on every load)."""
+class Tensor(msgspec.Struct, frozen=True, array_like=True):
+    """One tensor of an entry (a compact msgspec struct: the store sends an entry's table
+    of them with every load, so a replica parses no header)."""
 
     name: str
     dtype: str  # a safetensors dtype (DTYPES)
@@ -98,6 +99,7 @@ class Plan:
     tensors: tuple[Tensor, ...]  # offsets relative to len(header)
     pieces: tuple[Piece, ...]
     inflates: tuple[Inflate, ...]
+    metadata: dict[str, str]
 
     @property
     def nbytes(self) -> int:
@@ -344,4 +346,4 @@ def plan(source: str) -> Plan:
     inflates = tuple(Inflate(where[t.name].path, str(where[t.name].member),
                              where[t.name].offset, base + t.begin, t.nbytes)
                      for t in tensors if where[t.name].member is not None)
-    return Plan(kind, tuple(files), header, tuple(tensors), pieces, inflates)
+    return Plan(kind, tuple(files), header, tuple(tensors), pieces, inflates, metadata)

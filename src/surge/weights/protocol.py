@@ -15,6 +15,8 @@ import struct
 
 import msgspec
 
+from surge.weights.formats import Tensor
+
 __all__ = ["MAX_FRAME_BYTES", "ClientMessage", "EntryInfo", "EntryStats", "Failed", "Load",
            "Loaded", "Release", "ServerMessage", "Stats", "StatsReply", "StoreStats",
            "decode_client", "decode_server", "encode", "recv_frame"]
@@ -44,6 +46,9 @@ class EntryInfo(msgspec.Struct, frozen=True):
     nbytes: int
     source: str
     materialise_s: float  # how long the store took to make it
+    data_start: int  # where the tensors' data starts in the file (its header's length)
+    tensors: list[Tensor]  # the header, parsed once by the store
+    metadata: dict[str, str]
 
 
 class Loaded(msgspec.Struct, frozen=True, tag="loaded"):

@@ -61,7 +61,7 @@ class Entry:
     key: str
     name: str
     path: str
-    nbytes: int
+    layout: Plan  # its header, tensors and metadata
     source: str
     materialise_s: float
     last_used: float
@@ -69,9 +69,15 @@ class Entry:
     pins: int = 0  # requests that waited for it and have not taken their reference yet
     fingerprints: set[bytes] = field(default_factory=set)
 
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
     def info(self) -> p.EntryInfo:
-        return p.EntryInfo(self.key, self.name, self.path, self.nbytes, self.source,
-                           self.materialise_s)
+        layout = self.layout
+        return p.EntryInfo(self.key, self.name, self.path, layout.nbytes, self.source,
+                           self.materialise_s, len(layout.header), list(layout.tensors),
+                           layout.metadata)
 
 
 @dataclass
@@ -236,7 +242,7 @@ class WeightStore:
             started = self.clock.monotonic()
             key, path = await loop.run_in_executor(self.jobs, self._copy, layout, serial,
                                                    source, print_)
-            entry = self._register(key, path, name, source, layout.nbytes,
+            entry = self._register(key, path, name, source, layout,
                                    self.clock.monotonic() - started)
             entry.fingerprints.add(print_)
             self.by_fingerprint[print_] = entry.key
@@ -297,18 +303,18 @@ class WeightStore:
         os.rename(partial, final)
         return key, final
 
-    def _register(self, key: str, path: str, name: str, source: str, nbytes: int,
+    def _register(self, key: str, path: str, name: str, source: str, layout: Plan,
                   seconds: float) -> Entry:
         existing = self.entries.get(key)
         if existing is not None:  # the same bytes from another path: share the entry
             if existing.path != path:
                 unlink_quietly(path)
             return existing
-        entry = Entry(key, name, path, nbytes, source, seconds, self.clock.monotonic())
+        entry = Entry(key, name, path, layout, source, seconds, self.clock.monotonic())
         self.entries[key] = entry
         self.materialised += 1
         log.info("weights %r materialised from %s: %s MiB in %.2f s (entry %s)", name,
-                 source, f"{nbytes / 2**20:,.1f}", seconds, key[:16])
+                 source, f"{layout.nbytes / 2**20:,.1f}", seconds, key[:16])
         return entry
 
     def evict(self, key: str) -> None:
