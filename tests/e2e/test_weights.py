@@ -33,7 +33,7 @@ class Holder:
         assert stats is not None
         info = self.weights.info
         return {"pid": os.getpid(), "key": info.key, "shared": info.shared, "path": info.path,
-                "total": float(self.weights["x"].sum()),
+                "total": float(self.weights["x"].sum()), "store_pid": stats.pid,
                 "holders": {e.key: e.holders for e in stats.entries}}
 
 
@@ -149,3 +149,24 @@ def test_an_instance_killed_whole_is_swept_by_the_next_store(store_dir: str,
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def test_a_restarted_controller_adopts_the_running_store(store_dir: str,
+                                                         tmp_path: Path) -> None:
+    from tests.e2e.test_controller_restart import kill_controller
+
+    source = tmp_path / "m.safetensors"
+    save_file({"x": np.ones(1 << 12, dtype=np.float32)}, str(source))
+
+    with running_instance({"weight_store": {"directory": store_dir}}):
+        handle = serve.run(Holder.options(num_replicas=1).bind(str(source)), name="adopt",
+                           route_prefix=None)
+        first = handle.info.remote().result(timeout_s=30)
+        kill_controller()
+        handle = serve.run(Holder.options(num_replicas=2).bind(str(source)), name="adopt",
+                           route_prefix=None)  # the new replica loads through the same store
+        seen = answers(handle, 2)
+        assert {a["store_pid"] for a in seen.values()} == {first["store_pid"]}  # adopted
+        assert {a["key"] for a in seen.values()} == {first["key"]}
+        assert sorted(seen) == sorted(handle.info.remote().result()["holders"][first["key"]])
+    eventually(lambda: os.listdir(store_dir) == [], 10, what="the adopted store stopped too")
