@@ -63,7 +63,7 @@ SPARE_BYTES = 2 * GiB  # what the no-store runs leave free at least
 STARTED = re.compile(r"replica (\S+) of weights#Model is running \(pid (\d+), started in "
                      r"([\d.]+)s\)")
 WEIGHTS = re.compile(r"WEIGHTS pid=(\d+) mode=(\w+) load_s=([\d.]+) touch_s=([\d.]+) "
-                     r"hit=(\w+) materialise_s=([\d.]+)")
+                     r"hit=(\w+) materialise_s=([\d.]+) load_cpu_s=([\d.]+)")
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -121,6 +121,7 @@ class Replica:
     touch_s: float = float("nan")
     hit: bool = False
     materialise_s: float = 0.0
+    load_cpu_s: float = float("nan")
     pss_kib: int = 0
 
 
@@ -144,6 +145,7 @@ def parse_stderr(text: str) -> dict[int, Replica]:
         replica = found.setdefault(int(match.group(1)), Replica(int(match.group(1))))
         replica.load_s, replica.touch_s = float(match.group(3)), float(match.group(4))
         replica.hit, replica.materialise_s = match.group(5) == "True", float(match.group(6))
+        replica.load_cpu_s = float(match.group(7))
     return found
 
 
@@ -224,10 +226,11 @@ def print_replicas(run: ReplicasRun) -> None:
     first, rest = run.replicas[:1], run.replicas[1:]
     print(f"\n== {run.mode}: {len(run.replicas)} replicas" + (f" ({run.note})" if run.note
                                                             else ""))
-    print("   replica  pid      asked->serving s  load s    touch s   hit    PSS MiB")
+    print("   replica  pid      asked->serving s  load s    load CPU s  touch s   hit    "
+          "PSS MiB")
     for index, r in enumerate(run.replicas, 1):
         print(f"   {index:7d}  {r.pid:<7d}  {r.startup_s:16.3f}  {r.load_s:8.4f}  "
-              f"{r.touch_s:8.4f}  {r.hit!s:5}  {r.pss_kib / 1024:9,.1f}")
+              f"{r.load_cpu_s:10.4f}  {r.touch_s:8.4f}  {r.hit!s:5}  {r.pss_kib / 1024:9,.1f}")
     if first:
         print(f"   1st: serving after {first[0].startup_s:.2f} s, load {first[0].load_s:.3f} s")
     print(f"   2nd-{len(run.replicas)}th (median / max): asked->serving "
@@ -275,6 +278,9 @@ def main() -> None:
           f"{_ms([r.startup_s for r in file.replicas[1:]])} ms |")
     print(f"| 2nd-8th: load, median / max | {_ms([r.load_s for r in store.replicas[1:]])} ms | "
           f"{_ms([r.load_s for r in file.replicas[1:]])} ms |")
+    print(f"| 2nd-8th: load's CPU time, median / max | "
+          f"{_ms([r.load_cpu_s for r in store.replicas[1:]])} ms | "
+          f"{_ms([r.load_cpu_s for r in file.replicas[1:]])} ms |")
     print(f"| total PSS, {len(store.replicas)} / {len(file.replicas)} replicas | "
           f"{store.total_pss_kib / 1024:,.0f} MiB ({store.total_pss_kib / one_copy:.2f}x one "
           f"copy) | {file.total_pss_kib / 1024:,.0f} MiB "

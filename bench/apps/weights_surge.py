@@ -4,8 +4,9 @@
 Each replica's constructor loads every tensor of the model, with `weights.load` from the
 node's store (`store`) or with `safetensors.numpy.load_file` into its own memory
 (`file`), then reads one byte of every page (so its pages are mapped, as a first
-forward pass would), and prints `WEIGHTS pid=... load_s=... touch_s=... hit=...` on
-stderr. A request sleeps 40 ms (max_ongoing_requests 4: ~100 requests/s a replica).
+forward pass would), and prints `WEIGHTS pid=... load_s=... touch_s=... hit=...
+load_cpu_s=...` on stderr (load_cpu_s: the constructor thread's CPU time for the load).
+A request sleeps 40 ms (max_ongoing_requests 4: ~100 requests/s a replica).
 
 Without --autoscale: one replica, READY, then `SCALE n` (redeploy with n replicas; prints
 `SCALED t`) and `STOP` on stdin. With --autoscale (min 1, max 8 replicas, target 2
@@ -34,7 +35,7 @@ PAGE = 4096
 @serve.deployment(max_ongoing_requests=4)
 class Model:
     def __init__(self, mode: str, path: str) -> None:
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         hit, materialise_s = False, 0.0
         if mode == "store":
             from surge import weights
@@ -47,14 +48,15 @@ class Model:
             from safetensors.numpy import load_file
 
             self.tensors = load_file(path)
-        loaded_at = time.monotonic()
+        loaded_at, load_cpu = time.monotonic(), time.thread_time() - cpu
         touched = 0
         for array in self.tensors.values():
             touched += int(array.reshape(-1).view(np.uint8)[::PAGE].sum())
         done = time.monotonic()
         print(f"WEIGHTS pid={os.getpid()} mode={mode} load_s={loaded_at - started:.6f} "
               f"touch_s={done - loaded_at:.6f} hit={hit} materialise_s={materialise_s:.6f} "
-              f"tensors={len(self.tensors)} checksum={touched}", file=sys.stderr, flush=True)
+              f"load_cpu_s={load_cpu:.6f} tensors={len(self.tensors)} checksum={touched}",
+              file=sys.stderr, flush=True)
 
     async def __call__(self, request: Any) -> str:
         await asyncio.sleep(0.04)
