@@ -46,7 +46,7 @@ DEFAULT_DRAIN_S = 1.0
 # Routers push load reports this often (router/runtime.py's LOAD_REPORT_INTERVAL_S).
 DEFAULT_REPORT_INTERVAL_S = 0.1
 # A replica maps an entry its node's weight store holds: bench/weights.py measured the
-# slowest of 7 replicas starting at once at 45 ms (a 2 GiB model, 256 tensors, 2 cores).
+# slowest of 7 replicas starting at once at 22-45 ms (a 2 GiB model, 256 tensors, 2 cores).
 DEFAULT_STORE_LOAD_S = 0.05
 
 _TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
