@@ -54,7 +54,7 @@ async def serve(spec: ControllerProcessSpec) -> int:
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
     try:
         backend = build_backend(BackendChoice(spec.backend, spec.ray_address),
-                                spec.membership(bound), spec.state_dir)
+                                spec.membership(bound), spec.state_dir, spec.weights)
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         server.close()

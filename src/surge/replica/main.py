@@ -33,6 +33,7 @@ from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
+from surge.weights.client import set_store
 
 log = logging.getLogger("surge.replica")
 
@@ -231,6 +232,7 @@ def main(launch: ReplicaProcessSpec) -> int:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
+    set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     import uvloop
 
     async def run() -> int:
