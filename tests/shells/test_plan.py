@@ -124,17 +124,17 @@ def test_health_checks_that_come_due_together_are_spread_over_ticks() -> None:
 def test_only_what_changed_is_reconciled_once_settled() -> None:
     state = state_with(("a", S.RUNNING, 2), ("b", S.RUNNING, 2), target=2)
     assert needs_reconcile(state, state.deployments[DID])  # never reconciled yet
-    settled(state, plan(state, Observed(), NOW))
+    settled(state, plan(state, Observed(), NOW), NOW)
     assert not needs_reconcile(state, state.deployments[DID])
     state.replicas["a"].move(S.FAILED)  # a replica changed: its deployment is looked at
     assert needs_reconcile(state, state.deployments[DID])
     actions = plan(state, Observed(), NOW)
     assert actions == [StartReplicas(DID, 1, "1 of 2 live")]
-    settled(state, actions)  # it asked for a start: unsettled until that is seen done
+    settled(state, actions, NOW)  # it asked for a start: unsettled until that is seen done
     assert needs_reconcile(state, state.deployments[DID])
     state.remove_replica("a")
     state.add_replica(ReplicaRecord("c", DID, 2, 5.0, S.STARTING))
-    settled(state, plan(state, Observed(), NOW))
+    settled(state, plan(state, Observed(), NOW), NOW)
     assert not needs_reconcile(state, state.deployments[DID])
     state.deployments[DID].target = 3  # its own inputs changed
     assert needs_reconcile(state, state.deployments[DID])

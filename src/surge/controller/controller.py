@@ -152,7 +152,7 @@ class Controller:
 
     def _plan(self, now: float) -> None:
         actions = plan(self.state, self._observe(), now)
-        settled(self.state, actions)
+        settled(self.state, actions, now)
         self.executor.apply(actions)
 
     # -- the control connection (transport.rpc.RpcHandler) --------------------------------
@@ -251,7 +251,7 @@ class Controller:
             return
         record.last_urgent_decision = now
         self._autoscale(record, now, self.load.peek(did, now))
-        self.executor.apply(reconcile_deployment(self.state, did))
+        self.executor.apply(reconcile_deployment(self.state, did, now))
 
     def _autoscale(self, record: DeploymentRecord, now: float,
                    open_bucket: LoadSample | None = None) -> None:

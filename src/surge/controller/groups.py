@@ -91,6 +91,7 @@ class ReplicaGroup:
         self.counts: dict[tuple[ReplicaState, int], int] = {}
         self.nodes: dict[str, int] = {}  # live replicas per node they reported
         self.unplaced = 0  # live, past STARTING, and no node reported
+        self.reconfiguring: set[str] = set()  # ids a new user_config is on its way to
         self._counted: dict[str, str] = {}  # replica id -> its node counted ("": unplaced)
         self.dirty = True  # reconcile it at the next plan
         self.reconciled_inputs: tuple[object, ...] | None = None  # as last reconciled
@@ -114,7 +115,17 @@ class ReplicaGroup:
         """Live replicas of another version than `version`."""
         return sum(n for (state, v), n in self.counts.items() if v != version and state in ALIVE)
 
+    def alive_reconfiguring(self) -> int:
+        """Live replicas a new user_config is on its way to."""
+        return sum(1 for replica_id in self.reconfiguring if self.members[replica_id].alive)
+
     # -- what ControllerState and ReplicaRecord tell it -----------------------------------
+
+    def set_reconfiguring(self, replica: ReplicaRecord, on: bool) -> None:
+        if on and replica.replica_id in self.members:
+            self.reconfiguring.add(replica.replica_id)
+        else:
+            self.reconfiguring.discard(replica.replica_id)
 
     def add(self, replica: ReplicaRecord) -> None:
         self.members[replica.replica_id] = replica
@@ -126,6 +137,7 @@ class ReplicaGroup:
         if self.members.pop(replica.replica_id, None) is not None:
             self._leave(replica, replica.state)
             self.health.unschedule(replica.replica_id)
+            self.reconfiguring.discard(replica.replica_id)
 
     def moved(self, replica: ReplicaRecord, old: ReplicaState) -> None:
         self._leave(replica, old)

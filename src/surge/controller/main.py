@@ -12,6 +12,7 @@ controller's proxies and replicas before it starts any.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import os
@@ -52,7 +53,7 @@ BackendFactory = Callable[[ControllerProcessSpec, Membership], Backend]
 
 def spec_backend(spec: ControllerProcessSpec, membership: Membership) -> Backend:
     return build_backend(BackendChoice(spec.backend, spec.ray_address), membership,
-                         spec.state_dir)
+                         spec.state_dir, spec.weights)
 
 
 def announce(line: str) -> None:
@@ -88,8 +89,20 @@ async def serve(spec: ControllerProcessSpec,
         controller.restore()
     loop.add_signal_handler(signal.SIGTERM, lambda: controller.spawn(controller.shutdown()))
     runner = loop.create_task(controller.run())
-    dashboard = await start_dashboard(controller.observer, spec.dashboard,
-                                      _rest_api(controller, spec))
+    try:
+        # A restart serves on without it rather than not at all.
+        options = dataclasses.replace(spec.dashboard, required=False) if spec.recover \
+            else spec.dashboard
+        dashboard = await start_dashboard(controller.observer, options,
+                                          _rest_api(controller, spec))
+    except OSError as exc:  # a dashboard (and REST API) address asked for is taken
+        announce(f"{ERROR} cannot serve the dashboard on {spec.dashboard.host}:"
+                 f"{spec.dashboard.port}: {exc.strerror or exc}; choose another "
+                 "dashboard port")
+        runner.cancel()
+        await controller.shutdown()
+        server.close()
+        return 1
     await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
     code = 0
     if not controller.state.stopping:  # not shut down while it recovered

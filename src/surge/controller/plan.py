@@ -99,7 +99,7 @@ def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]
     for did, record in state.deployments.items():
         group = state.group(did)
         if needs_reconcile(state, record):
-            changes = reconcile_deployment(state, did)
+            changes = reconcile_deployment(state, did, now)
             stopping.update(a.replica_id for a in changes if isinstance(a, StopReplica))
             actions += changes
         if record.deleting and not group.members:
@@ -125,12 +125,15 @@ def needs_reconcile(state: ControllerState, record: DeploymentRecord) -> bool:
     return group.dirty or group.reconciled_inputs != reconcile_inputs(record)
 
 
-def settled(state: ControllerState, actions: Sequence[Action]) -> None:
+def settled(state: ControllerState, actions: Sequence[Action], now: float) -> None:
     """After a plan, before its actions are applied: the deployments it reconciled that
     needed nothing are settled (reconciled again only once something changes). One
     that asked for something stays unsettled, so a start that could not be placed is
-    asked for again at the next tick."""
+    asked for again at the next tick, and so does one backing off after a failed start
+    (its starts are due when the backoff ends, with nothing else changed)."""
     busy = {a.deployment for a in actions if isinstance(a, StartReplicas)}
+    busy.update(did for did, record in state.deployments.items()
+                if now < record.start_not_before)
     for action in actions:
         if isinstance(action, StopReplica | ActivateReplica):
             replica = state.replicas.get(action.replica_id)
@@ -142,9 +145,10 @@ def settled(state: ControllerState, actions: Sequence[Action]) -> None:
             group.dirty, group.reconciled_inputs = False, reconcile_inputs(record)
 
 
-def reconcile_deployment(state: ControllerState, did: DeploymentId,
+def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
                          replicas: Sequence[ReplicaRecord] | None = None) -> list[Action]:
-    """Starts, activations and drains that bring the deployment to its target."""
+    """Starts, activations and drains that bring the deployment to its target (no
+    starts while it backs off after a failed one)."""
     record = state.deployments[did]
     if state.failed(did) or (replicas is None and _at_target(state, record)):
         return []
@@ -156,7 +160,8 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId,
     for action in policy.reconcile(record.target, record.version, observed,
                                    record.standby_wanted, rollout):
         if isinstance(action, policy.StartReplicas):
-            actions.append(StartReplicas(did, action.count, action.reason))
+            if now >= record.start_not_before:
+                actions.append(StartReplicas(did, action.count, action.reason))
         else:
             actions.append(action)
     return actions

@@ -91,7 +91,7 @@ class Publisher:
     def routes(self) -> RouteTable:
         return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
                                 for a in self.state.apps.values()
-                                if a.route_prefix is not None))
+                                if a.route_prefix is not None and a.ingress))
 
     def add_proxy(self, peer: Peer) -> None:
         self.proxies.add(peer)
@@ -154,7 +154,7 @@ class Publisher:
             return
         running = self.state.group(did).by_state[ReplicaState.RUNNING]
         members = {rid: r.info for rid, r in running.items() if r.info is not None}
-        header = self._header(record, len(watchers))
+        header = self._header(record, len(watchers), bool(members))
         last = self._published.get(did)
         forced = did in self._forced
         self._forced.discard(did)
@@ -171,11 +171,13 @@ class Publisher:
         if last is not None and len(whole) < len(watchers):
             self._push_delta(did, record, last, now, watchers - whole)
 
-    def _header(self, record: DeploymentRecord, watchers: int) -> _Header:
+    def _header(self, record: DeploymentRecord, watchers: int, running: bool) -> _Header:
         config = record.config
         backpressure = config.backpressure_config
+        # Failed with nothing running: answered at once (an old version may still serve).
+        unavailable = UNAVAILABLE_FAILED if not running and self.state.failed(record.id) else ""
         return _Header(config.max_ongoing_requests, queue_share(config.queue_limit, watchers),
-                       UNAVAILABLE_FAILED if self.state.failed(record.id) else "",
+                       unavailable,
                        backpressure.status_code, backpressure.retry_after_s)
 
     def _push_whole(self, did: DeploymentId, record: DeploymentRecord, published: _Published,
