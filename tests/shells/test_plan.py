@@ -140,6 +140,18 @@ def test_only_what_changed_is_reconciled_once_settled() -> None:
     assert needs_reconcile(state, state.deployments[DID])
 
 
+def test_a_deployment_backing_off_stays_unsettled_until_its_start_is_due() -> None:
+    """No start while it backs off after a failed one, and nothing else changes when
+    the backoff ends: it is reconciled each tick until then."""
+    state = state_with(("a", S.RUNNING, 2), target=2)
+    state.start_failed(state.deployments[DID], "boom", NOW)  # backs off 0.5 s
+    actions = plan(state, Observed(), NOW)
+    assert actions == []
+    settled(state, actions, NOW)
+    assert needs_reconcile(state, state.deployments[DID])
+    assert plan(state, Observed(), NOW + 0.5) == [StartReplicas(DID, 1, "1 of 2 live")]
+
+
 def test_a_replica_past_its_drain_deadline_is_killed_every_tick() -> None:
     state = state_with(("a", S.RUNNING, 2), ("d", S.DRAINING, 2), target=1)
     state.replicas["d"].stop_deadline = NOW - 0.01
