@@ -182,6 +182,27 @@ def test_a_failure_after_running_is_unhealthy_whoever_asked_before() -> None:
     run(main)
 
 
+def test_a_replica_that_exits_before_it_reaches_the_controller_is_no_failed_start() -> None:
+    """One that never asked for its spec (it could not get in, as in a herd) is replaced
+    at once, neither counted against the deploy nor backed off; one that did is."""
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=1)))
+        await h.tick()
+        h.backend.exit("Model-1", 1)
+        await h.tick()
+        assert h.backend.started() == ["Model-1", "Model-2"]
+        assert h.state.deployments[DID].constructor_failures == 0
+        await h.api.rpc_replica_spec(FakePeer(), replica_id="Model-2")
+        h.backend.exit("Model-2", 1)
+        await h.tick()
+        await h.tick(1.0)
+        assert h.backend.started() == ["Model-1", "Model-2"]
+        assert h.status() is ApplicationStatus.DEPLOY_FAILED
+
+    run(main)
+
+
 def test_a_failed_start_backs_off_before_the_next() -> None:
     async def main() -> None:
         h = Harness()

@@ -203,7 +203,13 @@ class Executor:
         if replica is None:
             return
         record = self.state.deployments.get(replica.deployment)
-        if action.before_ready and record is not None and replica.version == record.version:
+        if action.before_ready and not replica.spec_sent:
+            # It never got as far as the user's code (it could not reach this controller in
+            # time, as in a herd): not a failed start, so neither counted nor backed off.
+            log.warning("replica %s of %s exited (code %s) before it reached the controller; "
+                        "starting another", replica.replica_id, replica.deployment,
+                        action.returncode)
+        elif action.before_ready and record is not None and replica.version == record.version:
             self.state.start_failed(record, record.last_error or (
                 f"replica process exited with code {action.returncode} before it was ready"),
                 self.clock.monotonic())

@@ -86,6 +86,7 @@ class ReplicaRecord:
     health_failures: int = 0
     stop_deadline: float | None = None  # killed if still alive after this
     reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
+    spec_sent: bool = False  # it asked for its spec: the user's code ran (or runs) in it
     # The index it is counted in (set by ControllerState.add_replica), told of each move.
     group: ReplicaGroup | None = field(default=None, init=False, repr=False, compare=False)
 
