@@ -6,8 +6,9 @@ A fake replica does what a real one (surge/replica/main.py) says on the control 
 it connects and proves the token (transport.rpc.connect_rpc, as the router runtime
 does), says hello as a replica, fetches its spec, "builds" for `startup_s`, reports
 ready with a Unix address, answers check_health / reconfigure / drain / stats, and
-pushes its telemetry (surge.observability.Recorder's report, as an idle replica's)
-every second. Its data path is not there: nobody routes requests to it.
+pushes its telemetry (surge.observability.Recorder's report, as an idle replica's:
+every TELEMETRY_KEEPALIVE_S, as the runtime does). Its data path is not there: nobody
+routes requests to it.
 
 The backend (bench/scale/backend.py) connects to `socket` and asks for starts, TERMs
 and KILLs; exits go back to it as `{"exited": id, "code": c}`. Events for the bench on
@@ -23,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
 from surge.observability.recorder import Recorder
+from surge.router.runtime import TELEMETRY_INTERVAL_S, telemetry_quiet
 from surge.transport.rpc import RpcPeer, connect_rpc
-
-TELEMETRY_INTERVAL_S = 1.0  # surge.router.runtime.TELEMETRY_INTERVAL_S
 
 
 class FakeReplica:
@@ -45,6 +46,7 @@ class FakeReplica:
         self.ended = False
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.sent: tuple[float, Mapping[str, float]] | None = None  # the last telemetry
 
     async def run(self) -> None:
         host = self.host
@@ -72,7 +74,10 @@ class FakeReplica:
     def telemetry(self) -> None:
         if self.ended or self.peer is None:
             return
-        self.peer.push("telemetry", self.recorder.drain({"processing": 0}, user={}))
+        report, now = self.recorder.drain({"processing": 0}, user={}), time.monotonic()
+        if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
+            self.peer.push("telemetry", report)
+            self.sent = (now, report.gauges)
         self.timer = self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
 
     def end(self, code: int) -> None:

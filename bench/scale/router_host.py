@@ -7,7 +7,8 @@ control path: it connects and proves the token, says hello as a proxy, watches t
 ingress deployment of every route the controller pushes, keeps the replica sets it is
 pushed, pushes a load report every 0.1 s when its counters changed (`load`), and one
 within 5 ms when its queue starts to grow (`load_urgent`), and its telemetry every
-second (a proxy's Recorder report, with the requests it "served"). It opens no link
+second (a proxy's Recorder report, with the requests it "served"; idle, only every
+TELEMETRY_KEEPALIVE_S, as the runtime does). It opens no link
 to any replica.
 
 What it measures: the size of every push it gets (the frame's payload), and per
@@ -25,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from bench.scale.wire import emit, next_command, read_commands
 from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, RouteTable
 from surge.observability.recorder import Recorder
+from surge.router.runtime import TELEMETRY_INTERVAL_S, telemetry_quiet
 from surge.transport.messages import Message, Push
 from surge.transport.rpc import RpcPeer, connect_rpc
 
-# surge.router.runtime's cadence (LOAD_REPORT_INTERVAL_S, TELEMETRY_INTERVAL_S) and
-# surge.policy.autoscale_step.URGENT_REPORT_DELAY_S.
+# surge.router.runtime's cadence (LOAD_REPORT_INTERVAL_S, TELEMETRY_INTERVAL_S, idle
+# reports only as keepalives) and surge.policy.autoscale_step.URGENT_REPORT_DELAY_S.
 LOAD_REPORT_INTERVAL_S = 0.1
-TELEMETRY_INTERVAL_S = 1.0
 URGENT_REPORT_DELAY_S = 0.005
 
 
@@ -71,6 +73,7 @@ class FakeRouter:
         self.owed = 0.0
         self.reported: tuple[int, ...] = (0, 0, 0, 0, 0)
         self.recorder = Recorder("proxy", self.router_id)
+        self.sent: tuple[float, Mapping[str, float]] | None = None  # the last telemetry
         self.urgent: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -128,8 +131,12 @@ class FakeRouter:
         peer = self.peer
         if peer is None or peer.is_closed:
             return
-        peer.push("telemetry", self.recorder.drain(
-            {"ongoing_http_requests": self.load.in_flight, "connections": 8}))
+        report = self.recorder.drain({"ongoing_http_requests": self.load.in_flight,
+                                      "connections": 8})
+        now = time.monotonic()
+        if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
+            peer.push("telemetry", report)
+            self.sent = (now, report.gauges)
         self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
 
     def set_load(self, load: Load) -> None:

@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from surge.clock import SYSTEM, Clock
@@ -20,6 +20,7 @@ from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, ReplicaSet, RouteTable
+from surge.observability.recorder import TelemetryReport
 from surge.policy.autoscale_step import TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
 from surge.transport.rpc import RpcPeer, connect_rpc
@@ -30,6 +31,7 @@ __all__ = [
     "current_runtime",
     "set_runtime",
     "set_runtime_factory",
+    "telemetry_quiet",
 ]
 
 log = logging.getLogger("surge.runtime")
@@ -42,8 +44,21 @@ LOAD_REPORT_INTERVAL_S = TICK_S
 # How often proxies and replicas send their request metrics (counter deltas): Prometheus
 # scrapes every 10-15 s and the dashboard samples every second, so 1 s loses nothing.
 TELEMETRY_INTERVAL_S = 1.0
+# An idle process's report (no counts, the same gauges as the last one sent) is sent at
+# most this often: hundreds of idle replicas then cost the controller little. Below the
+# observer's STALE_GAUGE_S (10 s), after which it forgets a proxy's gauges.
+TELEMETRY_KEEPALIVE_S = 5.0
 
 RpcMethod = Callable[..., Awaitable[Any]]
+
+
+def telemetry_quiet(report: Any, sent: tuple[float, Mapping[str, float]] | None,
+                    now: float) -> bool:
+    """An idle report that repeats the last one `sent` (at, gauges), within
+    TELEMETRY_KEEPALIVE_S of it: skipped (it carries no counts, so nothing is lost)."""
+    return (isinstance(report, TelemetryReport) and report.empty and not report.first
+            and sent is not None and now - sent[0] < TELEMETRY_KEEPALIVE_S
+            and report.gauges == sent[1])
 
 
 class RouterRuntime:
@@ -75,6 +90,7 @@ class RouterRuntime:
         self._reconnecting: asyncio.Task[None] | None = None
         self._telemetry: Callable[[], Any] | None = None
         self._telemetry_timer: asyncio.TimerHandle | None = None
+        self._telemetry_sent: tuple[float, Mapping[str, float]] | None = None  # at, gauges
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -85,6 +101,7 @@ class RouterRuntime:
         peer = await connect_rpc(self.address, self, token=self.token)
         await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
         self.peer = peer
+        self._telemetry_sent = None  # a new controller: the next report goes at once
         for deployment in self.routers:
             await peer.call("watch", deployment=deployment)
         if self._reporter is None:
@@ -127,7 +144,10 @@ class RouterRuntime:
         peer, source = self.peer, self._telemetry
         if source is not None and peer is not None and not peer.is_closed:
             try:  # drained only when it can be sent: a report is never lost on purpose
-                peer.push("telemetry", source())
+                report, now = source(), self.clock.monotonic()
+                if not again or not telemetry_quiet(report, self._telemetry_sent, now):
+                    peer.push("telemetry", report)
+                    self._telemetry_sent = (now, getattr(report, "gauges", {}))
             except Exception:
                 log.exception("%s: cannot send telemetry", self.role)
         if again and not self._closing:

@@ -1,0 +1,39 @@
+"""An idle member's telemetry: an unchanged empty report is sent at most every
+TELEMETRY_KEEPALIVE_S, anything with counts or new gauges at once, the last one at close."""
+
+from __future__ import annotations
+
+import asyncio
+
+from surge.observability.recorder import Recorder
+from surge.router.runtime import TELEMETRY_INTERVAL_S, TELEMETRY_KEEPALIVE_S, RouterRuntime
+from surge.testing import FakeClock, FakePeer
+
+
+def test_idle_reports_are_sent_only_as_keepalives() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        runtime = RouterRuntime("127.0.0.1:1", "replica", token="t", clock=clock)
+        peer = FakePeer("controller")
+        runtime.peer = peer  # type: ignore[assignment]
+        recorder = Recorder("replica", "r1", "app", "Model")
+        gauges = {"processing": 0.0}
+        runtime.report_telemetry(lambda: recorder.drain(gauges))
+
+        def second() -> int:
+            clock.advance(TELEMETRY_INTERVAL_S)
+            runtime._push_telemetry()  # what the timer does each second
+            return len(peer.pushed("telemetry"))
+
+        assert second() == 1  # the first report (a replica start) goes
+        assert [second() for _ in range(int(TELEMETRY_KEEPALIVE_S) - 1)] == [1, 1, 1, 1]
+        assert second() == 2  # a keepalive
+        recorder.http_request(("app", "Model", "/", "GET", 200), 3.0)
+        assert second() == 3  # counts go at once
+        gauges["processing"] = 1.0
+        assert second() == 4  # so do new gauges
+        assert second() == 4
+        runtime.close()
+        assert len(peer.pushed("telemetry")) == 5  # the last one, at close, always
+
+    asyncio.run(main())
