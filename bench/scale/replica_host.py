@@ -32,7 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
 from surge.observability.recorder import Recorder
-from surge.router.runtime import TELEMETRY_INTERVAL_S, telemetry_quiet
+from surge.router.runtime import (
+    MEMBER_CONNECT_TIMEOUT_S,
+    TELEMETRY_INTERVAL_S,
+    telemetry_quiet,
+)
 from surge.transport.rpc import RpcPeer, connect_rpc
 
 
@@ -51,7 +55,8 @@ class FakeReplica:
     async def run(self) -> None:
         host = self.host
         try:
-            self.peer = await connect_rpc(host.controller, self, token=host.token)
+            self.peer = await connect_rpc(host.controller, self, token=host.token,
+                                          timeout=MEMBER_CONNECT_TIMEOUT_S)
             await self.peer.call("hello", role="replica", pid=os.getpid(),
                                  replica_id=self.replica_id)
             await self.peer.call("replica_spec", replica_id=self.replica_id)

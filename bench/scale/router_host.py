@@ -35,7 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from bench.scale.wire import emit, next_command, read_commands
 from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, RouteTable
 from surge.observability.recorder import Recorder
-from surge.router.runtime import TELEMETRY_INTERVAL_S, telemetry_quiet
+from surge.router.runtime import (
+    MEMBER_CONNECT_TIMEOUT_S,
+    TELEMETRY_INTERVAL_S,
+    telemetry_quiet,
+)
 from surge.transport.messages import Message, Push
 from surge.transport.rpc import RpcPeer, connect_rpc
 
@@ -80,7 +84,8 @@ class FakeRouter:
         host = self.host
         try:
             self.peer = await connect_rpc(host.controller, self, token=host.token,
-                                          peer_class=MeasuringPeer)
+                                          peer_class=MeasuringPeer,
+                                          timeout=MEMBER_CONNECT_TIMEOUT_S)
             deltas = {"replica_set_deltas": True} if host.deltas else {}
             await self.peer.call("hello", role="proxy", pid=os.getpid(),
                                  proxy_id=self.router_id, node_id="local", **deltas)

@@ -23,7 +23,7 @@ from surge.model import DeploymentId, ReplicaSet, RouteTable
 from surge.observability.recorder import TelemetryReport
 from surge.policy.autoscale_step import TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
-from surge.transport.rpc import RpcPeer, connect_rpc
+from surge.transport.rpc import HANDSHAKE_TIMEOUT_S, RpcPeer, connect_rpc
 
 __all__ = [
     "BackgroundLoop",
@@ -37,6 +37,11 @@ __all__ = [
 log = logging.getLogger("surge.runtime")
 
 RECONNECT_INTERVAL_S = 0.2  # a restarted controller is back in ~1 s
+# How long a member's connect may wait for the controller to accept it: a herd of thousands can
+# overflow its accept queue, and a dropped SYN is retried by the kernel after 1, 3, 7 s
+# (a refused connection still fails at once).
+MEMBER_CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S
+CONNECT_TIMEOUT_S = 5.0  # a driver's (connect_rpc's default)
 # How often routers report their load to the controller (only what changed is sent):
 # once per control-loop tick. An urgent report (a queue started to grow) goes after
 # URGENT_REPORT_DELAY_S instead, to gather the burst's first few ms.
@@ -98,7 +103,9 @@ class RouterRuntime:
                 f"routers={len(self.routers)}>")
 
     async def connect(self) -> None:
-        peer = await connect_rpc(self.address, self, token=self.token)
+        # A driver is told at once that nothing answers; a member waits its turn.
+        patience = CONNECT_TIMEOUT_S if self.role == "driver" else MEMBER_CONNECT_TIMEOUT_S
+        peer = await connect_rpc(self.address, self, token=self.token, timeout=patience)
         await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
         self.peer = peer
         self._telemetry_sent = None  # a new controller: the next report goes at once
