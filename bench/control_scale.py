@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scale.cluster import STEADY_LOAD, Cluster
 from bench.scale.measure import herd, one_change, pushes, step, window
 
+RAMP_MIN_S, RAMP_MAX_S, RAMP_STEPS = 3.0, 60.0, 40  # the ramp to steady load
+
 
 async def run_config(replicas: int, routers: int, args: argparse.Namespace) -> dict[str, float]:
     cluster = Cluster(replicas, routers, args.startup_s, not args.full_sets)
@@ -65,9 +67,13 @@ async def run_config(replicas: int, routers: int, args: argparse.Namespace) -> d
         await pushes(cluster)  # the herd's pushes are not counted below
         await asyncio.sleep(args.settle_s)
         result.update({f"idle_{k}": v for k, v in (await window(cluster, args.window_s)).items()})
-        for i in range(1, 11):  # slowly: the proactive policy must see no surge
-            await cluster.set_load(STEADY_LOAD * i / 10, queued=0)
-            await asyncio.sleep(0.3)
+        # Slowly: the proactive policy must see no surge. It projects the rate's slope
+        # over the start-up lead it measured (on a busy machine, up to ~1.5x the herd's
+        # time): a ramp of 4x the herd keeps the projection near 0.6 * 1.4 of capacity.
+        ramp_s = min(RAMP_MAX_S, max(RAMP_MIN_S, 4.0 * result["herd_s"]))
+        for i in range(1, RAMP_STEPS + 1):  # small steps: each is a short, steep slope
+            await cluster.set_load(STEADY_LOAD * i / RAMP_STEPS, queued=0)
+            await asyncio.sleep(ramp_s / RAMP_STEPS)
         await asyncio.sleep(args.settle_s)
         result.update({f"load_{k}": v for k, v in (await window(cluster, args.window_s)).items()})
         await pushes(cluster)
@@ -200,6 +206,10 @@ def main() -> None:
     print(summary(results))
     if args.sim_out and results:
         (replicas, routers), m = next(iter(results.items()))
+        if math.isnan(m.get("decision_ms", math.nan)) or math.isnan(
+                m.get("scaleup_fanout_p50_ms", math.nan)):
+            print(f"not writing {args.sim_out}: the step measured no decision or fan-out")
+            sys.exit(1)
         write_sim_figures(Path(args.sim_out), replicas, routers, m, args.reps)
 
 

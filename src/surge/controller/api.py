@@ -198,7 +198,7 @@ class ControlApi:
         """The control loop's ticks (controller/pace.py) and the autoscaling decisions
         since `since` (monotonic seconds, this machine's clock)."""
         decisions = [{"at": d.at, "deployment": str(d.deployment), "previous": d.previous,
-                      "target": d.target, "kind": d.kind.value}
+                      "target": d.target, "kind": d.kind.value, "reason": d.reason}
                      for d in self.autoscaler.decisions if d.at > since]
         return {"ticks": self.pace.summary(since), "decisions": decisions,
                 "replicas": len(self.state.replicas), "now": self.clock.monotonic()}
