@@ -31,6 +31,8 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcMessage,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
@@ -91,6 +93,15 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
+        self._grpc: Any = None  # replica/grpc.py's GrpcMethods, made by the first gRPC call
+
+    @property
+    def grpc(self) -> Any:
+        if self._grpc is None:
+            from surge.replica.grpc import GrpcMethods  # grpc only where it is used
+
+            self._grpc = GrpcMethods()
+        return self._grpc
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -140,6 +151,7 @@ class _Connection(FramedProtocol):
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -151,12 +163,14 @@ class _Connection(FramedProtocol):
         if self.handshake is not None:
             self._handshake_step(self.handshake, message)
             return
-        if isinstance(message, HttpRequest | Call):
+        if isinstance(message, HttpRequest | Call | GrpcRequest):
             if not self.server.admit():
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
                 return
             if isinstance(message, HttpRequest):
                 coro, route = self._http(message), message.route_prefix
+            elif isinstance(message, GrpcRequest):
+                coro, route = self._grpc(message), message.method
             else:
                 coro, route = self._call(message), message.method
             task = self._loop.create_task(coro)
@@ -171,6 +185,10 @@ class _Connection(FramedProtocol):
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, GrpcMessage):
+            stream = self.inputs.get(message.id)
+            if stream is not None:
+                stream.feed(message.body, message.more)
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
@@ -216,6 +234,7 @@ class _Connection(FramedProtocol):
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inputs.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -249,6 +268,28 @@ class _Connection(FramedProtocol):
                 self.server.recorder.exception(message.method, type(exc).__name__)
             return False
         return True
+
+    async def _grpc(self, message: GrpcRequest) -> bool:
+        """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
+        from surge.replica.grpc import pull_sender, serve_call
+        from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
+        from surge.transport.grpc_methods import unpack_metadata
+
+        rid = message.id
+        request_id_var.set(message.request_id)
+        context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
+        request = RequestContext(message.method, message.request_id, self.server.app,
+                                 message.model_id, client=message.client)
+        request.grpc_context = context
+        request_context_var.set(request)
+        stream = None
+        if message.streamed:
+            stream = self.inputs[rid] = gRPCInputStream(None, pull_sender(rid, self.send))
+        ok = await serve_call(message, self.server.user, self.server.grpc, context, stream,
+                              self.send, self._send_stream)
+        if not ok and self.server.metrics:
+            self.server.recorder.exception(message.method, "gRPCError")
+        return ok
 
     async def _http(self, message: HttpRequest) -> bool:
         """Serve an HTTP request; False when the user's code raised."""
@@ -325,5 +366,7 @@ class _Connection(FramedProtocol):
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
+        for stream in self.inputs.values():
+            stream.cancel()
         for task in self.tasks.values():
             task.cancel()

@@ -23,11 +23,14 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcEnd,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
     Item,
     Message,
+    Pull,
     Rejected,
     Result,
 )
@@ -52,7 +55,7 @@ class Pending:
 
     __slots__ = ("cancelled", "credits", "link", "message", "sink")
 
-    def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
+    def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
         self.sink = sink
         self.link: ReplicaLink | None = None
@@ -89,7 +92,7 @@ def stream_bytes(message: Message) -> int:
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected)
+    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected)
 
 
 class ReplicaLink(FramedProtocol):
@@ -150,6 +153,9 @@ class ReplicaLink(FramedProtocol):
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
+        elif isinstance(message, Pull):  # the replica asks for its client stream
+            if not pending.cancelled:
+                pending.sink.deliver(message)
         elif not pending.cancelled:
             pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)

@@ -1,7 +1,9 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
-Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
-End/Failure/Rejected come back. Control path: Rpc/Reply/Push carry cloudpickled
+Data path: HttpRequest/Call/GrpcRequest/GrpcMessage/Cancel/Credit go to a replica;
+HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back. A gRPC call's
+request and response messages travel serialized, as the client sent them: only the
+replica parses them. Control path: Rpc/Reply/Push carry cloudpickled
 payloads between the controller and the other processes (never request bodies).
 """
 
@@ -15,11 +17,15 @@ __all__ = [
     "Credit",
     "End",
     "Failure",
+    "GrpcEnd",
+    "GrpcMessage",
+    "GrpcRequest",
     "HttpBody",
     "HttpRequest",
     "HttpStart",
     "Item",
     "Message",
+    "Pull",
     "Push",
     "Rejected",
     "Reply",
@@ -64,6 +70,29 @@ class Credit(msgspec.Struct, tag=4, array_like=True):
     amount: int
 
 
+class GrpcRequest(msgspec.Struct, tag=5, array_like=True):
+    """A gRPC call: its first (or only) request message as the client serialized it."""
+
+    id: int
+    method: str  # "/package.Service/Method"
+    servicer: str  # the import path of the add_*Servicer_to_server that declared it
+    metadata: list[tuple[str, str]]  # the client's (grpc_methods.pack_metadata)
+    body: bytes  # the request message (empty for a client stream: GrpcMessage frames)
+    request_id: str
+    app: str
+    model_id: str = ""
+    client: str = ""  # the peer, as grpc names it ("ipv4:127.0.0.1:5555")
+    streamed: bool = False  # client streaming: the messages follow as GrpcMessage frames
+
+
+class GrpcMessage(msgspec.Struct, tag=6, array_like=True):
+    """One message of a client stream, sent only as the replica asked (`Pull`)."""
+
+    id: int
+    body: bytes
+    more: bool  # False: the client's stream ended (`body` is then empty)
+
+
 class HttpStart(msgspec.Struct, tag=10, array_like=True):
     id: int
     status: int
@@ -104,6 +133,24 @@ class Rejected(msgspec.Struct, tag=16, array_like=True):
     ongoing: int
 
 
+class GrpcEnd(msgspec.Struct, tag=17, array_like=True):
+    """A gRPC call's end: its status, trailing metadata, and a unary response's message."""
+
+    id: int
+    code: int  # grpc.StatusCode's number (0: OK)
+    details: str
+    trailers: list[tuple[str, str]]  # grpc_methods.pack_metadata
+    body: bytes = b""
+    has_body: bool = False  # a unary response (an empty message is a message too)
+
+
+class Pull(msgspec.Struct, tag=18, array_like=True):
+    """The replica may take `count` more messages of the call's client stream."""
+
+    id: int
+    count: int
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -121,5 +168,6 @@ class Push(msgspec.Struct, tag=22, array_like=True):
     payload: bytes
 
 
-Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
-           | Failure | Rejected | Rpc | Reply | Push)
+Message = (HttpRequest | Call | GrpcRequest | GrpcMessage | Cancel | Credit | HttpStart
+           | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Rpc | Reply
+           | Push)

@@ -1,0 +1,190 @@
+"""gRPC ingress (Ray Serve's grpc_options) with a real grpcio client and a compiled .proto:
+routing by `application` metadata, the four streaming kinds, grpc_context, status codes,
+request_id trailers, large messages, deadlines, cancellation, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from surge import serve
+from surge.errors import ConfigError
+from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+
+
+@serve.deployment(max_ongoing_requests=4, max_queued_requests=2)
+class Echo:
+    def Say(self, request: Any, grpc_context: Any) -> Any:
+        if request.text == "fail":
+            raise ValueError("boom")
+        if request.text == "code":
+            grpc_context.set_code(grpc.StatusCode.NOT_FOUND)
+            grpc_context.set_details("no such thing")
+            return echo_pb2.EchoReply()
+        if request.text == "context":
+            context = serve.context._get_serve_request_context()
+            return echo_pb2.EchoReply(text=f"{context.app_name}|{context.request_id}|"
+                                           f"{serve.get_multiplexed_model_id()}|"
+                                           f"{grpc_context.application()}")
+        grpc_context.set_trailing_metadata([("x-echo", "yes")])
+        return echo_pb2.EchoReply(text=request.text, blob=request.blob, index=len(request.blob))
+
+    async def Slow(self, request: Any) -> Any:
+        await asyncio.sleep(request.sleep_s)
+        return echo_pb2.EchoReply(text="slept")
+
+    async def Many(self, request: Any) -> Any:
+        for index in range(request.count):
+            yield echo_pb2.EchoReply(text=request.text, index=index)
+
+    async def Gather(self, requests: Any) -> Any:
+        texts = [request.text async for request in requests]
+        return echo_pb2.EchoReply(text=",".join(texts), index=len(texts))
+
+    async def Chat(self, requests: Any) -> Any:
+        async for request in requests:
+            yield echo_pb2.EchoReply(text=request.text.upper())
+
+
+@serve.deployment
+class Other:
+    def Say(self, request: Any) -> Any:
+        return echo_pb2.EchoReply(text="other")
+
+
+@pytest.fixture(scope="module")
+def grpc_app() -> Iterator[tuple[Running, str]]:
+    port = free_port()
+    options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER]}}
+    with running_instance(start_options=options) as running:
+        serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+        serve.run(Other.bind(), name="other", route_prefix="/other")
+        yield running, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def stub(grpc_app: tuple[Running, str]) -> Iterator[Any]:
+    with grpc.insecure_channel(grpc_app[1], options=[
+            ("grpc.max_send_message_length", 100 * MiB),
+            ("grpc.max_receive_message_length", 100 * MiB)]) as channel:
+        yield echo_pb2_grpc.EchoStub(channel)
+
+
+ECHO = (("application", "echo"),)
+
+
+def test_unary_call_routes_by_application_and_sends_request_id_back(stub: Any) -> None:
+    reply, call = stub.Say.with_call(echo_pb2.EchoRequest(text="hi"), metadata=ECHO)
+    assert reply.text == "hi"
+    trailers = dict(call.trailing_metadata())
+    assert trailers["x-echo"] == "yes"
+    assert len(trailers["request_id"]) >= 16  # generated
+    other = stub.Say(echo_pb2.EchoRequest(text="hi"), metadata=(("application", "other"),))
+    assert other.text == "other"
+
+
+def test_request_id_and_model_id_metadata_reach_the_replica(stub: Any) -> None:
+    metadata = (*ECHO, ("request_id", "rid-123"), ("multiplexed_model_id", "m7"))
+    reply, call = stub.Say.with_call(echo_pb2.EchoRequest(text="context"), metadata=metadata)
+    assert reply.text == "echo|rid-123|m7|echo"
+    assert dict(call.trailing_metadata())["request_id"] == "rid-123"
+
+
+def test_without_application_metadata_is_not_found_as_ray(stub: Any) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Say(echo_pb2.EchoRequest(text="hi"))
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == ("Application metadata not set. Ping "
+                                    "/ray.serve.RayServeAPIService/ListApplications for "
+                                    "available applications.")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Say(echo_pb2.EchoRequest(text="hi"), metadata=(("application", "nope"),))
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    assert info.value.details().startswith("Application 'nope' not found. Ping ")
+
+
+def test_user_error_is_internal_with_its_text_and_a_set_code_is_kept(stub: Any) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Say(echo_pb2.EchoRequest(text="fail"), metadata=ECHO)
+    assert info.value.code() is grpc.StatusCode.INTERNAL
+    assert "boom" in info.value.details()
+    assert "request_id" in dict(info.value.trailing_metadata())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Say(echo_pb2.EchoRequest(text="code"), metadata=ECHO)
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "no such thing"
+
+
+def test_ray_serve_api_service(grpc_app: tuple[Running, str]) -> None:
+    with grpc.insecure_channel(grpc_app[1]) as channel:
+        listed = channel.unary_unary("/ray.serve.RayServeAPIService/ListApplications")(b"")
+        healthz = channel.unary_unary("/ray.serve.RayServeAPIService/Healthz")(b"")
+    # ListApplicationsResponse{application_names}; HealthzResponse{message}
+    assert b"echo" in listed and b"other" in listed
+    assert healthz == b"\n\x07success"
+
+
+def test_the_four_streaming_kinds(stub: Any) -> None:
+    many = list(stub.Many(echo_pb2.EchoRequest(text="s", count=50), metadata=ECHO))
+    assert [reply.index for reply in many] == list(range(50))
+    requests = (echo_pb2.EchoRequest(text=str(i)) for i in range(40))
+    gathered = stub.Gather(requests, metadata=ECHO)
+    assert gathered.index == 40 and gathered.text == ",".join(str(i) for i in range(40))
+    chat = stub.Chat(iter([echo_pb2.EchoRequest(text=t) for t in ("a", "b", "c")]),
+                     metadata=ECHO)
+    assert [reply.text for reply in chat] == ["A", "B", "C"]
+
+
+def test_a_64_mib_message_both_ways(stub: Any) -> None:
+    blob = bytes(range(256)) * (64 * MiB // 256)
+    reply = stub.Say(echo_pb2.EchoRequest(text="big", blob=blob), metadata=ECHO, timeout=60)
+    assert reply.index == len(blob) and reply.blob == blob
+
+
+def test_the_client_deadline_is_the_request_timeout(stub: Any) -> None:
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Slow(echo_pb2.EchoRequest(sleep_s=5), metadata=ECHO, timeout=0.5)
+    assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 3
+
+
+def test_backpressure_is_resource_exhausted_as_ray(stub: Any) -> None:
+    futures = [stub.Slow.future(echo_pb2.EchoRequest(sleep_s=1.5), metadata=ECHO)
+               for _ in range(12)]
+    codes = []
+    for future in futures:
+        try:
+            future.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    assert codes.count(grpc.StatusCode.OK) >= 4
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+
+
+def test_a_cancelled_call_frees_its_replica_slot(stub: Any) -> None:
+    futures = [stub.Slow.future(echo_pb2.EchoRequest(sleep_s=30), metadata=ECHO)
+               for _ in range(4)]
+    time.sleep(0.5)
+    for future in futures:
+        future.cancel()
+    time.sleep(0.5)  # the cancels reach the replica; its 4 slots are free again
+    assert stub.Say(echo_pb2.EchoRequest(text="after"), metadata=ECHO, timeout=5).text == \
+        "after"
+
+
+def test_a_servicer_function_that_does_not_import_is_a_clear_error() -> None:
+    options = {"port": free_port(), "grpc_servicer_functions": ["no_such_pb2_grpc:add_X"]}
+    with pytest.raises(ConfigError, match="no_such_pb2_grpc:add_X can't be imported"):
+        serve.start(grpc_options=options)
