@@ -5,6 +5,7 @@ request_id trailers, large messages, deadlines, cancellation, backpressure."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,9 @@ import pytest
 from surge import serve
 from surge.errors import ConfigError
 from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.dashboard_tools import scrape, total
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -59,13 +62,17 @@ class Echo:
 @serve.deployment
 class Other:
     def Say(self, request: Any) -> Any:
+        if request.text == "die":
+            os._exit(1)  # the replica dies mid-call
         return echo_pb2.EchoReply(text="other")
 
 
 @pytest.fixture(scope="module")
 def grpc_app() -> Iterator[tuple[Running, str]]:
     port = free_port()
-    options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER]}}
+    options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER],
+                                "request_timeout_s": 3},
+               "dashboard_port": 0}
     with running_instance(start_options=options) as running:
         serve.run(Echo.bind(), name="echo", route_prefix="/echo")
         serve.run(Other.bind(), name="other", route_prefix="/other")
@@ -173,15 +180,62 @@ def test_backpressure_is_resource_exhausted_as_ray(stub: Any) -> None:
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
 
 
-def test_a_cancelled_call_frees_its_replica_slot(stub: Any) -> None:
+def test_a_cancelled_call_frees_its_replica_slot(grpc_app: tuple[Running, str],
+                                                 stub: Any) -> None:
+    dashboard = serve.status().dashboard_address
     futures = [stub.Slow.future(echo_pb2.EchoRequest(sleep_s=30), metadata=ECHO)
-               for _ in range(4)]
-    time.sleep(0.5)
+               for _ in range(4)]  # every slot of the replica (max_ongoing_requests=4)
+    eventually(lambda: total(scrape(dashboard), "serve_num_ongoing_grpc_requests") == 4, 10,
+               what="4 calls in flight")
     for future in futures:
         future.cancel()
-    time.sleep(0.5)  # the cancels reach the replica; its 4 slots are free again
-    assert stub.Say(echo_pb2.EchoRequest(text="after"), metadata=ECHO, timeout=5).text == \
-        "after"
+    started = time.monotonic()
+    # The cancels reach the replica: a call gets a slot well before the 3 s timeout.
+    reply = eventually(lambda: stub.Say(echo_pb2.EchoRequest(text="after"), metadata=ECHO,
+                                        timeout=0.5), 5, what="a free slot")
+    assert reply.text == "after" and time.monotonic() - started < 2.5
+
+
+def test_request_timeout_s_without_a_client_deadline(stub: Any) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Slow(echo_pb2.EchoRequest(sleep_s=10), metadata=ECHO)
+    assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert info.value.details() == "Request timed out after 3.0s."
+
+
+def test_calls_are_counted_in_rays_grpc_metrics(stub: Any) -> None:
+    stub.Say(echo_pb2.EchoRequest(text="count me"), metadata=ECHO)
+    dashboard = serve.status().dashboard_address
+
+    def counted() -> bool:
+        samples = scrape(dashboard)
+        return (total(samples, "serve_num_grpc_requests_total", application="echo",
+                      method="/surgetest.Echo/Say", status_code="OK") >= 1
+                and total(samples, "ray_serve_num_grpc_requests_total", route="echo",
+                          status_code="OK") >= 1
+                and total(samples, "serve_num_grpc_error_requests_total",
+                          error_code="NOT_FOUND") >= 1)
+    eventually(counted, 10, what="the gRPC calls in /metrics")
+
+
+def test_a_replica_that_dies_mid_call_is_internal(stub: Any) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Say(echo_pb2.EchoRequest(text="die"), metadata=(("application", "other"),),
+                 timeout=10)
+    assert info.value.code() is grpc.StatusCode.INTERNAL
+    assert "may or may not have run" in info.value.details()
+    # Its replacement serves.
+    reply = eventually(lambda: stub.Say(echo_pb2.EchoRequest(text="hi"),
+                                        metadata=(("application", "other"),), timeout=2),
+                       30, what="the replaced replica")
+    assert reply.text == "other"
+
+
+def test_with_one_application_any_name_or_none_routes_to_it(stub: Any) -> None:
+    serve.delete("other")
+    assert stub.Say(echo_pb2.EchoRequest(text="solo")).text == "solo"
+    assert stub.Say(echo_pb2.EchoRequest(text="solo"),
+                    metadata=(("application", "whatever"),)).text == "solo"
 
 
 def test_a_servicer_function_that_does_not_import_is_a_clear_error() -> None:

@@ -141,6 +141,7 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
         self.loop = proxy.loop
         self.request_timeout_s = request_timeout_s
         self.methods = dict(methods)
+        self.ongoing = 0  # calls submitted and not yet ended
         self._apps: dict[str, RouteTarget] = {}
         self._table: RouteTable | None = None
         self._handlers: dict[str, grpc.RpcMethodHandler] = {
@@ -287,6 +288,7 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
             self.proxy.recorder.rejected(target.app, target.deployment, reason)
             self._count(labels, code, 0.0, request_id)
             await context.abort(_STATUS[code], details, (("request_id", request_id),))
+        self.ongoing += 1
         timeout = self._timeout(context)
         if timeout is not None:
             call.timer = self.loop.call_later(timeout, self._timed_out, call, timeout)
@@ -346,6 +348,7 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _close(self, call: _Call, code: int, labels: tuple[str, str, str], started: float,
                request_id: str) -> None:
+        self.ongoing -= 1
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None

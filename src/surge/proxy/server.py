@@ -117,8 +117,10 @@ class Proxy:
 
     def telemetry(self) -> TelemetryReport:
         ongoing = sum(len(connection.core.exchanges) for connection in self.connections)
-        return self.recorder.drain({"ongoing_http_requests": ongoing,
-                                    "connections": len(self.connections)})
+        gauges = {"ongoing_http_requests": ongoing, "connections": len(self.connections)}
+        if self.grpc is not None:
+            gauges["ongoing_grpc_requests"] = self.grpc.ongoing
+        return self.recorder.drain(gauges)
 
     async def follow_routes(self) -> None:
         """Compile each route table as soon as it arrives.
