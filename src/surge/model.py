@@ -225,6 +225,7 @@ class ProxySpec:
     grpc_servicer_functions: tuple[str, ...] = ()
     grpc_request_timeout_s: float | None = None
     grpc_enable_reflection: bool = False
+    grpc_enable_health: bool = False
 
 
 @dataclass(frozen=True)

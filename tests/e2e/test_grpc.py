@@ -71,7 +71,7 @@ class Other:
 def grpc_app() -> Iterator[tuple[Running, str]]:
     port = free_port()
     options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER],
-                                "request_timeout_s": 3},
+                                "request_timeout_s": 3, "enable_health_service": True},
                "dashboard_port": 0}
     with running_instance(start_options=options) as running:
         serve.run(Echo.bind(), name="echo", route_prefix="/echo")
@@ -139,6 +139,34 @@ def test_ray_serve_api_service(grpc_app: tuple[Running, str]) -> None:
     # ListApplicationsResponse{application_names}; HealthzResponse{message}
     assert b"echo" in listed and b"other" in listed
     assert healthz == b"\n\x07success"
+
+
+def test_the_standard_health_service(grpc_app: tuple[Running, str]) -> None:
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    health_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
+    with grpc.insecure_channel(grpc_app[1]) as channel:
+        health = health_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert health.Check(health_pb2.HealthCheckRequest()).status == serving
+        assert health.Check(health_pb2.HealthCheckRequest(service="surgetest.Echo")) \
+            .status == serving
+        with pytest.raises(grpc.RpcError) as info:
+            health.Check(health_pb2.HealthCheckRequest(service="nope.Service"))
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        watch = health.Watch(health_pb2.HealthCheckRequest())
+        assert next(watch).status == serving
+        watch.cancel()
+
+
+def test_server_reflection_lists_the_services(grpc_app: tuple[Running, str]) -> None:
+    database = pytest.importorskip(
+        "grpc_reflection.v1alpha.proto_reflection_descriptor_database")
+    with grpc.insecure_channel(grpc_app[1]) as channel:
+        reflection = database.ProtoReflectionDescriptorDatabase(channel)
+        services = set(reflection.get_services())
+        assert "surgetest.Echo" in services
+        found = reflection.FindFileContainingSymbol("surgetest.Echo")
+        assert found.name == "surge_echo.proto"
 
 
 def test_the_four_streaming_kinds(stub: Any) -> None:

@@ -216,7 +216,8 @@ class ControlApi:
                          grpc_port=g.port,
                          grpc_servicer_functions=tuple(g.grpc_servicer_functions),
                          grpc_request_timeout_s=g.request_timeout_s,
-                         grpc_enable_reflection=g.enable_reflection)
+                         grpc_enable_reflection=g.enable_reflection,
+                         grpc_enable_health=g.enable_health_service)
 
     async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")

@@ -69,6 +69,9 @@ GRPC_SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                        ("grpc.so_reuseport", 1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 DRAINING = "This node is being drained."
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3  # HealthCheckResponse.ServingStatus
 
 
 class _Call:
@@ -136,12 +139,13 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
     """The handlers of every method served, and the routing of each call."""
 
     def __init__(self, proxy: Proxy, methods: Mapping[str, GrpcMethod],
-                 request_timeout_s: float | None) -> None:
+                 request_timeout_s: float | None, health: bool = False) -> None:
         self.proxy = proxy
         self.loop = proxy.loop
         self.request_timeout_s = request_timeout_s
         self.methods = dict(methods)
         self.ongoing = 0  # calls submitted and not yet ended
+        self.drained = asyncio.Event()  # set when the proxy starts draining (Health/Watch)
         self._apps: dict[str, RouteTarget] = {}
         self._table: RouteTable | None = None
         self._handlers: dict[str, grpc.RpcMethodHandler] = {
@@ -149,6 +153,9 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
         self._handlers[LIST_APPLICATIONS] = grpc.unary_unary_rpc_method_handler(
             self._list_applications)
         self._handlers[HEALTHZ] = grpc.unary_unary_rpc_method_handler(self._healthz)
+        if health:
+            self._handlers[HEALTH_CHECK] = grpc.unary_unary_rpc_method_handler(self._check)
+            self._handlers[HEALTH_WATCH] = grpc.unary_stream_rpc_method_handler(self._watch)
 
     def __repr__(self) -> str:
         return f"<GrpcIngress methods={len(self.methods)} apps={len(self._apps)}>"
@@ -193,6 +200,34 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
         if self.proxy.site.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
         return _field(1, b"success")  # HealthzResponse: field 1, string message
+
+    # -- grpc.health.v1.Health (opt-in) -----------------------------------------------------
+
+    def _serving(self, request: bytes) -> int | None:
+        """HealthCheckResponse's status for the service asked about (None: unknown)."""
+        service = _string_field(request)
+        if service and service not in self._services():
+            return None
+        return NOT_SERVING if self.proxy.site.draining else SERVING
+
+    def _services(self) -> set[str]:
+        return {method.service for method in self.methods.values()}
+
+    async def _check(self, request: bytes, context: Any) -> bytes:
+        status = self._serving(request)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        return bytes((0x08, status or 0))  # HealthCheckResponse: field 1, enum status
+
+    async def _watch(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        """The status now, and NOT_SERVING when the proxy starts draining; the stream
+        stays open until the client leaves."""
+        status = self._serving(request)
+        yield bytes((0x08, SERVICE_UNKNOWN if status is None else status))
+        if status == SERVING:
+            await self.drained.wait()
+            yield bytes((0x08, NOT_SERVING))
+        await self.loop.create_future()  # only the client's cancel ends it
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -386,6 +421,21 @@ def _field(number: int, value: bytes) -> bytes:
     return bytes((number << 3 | 2,)) + bytes(size) + value
 
 
+def _string_field(message: bytes) -> str:
+    """Field 1 of a message whose only field is a string (HealthCheckRequest.service)."""
+    if len(message) < 2 or message[0] != 0x0A:
+        return ""
+    length, shift, index = 0, 0, 1
+    while index < len(message):
+        byte = message[index]
+        length |= (byte & 0x7F) << shift
+        index += 1
+        if not byte & 0x80:
+            break
+        shift += 7
+    return message[index:index + length].decode(errors="replace")
+
+
 def load_methods(functions: tuple[str, ...]) -> dict[str, GrpcMethod]:
     methods: dict[str, GrpcMethod] = {}
     for path in functions:
@@ -395,14 +445,15 @@ def load_methods(functions: tuple[str, ...]) -> dict[str, GrpcMethod]:
 
 async def start_grpc(proxy: Proxy, host: str, port: int, functions: tuple[str, ...],
                      request_timeout_s: float | None,
-                     reflection: bool = False) -> tuple[aio.Server, int] | None:
+                     reflection: bool = False,
+                     health: bool = False) -> tuple[aio.Server, int] | None:
     """Serve gRPC for `proxy` (None: no servicer functions, so no server, as Ray).
 
     Raises ConfigError when a servicer function cannot be used or the port is taken."""
     if not functions:
         return None
     methods = load_methods(functions)
-    ingress = GrpcIngress(proxy, methods, request_timeout_s)
+    ingress = GrpcIngress(proxy, methods, request_timeout_s, health)
     server = aio.server(options=GRPC_SERVER_OPTIONS)
     server.add_generic_rpc_handlers((ingress,))
     if reflection:

@@ -136,6 +136,8 @@ class Proxy:
 
     async def drain(self) -> None:
         self.site.draining = True
+        if self.grpc is not None:
+            self.grpc.drained.set()
         deadline = self.now() + DRAIN_TIMEOUT_S
         while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)
@@ -206,7 +208,8 @@ async def _serve_grpc(proxy: Proxy, spec: ProxySpec) -> Any:
     from surge.proxy.grpc import start_grpc  # grpcio is imported only when it is used
 
     started = await start_grpc(proxy, spec.host, spec.grpc_port, spec.grpc_servicer_functions,
-                               spec.grpc_request_timeout_s, spec.grpc_enable_reflection)
+                               spec.grpc_request_timeout_s, spec.grpc_enable_reflection,
+                               spec.grpc_enable_health)
     return None if started is None else started[0]
 
 
