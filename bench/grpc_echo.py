@@ -182,8 +182,16 @@ def measure(name: str, args: argparse.Namespace, proto_dir: str) -> dict[str, fl
         target = system.info["grpc"]
         serving = system.serving_pids()
         out: dict[str, float] = {}
+        profiler = None
+        if args.profile and name == "surge":  # py-spy on the proxy and the replica
+            from bench.profile import Profiler
+
+            profiler = Profiler({f"{cmdline(pid).split()[0]} #{i}": pid
+                                 for i, pid in enumerate(serving)}, args.duration + 3)
         unary = load(target, "unary", args.clients, args.inflight, args.duration, proto_dir,
                      serving)
+        if profiler is not None:
+            print(profiler.report(), flush=True)
         print(f"   unary      {unary['rps']:>9,.0f} calls/s  p50 {unary['p50_ms']:6.2f} ms  "
               f"p99 {unary['p99_ms']:7.2f} ms  cpu/call {unary['cpu_us_per_call']:6.0f} us "
               f"(proxy {unary['proxy_us_per_call']:.0f})",
@@ -215,6 +223,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--inflight", type=int, default=16, help="calls in flight per client")
     parser.add_argument("--systems", default="surge,ray")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample surge's serving processes with py-spy during the unary run")
     args = parser.parse_args()
     proto_dir = compiled()
     results = {name: measure(name, args, proto_dir) for name in args.systems.split(",") if name}

@@ -21,9 +21,12 @@ from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
+from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
+from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
@@ -93,15 +96,7 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
-        self._grpc: Any = None  # replica/grpc.py's GrpcMethods, made by the first gRPC call
-
-    @property
-    def grpc(self) -> Any:
-        if self._grpc is None:
-            from surge.replica.grpc import GrpcMethods  # grpc only where it is used
-
-            self._grpc = GrpcMethods()
-        return self._grpc
+        self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -271,10 +266,6 @@ class _Connection(FramedProtocol):
 
     async def _grpc(self, message: GrpcRequest) -> bool:
         """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
-        from surge.replica.grpc import pull_sender, serve_call
-        from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
-        from surge.transport.grpc_methods import unpack_metadata
-
         rid = message.id
         request_id_var.set(message.request_id)
         context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
