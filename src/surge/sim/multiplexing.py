@@ -17,6 +17,7 @@ router policy/model_routing.py (`surge`) or Ray's MultiplexMixin (`ray`): sim/mu
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -145,9 +146,11 @@ def parse_popularity(spec: Any, models: int, where: str) -> Popularity:
 
 def parse_multiplexing(section: Mapping[str, Any], where: str) -> Multiplexing:
     """The validated section; ValueError names `where` and the field."""
-    unknown = [key for key in section if key not in KEYS]
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}. Known: {', '.join(KEYS)}.")
+    for key in section:
+        if key not in KEYS:
+            close = difflib.get_close_matches(str(key), KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" Known: {', '.join(KEYS)}."
+            raise ValueError(f"{where}: unknown key {key!r}.{hint}")
     models = _int(section, "models", where, None, 1)
     if "load_time_s" not in section:
         raise ValueError(f"{where}.load_time_s is missing: how long one model load takes "
