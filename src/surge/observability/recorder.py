@@ -119,6 +119,7 @@ class TelemetryReport:
     rejections: Mapping[RejectionKey, int] = field(default_factory=dict)
     gauges: Mapping[str, float] = field(default_factory=dict)
     user: UserReport = field(default_factory=dict)  # serve.metrics since the last report
+    models: tuple[str, ...] = ()  # a multiplexed replica's models, held or loading
     grpc: Mapping[GrpcKey, Histogram] = field(default_factory=dict)  # a proxy's gRPC calls
 
     @property
@@ -183,7 +184,7 @@ class Recorder:
         report = TelemetryReport(self.role, self.source, self.app, self.deployment,
                                  self._first, self.http, self.processing, self.errors,
                                  self.exceptions, self.rejections, dict(gauges or {}),
-                                 user or {}, self.grpc)
+                                 user or {}, grpc=self.grpc)
         self.http, self.processing, self.errors, self.rejections = {}, {}, {}, {}
         self.exceptions, self.grpc = {}, {}
         self._first = False

@@ -23,12 +23,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from surge.policy.routing import NO_REPLICA, choose_replica
+from surge.policy.routing import NO_REPLICA, Loads, choose_replica
 
 __all__ = ["NO_REPLICA", "choose_for_model"]
 
 
-def choose_for_model(in_flight: Sequence[int], capacity: int, holds: Sequence[bool],
+def choose_for_model(in_flight: Loads | Sequence[int], capacity: int, holds: Sequence[bool],
                      models_held: Sequence[int], max_copies: int, rng: random.Random,
                      fallback: bool = False) -> int:
     """Index of the replica for a request of one model, or NO_REPLICA.
@@ -41,7 +41,8 @@ def choose_for_model(in_flight: Sequence[int], capacity: int, holds: Sequence[bo
         return with_room[choose_replica(loads, capacity, rng)]
     if max_copies <= 0 or len(holders) < max_copies:
         best, best_key = NO_REPLICA, None
-        for index, load in enumerate(in_flight):
+        for index in range(len(in_flight)):
+            load = in_flight[index]
             if holds[index] or load >= capacity:
                 continue
             key = (models_held[index], load, rng.random())

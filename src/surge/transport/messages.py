@@ -1,7 +1,8 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
 Data path: HttpRequest/Call/GrpcRequest/GrpcMessage/Cancel/Credit go to a replica;
-HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back. A gRPC call's
+HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back, and Models (a
+multiplexed replica's models, whenever they change) without being asked. A gRPC call's
 request and response messages travel serialized, as the client sent them: only the
 replica parses them. Control path: Rpc/Reply/Push carry cloudpickled
 payloads between the controller and the other processes (never request bodies).
@@ -25,6 +26,7 @@ __all__ = [
     "HttpStart",
     "Item",
     "Message",
+    "Models",
     "Pull",
     "Push",
     "Rejected",
@@ -48,6 +50,7 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     root_path: str = ""
     raw_path: bytes = b""
     scheme: str = "http"  # "https" when the proxy serves TLS
+    model_id: str = ""  # the serve_multiplexed_model_id header, read once by the proxy
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
@@ -133,7 +136,18 @@ class Rejected(msgspec.Struct, tag=16, array_like=True):
     ongoing: int
 
 
-class GrpcEnd(msgspec.Struct, tag=17, array_like=True):
+class Models(msgspec.Struct, tag=17, array_like=True):
+    """The models a multiplexed replica holds or is loading, sent to every router on a
+    change (and on connect): routing affinity without a controller round trip. `id` is
+    always 0, no request's id, so a link that does not route by model ignores it."""
+
+    id: int
+    ids: list[str]
+    max_copies: int = 0  # replicas one model may occupy (0: the router's default)
+    matching_timeout_s: float = 1.0  # then a waiting request may go to any replica
+
+
+class GrpcEnd(msgspec.Struct, tag=18, array_like=True):
     """A gRPC call's end: its status, trailing metadata, and a unary response's message."""
 
     id: int
@@ -144,7 +158,7 @@ class GrpcEnd(msgspec.Struct, tag=17, array_like=True):
     has_body: bool = False  # a unary response (an empty message is a message too)
 
 
-class Pull(msgspec.Struct, tag=18, array_like=True):
+class Pull(msgspec.Struct, tag=19, array_like=True):
     """The replica may take `count` more messages of the call's client stream."""
 
     id: int
@@ -169,5 +183,5 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 
 Message = (HttpRequest | Call | GrpcRequest | GrpcMessage | Cancel | Credit | HttpStart
-           | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Rpc | Reply
-           | Push)
+           | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Models | Rpc
+           | Reply | Push)
