@@ -227,7 +227,10 @@ def main() -> None:
                         help="sample surge's serving processes with py-spy during the unary run")
     args = parser.parse_args()
     proto_dir = compiled()
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores: above 2, other work "
+          "competes with the systems and the client)", flush=True)
     results = {name: measure(name, args, proto_dir) for name in args.systems.split(",") if name}
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     surge, ray = results.get("surge", {}), results.get("ray", {})
     nan = float("nan")
     print()

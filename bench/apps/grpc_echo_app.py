@@ -44,6 +44,10 @@ class Echo:
 def main() -> None:
     http_port, grpc_port = int(sys.argv[2]), int(sys.argv[3])
     os.environ.setdefault("SURGE_LOG_LEVEL", "WARNING")
+    if SYSTEM != "surge":  # a cluster of its own, never one that another program started
+        import ray
+
+        ray.init(address="local", include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": http_port},
                 grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=[SERVICER]))
     serve.run(Echo.bind(), name="echo", route_prefix="/echo")
