@@ -203,9 +203,11 @@ def build_command(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.abspath(args.app_dir))
     data = build_config(list(args.import_paths))
     grpc = grpc_options_of(args)
-    if grpc is not None:  # after http_options, as Ray writes it
-        data = {**{k: v for k, v in data.items() if k != "applications"},
-                "grpc_options": {"port": 9000, **grpc}, "applications": data["applications"]}
+    if grpc is not None:  # right after http_options, as Ray writes it
+        entries = list(data.items())
+        at = [key for key, _ in entries].index("http_options") + 1
+        entries.insert(at, ("grpc_options", {"port": 9000, **grpc}))
+        data = dict(entries)
     # As Ray's ServeDeploySchemaDumper writes it: a blank line between top-level keys.
     sections = [yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False,
                                width=80, indent=2) for key, value in data.items()]
