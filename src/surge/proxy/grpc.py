@@ -363,6 +363,8 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
                     body = await iterator.__anext__()
                 except StopAsyncIteration:
                     body = None
+                except Exception:  # the client's stream broke: its call ends with it
+                    return
                 link = pending.link
                 if link is None or pending.cancelled or call.end is not None:
                     return
