@@ -101,6 +101,21 @@ def test_models_load_once_concurrently_and_leave_by_lru(surge_instance) -> None:
     serve.delete("models")
 
 
+def test_more_models_at_once_than_fit_all_load_in_turn(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    """Five models at once on a replica that holds two: none waits forever."""
+    handle = serve.run(Models.bind(), name="crowd", route_prefix=None)
+
+    async def burst() -> list[Any]:
+        calls = [handle.options(multiplexed_model_id=f"c{i}").remote() for i in range(5)]
+        return list(await asyncio.wait_for(asyncio.gather(*calls), 20))
+
+    assert asyncio.run(burst()) == [f"c{i}" for i in range(5)]
+    stats = handle.stats.remote().result(timeout_s=10)
+    assert sorted(stats["loads"]) == [f"c{i}" for i in range(5)]
+    assert stats["most_at_once"] == 2  # never more than the replica holds
+    serve.delete("crowd")
+
+
 def test_a_batch_never_mixes_models(surge_instance) -> None:  # type: ignore[no-untyped-def]
     handle = serve.run(Models.bind(), name="batches", route_prefix=None)
 
