@@ -209,3 +209,27 @@ def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads(surge_instance) -> 
                           capture_output=True, text=True, env=env, timeout=60).stdout
     assert "models" in text and "hot" in text and "m1" in text, text
     serve.delete("spread")
+
+
+@serve.deployment
+class Child:
+    def __call__(self) -> str:
+        return serve.get_multiplexed_model_id()
+
+
+@serve.deployment
+class Parent:
+    def __init__(self, child: Any) -> None:
+        self.child = child
+
+    async def __call__(self) -> list[str]:
+        inherited = await self.child.remote()  # nested calls inherit no model id
+        chosen = await self.child.options(multiplexed_model_id="kid").remote()
+        return [serve.get_multiplexed_model_id(), inherited, chosen]
+
+
+def test_nested_handle_calls_inherit_no_model_id(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Parent.bind(Child.bind()), name="nested", route_prefix=None)
+    assert handle.options(multiplexed_model_id="top").remote().result(timeout_s=30) == [
+        "top", "", "kid"]
+    serve.delete("nested")
