@@ -30,11 +30,11 @@ import collections
 import functools
 import inspect
 import logging
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+from surge.clock import SYSTEM
 from surge.replica.context import get_replica_context, request_context_var
 
 __all__ = ["ModelCache", "RoutingSettings", "get_multiplexed_model_id", "loaded_model_ids",
@@ -177,7 +177,7 @@ class ModelCache:
             await self._make_room(model_id)
             self.active.add(model_id)
             self._metrics.loads.inc()
-            started = time.monotonic()
+            started = SYSTEM.monotonic()
             model = await self.loader(model_id)
         except BaseException as exc:
             log.error("failed to load model %r: %r", model_id, exc)
@@ -187,7 +187,7 @@ class ModelCache:
             raise
         self.loading.pop(model_id, None)
         self.active.discard(model_id)
-        self._metrics.load_ms.observe((time.monotonic() - started) * 1000.0)
+        self._metrics.load_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self.models[model_id] = model
         self._metrics.held(self.models)
         _changed()
@@ -210,7 +210,7 @@ class ModelCache:
         model_id, model = self.models.popitem(last=False)
         _changed()
         self._metrics.unloads.inc()
-        started = time.monotonic()
+        started = SYSTEM.monotonic()
         destructor = getattr(model, "__del__", None)
         try:
             if destructor is not None:
@@ -222,7 +222,7 @@ class ModelCache:
             log.exception("unloading model %r raised", model_id)
         if destructor is not None:
             _disarm(model)
-        self._metrics.unload_ms.observe((time.monotonic() - started) * 1000.0)
+        self._metrics.unload_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self._metrics.held(self.models, unloaded=model_id)
 
     async def shutdown(self) -> None:
