@@ -125,7 +125,7 @@ class ReplicaServer:
         self._models_due = False
         settings = multiplex.routing_settings()
         frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
-                       settings.matching_timeout_s)
+                       settings.matching_timeout_s, settings.capacity)
         if frame == self.models:
             return
         self.models = frame
