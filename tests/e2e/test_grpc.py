@@ -23,6 +23,7 @@ from tests.eventually import eventually
 pytestmark = pytest.mark.e2e
 
 MiB = 1024 * 1024
+TOKEN = "a-grpc-test-token-0123456789"
 TIMEOUT_S = 6.0  # grpc_options.request_timeout_s: room for 64 MiB each way on a busy machine
 
 
@@ -78,6 +79,8 @@ def grpc_app() -> Iterator[tuple[Running, str]]:
     with running_instance(start_options=options) as running:
         serve.run(Echo.bind(), name="echo", route_prefix="/echo")
         serve.run(Other.bind(), name="other", route_prefix="/other")
+        serve.run(Other.bind(), name="locked", route_prefix="/locked",
+                  auth={"tokens": [TOKEN]})
         yield running, f"127.0.0.1:{port}"
 
 
@@ -261,8 +264,20 @@ def test_a_replica_that_dies_mid_call_is_internal(stub: Any) -> None:
     assert reply.text == "other"
 
 
+def test_an_applications_bearer_tokens_hold_over_grpc(stub: Any) -> None:
+    locked = (("application", "locked"),)
+    request = echo_pb2.EchoRequest(text="hi")
+    for metadata in (locked, (*locked, ("authorization", "Bearer wrong-token-0123456789"))):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Say(request, metadata=metadata)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert stub.Say(request, metadata=(*locked, ("authorization", f"Bearer {TOKEN}"))) \
+        .text == "other"
+
+
 def test_with_one_application_any_name_or_none_routes_to_it(stub: Any) -> None:
     serve.delete("other")
+    serve.delete("locked")
     assert stub.Say(echo_pb2.EchoRequest(text="solo")).text == "solo"
     assert stub.Say(echo_pb2.EchoRequest(text="solo"),
                     metadata=(("application", "whatever"),)).text == "solo"

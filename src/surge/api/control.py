@@ -118,7 +118,8 @@ def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str 
         **_ray_only: Any) -> DeploymentHandle:
     """Deploy an application and wait until it runs; returns a handle to its ingress.
 
-    `auth` (surge's addition) makes its HTTP route require a bearer token, e.g.
+    `auth` (surge's addition) makes its HTTP route (and its gRPC calls, as `authorization:
+    Bearer <token>` metadata) require a bearer token, e.g.
     `auth={"tokens_env": "APP_TOKENS"}` or `AuthConfig(tokens=[...])`; handles are not
     affected (they are for trusted code).
     """

@@ -32,6 +32,7 @@ from grpc import aio
 
 from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
 from surge.model import DeploymentId, RouteTable, RouteTarget
+from surge.policy.auth import check_bearer
 from surge.proxy.grpc_status import (
     CODE_NAMES,
     HEALTHZ,
@@ -303,6 +304,14 @@ class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
                                 (("request_id", request_id),))
         assert target is not None
         labels = (target.app, target.deployment, method.path)
+        if target.auth is not None:  # the application's bearer tokens, as over HTTP
+            refusal = check_bearer([value.encode() for key, value in metadata
+                                    if key == "authorization" and isinstance(value, str)],
+                                   target.auth.digests)
+            if refusal is not None:
+                self._count(labels, Code.UNAUTHENTICATED, 0.0, request_id)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal.message.decode(),
+                                    (("request_id", request_id),))
         if self.proxy.site.draining:
             self._count(labels, Code.UNAVAILABLE, 0.0, request_id)
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING,
