@@ -73,3 +73,25 @@ def test_surge_build_writes_grpc_options() -> None:
     data = yaml.safe_load(built.stdout)
     assert data["grpc_options"] == {"port": 9000, "grpc_servicer_functions": [SERVICER]}
     assert list(data).index("grpc_options") == list(data).index("http_options") + 1
+
+
+def test_with_the_http_certificate_the_grpc_port_is_tls_only(tmp_path: Path) -> None:
+    from surge import serve
+    from tests.certs import make_pki
+    from tests.e2e.conftest import running_instance
+    from tests.e2e.grpc_app import app
+
+    pki = make_pki(tmp_path)
+    port = free_port()
+    options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER]}}
+    with running_instance(options, ssl_certfile=str(pki.cert), ssl_keyfile=str(pki.key)):
+        serve.run(app, name="greeter", route_prefix="/greeter")
+        credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            reply = echo_pb2_grpc.EchoStub(channel).Say(echo_pb2.EchoRequest(text="tls"),
+                                                        timeout=10)
+        assert reply.text == "hello tls"
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, \
+                pytest.raises(grpc.RpcError) as info:
+            echo_pb2_grpc.EchoStub(channel).Say(echo_pb2.EchoRequest(text="plain"), timeout=5)
+        assert info.value.code() is grpc.StatusCode.UNAVAILABLE

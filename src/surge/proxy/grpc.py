@@ -31,7 +31,7 @@ import grpc
 from grpc import aio
 
 from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
-from surge.model import DeploymentId, RouteTable, RouteTarget
+from surge.model import DeploymentId, ProxySpec, RouteTable, RouteTarget
 from surge.policy.auth import check_bearer
 from surge.proxy.grpc_status import (
     CODE_NAMES,
@@ -458,7 +458,9 @@ async def start_grpc(proxy: Proxy, host: str, port: int, functions: tuple[str, .
                      request_timeout_s: float | None,
                      reflection: bool = False,
                      health: bool = False) -> tuple[aio.Server, int] | None:
-    """Serve gRPC for `proxy` (None: no servicer functions, so no server, as Ray).
+    """Serve gRPC for `proxy` (None: no servicer functions, so no server, as Ray). With
+    the HTTP port's certificate (http_options.ssl_*), the gRPC port serves TLS only, with
+    the same client-certificate mode.
 
     Raises ConfigError when a servicer function cannot be used or the port is taken."""
     if not functions:
@@ -471,12 +473,29 @@ async def start_grpc(proxy: Proxy, host: str, port: int, functions: tuple[str, .
         _enable_reflection(server, methods)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
+        spec = proxy.spec
+        if spec.ssl_certfile is not None:
+            bound = server.add_secure_port(address, _credentials(spec))
+        else:
+            bound = server.add_insecure_port(address)
+    except (RuntimeError, OSError) as exc:
         raise ConfigError(f"cannot listen for gRPC on {address}: {exc}") from None
     await server.start()
     proxy.grpc = ingress
     return server, bound
+
+
+def _credentials(spec: ProxySpec) -> Any:
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as file:
+            return file.read()
+
+    key, chain = read(spec.ssl_keyfile or spec.ssl_certfile), read(spec.ssl_certfile)
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=read(spec.ssl_ca_certs),
+        require_client_auth=spec.ssl_cert_reqs == "required")
 
 
 def _enable_reflection(server: aio.Server, methods: Mapping[str, GrpcMethod]) -> None:
