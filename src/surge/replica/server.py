@@ -3,7 +3,9 @@
 Each connection is one router. A request beyond `max_ongoing_requests`, or any request
 while draining, is answered `Rejected` at once so the router retries elsewhere. Each
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
-cancel it.
+cancel it. A request's own stream (a streamed upload's parts, a WebSocket's messages)
+reaches its task through an `Inbox` (replica/streams.py); WebSockets are served by
+replica/websocket.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.user_code import UserCode, asgi_scope
+from surge.replica.websocket import serve_websocket
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
@@ -38,6 +42,8 @@ from surge.transport.messages import (
     Message,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["ReplicaServer"]
@@ -140,6 +146,7 @@ class _Connection(FramedProtocol):
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -156,7 +163,8 @@ class _Connection(FramedProtocol):
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
                 return
             if isinstance(message, HttpRequest):
-                coro, route = self._http(message), message.route_prefix
+                coro, route = (serve_websocket(self, message) if message.upgrade
+                               else self._http(message)), message.route_prefix
             else:
                 coro, route = self._call(message), message.method
             task = self._loop.create_task(coro)
@@ -171,7 +179,14 @@ class _Connection(FramedProtocol):
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, HttpBody | WsData | WsClose):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.put(message)
         elif isinstance(message, Cancel):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.close()
             event = self.disconnects.get(message.id)
             if event is not None:
                 event.set()
@@ -216,6 +231,7 @@ class _Connection(FramedProtocol):
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inboxes.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -264,13 +280,17 @@ class _Connection(FramedProtocol):
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 
-        async def receive() -> dict[str, Any]:
+        async def first_frame() -> MutableMapping[str, Any]:
             nonlocal body_sent
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": message.body, "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
+
+        receive: Receive = first_frame
+        if message.more_body:  # the body streams in after this frame
+            receive = upload_receiver(self, self.inboxes, message, disconnected)
 
         start: MutableMapping[str, Any] | None = None
         started = False
@@ -322,6 +342,8 @@ class _Connection(FramedProtocol):
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for inbox in self.inboxes.values():
+            inbox.close()
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()

@@ -1,8 +1,12 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
 Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
-End/Failure/Rejected come back. Control path: Rpc/Reply/Push carry cloudpickled
-payloads between the controller and the other processes (never request bodies).
+End/Failure/Rejected come back. A request's own stream follows it both ways under the
+same id: the rest of a streamed upload (HttpBody, `HttpRequest.more_body`), or a
+WebSocket's messages (WsData, then WsClose; WsAccept answers `HttpRequest.upgrade`), the
+sender of each spending credit the receiver grants (Credit, transport/flow.py). Control
+path: Rpc/Reply/Push carry cloudpickled payloads between the controller and the other
+processes (never request bodies).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ __all__ = [
     "Reply",
     "Result",
     "Rpc",
+    "WsAccept",
+    "WsClose",
+    "WsData",
 ]
 
 
@@ -42,6 +49,8 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     root_path: str = ""
     raw_path: bytes = b""
     scheme: str = "http"  # "https" when the proxy serves TLS
+    more_body: bool = False  # the body goes on in HttpBody frames, sent against Credit
+    upgrade: str = ""  # "websocket": an upgrade the app may accept (WsAccept)
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
@@ -104,6 +113,31 @@ class Rejected(msgspec.Struct, tag=16, array_like=True):
     ongoing: int
 
 
+class WsAccept(msgspec.Struct, tag=17, array_like=True):
+    """The app accepted a WebSocket (`websocket.accept`): the proxy answers 101."""
+
+    id: int
+    subprotocol: str | None
+    headers: list[tuple[bytes, bytes]]
+
+
+class WsData(msgspec.Struct, tag=18, array_like=True):
+    """One whole WebSocket message, either way: text (UTF-8 in `data`) or binary."""
+
+    id: int
+    data: bytes
+    text: bool = False
+
+
+class WsClose(msgspec.Struct, tag=19, array_like=True):
+    """A WebSocket's end. From the replica (final): the app closed with `code`; from the
+    proxy: the client closed (or went away, 1006; or broke a limit, 1009 / 1001)."""
+
+    id: int
+    code: int
+    reason: str = ""
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -122,4 +156,4 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 
 Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
-           | Failure | Rejected | Rpc | Reply | Push)
+           | Failure | Rejected | WsAccept | WsData | WsClose | Rpc | Reply | Push)
