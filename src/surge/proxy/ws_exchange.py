@@ -70,7 +70,8 @@ class WsExchange(Exchange):
         if self.phase is not OPEN and self.phase is not WAITING:
             return  # closed: whatever the client still says is not heard
         said = self.ws.receive(data, now)
-        self._flush_ws()
+        if self.phase is OPEN:  # before the 101, a pong (or close) would not be HTTP
+            self._flush_ws()
         upstream = self.upstream
         assert upstream is not None
         for message in said:
@@ -83,6 +84,7 @@ class WsExchange(Exchange):
 
     def _client_closed(self, close: WsClose, in_line: bool = True) -> None:
         if self.phase is WAITING:  # closed before the handshake finished: give it up
+            self.ws.out.clear()
             self.conn.close_now(self)
             return
         self.close_code = close.code
