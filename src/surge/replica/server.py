@@ -51,6 +51,8 @@ __all__ = ["ReplicaServer"]
 log = logging.getLogger("surge.replica")
 
 _INTERNAL_ERROR = b"Internal Server Error"
+# Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default: the request context's session_id.
+SESSION_HEADER = b"x-session-id"
 
 
 def _dumps(value: Any) -> bytes:
@@ -245,7 +247,8 @@ class _Connection(FramedProtocol):
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
-            "", message.request_id, self.server.app, message.model_id))
+            "", message.request_id, self.server.app, message.model_id,
+            session_id=message.session_id))
         try:
             args, kwargs = pickle.loads(message.payload)
             result = await self.server.user.call(message.method, args, kwargs)
@@ -273,7 +276,7 @@ class _Connection(FramedProtocol):
         request_context_var.set(RequestContext(
             message.route_prefix, message.request_id, self.server.app,
             _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
-            client=message.client))
+            client=message.client, session_id=_header(message.headers, SESSION_HEADER)))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)

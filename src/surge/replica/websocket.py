@@ -167,15 +167,16 @@ async def serve_websocket(conn: _Connection, message: HttpRequest) -> bool:
     server = conn.server
     rid = message.id
     request_id_var.set(message.request_id)
+    session = next((v.decode("latin-1") for k, v in message.headers if k == b"x-session-id"), "")
     request_context_var.set(RequestContext(message.route_prefix, message.request_id,
                                            server.app, is_http_request=True,
-                                           client=message.client))
+                                           client=message.client, session_id=session))
     app = server.user.asgi_app
     if app is None:
         conn.send(HttpStart(id=rid, status=403, headers=_TEXT, body=NOT_ASGI, more=False))
         return True
-    session = _Session(conn, rid)
-    session.inbox.on_end = session.client_left
+    websocket = _Session(conn, rid)
+    websocket.inbox.on_end = websocket.client_left
     connected = False
 
     async def receive() -> dict[str, Any]:
@@ -183,19 +184,19 @@ async def serve_websocket(conn: _Connection, message: HttpRequest) -> bool:
         if not connected:
             connected = True
             return {"type": "websocket.connect"}
-        return await session.receive()
+        return await websocket.receive()
 
     try:
-        await server.user.handle_websocket(websocket_scope(message), receive, session.send)
+        await server.user.handle_websocket(websocket_scope(message), receive, websocket.send)
     except asyncio.CancelledError:  # its client went before the accept, or the proxy
-        session.end(True)
+        websocket.end(True)
         return True
     except Exception as exc:
         if not isinstance(exc, ClientDisconnected):
             log.exception("%s: WebSocket %s raised", server.name, message.path)
             if server.metrics:
                 server.recorder.exception(message.route_prefix, type(exc).__name__)
-        session.end(True)
+        websocket.end(True)
         return isinstance(exc, ClientDisconnected)
-    session.end(False)
+    websocket.end(False)
     return True

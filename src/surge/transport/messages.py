@@ -60,6 +60,7 @@ class Call(msgspec.Struct, tag=2, array_like=True):
     stream: bool = False
     model_id: str = ""
     request_id: str = ""
+    session_id: str = ""  # handle.options(session_id=...): the callee's request context
 
 
 class Cancel(msgspec.Struct, tag=3, array_like=True):
