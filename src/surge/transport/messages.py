@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 
-class HttpRequest(msgspec.Struct, tag=1, array_like=True):
+class HttpRequest(msgspec.Struct, tag=1, array_like=True, omit_defaults=True):
+    # omit_defaults: trailing fields at their defaults (the usual) are not encoded.
     id: int
     method: str
     path: str
