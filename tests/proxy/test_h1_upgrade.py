@@ -144,6 +144,17 @@ def test_an_idle_socket_closes_with_1001() -> None:
     assert wire.closed and wire.sends[-1][1] == WsClose(id=0, code=1001, reason="idle timeout")
 
 
+def test_going_away_closes_with_1001_both_ways() -> None:
+    wire, exchange, client, _ = opened()
+    start = after_head(wire)
+    exchange.going_away("proxy shutting down")
+    wire.collect()
+    assert client_events(wire, client, start) == [CloseConnection(
+        code=1001, reason="proxy shutting down")]
+    assert wire.sends[-1][1] == WsClose(id=0, code=1001, reason="proxy shutting down")
+    assert wire.closed
+
+
 def test_a_dead_replica_closes_the_client_with_1011() -> None:
     wire, exchange, client, _ = opened()
     start = after_head(wire)

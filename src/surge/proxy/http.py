@@ -93,6 +93,13 @@ class HttpConnection(asyncio.Protocol):
         self.core.check_time(now)
         self._act()
 
+    def going_away(self) -> None:
+        """The proxy stops: an open WebSocket is closed with 1001 rather than cut."""
+        websocket = self.core.uploading
+        if isinstance(websocket, WsExchange):
+            websocket.going_away("proxy shutting down")
+            self._act()
+
     # -- carrying out the core's decisions -------------------------------------------------
 
     def _act(self) -> None:

@@ -98,7 +98,12 @@ class WsExchange(Exchange):
     def idle(self, now: float, limit: float) -> None:
         """The sweeper's tick: close a socket quiet for `limit` seconds (1001 both ways)."""
         if self.phase is OPEN and now - self.ws.last_active >= limit:
-            close = self.ws.close(GOING_AWAY, "idle timeout")
+            self.going_away("idle timeout")
+
+    def going_away(self, reason: str) -> None:
+        """Close an open socket with 1001, toward the client and the app alike."""
+        if self.phase is OPEN:
+            close = self.ws.close(GOING_AWAY, reason)
             self._flush_ws()
             self._client_closed(close)
 
