@@ -289,3 +289,60 @@ def test_a_replica_killed_mid_connection_closes_with_1011(instance: Running) -> 
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+SCRIPT = '''
+from __future__ import annotations  # annotations are strings: the replica must resolve them
+
+import sys
+
+from fastapi import FastAPI, Request, WebSocket
+from websockets.sync.client import connect
+
+from surge import serve
+
+app = FastAPI()
+
+
+@serve.deployment
+@serve.ingress(app)
+class Script:
+    @app.get("/hi")
+    def hi(self, request: Request) -> str:
+        return request.url.path
+
+    @app.websocket("/")
+    async def ws(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text(await websocket.receive_text())
+        await websocket.close()
+
+
+port = int(sys.argv[1])
+serve.start(http_options={"host": "127.0.0.1", "port": port})
+serve.run(Script.bind(), name="script", route_prefix="/s")
+import httpx
+
+print("GET", httpx.get(f"http://127.0.0.1:{port}/s/hi").json())
+with connect(f"ws://127.0.0.1:{port}/s/") as ws:
+    ws.send("hello")
+    print("WS", ws.recv(timeout=10))
+serve.shutdown()
+'''
+
+
+def test_a_main_script_with_postponed_annotations(tmp_path: Any) -> None:
+    """Class routes of a `__main__` script (pickled by value) under
+    `from __future__ import annotations`: `request: Request` and `ws: WebSocket` resolve."""
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import free_port
+
+    script = tmp_path / "app.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "SURGE_ADDRESS": f"127.0.0.1:{free_port()}",
+           "SURGE_LOG_LEVEL": "WARNING"}
+    done = subprocess.run([sys.executable, str(script), str(free_port())], env=env,
+                          capture_output=True, text=True, timeout=100, check=False)
+    assert "GET /s/hi" in done.stdout and "WS hello" in done.stdout, done.stdout + done.stderr
