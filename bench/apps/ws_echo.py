@@ -1,10 +1,10 @@
 """A FastAPI WebSocket echo on surge or Ray Serve 2.60: `python ws_echo.py surge|ray PORT`.
 
 Run with surge's Python for `surge`, with the Ray virtualenv's for `ray`
-(bench/websocket_echo.py starts both).
+(bench/websocket_echo.py starts both). No `from __future__ import annotations`: Ray
+2.60 then answers the handshake 403 (its copy of the class route cannot resolve
+`ws: "WebSocket"`; surge resolves route annotations before pickling).
 """
-
-from __future__ import annotations
 
 import signal
 import sys
