@@ -212,7 +212,7 @@ class HttpConnection(asyncio.Protocol):
         request = HttpRequest(0, head.method, head.path, head.query, head.headers, exchange.body,
                               self.client, route.prefix, head.request_id.decode(),
                               head.http_version, proxy.spec.root_path, head.raw_path,
-                              proxy.site.scheme)
+                              proxy.site.scheme, head.model_id)
         if exchange.upstream is not None:  # the rest of its body, or a WebSocket, follows
             if isinstance(exchange, WsExchange):
                 request.upgrade = "websocket"

@@ -169,7 +169,7 @@ async def serve_websocket(conn: _Connection, message: HttpRequest) -> bool:
     request_id_var.set(message.request_id)
     session = next((v.decode("latin-1") for k, v in message.headers if k == b"x-session-id"), "")
     request_context_var.set(RequestContext(message.route_prefix, message.request_id,
-                                           server.app, is_http_request=True,
+                                           server.app, message.model_id, is_http_request=True,
                                            client=message.client, session_id=session))
     app = server.user.asgi_app
     if app is None:
