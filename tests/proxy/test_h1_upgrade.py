@@ -208,6 +208,15 @@ def test_a_close_before_the_accept_gives_the_request_up() -> None:
     assert wire.cancelled[0].status == 499 and wire.written == b""
 
 
+def test_a_websocket_is_never_detached_from_its_client() -> None:
+    wire = Wire()
+    wire.send(HANDSHAKE.replace(b"\r\n\r\n", b"\r\nx-request-disconnect-disabled: ?1\r\n\r\n"))
+    exchange = wire.waiting[0]
+    wire.core.connection_lost()
+    wire.collect()
+    assert exchange.phase is Phase.ABANDONED and wire.cancelled == [exchange]
+
+
 def test_the_request_timeout_covers_only_the_wait_for_the_accept() -> None:
     wire, exchange, _, _ = opened()
     exchange.timed_out(5.0)
@@ -300,3 +309,17 @@ def test_an_answer_before_the_upload_ends_closes_the_connection() -> None:
     wire.reply(exchange, b"early")
     assert [r.body for r in wire.responses()] == [b"early"] and wire.closed
     assert not wire.paused or wire.closed
+
+
+def test_a_detached_upload_ignores_credit_and_settles_on_its_answer() -> None:
+    wire = Wire(make_site(max_body_bytes=BIG))
+    wire.send(request("POST", "/app", ("Content-Length", str(BIG)),
+                      ("x-request-disconnect-disabled", "?1")) + b"p" * (UPLOAD_STREAM_BYTES + 1))
+    exchange = wire.waiting[0]
+    wire.core.connection_lost()
+    wire.collect()
+    assert exchange.phase is Phase.DETACHED
+    wire.frame(exchange, Credit(id=1, amount=STREAM_WINDOW))
+    assert exchange.phase is Phase.DETACHED and wire.settled == []
+    wire.frame(exchange, HttpStart(id=1, status=200, headers=[], body=b"", more=False))
+    assert exchange.phase is Phase.ABANDONED and wire.settled == [exchange]

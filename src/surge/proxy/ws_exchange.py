@@ -46,6 +46,7 @@ __all__ = ["WsExchange"]
 WAITING, OPEN, DONE = Phase.WAITING, Phase.OPEN, Phase.DONE
 _ACCEPT, _MESSAGE, _END, _CUT = (PhaseEvent.ACCEPT, PhaseEvent.MESSAGE, PhaseEvent.END,
                                  PhaseEvent.CUT)
+_GONE = PhaseEvent.GONE
 ABNORMAL = 1006  # the client went away without a close (what the app hears)
 SWITCHING = 101
 
@@ -108,14 +109,20 @@ class WsExchange(Exchange):
             self._client_closed(close)
 
     def gone(self) -> None:
-        if self.phase is OPEN:  # the transport is gone: the app hears 1006
+        phase = self.phase
+        if phase is OPEN:  # the transport is gone: the app hears 1006
             self.ws.closed = True
             self._client_closed(WsClose(id=0, code=ABNORMAL), in_line=False)
+        elif phase is WAITING:  # never detached: a socket without its client is nothing
+            self.phase = EXCHANGE[phase][_GONE]
+            self.status = 499
+            self.conn.records.append(self)
+            self.conn.cancels.append(self)
         else:
             super().gone()
 
     def timed_out(self, timeout_s: float) -> None:
-        if self.phase is WAITING or self.phase is Phase.DETACHED:
+        if self.phase is WAITING:
             super().timed_out(timeout_s)  # no accept in time: 408, as any request
 
     # -- from the replica ----------------------------------------------------------------
