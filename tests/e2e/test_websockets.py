@@ -262,6 +262,9 @@ def test_a_slow_app_holds_its_client_back(instance: Running) -> None:
         after = rss(proxy), rss(replica)
         ws.socket.shutdown(socket.SHUT_RDWR)
         sender.join(10)
+    print(f"\nslow app: took {received >> 20} MiB in 3 s, the client {sent[0] - received >> 20} "
+          f"MiB ahead; RSS growth proxy {after[0] - before[0] >> 10} KiB, replica "
+          f"{after[1] - before[1] >> 10} KiB")
     # The app takes ~20 messages a second; the client got a window and socket buffers ahead.
     assert sent[0] - received < 32 << 20, (sent[0], received)
     assert after[0] - before[0] < 20 << 20 and after[1] - before[1] < 20 << 20, (before, after)
@@ -276,6 +279,7 @@ def test_a_client_that_does_not_read_holds_a_chatty_app_back(instance: Running) 
         time.sleep(1.0)
         second = stats(instance)["sent"]
         ws.socket.shutdown(socket.SHUT_RDWR)  # no close handshake behind 10 MiB unread
+    print(f"\nchatty app: stopped after {first >> 10} KiB sent to a client that read 64 KiB")
     assert second == first  # it stopped: the window and the buffers are full
     assert first < 64 << 20
 
