@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, Pong, TextMessage
 
@@ -323,3 +325,29 @@ def test_a_detached_upload_ignores_credit_and_settles_on_its_answer() -> None:
     assert exchange.phase is Phase.DETACHED and wire.settled == []
     wire.frame(exchange, HttpStart(id=1, status=200, headers=[], body=b"", more=False))
     assert exchange.phase is Phase.ABANDONED and wire.settled == [exchange]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.text(max_size=300), st.binary(max_size=3000)), max_size=8),
+       st.lists(st.integers(1, 4000), max_size=12), st.booleans())
+def test_any_split_of_the_clients_frames_gives_its_messages(
+        messages: list[str | bytes], cuts: list[int], fragment: bool) -> None:
+    wire, _, client, _ = opened()
+    data = b""
+    for message in messages:
+        half = len(message) // 2
+        parts = [message[:half], message[half:]] if fragment and half else [message]
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            event = (TextMessage(data=part, message_finished=last) if isinstance(part, str)
+                     else BytesMessage(data=part, message_finished=last))
+            data += client.send(event)
+    position = 0
+    for cut in sorted(cuts):
+        if position < cut < len(data):
+            wire.send(data[position:cut])
+            position = cut
+    wire.send(data[position:])
+    expected = [WsData(id=0, data=m.encode(), text=True) if isinstance(m, str)
+                else WsData(id=0, data=m) for m in messages]
+    assert [f for _, f in wire.sends] == expected
