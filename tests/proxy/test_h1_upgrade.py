@@ -351,3 +351,10 @@ def test_any_split_of_the_clients_frames_gives_its_messages(
     expected = [WsData(id=0, data=m.encode(), text=True) if isinstance(m, str)
                 else WsData(id=0, data=m) for m in messages]
     assert [f for _, f in wire.sends] == expected
+
+
+def test_a_handshake_without_its_token_is_a_401_and_never_upgrades() -> None:
+    wire = Wire(make_site("/app", locked=("/app",)))
+    wire.send(HANDSHAKE)
+    assert wire.waiting == [] and wire.core.state is not Conn.UPGRADED
+    assert [r.status for r in wire.responses()] == [401] and wire.closed
