@@ -138,6 +138,8 @@ class Proxy:
         self.site.draining = True
         if self.grpc is not None:
             self.grpc.drained.set()
+        for connection in list(self.connections):
+            connection.going_away()  # WebSockets: 1001 now, not a cut at the deadline
         deadline = self.now() + DRAIN_TIMEOUT_S
         while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)

@@ -34,6 +34,8 @@ from surge.transport.messages import (
     Pull,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["Pending", "ReplicaLink", "Sink"]
@@ -88,13 +90,15 @@ def stream_bytes(message: Message) -> int:
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
+    if isinstance(message, WsData):
+        return len(message.data)
     return 0
 
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected)
+    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(FramedProtocol):
@@ -169,7 +173,8 @@ class ReplicaLink(FramedProtocol):
             if not pending.cancelled:
                 pending.sink.deliver(message)
         elif not pending.cancelled:
-            pending.delivered(stream_bytes(message))
+            if type(message) is not Credit:  # credit for the request's own stream: no charge
+                pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:
