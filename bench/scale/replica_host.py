@@ -24,14 +24,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
-from surge.observability.recorder import Recorder
+from surge.observability.recorder import Recorder, TelemetryReport
 from surge.router.runtime import (
     MEMBER_CONNECT_TIMEOUT_S,
     TELEMETRY_INTERVAL_S,
@@ -50,7 +49,7 @@ class FakeReplica:
         self.ended = False
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.sent: tuple[float, Mapping[str, float]] | None = None  # the last telemetry
+        self.sent: tuple[float, TelemetryReport] | None = None  # the last telemetry
 
     async def run(self) -> None:
         host = self.host
@@ -82,7 +81,7 @@ class FakeReplica:
         report, now = self.recorder.drain({"processing": 0}, user={}), time.monotonic()
         if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
             self.peer.push("telemetry", report)
-            self.sent = (now, report.gauges)
+            self.sent = (now, report)
         self.timer = self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
 
     def end(self, code: int) -> None:

@@ -26,7 +26,6 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
 from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, RouteTable
-from surge.observability.recorder import Recorder
+from surge.observability.recorder import Recorder, TelemetryReport
 from surge.router.runtime import (
     MEMBER_CONNECT_TIMEOUT_S,
     TELEMETRY_INTERVAL_S,
@@ -77,7 +76,7 @@ class FakeRouter:
         self.owed = 0.0
         self.reported: tuple[int, ...] = (0, 0, 0, 0, 0)
         self.recorder = Recorder("proxy", self.router_id)
-        self.sent: tuple[float, Mapping[str, float]] | None = None  # the last telemetry
+        self.sent: tuple[float, TelemetryReport] | None = None  # the last telemetry
         self.urgent: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -141,7 +140,7 @@ class FakeRouter:
         now = time.monotonic()
         if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
             peer.push("telemetry", report)
-            self.sent = (now, report.gauges)
+            self.sent = (now, report)
         self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
 
     def set_load(self, load: Load) -> None:

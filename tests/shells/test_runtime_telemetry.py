@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from surge.observability.recorder import Recorder
-from surge.router.runtime import TELEMETRY_INTERVAL_S, TELEMETRY_KEEPALIVE_S, RouterRuntime
+from surge.observability.recorder import Recorder, TelemetryReport
+from surge.router.runtime import (
+    TELEMETRY_INTERVAL_S,
+    TELEMETRY_KEEPALIVE_S,
+    RouterRuntime,
+    telemetry_quiet,
+)
 from surge.testing import FakeClock, FakePeer
 
 
@@ -37,3 +42,13 @@ def test_idle_reports_are_sent_only_as_keepalives() -> None:
         assert len(peer.pushed("telemetry")) == 5  # the last one, at close, always
 
     asyncio.run(main())
+
+
+def test_a_change_of_models_is_not_quiet() -> None:
+    last = TelemetryReport("replica", "r1", "app", "Model", models=("a",))
+    assert telemetry_quiet(TelemetryReport("replica", "r1", "app", "Model", models=("a",)),
+                           (0.0, last), 1.0)
+    assert not telemetry_quiet(TelemetryReport("replica", "r1", "app", "Model",
+                                               models=("a", "b")), (0.0, last), 1.0)
+    assert not telemetry_quiet(TelemetryReport("replica", "r1", "app", "Model",
+                                               models=("a",)), None, 1.0)

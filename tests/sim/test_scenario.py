@@ -43,6 +43,8 @@ def test_the_reference_scenario_is_the_issues() -> None:
 def write(tmp_path: Path, data: Any) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(data))
+    measured = EXAMPLES / "control-512.json"  # the reference reads it beside itself
+    (tmp_path / measured.name).write_text(measured.read_text())
     return path
 
 

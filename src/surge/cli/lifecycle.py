@@ -63,10 +63,11 @@ def start_command(args: argparse.Namespace) -> int:
         pass
     http = {k: v for k, v in (("host", args.http_host), ("port", args.http_port))
             if v is not None}
-    if args.grpc_port is not None or args.grpc_servicer_functions:
-        print("surge: warning: no gRPC ingress yet; the gRPC flags are ignored",
-              file=sys.stderr)
+    if args.grpc_port is not None and not args.grpc_servicer_functions:
+        print("surge: warning: --grpc-port without --grpc-servicer-functions starts no gRPC "
+              "server", file=sys.stderr)
     serve.start(detached=True, http_options=http or None, proxy_location=args.proxy_location,
+                grpc_options=config_cmds.grpc_options_of(args),
                 backend=args.backend or "local", ray_address=args.ray_address,
                 dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port)
     started = current()
@@ -303,6 +304,11 @@ def _print_status(data: dict[str, Any]) -> None:
         for dname, dep in app["deployments"].items():
             states = " ".join(f"{k}={v}" for k, v in sorted(dep["replica_states"].items()))
             print(f"  {dname:<18} {dep['status']:<12} target {dep['target_replicas']}  {states}")
+            models = [f"{r['replica_id']}: {', '.join(r['models'])}"
+                      for r in data.get("replicas", ())
+                      if r.get("models") and r["app"] == name and r["deployment"] == dname]
+            if models:
+                print(f"  {'':<18} models  {'; '.join(sorted(models))}")
             rates = dep.get("rates") or {}
             if rates:
                 print(f"  {'':<18} {rates['offered_per_s']:,.0f} req/s offered, "

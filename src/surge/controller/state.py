@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from surge.backends.base import Placement
-from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions, gRPCOptions
 from surge.controller.groups import Changes, HealthSchedule, ReplicaGroup
 from surge.model import (
     AccessTokens,
@@ -206,6 +206,7 @@ class ControllerState:
     proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
     daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
+    grpc: gRPCOptions = field(default_factory=gRPCOptions)  # what each proxy serves over gRPC
     groups: dict[DeploymentId, ReplicaGroup] = field(default_factory=dict)  # by deployment
     health: HealthSchedule = field(default_factory=HealthSchedule)
     changes: Changes = field(default_factory=Changes)  # replicas that came, went, moved

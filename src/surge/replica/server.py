@@ -3,7 +3,11 @@
 Each connection is one router. A request beyond `max_ongoing_requests`, or any request
 while draining, is answered `Rejected` at once so the router retries elsewhere. Each
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
-cancel it.
+cancel it. A request's own stream (a streamed upload's parts, a WebSocket's messages)
+reaches its task through an `Inbox` (replica/streams.py); WebSockets are served by
+replica/websocket.py. A multiplexed replica sends its routers a `Models` frame whenever
+the models it holds or loads change (at most one per loop turn), and to each new router
+at once.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
+from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
+from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
+from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.user_code import UserCode, asgi_scope
+from surge.replica.websocket import serve_websocket
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
+from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
@@ -31,13 +41,18 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcMessage,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
     Item,
     Message,
+    Models,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["ReplicaServer"]
@@ -45,6 +60,8 @@ __all__ = ["ReplicaServer"]
 log = logging.getLogger("surge.replica")
 
 _INTERNAL_ERROR = b"Internal Server Error"
+# Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default: the request context's session_id.
+SESSION_HEADER = b"x-session-id"
 
 
 def _dumps(value: Any) -> bytes:
@@ -91,6 +108,10 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
+        self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
+        self.models: Models | None = None  # the last Models frame sent, None: never
+        self._models_due = False
+        multiplex.watch(self._models_changed)
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -103,6 +124,23 @@ class ReplicaServer:
         """For a TCP listener: a connection must complete the token handshake first,
         since handle calls carry pickled arguments (Unix sockets are private to the user)."""
         return functools.partial(_Connection, self, token)
+
+    def _models_changed(self) -> None:
+        if not self._models_due:
+            self._models_due = True
+            asyncio.get_running_loop().call_soon(self._send_models)
+
+    def _send_models(self) -> None:
+        self._models_due = False
+        settings = multiplex.routing_settings()
+        frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
+                       settings.matching_timeout_s, settings.capacity)
+        if frame == self.models:
+            return
+        self.models = frame
+        for connection in self.connections:
+            if connection.handshake is None:
+                connection.send(frame)
 
     def admit(self) -> bool:
         if self.draining or self.ongoing >= self.max_ongoing:
@@ -140,23 +178,30 @@ class _Connection(FramedProtocol):
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
+        self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
         if self.handshake is not None:
             self.expect_token()
+        elif self.server.models is not None:
+            self.send(self.server.models)
 
     def message_received(self, message: Message) -> None:
         if self.handshake is not None:
             self._handshake_step(self.handshake, message)
             return
-        if isinstance(message, HttpRequest | Call):
+        if isinstance(message, HttpRequest | Call | GrpcRequest):
             if not self.server.admit():
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
                 return
             if isinstance(message, HttpRequest):
-                coro, route = self._http(message), message.route_prefix
+                coro, route = (serve_websocket(self, message) if message.upgrade
+                               else self._http(message)), message.route_prefix
+            elif isinstance(message, GrpcRequest):
+                coro, route = self._grpc(message), message.method
             else:
                 coro, route = self._call(message), message.method
             task = self._loop.create_task(coro)
@@ -171,7 +216,18 @@ class _Connection(FramedProtocol):
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, GrpcMessage):
+            stream = self.inputs.get(message.id)
+            if stream is not None:
+                stream.feed(message.body, message.more)
+        elif isinstance(message, HttpBody | WsData | WsClose):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.put(message)
         elif isinstance(message, Cancel):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.close()
             event = self.disconnects.get(message.id)
             if event is not None:
                 event.set()
@@ -197,6 +253,8 @@ class _Connection(FramedProtocol):
         if handshake.done:
             self.handshake = None
             self.token_accepted()
+            if self.server.models is not None:
+                self.send(self.server.models)
 
     async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
         """Send a non-final stream frame once the consumer's window allows it."""
@@ -216,6 +274,8 @@ class _Connection(FramedProtocol):
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inputs.pop(request_id, None)
+        self.inboxes.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -229,7 +289,8 @@ class _Connection(FramedProtocol):
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
-            "", message.request_id, self.server.app, message.model_id))
+            "", message.request_id, self.server.app, message.model_id,
+            session_id=message.session_id))
         try:
             args, kwargs = pickle.loads(message.payload)
             result = await self.server.user.call(message.method, args, kwargs)
@@ -250,27 +311,49 @@ class _Connection(FramedProtocol):
             return False
         return True
 
+    async def _grpc(self, message: GrpcRequest) -> bool:
+        """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
+        rid = message.id
+        request_id_var.set(message.request_id)
+        context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
+        request = RequestContext(message.method, message.request_id, self.server.app,
+                                 message.model_id, client=message.client)
+        request.grpc_context = context
+        request_context_var.set(request)
+        stream = None
+        if message.streamed:
+            stream = self.inputs[rid] = gRPCInputStream(None, pull_sender(rid, self.send))
+        ok = await serve_call(message, self.server.user, self.server.grpc, context, stream,
+                              self.send, self._send_stream)
+        if not ok and self.server.metrics:
+            self.server.recorder.exception(message.method, "gRPCError")
+        return ok
+
     async def _http(self, message: HttpRequest) -> bool:
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
         request_context_var.set(RequestContext(
             message.route_prefix, message.request_id, self.server.app,
-            _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
-            client=message.client))
+            message.model_id, is_http_request=True,
+            client=message.client, session_id=_header(message.headers, SESSION_HEADER)))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 
-        async def receive() -> dict[str, Any]:
+        async def first_frame() -> MutableMapping[str, Any]:
             nonlocal body_sent
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": message.body, "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
+
+        receive: Receive = first_frame
+        if message.more_body:  # the body streams in after this frame
+            receive = upload_receiver(self, self.inboxes, message, disconnected)
 
         start: MutableMapping[str, Any] | None = None
         started = False
@@ -322,8 +405,12 @@ class _Connection(FramedProtocol):
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for inbox in self.inboxes.values():
+            inbox.close()
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
+        for stream in self.inputs.values():
+            stream.cancel()
         for task in self.tasks.values():
             task.cancel()

@@ -23,13 +23,19 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcEnd,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
     Item,
     Message,
+    Models,
+    Pull,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["Pending", "ReplicaLink", "Sink"]
@@ -50,14 +56,15 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
 
-    def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
+    def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
         self.sink = sink
         self.link: ReplicaLink | None = None
         self.cancelled = False
         self.credits: Credits | None = None  # made with the stream's first frame
+        self.queued_at = 0.0  # when the router queued it (monotonic), for the matching timeout
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its
@@ -83,22 +90,30 @@ def stream_bytes(message: Message) -> int:
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
+    if isinstance(message, WsData):
+        return len(message.data)
     return 0
 
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected)
+    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(FramedProtocol):
     """Sends requests to one replica and hands each response frame to its request's sink."""
 
     def __init__(self, replica_id: str, on_final: Callable[[ReplicaLink, Pending, Message], None],
-                 on_lost: Callable[[ReplicaLink], None]) -> None:
+                 on_lost: Callable[[ReplicaLink], None],
+                 on_models: Callable[[ReplicaLink], None] | None = None) -> None:
         super().__init__()
         self.replica_id = replica_id
+        # The models the replica holds or loads (its last Models frame) and its affinity
+        # settings; None until a multiplexed replica says.
+        self.models: Models | None = None
+        self.model_set: frozenset[str] = frozenset()
+        self._on_models = on_models
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -146,12 +161,20 @@ class ReplicaLink(FramedProtocol):
             return
         pending = self.in_flight.get(message.id)  # type: ignore[union-attr]
         if pending is None:
+            if isinstance(message, Models):  # id 0: no request's
+                self.models, self.model_set = message, frozenset(message.ids)
+                if self._on_models is not None:
+                    self._on_models(self)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
+        elif isinstance(message, Pull):  # the replica asks for its client stream
+            if not pending.cancelled:
+                pending.sink.deliver(message)
         elif not pending.cancelled:
-            pending.delivered(stream_bytes(message))
+            if type(message) is not Credit:  # credit for the request's own stream: no charge
+                pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:

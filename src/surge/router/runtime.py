@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from surge.clock import SYSTEM, Clock
@@ -57,13 +57,17 @@ TELEMETRY_KEEPALIVE_S = 5.0
 RpcMethod = Callable[..., Awaitable[Any]]
 
 
-def telemetry_quiet(report: Any, sent: tuple[float, Mapping[str, float]] | None,
+def telemetry_quiet(report: Any, sent: tuple[float, TelemetryReport] | None,
                     now: float) -> bool:
-    """An idle report that repeats the last one `sent` (at, gauges), within
-    TELEMETRY_KEEPALIVE_S of it: skipped (it carries no counts, so nothing is lost)."""
-    return (isinstance(report, TelemetryReport) and report.empty and not report.first
-            and sent is not None and now - sent[0] < TELEMETRY_KEEPALIVE_S
-            and report.gauges == sent[1])
+    """An idle report that repeats the last one `sent` (at, report) in all but time,
+    within TELEMETRY_KEEPALIVE_S of it: skipped (it carries no counts, and its gauges
+    and models are the ones sent, so nothing is lost)."""
+    if not isinstance(report, TelemetryReport) or sent is None:
+        return False
+    at, last = sent
+    return (report.empty and not report.exceptions and not report.first
+            and now - at < TELEMETRY_KEEPALIVE_S
+            and report.gauges == last.gauges and report.models == last.models)
 
 
 class RouterRuntime:
@@ -95,7 +99,7 @@ class RouterRuntime:
         self._reconnecting: asyncio.Task[None] | None = None
         self._telemetry: Callable[[], Any] | None = None
         self._telemetry_timer: asyncio.TimerHandle | None = None
-        self._telemetry_sent: tuple[float, Mapping[str, float]] | None = None  # at, gauges
+        self._telemetry_sent: tuple[float, Any] | None = None  # at, the last report sent
 
     def __repr__(self) -> str:
         return (f"<RouterRuntime {self.role} controller={self.address} "
@@ -154,7 +158,7 @@ class RouterRuntime:
                 report, now = source(), self.clock.monotonic()
                 if not again or not telemetry_quiet(report, self._telemetry_sent, now):
                     peer.push("telemetry", report)
-                    self._telemetry_sent = (now, getattr(report, "gauges", {}))
+                    self._telemetry_sent = (now, report)
             except Exception:
                 log.exception("%s: cannot send telemetry", self.role)
         if again and not self._closing:
