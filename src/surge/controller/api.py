@@ -190,7 +190,9 @@ class ControlApi:
     async def rpc_replicas(self, peer: Peer) -> list[dict[str, Any]]:
         return [{"replica_id": r.replica_id, "app": r.deployment.app,
                  "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
-                 "version": r.version} for r in self.state.replicas.values()]
+                 "version": r.version,
+                 "models": list(self.observer.replica_models.get(r.replica_id, ()))}
+                for r in self.state.replicas.values()]
 
     async def rpc_shutdown(self, peer: Peer) -> None:
         self.shutdown()

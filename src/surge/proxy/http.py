@@ -187,7 +187,7 @@ class HttpConnection(asyncio.Protocol):
         request = HttpRequest(0, head.method, head.path, head.query, head.headers, exchange.body,
                               self.client, route.prefix, head.request_id.decode(),
                               head.http_version, proxy.spec.root_path, head.raw_path,
-                              proxy.site.scheme)
+                              proxy.site.scheme, head.model_id)
         pending = exchange.pending = Pending(request, exchange)
         router = route.router
         try:
