@@ -114,6 +114,7 @@ class Network:
         self.bridge = f"mh{self.run_id}br"  # at most 15 characters, as every link name
         self.hosts: list[Host] = []
         self.procs: list[subprocess.Popen[Any]] = []
+        self.started_on: dict[int, str] = {}  # pid of each of procs -> its host's netns
         # netns -> how it is impaired ("netem", or the NFQUEUE daemon's process)
         self.impairments: dict[str, str | subprocess.Popen[Any]] = {}
 
@@ -181,6 +182,7 @@ class Network:
         signalled without touching anything else)."""
         proc = subprocess.Popen(self.command(host, argv), start_new_session=True, **kwargs)
         self.procs.append(proc)
+        self.started_on[proc.pid] = host.netns
         return proc
 
     def run(self, host: Host, argv: Sequence[str], timeout: float = 60.0,
@@ -197,20 +199,30 @@ class Network:
 
     def kill_all(self, *hosts: Host, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM every process in the hosts' namespaces, SIGKILL what is left after
-        grace_s."""
+        grace_s. The process groups this network started there are signalled too: one
+        just started may not have entered its namespace yet."""
+        names = {host.netns for host in hosts}
+
+        def left() -> list[int]:
+            for proc in self.procs:
+                proc.poll()  # reap the ones we started
+            ours = [p.pid for p in self.procs
+                    if p.returncode is None and self.started_on.get(p.pid) in names]
+            return [pid for host in hosts for pid in self.pids(host)] + ours
+
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = [pid for host in hosts for pid in self.pids(host)]
+            pids = left()
             if not pids:
                 return
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
+            for proc in self.procs:
+                if proc.returncode is None and self.started_on.get(proc.pid) in names:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, sig)  # its own session: start_new_session
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                for proc in self.procs:
-                    proc.poll()  # reap the ones we started
-                if not any(self.pids(host) for host in hosts):
-                    return
+            while left() and time.monotonic() < deadline:
                 time.sleep(0.1)  # teardown: poll the namespaces until they are empty
 
     # -- faults ----------------------------------------------------------------------------
