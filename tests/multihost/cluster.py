@@ -45,10 +45,12 @@ CONTROL_PORT = 52800
 HTTP_PORT = 8000
 DASHBOARD_PORT = 52801
 START_TIMEOUT_S = 120.0  # a busy 2-core machine starts Ray slowly; that is not a failure
-# Ray's GCS declares a silent node dead after 3 missed 0.5 s checks (its default is 30 s:
-# the tests would spend it waiting).
+# Ray's GCS declares a silent node dead after 3 missed checks, 0.5 s apart, each given 2 s
+# (Ray's defaults take 30 s: the tests would spend it waiting). A 1 s timeout, or checks
+# from the first second, had starting raylets declared dead on a machine with a load of 40.
 RAY_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                     "health_check_timeout_ms": 1000, "health_check_initial_delay_ms": 0}
+                     "health_check_timeout_ms": 2000,
+                     "health_check_initial_delay_ms": 10_000}
 CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
@@ -152,15 +154,20 @@ class HostsCluster:
                                f"{self.ray_logs(host)}")
         return result.stdout
 
-    def ray_logs(self, host: Host, lines: int = 15) -> str:
-        """The last lines of the host's raylet and GCS logs (for a failure's message)."""
+    def ray_logs(self, host: Host, lines: int = 12) -> str:
+        """What the host's Ray daemons logged as errors, or their last lines (for a
+        failure's message); stack frames left out."""
         found = []
-        for path in sorted((self.run_dir / host.name).glob("session_*/logs/*")):
-            if path.name in ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err",
-                             "dashboard_agent.log", "runtime_env_agent.log") \
-                    and path.stat().st_size:
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                found.append(f"\n--- {path.relative_to(self.run_dir)}\n" + "\n".join(tail))
+        for path in sorted((self.run_dir / host.name).glob("session_2*/logs/*")):
+            if path.name not in ("raylet.out", "raylet.err", "gcs_server.out",
+                                 "gcs_server.err") or not path.stat().st_size:
+                continue
+            text = [line for line in path.read_text(errors="replace").splitlines()
+                    if line.strip() and not line.startswith((" ", "/", "\t"))]
+            errors = [line for line in text if " E " in line or " C " in line
+                      or " F " in line or "Check failed" in line]
+            tail = (errors or text)[-lines:]
+            found.append(f"\n--- {path.relative_to(self.run_dir)}\n" + "\n".join(tail))
         return "".join(found)
 
     def surge(self, *args: str, timeout: float = START_TIMEOUT_S) -> str:
