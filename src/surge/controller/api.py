@@ -212,6 +212,8 @@ class ControlApi:
                          request_header_timeout_s=h.request_header_timeout_s,
                          max_connections=h.max_connections,
                          request_body_timeout_s=h.request_body_timeout_s,
+                         websocket_max_message_bytes=h.websocket_max_message_bytes,
+                         websocket_idle_timeout_s=h.websocket_idle_timeout_s,
                          ssl_certfile=h.ssl_certfile,
                          ssl_keyfile=h.ssl_keyfile, ssl_ca_certs=h.ssl_ca_certs,
                          ssl_cert_reqs=str(h.ssl_cert_reqs))

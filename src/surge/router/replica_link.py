@@ -31,6 +31,8 @@ from surge.transport.messages import (
     Models,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["Pending", "ReplicaLink", "Sink"]
@@ -85,13 +87,15 @@ def stream_bytes(message: Message) -> int:
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
+    if isinstance(message, WsData):
+        return len(message.data)
     return 0
 
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected)
+    return isinstance(message, Result | End | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(FramedProtocol):
@@ -163,7 +167,8 @@ class ReplicaLink(FramedProtocol):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
         elif not pending.cancelled:
-            pending.delivered(stream_bytes(message))
+            if type(message) is not Credit:  # credit for the request's own stream: no charge
+                pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:
