@@ -44,6 +44,7 @@ RAY_PORT = 6379
 CONTROL_PORT = 52800
 HTTP_PORT = 8000
 DASHBOARD_PORT = 52801
+AGENT_PORT = 52370  # Ray's dashboard agent; +1 its metrics, +2 the runtime env agent
 START_TIMEOUT_S = 120.0  # a busy 2-core machine starts Ray slowly; that is not a failure
 # Ray's GCS declares a silent node dead after 3 missed checks, 0.5 s apart, each given 2 s
 # (Ray's defaults take 30 s: the tests would spend it waiting). A 1 s timeout, or checks
@@ -188,8 +189,13 @@ class HostsCluster:
         temp = self.run_dir / host.name  # Ray's sockets and logs: one directory per host
         temp.mkdir(exist_ok=True)
         # No log monitor (nobody reads the logs from a driver): one process less per host.
+        # The agents' ports are fixed (each host has its own ports), so the raylet need not
+        # wait for their port files: a starved raylet gave up on that wait and crashed.
         return [ray, "start", f"--node-ip-address={host.ip}", f"--temp-dir={temp}",
-                "--disable-usage-stats", "--num-gpus=0", "--include-log-monitor=false"]
+                "--disable-usage-stats", "--num-gpus=0", "--include-log-monitor=false",
+                f"--dashboard-agent-grpc-port={AGENT_PORT}",
+                f"--metrics-export-port={AGENT_PORT + 1}",
+                f"--runtime-env-agent-port={AGENT_PORT + 2}"]
 
     def start(self) -> None:
         """Ray on the head, then on both workers at once (a worker needs the head's node

@@ -234,6 +234,18 @@ class Network:
     def link_up(self, host: Host) -> None:
         _run(["ip", "link", "set", host.port, "up"])
 
+    def impairment_unavailable(self, host: Host) -> str | None:
+        """Why `impaired` cannot work here (no sch_netem and no iptables), or None."""
+        probe = ["tc", "qdisc", "add", "dev", DEV, "root", "netem", "delay", "1ms"]
+        if self.run(host, probe, timeout=COMMAND_TIMEOUT_S).returncode == 0:
+            self.run(host, ["tc", "qdisc", "del", "dev", DEV, "root"],
+                     timeout=COMMAND_TIMEOUT_S)
+            return None
+        if _iptables() is None:
+            return ("loss and delay need sch_netem in the kernel or iptables for the "
+                    "NFQUEUE fallback: apt-get install iptables")
+        return None
+
     @contextlib.contextmanager
     def impaired(self, host: Host, loss: float, delay_s: float,
                  seed: int = 0) -> Iterator[str]:
