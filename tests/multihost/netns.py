@@ -12,9 +12,12 @@ hosts or be reached from them, and the hosts' addresses exist only inside their 
 namespaces: two runs at once (each with its own names) never see each other's traffic.
 
 Faults: `link_down` sets the host's port on the bridge down (the other hosts see pure
-silence, as when a cable or a switch port dies); `impaired` adds loss and delay to what
-the host sends, with `tc netem` where the kernel has it and otherwise with an NFQUEUE
-rule and `tests.multihost.nfq` (userspace verdicts after the delay), the same effect.
+silence, as when a cable or a switch port dies); `impaired` adds loss and delay on one
+direction of every connection of the host: what it sends, with `tc netem` where the
+kernel has sch_netem, else what it receives, with an NFQUEUE rule and
+`tests.multihost.nfq` (userspace verdicts after the delay). Receiving is the direction
+the fallback takes because a packet dropped on its way out is reported to the sender's
+own TCP stack, which resends it at once: that would not be loss on a wire.
 
 Processes run with `ip netns exec` in a session of their own; `close` kills every
 process still in the namespaces (`ip netns pids`: only processes this run started can

@@ -2,8 +2,8 @@
 
     python -m tests.multihost.nfq --queue 0 --loss 0.2 --delay 0.1   # inside the namespace
 
-An iptables rule (`-t mangle -A POSTROUTING -o eth0 -j NFQUEUE --queue-num 0
---queue-bypass`, made by netns.Network.impaired) hands each packet the host sends to
+An iptables rule (`-t mangle -A PREROUTING -i eth0 -j NFQUEUE --queue-num 0
+--queue-bypass`, made by netns.Network.impaired) hands each packet the host receives to
 this process, which answers with a verdict over netlink (NETLINK_NETFILTER, the
 nfnetlink_queue protocol, spoken here with `struct`: no library needed): NF_DROP at once
 for a fraction `loss` of them (a seeded draw), NF_ACCEPT `delay` seconds after it saw the
