@@ -86,7 +86,7 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        return self.server.recorder.drain({"processing": self.server.ongoing})
+        return self.server.drain_telemetry({"processing": self.server.ongoing})
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)
