@@ -38,6 +38,7 @@ from bench.common import (
 SYSTEMS = {
     "raw": "raw uvloop+httptools (1 process)",
     "surge": "surge, default config",
+    "surge_mor100": "surge, max_ongoing_requests=100",
     # The cost of observability (metrics are on by default; see docs/observability.md):
     "surge_nometrics": "surge, metrics off (SURGE_DASHBOARD=off), no access log",
     "surge_access": "surge, metrics + access log at INFO (default sampling: <=10 lines/s)",
@@ -69,7 +70,8 @@ def _argv(system: str, port: int) -> tuple[list[str], dict[str, str]]:
             env["SURGE_BENCH_TLS"] = _throwaway_certificate()
         if system == "surge_ray":
             env["SURGE_BENCH_RAY"] = "1"
-        return [sys.executable, str(APPS / "surge_echo.py"), str(port)], env
+        mor = ["100"] if system == "surge_mor100" else []
+        return [sys.executable, str(APPS / "surge_echo.py"), str(port), *mor], env
     ray = ray_python()
     script = str(APPS / "ray_echo.py")
     if system == "ray":
@@ -90,14 +92,25 @@ def _throwaway_certificate() -> str:
 
 
 def measure(system: System, connections: int, duration: float,
-            reps: int, threads: int = 2) -> tuple[WrkResult, float]:
+            reps: int, threads: int = 2, profile: bool = False) -> tuple[WrkResult, float]:
     serving, everything = system.serving_pids(), system.pids()
     runs, totals = [], []
-    for _ in range(reps):
+    for rep in range(reps):
         from bench.common import cpu_seconds
 
+        profiler = None
+        if profile and rep == reps - 1:  # the last run, sampled by py-spy
+            from bench.common import cmdline
+            from bench.profile import Profiler
+
+            names = {pid: cmdline(pid).split()[0] for pid in serving}
+            profiler = Profiler({f"{title} #{i}": pid
+                                 for i, (pid, title) in enumerate(sorted(names.items()))},
+                                duration)
         before = cpu_seconds(everything)
         result = run_wrk(system.url, connections, duration, serving, threads)
+        if profiler is not None:
+            print(profiler.report(), flush=True)
         totals.append((cpu_seconds(everything) - before) / max(result.requests, 1) * 1e6)
         runs.append(result)
     totals.sort()
@@ -111,6 +124,9 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--concurrency", default="8,64")
     parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="sample each serving process with py-spy during the last run at "
+                             "the highest concurrency and print its top functions")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the systems in turn this many times and report medians: "
                              "interleaving evens out a noisy machine for A/B comparisons")
@@ -125,8 +141,10 @@ def main() -> None:
             with start_system(name, argv, env) as system:
                 run_wrk(system.url, 8, 1.0, [])  # warm-up
                 for c in levels:
+                    profile = args.profile and c == max(levels) and name != "raw" \
+                        and not name.startswith("ray")
                     r, total = measure(system, c, args.duration, args.reps,
-                                       args.wrk_threads)
+                                       args.wrk_threads, profile)
                     rounds.setdefault((name, c), []).append((r, total))
                     print(f"   c={c:<3} {r.rps:>9,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
                           f"p99 {r.p99_ms:8.2f} ms  non-2xx {r.non_2xx}  errors {r.errors}  "
@@ -185,6 +203,8 @@ def main() -> None:
         f"ray_mor100_rps_c{c_hi}={rps('ray_mor100', c_hi):.0f}",
         f"ray_direct_rps_c{c_hi}={rps('ray_direct', c_hi):.0f}",
         f"raw_rps_c{c_hi}={rps('raw', c_hi):.0f}",
+        f"surge_mor100_rps_c{c_hi}={rps('surge_mor100', c_hi):.0f}",
+        f"ratio_mor5_vs_mor100={surge / rps('surge_mor100', c_hi):.2f}",
         *(f"ratio_{k}={v:.2f}" for k, v in ratios.items()),
         f"surge_cpu_us={s_hi[0].cpu_us_per_request:.0f}" if s_hi else "surge_cpu_us=nan",
         f"surge_p50_c{c_lo}_ms={s_lo[0].p50_ms:.2f}" if s_lo else "",

@@ -444,3 +444,39 @@ def test_route_table_match(prefixes: tuple[str, ...], path: str, expected: str |
         assert target is not None
         assert target.route_prefix == expected
         assert target.app == f"app{expected}"
+
+
+def test_rays_config_classes_load_and_mean_what_they_say() -> None:
+    from surge.config import AutoscalingPolicy, RequestRouterConfig, gRPCOptions
+    from surge.policy.autoscaling import ray_default
+    from surge.policy.resolve import resolve_policy
+    from surge.serve.config import ProxyLocation
+
+    assert HTTPOptions(location=ProxyLocation.HeadOnly).location == "HeadOnly"
+    assert ProxyLocation.EveryNode == "EveryNode"
+    assert gRPCOptions(grpc_servicer_functions=["a:b"]).grpc_servicer_functions == ("a:b",)
+    with pytest.raises(ConfigError, match="import paths"):
+        gRPCOptions(grpc_servicer_functions="a:b")  # type: ignore[arg-type]
+    scaling = AutoscalingConfig(max_replicas=3, policy=AutoscalingPolicy(  # type: ignore[arg-type]
+        policy_function="ray.serve.autoscaling_policy:default_autoscaling_policy"))
+    assert scaling.policy == {"policy_function":
+                              "ray.serve.autoscaling_policy:default_autoscaling_policy",
+                              "policy_kwargs": {}}
+    from surge.model import DeploymentId
+
+    assert resolve_policy(scaling, DeploymentId("a", "d")) is ray_default  # Ray's own path
+    assert RequestRouterConfig().request_routing_stats_period_s == 10.0
+
+
+def test_backpressure_config_takes_rays_values_only() -> None:
+    from surge.config import BackpressureConfig
+
+    assert DeploymentConfig(name="d", backpressure_config={  # type: ignore[arg-type]
+        "status_code": 429}).backpressure_config == BackpressureConfig(status_code=429)
+    for bad in ({"status_code": 500}, {"retry_after_s": -1}, {"retry_after": 3}):
+        with pytest.raises(ConfigError):
+            DeploymentConfig(name="d", backpressure_config=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="rolling_update_percentage"):
+        DeploymentConfig(name="d", rolling_update_percentage=0)
+    with pytest.raises(ConfigError, match="max_surge_percent"):
+        DeploymentConfig(name="d", max_surge_percent=101)

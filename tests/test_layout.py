@@ -23,7 +23,7 @@ ROOT = "surge"  # src/surge/__init__.py: the public API, a top-layer module
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli", "serve", "api", ROOT}),
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
-    frozenset({"transport", "backends"}),
+    frozenset({"transport", "backends", "weights"}),
     frozenset({"policy"}),
     frozenset({"model", "config", "errors", "clock", "process", "control_auth", "launch",
                "observability"}),
@@ -278,7 +278,7 @@ def test_policy_functions_are_exported(module: Module) -> None:
 # -- the public API ---------------------------------------------------------------------
 
 PUBLIC = ["surge", "surge.serve", "surge.serve.config", "surge.serve.exceptions",
-          "surge.serve.handle"]
+          "surge.serve.handle", "surge.serve.metrics"]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

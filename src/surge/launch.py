@@ -3,7 +3,9 @@
 Whoever starts a surge process writes it one JSON line and closes the pipe: the
 supervisor starts the controller with a `ControllerProcessSpec`; a backend starts
 proxies and replicas with a `ProxyProcessSpec` or `ReplicaProcessSpec` (directly, through
-the fork server, or through the Ray actor that hosts it, which fills in its node). The
+the fork server, or through the Ray actor that hosts it, which fills in its node), and
+a node's weight store with a `WeightStoreProcessSpec` (a replica's spec names the
+store's socket, `weight_store`). The
 spec says everything the environment used to carry: the control address and token
 (stdin is private to the two processes, unlike argv or /proc/PID/environ), where to
 listen (`Unix(directory)` or `Tcp(host)`), which node it is on, what its lifetime is
@@ -12,28 +14,45 @@ tied to (`Lifetime`), its logging config and whether it records metrics.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import select
+import subprocess
 import sys
-from typing import BinaryIO, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
+from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.errors import ConfigError
+from surge.config.weights import WeightStoreOptions
+from surge.control_auth import user_dir
+from surge.errors import ConfigError, RayServeException
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = [
+    "CONTROLLER_ERROR",
+    "CONTROLLER_READY",
     "LOCAL_NODE",
     "ORPHAN_TIMEOUT_S",
+    "ApplySpec",
     "ControllerProcessSpec",
+    "DaemonSpec",
     "Lifetime",
     "MemberSpec",
     "Membership",
+    "NodeWeightStore",
     "ProxyProcessSpec",
     "ReplicaProcessSpec",
     "Tcp",
     "Unix",
+    "WeightStoreProcessSpec",
+    "await_ready",
     "encode",
     "read_spec",
+    "start_process",
 ]
 
 LOCAL_NODE = "local"  # the node id of everything on the local backend
@@ -41,6 +60,10 @@ LOCAL_NODE = "local"  # the node id of everything on the local backend
 # gone for good (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
 ORPHAN_TIMEOUT_S = 120.0
 MAX_SPEC_BYTES = 1 << 20  # a spec is a few hundred bytes; a megabyte means a wrong pipe
+# The controller's (and a detached instance's daemon's) one line on stdout for the
+# process that started it.
+CONTROLLER_READY = "surge-controller ready"
+CONTROLLER_ERROR = "surge-controller error"
 
 
 class Unix(msgspec.Struct, frozen=True, tag="unix"):
@@ -69,6 +92,7 @@ class Lifetime(msgspec.Struct, frozen=True):
     supervisor_pid: int = 0
     parent_pid: int = 0
     orphan_timeout_s: float | None = None
+    detached: bool = False  # the supervisor is a detached instance's daemon (api/daemon.py)
 
     @property
     def reconnects(self) -> bool:
@@ -89,10 +113,40 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True  # False: nobody reads metrics, record none
 
 
+class NodeWeightStore(msgspec.Struct, frozen=True, tag="node_weight_store"):
+    """The weight store of whichever node a process lands on (a cluster backend places
+    it): a socket in the user's private directory there, per instance and node; the host
+    that starts the first replica on a node starts the store with these options."""
+
+    instance: str
+    options: WeightStoreOptions = WeightStoreOptions()
+
+    def socket_path(self, node_id: str) -> str:
+        tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.instance)[-40:]
+        return os.path.join(user_dir(), f"weights-{tag}-{node_id[:16]}.sock")
+
+
 class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     app: str
     deployment: str
     listen: Unix | Tcp
+    # this node's weight store (surge.weights): its Unix socket, or (placed on a cluster)
+    # the store of whichever node the replica lands on
+    weight_store: str | NodeWeightStore | None = None
+
+
+class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
+    """A node's weight store (surge.weights): where its entries live, its budget, and
+    where it listens: on `listen_fd`, a socket its starter bound at `socket_path` and
+    handed down (connections wait in its backlog until the store accepts), or, without
+    one, on a socket it binds there itself."""
+
+    options: WeightStoreOptions = WeightStoreOptions()
+    socket_path: str
+    listen_fd: int | None = None
+    node_id: str = LOCAL_NODE
+    lifetime: Lifetime = Lifetime()
+    logging: LoggingConfig = LoggingConfig()
 
 
 class ProxyProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="proxy"):
@@ -110,11 +164,12 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
-                lifetime: Lifetime) -> ReplicaProcessSpec:
+                lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None
+                ) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,
-                                  listen=listen)
+                                  listen=listen, weight_store=weight_store)
 
     def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
         return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,
@@ -133,6 +188,7 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
     lifetime: Lifetime = Lifetime()
     logging: LoggingConfig = LoggingConfig()
     dashboard: DashboardOptions = DashboardOptions()
+    weights: WeightStoreOptions = WeightStoreOptions()
 
     def membership(self, bound: str) -> Membership:
         """What this controller, listening at `bound`, tells its members."""
@@ -141,10 +197,34 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
                           metrics=self.dashboard.enabled)
 
 
-Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec)
+class DaemonSpec(msgspec.Struct, frozen=True, kw_only=True, tag="daemon"):
+    """A detached instance: what its supervising daemon starts (surge.api.daemon)."""
+
+    address: str
+    http: HTTPOptions = HTTPOptions()
+    backend: str = "local"
+    ray_address: str | None = None
+    logging: LoggingConfig = LoggingConfig()
+    dashboard: DashboardOptions = DashboardOptions()
+    weights: WeightStoreOptions = WeightStoreOptions()
+    sys_path: tuple[str, ...] = ()  # where the user's modules are
 
 
-def encode(spec: ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec) -> bytes:
+class ApplySpec(msgspec.Struct, frozen=True, kw_only=True, tag="apply"):
+    """A config to build and deploy (Ray's REST API, PUT /api/serve/applications/)."""
+
+    controller: str
+    token: str | None = None
+    config: str  # the ServeDeploySchema, as JSON
+
+
+Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec, ApplySpec,
+               DaemonSpec, WeightStoreProcessSpec)
+AnySpec = (ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec | ApplySpec | DaemonSpec
+           | WeightStoreProcessSpec)
+
+
+def encode(spec: AnySpec) -> bytes:
     """The spec as the one line its process reads."""
     return msgspec.json.encode(spec) + b"\n"
 
@@ -165,3 +245,52 @@ def read_spec(kind: type[Spec], stream: BinaryIO | None = None) -> Spec:
         raise ConfigError(f"this surge process reads its {kind.__name__} on standard input "
                           "and got none; it is started by surge, not by hand")
     return decode(kind, line)
+
+
+def start_process(argv: Sequence[str], spec: bytes, env: Mapping[str, str],
+                  **options: Any) -> subprocess.Popen[bytes]:
+    """Start a surge process and hand it its spec: one line on its stdin, then EOF.
+
+    A process that dies before reading it is not an error here: its exit is seen like
+    any other (the pipe is unbuffered, so a closed one fails the write, not the close).
+    """
+    process = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE, bufsize=0,
+                               close_fds=True, **options)
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError), process.stdin:
+        process.stdin.write(spec)  # a few hundred bytes, below any pipe's buffer
+    return process
+
+
+def await_ready(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """The ready line's details from a just-started controller (or daemon) on its stdout
+    pipe, which is closed after; a process that says it failed, says nothing in time or
+    exits is killed and raises `RayServeException` with its reason."""
+    assert process.stdout is not None
+    line = _read_line(process, timeout)
+    process.stdout.close()
+    if line.startswith(f"{CONTROLLER_READY} "):
+        ready: dict[str, Any] = json.loads(line[len(CONTROLLER_READY) + 1:])
+        return ready
+    process.kill()
+    process.wait()
+    reason = line[len(CONTROLLER_ERROR) + 1:] if line.startswith(f"{CONTROLLER_ERROR} ") else (
+        line or "the controller exited without saying why (see its log)")
+    raise RayServeException(f"could not start surge: {reason}")
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = SYSTEM.monotonic() + timeout
+    data = b""
+    while b"\n" not in data and SYSTEM.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+        elif process.poll() is not None:
+            break
+    return data.decode(errors="replace").split("\n", 1)[0].strip()

@@ -16,6 +16,7 @@ __all__ = [
     "ImportedTarget",
     "LoadReport",
     "ProxySpec",
+    "ProxyStatus",
     "ReplicaInfo",
     "ReplicaSet",
     "ReplicaSpec",
@@ -59,6 +60,10 @@ class ReplicaSet:
     # Set when no replica will come (the deployment failed to start): why, in words safe
     # to show a client. Routers then answer at once instead of queueing until a timeout.
     unavailable: str = ""
+    # The deployment's backpressure_config: the HTTP status of a request over the queue
+    # budget, and its Retry-After (None: the router's estimate from the drain rate).
+    backpressure_status: int = 503
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -110,10 +115,19 @@ class ApplicationStatus(enum.StrEnum):
     DELETING = "DELETING"
 
 
+class ProxyStatus(enum.StrEnum):
+    STARTING = "STARTING"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    DRAINING = "DRAINING"
+    DRAINED = "DRAINED"
+
+
 class DeploymentStatus(enum.StrEnum):
     UPDATING = "UPDATING"
     HEALTHY = "HEALTHY"
     UNHEALTHY = "UNHEALTHY"
+    DEPLOY_FAILED = "DEPLOY_FAILED"
     UPSCALING = "UPSCALING"
     DOWNSCALING = "DOWNSCALING"
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from surge import serve
-from surge.controller.state import MAX_CONSTRUCTOR_FAILURES
+from surge.config import DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT as MAX_CONSTRUCTOR_FAILURES
 from surge.errors import DeployFailedError
 from surge.loadtest.options import PulseOptions
 from surge.loadtest.runner import build_report

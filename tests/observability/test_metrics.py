@@ -158,3 +158,26 @@ def test_the_grafana_dashboard_queries_only_metrics_that_exist() -> None:
         base = re.sub(r"_(total|bucket|count|sum)$", "", name)
         assert base in known, f"{name} in docs/grafana-surge.json is not exported"
     assert len(used) >= 15
+
+
+def test_the_exposition_is_what_prometheus_client_writes_byte_for_byte() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from surge.controller.metrics import exposition, surge_families
+    from surge.controller.ray_metrics import ray_families
+
+    odd = 'a "quoted" \\ back\nline é'
+    snapshot = MetricsSnapshot(
+        http={("shop", "Model", odd, "GET", 200): histogram(0.3, 4e9)},
+        processing={("shop", "Model", "r1", odd): histogram(3)},
+        replica_healthy={("shop", "Model", "r1"): 1}, target_replicas={("shop", "Model"): 2},
+        signals={("shop", "Model", "rate"): 1e-9, ("shop", "Model", "x"): float("nan")},
+        proxies={"proxy-0": {"ongoing_http_requests": 3}})
+
+    class Families:
+        def collect(self) -> list[object]:
+            return [*surge_families(snapshot), *ray_families(snapshot)]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())  # type: ignore[arg-type]
+    assert exposition(Families().collect()) == generate_latest(registry)  # type: ignore[arg-type]

@@ -86,3 +86,25 @@ def test_http_requests_are_keyed_by_labels_and_status() -> None:
     report = recorder.drain()
     assert report.http[key].count == 2 and len(report.http) == 2
     assert status_class(503) == "5xx" and status_class(200) == "2xx"
+
+
+
+def test_exception_types_travel_with_the_report() -> None:
+    recorder = Recorder("replica", "r1", "shop", "Model")
+    recorder.processed("/shop", 1.0, ok=False)
+    recorder.exception("/shop", "KeyError")
+    report = recorder.drain({})
+    assert report.errors == {"/shop": 1}
+    assert report.exceptions == {("/shop", "KeyError"): 1}
+    assert recorder.drain().exceptions == {}
+
+
+def test_user_metrics_travel_with_the_report() -> None:
+    from surge.observability.user_metrics import MetricInfo
+
+    recorder = Recorder("replica", "r1", "shop", "Model")
+    info = MetricInfo("m", "counter", "", ())
+    report = recorder.drain({}, user={info: {(): 1.0}})
+    assert report.user == {info: {(): 1.0}} and not report.empty
+    after = recorder.drain()
+    assert after.user == {} and after.empty

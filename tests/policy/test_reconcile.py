@@ -12,6 +12,7 @@ from surge.policy.lifecycle import ReplicaState
 from surge.policy.reconcile import (
     ActivateReplica,
     ObservedReplica,
+    Rollout,
     StartReplicas,
     StopReplica,
     reconcile,
@@ -259,3 +260,70 @@ def test_outdated_standby_stops_at_once() -> None:
     actions = reconcile(1, 2, replicas, standby=1)
     assert stopped(actions) == ["s1"]
     assert started(actions) == 1
+
+
+# -- rollouts (rolling_update_percentage, max_surge_percent) ---------------------------------
+
+
+def test_rollout_counts_round_up_from_rays_percentages() -> None:
+    assert Rollout.of(10, 0.2, 25) == Rollout(batch=2, surge=3)
+    assert Rollout.of(4, 0.2, 0) == Rollout(batch=1, surge=0)
+    assert Rollout.of(3, None, None) == Rollout()
+
+
+def test_a_batch_bounds_the_new_replicas_starting_at_once() -> None:
+    old = [replica(S.RUNNING, version=1) for _ in range(4)]
+    assert started(reconcile(4, 2, old, rollout=Rollout(batch=2))) == 2
+    starting = [replica(S.STARTING, version=2) for _ in range(2)]
+    assert reconcile(4, 2, old + starting, rollout=Rollout(batch=2)) == []
+
+
+def test_without_surge_room_an_old_replica_goes_first() -> None:
+    old = [replica(S.RUNNING, version=1, started_at=float(i), replica_id=f"o{i}")
+           for i in range(4)]
+    actions = reconcile(4, 2, old, rollout=Rollout(batch=1, surge=0))
+    assert actions == [StopReplica("o0", "making room for the new version")]
+    draining = [replica(S.DRAINING, version=1), *old[1:]]  # it left: room for one
+    assert reconcile(4, 2, draining, rollout=Rollout(batch=1, surge=0)) == [
+        StartReplicas(1, "0 of 4 live")]
+
+
+def simulate_rollout(target: int, rollout: Rollout, steps: int = 200) -> list[tuple[int, int]]:
+    """Apply reconcile's actions as if starts and stops completed one step later;
+    (live replicas, RUNNING replicas) after each step, until only version 2 runs."""
+    fleet = {f"o{i}": replica(S.RUNNING, 1, float(i), f"o{i}") for i in range(target)}
+    history, fresh = [], itertools.count()
+    for step in range(steps):
+        for key, r in list(fleet.items()):  # last step's starts become RUNNING
+            if r.state is S.STARTING:
+                fleet[key] = replica(S.RUNNING, r.version, r.started_at, key)
+            elif r.state is S.DRAINING:
+                del fleet[key]
+        for action in reconcile(target, 2, list(fleet.values()), rollout=rollout):
+            if isinstance(action, StartReplicas):
+                for _ in range(action.count):
+                    key = f"n{next(fresh)}"
+                    fleet[key] = replica(S.STARTING, 2, 100.0 + step, key)
+            elif isinstance(action, StopReplica):
+                old = fleet[action.replica_id]
+                fleet[action.replica_id] = replica(S.DRAINING, old.version, old.started_at,
+                                                   action.replica_id)
+        live = [r for r in fleet.values() if r.state in (S.STARTING, S.RUNNING)]
+        history.append((len(live), sum(r.state is S.RUNNING for r in live)))
+        if all(r.version == 2 and r.state is S.RUNNING for r in fleet.values()) \
+                and len(fleet) == target:
+            return history
+    raise AssertionError(f"the rollout did not finish: {fleet}")
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 12), st.sampled_from([None, 0.1, 0.2, 0.5, 1.0]),
+       st.sampled_from([None, 0, 10, 25, 100]))
+def test_every_rollout_finishes_within_its_bounds(target: int, percentage: float | None,
+                                                  surge: int | None) -> None:
+    rollout = Rollout.of(target, percentage, surge)
+    history = simulate_rollout(target, rollout)
+    if rollout.surge is not None:
+        assert max(live for live, _ in history) <= target + rollout.surge
+    if rollout.surge is None:  # surge's default: capacity never dips
+        assert min(running for _, running in history) >= target

@@ -18,13 +18,7 @@ from typing import Any
 import pytest
 
 from surge.config import AutoscalingConfig
-from surge.controller.autoscaler import (
-    HISTORY_S,
-    Autoscaler,
-    DecisionRecord,
-    LoadTracker,
-    resolve_policy,
-)
+from surge.controller.autoscaler import Autoscaler, DecisionRecord, LoadTracker
 from surge.errors import ConfigError
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import StepInputs
@@ -37,6 +31,7 @@ from surge.policy.autoscaling import (
     proactive,
     ray_default,
 )
+from surge.policy.resolve import HISTORY_S, resolve_policy
 
 DEP = DeploymentId("app", "model")
 OTHER = DeploymentId("app", "other")
@@ -358,3 +353,11 @@ def test_peek_reads_the_open_bucket_without_closing_it() -> None:
     assert abs(sample.duration_s - 0.04) < 1e-9
     tracker.close_bucket(1.1, [dep])
     assert tracker.series[dep][-1].arrivals == 8  # the peek consumed nothing
+
+
+def test_a_policy_that_cannot_be_built_is_a_failed_decision(user_module: Any) -> None:
+    autoscaler = Autoscaler()
+    cfg = spec(f"{user_module.__name__}:NOT_CALLABLE")  # a deploy refuses it; a step too
+    step = autoscaler.step(DEP, cfg, StepInputs(30.0, 0.0, 2, 2, inputs().samples))
+    assert step.failed and step.target == 2
+    assert "is not callable" in step.decision.reason

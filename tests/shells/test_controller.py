@@ -27,6 +27,7 @@ from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
 from surge.controller.publish import UNAVAILABLE_FAILED
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
+from surge.errors import ConfigError
 from surge.model import ApplicationStatus, DeploymentId, LoadReport, ReplicaSet, RouteTable
 from surge.policy.autoscaling import DecisionKind
 from surge.testing import FakeBackend, FakeClock, FakePeer
@@ -39,9 +40,11 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
-def app(*configs: DeploymentConfig, code: bytes = b"v1", name: str = "app") -> AppSpec:
+def app(*configs: DeploymentConfig, code: bytes = b"v1", name: str = "app",
+        route_prefix: str = "/") -> AppSpec:
     specs = tuple(DeploymentSpec(config=c, target_blob=code, init_blob=b"()") for c in configs)
-    return AppSpec(name=name, route_prefix="/", ingress=configs[0].name, deployments=specs)
+    return AppSpec(name=name, route_prefix=route_prefix, ingress=configs[0].name,
+                   deployments=specs)
 
 
 class Harness:
@@ -133,7 +136,7 @@ def test_a_replica_that_fails_its_constructor_three_times_fails_the_deploy() -> 
         await h.deploy(app(DeploymentConfig(name="Model")))
         proxy = await h.watcher()
         for attempt in (1, 2, 3):
-            await h.tick()
+            await h.tick(TICK_S if attempt == 1 else 1.5)  # past the backoff (0.5 s, 1 s)
             replica_id = f"Model-{attempt}"
             assert h.backend.started() == [f"Model-{i}" for i in range(1, attempt + 1)]
             await h.api.rpc_replica_failed(FakePeer(), replica_id=replica_id,
@@ -161,12 +164,58 @@ def test_a_failure_after_running_is_unhealthy_whoever_asked_before() -> None:
         await h.ready("Model-1")  # RUNNING now; nobody asks for the status
         h.backend.exit("Model-1", -9)
         for attempt in (2, 3, 4):
-            await h.tick()
+            await h.tick(1.5)  # past the backoff after the last failed start
+            assert h.states()[f"Model-{attempt}"] == "STARTING"
             await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
                                            error="boom")
             h.backend.exit(f"Model-{attempt}", 1)
         await h.tick()
         assert h.status() is ApplicationStatus.UNHEALTHY
+
+    run(main)
+
+
+def test_a_failed_start_backs_off_before_the_next() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=10)))
+        await h.tick()
+        for attempt, backoff in ((1, 0.5), (2, 1.0), (3, 2.0)):
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
+                                           error="boom")
+            h.backend.exit(f"Model-{attempt}", 1)
+            await h.tick(backoff - 0.2)
+            assert len(h.backend.started()) == attempt  # still backing off
+            await h.tick(0.3)
+            assert len(h.backend.started()) == attempt + 1
+
+    run(main)
+
+
+def test_an_update_whose_replicas_never_start_fails_and_the_old_version_serves() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=2)))
+        await h.tick()
+        await h.ready("Model-1")
+        assert h.status() is ApplicationStatus.RUNNING
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=2),
+                           code=b"version 2"))
+        for attempt in (2, 3):
+            await h.tick(1.5)
+            assert h.states()[f"Model-{attempt}"] == "STARTING"
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
+                                           error="ImportError: v2 is broken")
+            h.backend.exit(f"Model-{attempt}", 1)
+        for _ in range(3):
+            await h.tick(5.0)
+        assert len(h.backend.started()) == 3  # the update stopped: no more starts
+        assert h.states()["Model-1"] == "RUNNING"  # the old version serves on
+        overview = h.state.app_status("app")
+        assert overview.status is ApplicationStatus.DEPLOY_FAILED
+        assert "ImportError: v2 is broken" in overview.message
+        deployment = overview.deployments["Model"]
+        assert deployment.status.value == "DEPLOY_FAILED"
 
     run(main)
 
@@ -190,7 +239,7 @@ def test_three_failed_health_checks_replace_the_replica_on_the_period() -> None:
             if len(replica.called("check_health")) > len(checks):
                 checks.append(round(h.clock.monotonic() - ready_at, 3))
         assert checks == [1.0, 2.0, 3.0]  # one per period, from the moment it was ready
-        assert round(h.clock.monotonic() - ready_at, 3) == 3.1  # failed at the next tick
+        assert round(h.clock.monotonic() - ready_at, 3) == 3.0  # failed by the third
         assert h.states()["Model-1"] == "FAILED"
         assert ("kill", "Model-1") in h.backend.calls
         assert routable(proxy)[-1] == []
@@ -480,11 +529,19 @@ def test_proxies_start_one_first_then_the_rest_and_restart_when_they_exit() -> N
         assert h.backend.started("proxy") == ["proxy-0"]  # the others wait for its port
         await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-0"),
                                     address="127.0.0.1:8000", pid=1)
-        await h.tick()
+        # the others join the port it bound at once
         assert h.backend.started("proxy") == ["proxy-0", "proxy-1", "proxy-2"]
-        h.backend.exit("proxy-1", 1)
-        await h.tick()
-        assert h.backend.started("proxy")[-1] == "proxy-1"
+        restarts = []
+        for _ in range(3):  # one that keeps exiting: a backoff of 0.2, 0.4, 0.8 s
+            h.backend.exit("proxy-1", 1)
+            exited, starts = h.clock.monotonic(), h.backend.started("proxy").count("proxy-1")
+            while h.backend.started("proxy").count("proxy-1") == starts:
+                await h.tick()
+            restarts.append(round(h.clock.monotonic() - exited, 3))
+        assert restarts == [0.3, 0.5, 0.9]  # seen at the next tick, then the backoff
+        await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-1"),
+                                    address="127.0.0.1:8000", pid=7)
+        assert "proxy-1" not in h.state.proxy_backoff  # it served: the backoff starts over
 
     run(main)
 
@@ -508,5 +565,112 @@ def test_node_proxies_follow_the_replicas_with_distinct_ports_on_a_shared_ip() -
         assert ("term", "proxy-node-node-b") in backend.calls
         await h.tick()  # asked once
         assert backend.calls.count(("term", "proxy-node-node-b")) == 1
+
+    run(main)
+
+
+def test_max_constructor_retry_count_is_the_deployments_own() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=1)))
+        await h.tick()
+        await h.api.rpc_replica_failed(FakePeer(), replica_id="Model-1", error="boom")
+        h.backend.exit("Model-1", 1)
+        await h.tick()
+        await h.tick()
+        assert h.backend.started() == ["Model-1"]
+        assert h.status() is ApplicationStatus.DEPLOY_FAILED
+
+    run(main)
+
+
+def test_without_surge_room_a_rolling_update_stops_an_old_replica_first() -> None:
+    async def main() -> None:
+        h = Harness()
+        config = DeploymentConfig(name="Model", num_replicas=2, max_surge_percent=0,
+                                  rolling_update_percentage=0.5)
+        await h.deploy(app(config, code=b"v1"))
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            await h.ready(replica_id)
+        await h.deploy(app(config, code=b"v2"))
+        await h.tick()
+        assert h.states() == {"Model-1": "DRAINING", "Model-2": "RUNNING"}
+        assert h.backend.started() == ["Model-1", "Model-2"]  # no room: nothing starts yet
+        h.backend.exit("Model-1")
+        await h.tick()
+        assert h.backend.started()[2:] == ["Model-3"]  # one at a time (50% of 2)
+
+    run(main)
+
+
+def test_shutdown_stops_the_proxies_first_then_drains_every_replica() -> None:
+    async def main() -> None:
+        h = Harness(backend=FakeBackend(exit_on_signal=True))
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+        h.controller.serve_http()
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            peer = await h.ready(replica_id)
+            peer.answers["drain"] = lambda timeout_s, rid=replica_id: h.backend.exit(rid)
+        await h.controller.shutdown()
+        await h.controller.settle()
+        signals = [(call, pid) for call, pid in h.backend.calls if call in ("term", "kill")]
+        assert signals == [("term", "proxy-0")]  # the replicas drained through their link
+        assert [h.peers[r].called("drain") for r in ("Model-1", "Model-2")] == [
+            [{"timeout_s": 20.0}], [{"timeout_s": 20.0}]]
+        assert h.backend.processes == {} and h.backend.closed
+        assert h.controller.stopped.is_set()
+        with pytest.raises(ConfigError, match="shutting down"):
+            await h.deploy(app(DeploymentConfig(name="Late")))
+
+    run(main)
+
+
+def test_delete_during_a_rolling_update_drains_old_and_new_alike() -> None:
+    async def main() -> None:
+        h = Harness()
+        config = DeploymentConfig(name="Model", num_replicas=2)
+        await h.deploy(app(config, code=b"v1"))
+        await h.tick()
+        for replica_id in ("Model-1", "Model-2"):
+            await h.ready(replica_id)
+        await h.deploy(app(config, code=b"v2"))
+        await h.tick()
+        await h.ready("Model-3")
+        await h.tick()  # Model-1 drains for the new version; Model-4 still starts
+        assert h.states() == {"Model-1": "DRAINING", "Model-2": "RUNNING",
+                              "Model-3": "RUNNING", "Model-4": "STARTING"}
+        deleting = asyncio.ensure_future(h.api.rpc_delete(FakePeer(), name="app",
+                                                          timeout_s=None))
+        await asyncio.sleep(0)  # the RPC has run up to its wait
+        await h.tick()
+        assert set(h.states().values()) == {"DRAINING"}  # the starting one too
+        assert ("term", "Model-4") in h.backend.calls  # not ready: no link to drain by
+        for replica_id in list(h.state.replicas):
+            h.backend.exit(replica_id)
+        await h.tick()
+        await h.api.notify()
+        assert await deleting is True and h.state.apps == {}
+
+    run(main)
+
+
+def test_an_action_that_fails_does_not_cost_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+        await h.deploy(app(DeploymentConfig(name="Other"), name="other", route_prefix="/o"))
+        broken = h.backend.start_replica
+
+        def start(launch: Any) -> int:
+            if launch.deployment.name == "Model":
+                raise RuntimeError("the disk is full")
+            return broken(launch)
+
+        h.backend.start_replica = start  # type: ignore[method-assign]
+        await h.tick()
+        assert h.backend.started() == ["Other-2"]  # Model-1 failed to start; Other did
+        assert "the disk is full" in caplog.text
 
     run(main)

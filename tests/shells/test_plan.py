@@ -25,7 +25,7 @@ from surge.controller.actions import (
 )
 from surge.controller.plan import Observed, absorb_exits, plan
 from surge.controller.state import ControllerState, ReplicaRecord
-from surge.model import DeploymentId
+from surge.model import DeploymentId, ReplicaInfo
 from surge.policy.lifecycle import ReplicaState
 
 DID = DeploymentId("app", "Model")
@@ -135,12 +135,17 @@ def test_head_proxies_start_one_first_and_are_restarted() -> None:
     why = "a proxy worker of the head node is not running"
     assert proxies(state) == [StartProxy("proxy-0", "head", "10.0.0.1", None, why)]
     assert proxies(state, {"proxy-0"}) == []  # starting: asked once
+    state.proxy_error = "cannot bind"  # the first one could not serve: nothing more
+    assert proxies(state) == []
+    state.proxy_error = ""
     state.proxy_address = "10.0.0.1:8000"  # it bound the port: the other worker joins it
     assert proxies(state, {"proxy-0"}) == [StartProxy("proxy-1", "head", "10.0.0.1", None,
                                                       why)]
-    state.proxy_error = "cannot bind"
-    assert proxies(state) == []
-    state.proxy_error, state.stopping = "", True
+    state.proxy_error = "a later failure"  # once one served, failures are restarted
+    assert len(proxies(state)) == 2
+    state.proxy_backoff["proxy-1"] = (2, NOW + 0.4)  # it keeps exiting: it waits
+    assert [a.proxy_id for a in proxies(state)] == ["proxy-0"]
+    state.stopping = True
     assert proxies(state) == []
 
 
@@ -154,11 +159,20 @@ def test_node_proxies_follow_replica_placement_per_proxy_location() -> None:
     assert proxies(state, {"proxy-0"}, placed) == []
     state.http = replace(state.http, location="EveryNode")
     # the replica left n1: its proxy is asked to stop, once
+    state.remove_replica("a")
     placed = {"b": Placement("head", "10.0.0.1")}
     stop = StopProxy("proxy-node-n1", "node n1 hosts no replica now")
     assert proxies(state, {"proxy-0", "proxy-node-n1"}, placed) == [stop]
     state.stopping_proxies.add("proxy-node-n1")
     assert proxies(state, {"proxy-0", "proxy-node-n1"}, placed) == []
+
+
+def test_no_node_proxy_stops_while_a_live_replica_is_nowhere_known() -> None:
+    state = state_with(("a", S.RUNNING, 2))  # no placement yet, no address reported
+    state.serve_http, state.proxy_address = True, "10.0.0.1:8000"
+    assert proxies(state, {"proxy-0", "proxy-node-n1"}) == []
+    state.replicas["a"].info = ReplicaInfo("a", DID, "10.0.0.2:1", 1, node_id="n1")
+    assert proxies(state, {"proxy-0", "proxy-node-n1"}) == []  # it reported n1: n1 stays
 
 
 def test_nodes_sharing_an_ip_get_distinct_ports() -> None:

@@ -28,7 +28,7 @@ from surge.api.instance import Instance, StartOptions, connect_or_start, user_sy
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.clock import SYSTEM
 from surge.config import AppSpec, AutoscalingConfig
-from surge.errors import ConfigError, DeployFailedError
+from surge.errors import ConfigError, DeployFailedError, users_traceback
 from surge.model import ApplicationStatus, ApplicationStatusOverview
 from surge.observability.config import LEVEL_ENV, LoggingConfig
 
@@ -78,13 +78,53 @@ def import_application(import_path: str, args: Mapping[str, Any] | None = None,
         raise ConfigError(f"{import_path} is a deployment, not an application: bind it "
                           f"(app = {target.name}.bind()) and point import_path at that")
     if callable(target):
-        built = target(dict(args or {}))
+        built = target(_builder_args(import_path, target, dict(args or {})))
         if not isinstance(built, Application):
             raise ConfigError(f"the builder {import_path} returned "
                               f"{type(built).__name__}, not a bound Application")
         return built
     raise ConfigError(f"{import_path} is a {type(target).__name__}, not an Application "
                       "or a builder function")
+
+
+def _builder_args(import_path: str, builder: Any, args: dict[str, Any]) -> Any:
+    """What a builder is called with, as in Ray: the args dict, or the pydantic model its
+    one parameter is annotated with, validated from it."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):
+        return args
+    if len(parameters) != 1:
+        raise ConfigError(f"the application builder {import_path} takes "
+                          f"{len(parameters)} parameters; it must take exactly one, the "
+                          "dictionary of arguments (or a pydantic model of them)")
+    annotation = parameters[0].annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`
+        try:
+            annotation = inspect.get_annotations(builder, eval_str=True).get(
+                parameters[0].name, annotation)
+        except Exception:
+            return args
+    model = _pydantic_model(annotation)
+    if model is None:
+        return args
+    try:
+        return model.model_validate(args)
+    except Exception as exc:  # pydantic.ValidationError: which argument is wrong
+        raise ConfigError(f"the arguments of {import_path} do not fit "
+                          f"{model.__name__}: {exc}") from None
+
+
+def _pydantic_model(annotation: Any) -> Any:
+    if not isinstance(annotation, type):
+        return None
+    try:
+        from pydantic import BaseModel
+    except ImportError:
+        return None
+    return annotation if issubclass(annotation, BaseModel) else None
 
 
 @contextlib.contextmanager
@@ -194,30 +234,48 @@ def search_path(config: ServeConfig) -> tuple[str, ...]:
 
 
 def build_specs(config: ServeConfig) -> list[AppSpec]:
+    """Every application of the file, built (imported); the first failure raises."""
+    return [build_app(config, app) for app in config.applications]
+
+
+def build_app(config: ServeConfig, app: AppConfig) -> AppSpec:
+    """One application of the file: imported, its overrides applied, ready to deploy.
+    Raises ConfigError naming the file's place for what the user must fix."""
     search = search_path(config)
-    specs = []
-    for app in config.applications:
-        try:
-            with _environment(app.env_vars):
-                root = import_application(app.import_path, app.args, search)
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
-        bound = application_with_overrides(root, app, config.where)
-        try:
-            auth = resolve_auth(app.auth, "auth")
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
-        try:
-            specs.append(build_app_spec(bound, app.name, app.route_prefix,
-                                        (*search, *user_sys_path()), auth))
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where(app.path)}: {exc}") from None
-    return specs
+    try:
+        with _environment(app.env_vars):
+            root = import_application(app.import_path, app.args, search)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
+    except Exception:  # the user's module raised while it was imported or built
+        raise ConfigError(f"{config.where((*app.path, 'import_path'))}: importing "
+                          f"{app.import_path} raised:\n{users_traceback()}") from None
+    bound = application_with_overrides(root, app, config.where)
+    try:
+        auth = resolve_auth(app.auth, "auth")
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
+    try:
+        spec = build_app_spec(bound, app.name, app.route_prefix,
+                              (*search, *user_sys_path()), auth)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where(app.path)}: {exc}") from None
+    return dataclasses.replace(spec, source_config=entry_of(config, app))
+
+
+def entry_of(config: ServeConfig, app: AppConfig) -> dict[str, Any]:
+    """The application's entry in the file, as written (for `serve config`)."""
+    node: Any = config.raw
+    for key in app.path:
+        node = node[key]
+    return dict(node) if isinstance(node, Mapping) else {}
 
 
 def apply_config(config: ServeConfig, *, start: bool,
-                 progress: Callable[[str], None] = print) -> Instance:
-    """Deploy the file's applications (starting surge if `start`) and delete the others."""
+                 progress: Callable[[str], None] = print, wait: bool = True,
+                 detached: bool = False) -> Instance:
+    """Deploy the file's applications (starting surge if `start`, `detached` if asked) and
+    delete the others; with `wait`, until they run and the others are gone."""
     specs = build_specs(config)
     ray_address = config.ray_address or (
         caller_ray_address() if config.backend == "ray" else None)
@@ -226,18 +284,10 @@ def apply_config(config: ServeConfig, *, start: bool,
     options = StartOptions(http=config.http_options,
                            backend=BackendChoice(config.backend, ray_address),
                            logging=dataclasses.replace(logging_config, log_level=level))
-    instance = connect_or_start(options, start=start)
-    existing = instance.call("status", timeout=10).applications
-    wanted = {spec.name for spec in specs}
-    removed = [name for name in existing if name not in wanted]
-    for name in removed:  # first, so their route prefixes are free for the new apps
-        progress(f"deleting application {name!r}")
-        instance.call("delete", timeout=10, name=name, timeout_s=0.0)
-    for spec in specs:
-        verb = "updating" if spec.name in existing else "deploying"
-        progress(f"{verb} application {spec.name!r} "
-                 f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
-        instance.call("deploy", timeout=30, app=spec)
+    instance = connect_or_start(options, start=start, detached=detached)
+    removed = deploy_specs(instance, specs, {spec.name for spec in specs}, progress)
+    if not wait:
+        return instance
     for spec in specs:
         _wait(instance, spec.name, progress)
     for name in removed:
@@ -245,6 +295,24 @@ def apply_config(config: ServeConfig, *, start: bool,
                       timeout_s=DEPLOY_TIMEOUT_S)
         progress(f"application {name!r} deleted")
     return instance
+
+
+def deploy_specs(instance: Instance, specs: list[AppSpec], wanted: set[str],
+                 progress: Callable[[str], None]) -> list[str]:
+    """Deploy `specs`; start deleting the applications a config deployed earlier that
+    are not `wanted` (as Ray: those a script's serve.run made stay). Returns those."""
+    applications = instance.call("details", timeout=10)["applications"]
+    removed = [name for name, app in applications.items()
+               if name not in wanted and app.get("source") == "declarative"]
+    for name in removed:  # first, so their route prefixes are free for the new apps
+        progress(f"deleting application {name!r}")
+        instance.call("delete", timeout=10, name=name, timeout_s=0.0)
+    for spec in specs:
+        verb = "updating" if spec.name in applications else "deploying"
+        progress(f"{verb} application {spec.name!r} "
+                 f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
+        instance.call("deploy", timeout=30, app=spec)
+    return removed
 
 
 def _wait(instance: Instance, name: str, progress: Callable[[str], None]) -> None:
@@ -297,8 +365,11 @@ def build_config(import_paths: list[str]) -> dict[str, Any]:
                      "runtime_env": {},
                      "deployments": [_deployment_entry(n) for n in walk_deployments(root)]})
     return {"proxy_location": "EveryNode",
-            "http_options": {"host": "127.0.0.1", "port": 8000},
-            "logging_config": {"log_level": "INFO"},
+            # As Ray writes it: every interface (a container's port must be reachable).
+            "http_options": {"host": "0.0.0.0", "port": 8000},
+            "logging_config": {"encoding": "TEXT", "log_level": "INFO", "logs_dir": None,
+                               "enable_access_log": True,
+                               "additional_log_standard_attrs": []},
             "applications": apps}
 
 

@@ -26,6 +26,7 @@ from surge.config import (
     RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
     AuthConfig,
     AutoscalingConfig,
+    BackpressureConfig,
     HTTPOptions,
     build_deployment_config,
     from_mapping,
@@ -39,7 +40,7 @@ __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "par
 KeyPath = tuple[str | int, ...]
 
 TOP_KEYS = ("proxy_location", "http_options", "applications", "logging_config", "backend")
-TOP_RAY_ONLY = ("grpc_options", "target_capacity")
+TOP_RAY_ONLY = ("grpc_options", "target_capacity", "controller_options", "tracing_config")
 HTTP_KEYS = tuple(f.name for f in dataclasses.fields(HTTPOptions) if f.name != "location")
 HTTP_RAY_ONLY = ("ssl_keyfile_password", "middlewares", "num_cpus")
 LOGGING_KEYS = tuple(f.name for f in dataclasses.fields(LoggingConfig))
@@ -55,11 +56,15 @@ RUNTIME_ENV_RAY_ONLY = ("working_dir", "py_modules", "py_executable", "pip", "co
 DEPLOYMENT_KEYS = ("name", "num_replicas", "max_ongoing_requests", "max_queued_requests",
                    "autoscaling_config", "user_config", "ray_actor_options",
                    "health_check_period_s", "health_check_timeout_s",
-                   "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s")
+                   "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
+                   "backpressure_config", "max_constructor_retry_count",
+                   "rolling_update_percentage", "max_surge_percent")
 DEPLOYMENT_RAY_ONLY = ("placement_group_bundles", "placement_group_strategy",
-                       "max_replicas_per_node", "logging_config", "request_router_config",
-                       "backpressure_config", "version", "route_prefix")
+                       "placement_group_bundle_label_selector", "max_replicas_per_node",
+                       "logging_config", "request_router_config", "gang_scheduling_config",
+                       "deployment_actors", "version", "route_prefix")
 AUTOSCALING_KEYS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
+BACKPRESSURE_KEYS = tuple(f.name for f in dataclasses.fields(BackpressureConfig))
 # Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
 RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
            "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
@@ -395,6 +400,11 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
     if "ray_actor_options" in used:
         used["ray_actor_options"] = _actor_options(check, used["ray_actor_options"],
                                                    (*path, "ray_actor_options"))
+    if "backpressure_config" in used and used["backpressure_config"] is not None:
+        bp_path = (*path, "backpressure_config")
+        backpressure = check.mapping(used["backpressure_config"], bp_path)
+        used["backpressure_config"] = None if backpressure is None else check.keys(
+            backpressure, bp_path, BACKPRESSURE_KEYS)
     try:
         build_deployment_config(name, used, "@")
     except ConfigError as exc:

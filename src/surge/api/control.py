@@ -13,12 +13,18 @@ from surge.api.deployment import Application, build_app_spec
 from surge.api.instance import StartOptions, connect_or_start, current, disconnect, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.config import AuthConfig, HTTPOptions, from_mapping
-from surge.errors import ConfigError, DeployFailedError, RayServeException
+from surge.config.weights import WeightStoreOptions
+from surge.errors import (
+    ControllerUnavailableError,
+    DeployFailedError,
+    RayServeException,
+)
 from surge.model import ApplicationStatus, DeploymentId, ServeStatus
 from surge.observability.config import DashboardOptions, LoggingConfig
 from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
 from surge.router.runtime import current_runtime
+from surge.transport.blocking_rpc import blocking_call
 
 __all__ = ["delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start",
            "status"]
@@ -33,6 +39,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           logging_config: LoggingConfig | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
+          weight_store: WeightStoreOptions | Mapping[str, Any] | bool | None = None,
           **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
@@ -43,18 +50,33 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     `logging_config` is Ray's (encoding, log_level, logs_dir, enable_access_log, ...);
     the dashboard and /metrics listen on `dashboard_host:dashboard_port` (default
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
-    it). Both apply when this call starts surge; a running instance keeps its own.
+    it). `weight_store` (surge's own: `WeightStoreOptions`, a dict of its fields, or
+    False for none) configures each node's shared-memory weight store (surge.weights).
+    These apply when this call starts surge; a running instance keeps its own.
+
+    `detached=True` starts an instance that outlives this process (as `surge start`):
+    deploy and exit, the applications keep serving; `surge shutdown` or serve.shutdown()
+    stops it. Otherwise an instance this call starts stops when this process exits.
+
+    Ray's other arguments (grpc_options, tracing_config, controller_options, ...) land
+    in `_ray_only`: accepted, named in a warning when set, and not used.
     """
+    for key in sorted(k for k, v in _ray_only.items() if v is not None):
+        why = " (surge has no gRPC ingress yet)" if key == "grpc_options" else ""
+        log.warning("serve.start(%s=...) is Ray Serve's; surge accepts it and does not use "
+                    "it%s", key, why)
     dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
                                      port=dashboard.port if dashboard_port is None
-                                     else dashboard_port)
+                                     else dashboard_port, required=True)
     choice = BackendChoice(backend, (ray_address or caller_ray_address())
                            if backend == "ray" else ray_address)
     connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),
                                   backend=choice, logging=LoggingConfig.from_any(logging_config),
-                                  dashboard=dashboard))
+                                  dashboard=dashboard,
+                                  weights=WeightStoreOptions.from_any(weight_store)),
+                     detached=detached)
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
@@ -110,7 +132,11 @@ def _block_until_interrupted() -> None:
 
 
 def status() -> ServeStatus:
-    result: ServeStatus = _call("status")
+    """The instance's status; an empty one when no instance is running (as Ray)."""
+    try:
+        result: ServeStatus = _call("status")
+    except ControllerUnavailableError:
+        return ServeStatus()
     return result
 
 
@@ -145,8 +171,7 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None,
             app_name = get_replica_context().app_name
         except RayServeException:
             app_name = DEFAULT_APP_NAME
-    if not _in_runtime_loop() and not _call("has_deployment",
-                                            deployment=DeploymentId(app_name, deployment_name)):
+    if not _call("has_deployment", deployment=DeploymentId(app_name, deployment_name)):
         raise RayServeException(f"deployment {deployment_name!r} does not exist in "
                                 f"application {app_name!r}")
     return DeploymentHandle(deployment_name, app_name)
@@ -161,7 +186,7 @@ def _in_runtime_loop() -> bool:
 
 def _call(method: str, **kwargs: Any) -> Any:
     runtime = current_runtime()
-    if _in_runtime_loop():
-        raise ConfigError(f"serve.{method}() blocks; call it outside async code")
+    if _in_runtime_loop():  # async code on the runtime's own loop: it cannot answer us
+        return blocking_call(runtime.address, method, runtime.token, **kwargs)
     future = asyncio.run_coroutine_threadsafe(runtime.call(method, **kwargs), runtime.loop)
     return future.result()

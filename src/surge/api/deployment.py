@@ -10,6 +10,7 @@ from __future__ import annotations
 import copyreg
 import hashlib
 import inspect
+import logging
 import sys
 from typing import Any
 
@@ -22,21 +23,29 @@ from surge.router.handle import DeploymentHandle
 
 __all__ = ["Application", "Deployment", "build_app_spec", "deployment"]
 
-# Ray Serve options surge accepts; route_prefix on a deployment is Ray's deprecated spelling.
+log = logging.getLogger("surge")
+
+# Ray Serve 2.60's options that surge implements (route_prefix on a deployment is Ray's
+# deprecated spelling of serve.run's), and those it accepts, with one warning, and ignores.
 _OPTION_KEYS = {
     "name", "num_replicas", "max_ongoing_requests", "max_queued_requests",
     "autoscaling_config", "user_config", "ray_actor_options", "health_check_period_s",
     "health_check_timeout_s", "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
-    "route_prefix", "version", "placement_group_bundles", "placement_group_strategy",
-    "max_replicas_per_node", "logging_config", "request_router_config", "max_concurrent_queries",
+    "route_prefix", "max_concurrent_queries", "backpressure_config",
+    "max_constructor_retry_count", "rolling_update_percentage", "max_surge_percent",
 }
-_IGNORED = {"version", "placement_group_bundles", "placement_group_strategy",
-            "max_replicas_per_node", "logging_config", "request_router_config"}
+_IGNORED = {"placement_group_bundles", "placement_group_strategy",
+            "placement_group_bundle_label_selector", "max_replicas_per_node", "logging_config",
+            "request_router_config", "gang_scheduling_config", "deployment_actors"}
+_warned: set[str] = set()
 
 
 class Deployment:
     def __init__(self, func_or_class: Any, options: dict[str, Any]) -> None:
-        unknown = set(options) - _OPTION_KEYS
+        if "version" in options:
+            raise ConfigError("`version` in `@serve.deployment` has been removed. Serve "
+                              "manages deployment versions internally.")
+        unknown = set(options) - _OPTION_KEYS - _IGNORED
         if unknown:
             import difflib
 
@@ -44,6 +53,10 @@ class Deployment:
             close = difflib.get_close_matches(key, sorted(_OPTION_KEYS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown deployment option {key!r}.{hint}")
+        for key in sorted(set(options) & _IGNORED - _warned):
+            _warned.add(key)
+            log.warning("deployment option %r is Ray Serve's; surge accepts it and does not "
+                        "use it", key)
         if "max_concurrent_queries" in options:  # Ray's pre-2.10 name
             options = dict(options)
             options.setdefault("max_ongoing_requests", options.pop("max_concurrent_queries"))
@@ -148,6 +161,21 @@ def _register_reducers() -> None:
     copyreg.pickle(State, lambda state: (State, (dict(state._state),)))
 
 
+def source_digest(target: Any) -> str:
+    """A digest of the source file that defines `target` ("" when it has none)."""
+    import hashlib
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(target)
+        if path is None:
+            return ""
+        with open(path, "rb") as source:
+            return hashlib.sha256(source.read()).hexdigest()[:16]
+    except (TypeError, OSError):
+        return ""
+
+
 class _Builder:
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
@@ -166,9 +194,11 @@ class _Builder:
             import dataclasses
 
             config = dataclasses.replace(config, name=name)
+        target = app.deployment.func_or_class
         self.specs[name] = DeploymentSpec(
-            config=config, target_blob=pickle_target(app.deployment.func_or_class),
-            init_blob=bytes(cloudpickle.dumps((args, kwargs))))
+            config=config, target_blob=pickle_target(target),
+            init_blob=bytes(cloudpickle.dumps((args, kwargs))),
+            source_digest=source_digest(target))
         return name
 
     def _unique(self, name: str) -> str:

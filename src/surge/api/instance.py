@@ -4,7 +4,9 @@
 (SURGE_ADDRESS, or 127.0.0.1:52800); if none answers it starts the controller as a
 child process (which starts the proxy) under a `Supervisor` that restarts it if it
 dies. The process that started an instance shuts it down at exit, on SIGTERM and on
-Ctrl-C.
+Ctrl-C. A detached instance (`surge start`, serve.start(detached=True)) is supervised
+by a daemon of its own instead (api/daemon.py): this process only connects to it, and
+leaving does not stop it. docs/operations.md tells the whole lifecycle.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 from surge.api.supervisor import StartOptions, Supervisor, user_sys_path
+from surge.clock import SYSTEM
 from surge.config import DEFAULT_CONTROL_PORT
 from surge.errors import ControllerUnavailableError
 from surge.router.runtime import BackgroundLoop, RouterRuntime, set_runtime, set_runtime_factory
@@ -30,6 +34,7 @@ __all__ = ["Instance", "StartOptions", "connect_or_start", "control_address", "c
 log = logging.getLogger("surge")
 
 SHUTDOWN_TIMEOUT_S = 60.0
+DAEMON_EXIT_TIMEOUT_S = 10.0  # its controller is gone: it only cleans up and exits
 
 
 def control_address() -> str:
@@ -38,12 +43,14 @@ def control_address() -> str:
 
 class Instance:
     def __init__(self, address: str, loop: BackgroundLoop, runtime: RouterRuntime,
-                 supervisor: Supervisor | None, http_address: str) -> None:
+                 supervisor: Supervisor | None, hello: dict[str, Any]) -> None:
         self.address = address
         self.loop = loop
         self.runtime = runtime
         self.supervisor = supervisor  # set when this process started the instance
-        self.http_address = http_address
+        self.http_address: str = hello.get("http_address", "")
+        self.daemon_pid: int = hello.get("daemon_pid") or 0  # a detached instance's
+        self.log_file = ""  # where a detached instance started here writes
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -69,8 +76,10 @@ def current() -> Instance | None:
     return _instance
 
 
-def connect_or_start(options: StartOptions | None = None, *, start: bool = True) -> Instance:
-    """The running instance at the control address, or (with `start`) a new one."""
+def connect_or_start(options: StartOptions | None = None, *, start: bool = True,
+                     detached: bool = False) -> Instance:
+    """The running instance at the control address, or (with `start`) a new one: owned by
+    this process, or `detached` (it outlives this process; `surge shutdown` stops it)."""
     global _instance
     with _lock:
         if _instance is not None:
@@ -79,6 +88,7 @@ def connect_or_start(options: StartOptions | None = None, *, start: bool = True)
         loop = BackgroundLoop("surge-driver")
         try:
             _instance = _connect(address, loop, None)
+            _install_exit_hooks()
             if options is not None:
                 log.info("connected to the running surge instance at %s; its options stay "
                          "as they are", address)
@@ -86,6 +96,21 @@ def connect_or_start(options: StartOptions | None = None, *, start: bool = True)
             if not start:
                 loop.stop()
                 raise
+            if detached:
+                from surge.api.daemon import start_detached  # runs as __main__ too
+
+                try:
+                    ready = start_detached(address, options or StartOptions())
+                    _instance = _connect(ready["address"], loop, None)
+                    _instance.log_file = ready["log"]
+                except BaseException:
+                    loop.stop()
+                    raise
+                log.info("started a detached surge instance at %s (daemon pid %d, log %s); "
+                         "`surge shutdown` stops it", ready["address"], ready["daemon_pid"],
+                         ready["log"])
+                _install_exit_hooks()
+                return _instance
             supervisor: Supervisor | None = None
             try:
                 supervisor = Supervisor(address, options)
@@ -109,7 +134,7 @@ def _connect(address: str, loop: BackgroundLoop, supervisor: Supervisor | None) 
 
     runtime, hello = loop.run(make(), timeout=10)
     set_runtime(runtime)
-    return Instance(address, loop, runtime, supervisor, hello.get("http_address", ""))
+    return Instance(address, loop, runtime, supervisor, hello)
 
 
 _hooks_installed = False
@@ -131,8 +156,10 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _shutdown_at_exit() -> None:
-    if _instance is not None and _instance.process is not None:
-        disconnect(shutdown=True)
+    """An instance this process owns stops with it; from any other, it only disconnects
+    (its event loop thread stops before the interpreter tears down under it)."""
+    if _instance is not None:
+        disconnect(shutdown=_instance.process is not None)
 
 
 def disconnect(shutdown: bool) -> None:
@@ -172,8 +199,28 @@ def _wait_gone(instance: Instance) -> None:
             process.wait()
         return
     peer = instance.runtime.peer
-    if peer is not None:  # another process's instance: it is gone when the link closes
-        instance.loop.run(_closed(peer), timeout=SHUTDOWN_TIMEOUT_S + 1.0)
+    if peer is not None:  # another process's instance: its controller is gone when the
+        instance.loop.run(_closed(peer), timeout=SHUTDOWN_TIMEOUT_S + 1.0)  # link closes
+    if instance.daemon_pid and instance.daemon_pid != os.getpid():
+        _wait_pid_gone(instance.daemon_pid, DAEMON_EXIT_TIMEOUT_S)
+
+
+def _wait_pid_gone(pid: int, timeout: float) -> None:
+    """Until process `pid` (a detached instance's daemon, which leaves last) is gone."""
+    deadline = SYSTEM.monotonic() + timeout
+    while SYSTEM.monotonic() < deadline:
+        try:
+            reaped, _ = os.waitpid(pid, os.WNOHANG)  # our child: started here, detached
+            if reaped:
+                return
+        except ChildProcessError:  # not ours: it is gone when signal 0 finds nobody
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.05)
+    log.warning("the detached instance's daemon (pid %d) is still running after %.0f s",
+                pid, timeout)
 
 
 async def _closed(peer: Any) -> None:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -30,11 +28,11 @@ from typing import Any
 from surge.backends.choice import BackendChoice
 from surge.clock import SYSTEM
 from surge.config import HTTPOptions
-from surge.control_auth import new_token, publish, user_dir, withdraw
+from surge.config.weights import WeightStoreOptions
+from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
-from surge.controller.main import ERROR, READY
 from surge.errors import RayServeException
-from surge.launch import ControllerProcessSpec, Lifetime, encode
+from surge.launch import ControllerProcessSpec, Lifetime, await_ready, encode, start_process
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = ["StartOptions", "Supervisor", "user_sys_path"]
@@ -57,11 +55,16 @@ class StartOptions:
     backend: BackendChoice = field(default_factory=BackendChoice)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     dashboard: DashboardOptions = field(default_factory=DashboardOptions.from_env)
+    weights: WeightStoreOptions = field(default_factory=WeightStoreOptions)
 
 
 class Supervisor:
-    def __init__(self, address: str, options: StartOptions | None = None) -> None:
+    def __init__(self, address: str, options: StartOptions | None = None,
+                 sys_path: tuple[str, ...] | None = None, detached: bool = False) -> None:
         self.options = options or StartOptions()  # restarts come back with the same
+        self.detached = detached  # this process is a detached instance's daemon
+        # Where the user's modules are (the caller's, also for a detached instance).
+        self.sys_path = user_sys_path() if sys_path is None else sys_path
         self.environment = dict(os.environ)  # as the caller set it up: restarts keep it
         self.token = new_token()
         self.state_dir = tempfile.mkdtemp(prefix="instance-", dir=user_dir())
@@ -90,30 +93,20 @@ class Supervisor:
             address=address, http=options.http, backend=options.backend.name,
             ray_address=options.backend.ray_address, token=self.token,
             state_dir=self.state_dir, recover=recover,
-            lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid()),
-            logging=options.logging.resolved(), dashboard=options.dashboard)
+            lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid(),
+                              detached=self.detached),
+            logging=options.logging.resolved(), dashboard=options.dashboard,
+            weights=options.weights)
 
     def _launch(self, address: str,
                 recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-        env = dict(self.environment)
-        paths = [p for p in (*user_sys_path(), env.get("PYTHONPATH", "")) if p]
+        env = {k: v for k, v in self.environment.items() if k != TOKEN_ENV}  # in the spec
+        paths = [p for p in (*self.sys_path, env.get("PYTHONPATH", "")) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "surge.controller"], stdout=subprocess.PIPE,
-            stdin=subprocess.PIPE, env=env, start_new_session=True)
-        assert process.stdout is not None and process.stdin is not None
-        with process.stdin, contextlib.suppress(BrokenPipeError):
-            process.stdin.write(encode(self.spec(address, recover)))
-        line = _read_line(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
-        process.stdout.close()
-        if line.startswith(f"{READY} "):
-            ready: dict[str, Any] = json.loads(line[len(READY) + 1:])
-            return process, ready
-        process.kill()
-        process.wait()
-        reason = line[len(ERROR) + 1:] if line.startswith(f"{ERROR} ") else (
-            line or "the controller exited without saying why (see its log above)")
-        raise RayServeException(f"could not start surge: {reason}")
+        process = start_process([sys.executable, "-m", "surge.controller"],
+                                encode(self.spec(address, recover)), env,
+                                stdout=subprocess.PIPE, start_new_session=True)
+        return process, await_ready(process, RESTART_TIMEOUT_S if recover else START_TIMEOUT_S)
 
     def _watch(self) -> None:
         try:
@@ -164,23 +157,6 @@ class Supervisor:
                 log.warning("stopping pid %d, left running by a controller that died", pid)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
-
-
-def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = SYSTEM.monotonic() + timeout
-    data = b""
-    while b"\n" not in data and SYSTEM.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-        elif process.poll() is not None:
-            break
-    return data.decode(errors="replace").split("\n", 1)[0].strip()
 
 
 def user_sys_path() -> tuple[str, ...]:

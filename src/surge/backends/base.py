@@ -16,9 +16,11 @@ from typing import Protocol
 
 from surge.config import ReplicaResources
 from surge.errors import RayServeException
+from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId
 
-__all__ = ["Backend", "Exit", "Placement", "PlacementError", "ProxyLaunch", "ReplicaLaunch"]
+__all__ = ["LOCAL_PLACEMENT", "Backend", "Exit", "Placement", "PlacementError", "ProxyLaunch",
+           "ReplicaLaunch"]
 
 
 class PlacementError(RayServeException):
@@ -46,6 +48,9 @@ class Placement:
 
     node_id: str
     node_ip: str
+
+
+LOCAL_PLACEMENT = Placement(LOCAL_NODE, "127.0.0.1")  # everything on a one-machine backend
 
 
 @dataclass(frozen=True)

@@ -67,13 +67,25 @@ class ForkServer:
                 messages.append(json.loads(line))
         return messages
 
+    def _noted(self, message: dict[str, Any]) -> bool:
+        """Keep what any read may bring (an exit; the ready line); True if it was one."""
+        if "exited" in message:
+            self._exits.append((message["exited"], int(message["code"])))
+            return True
+        if "ready" in message:
+            self._ready = True
+            return True
+        return False
+
     def _wait_for(self, key: str, process_id: str | None, timeout: float) -> dict[str, Any]:
         deadline = SYSTEM.monotonic() + timeout
         while SYSTEM.monotonic() < deadline:
+            if key == "ready" and self._ready:
+                return {}
             for message in self._messages(0.05):
-                if "exited" in message:
-                    self._exits.append((message["exited"], int(message["code"])))
-                elif key in message and (process_id is None or message[key] == process_id):
+                if self._noted(message):
+                    continue
+                if key in message and (process_id is None or message[key] == process_id):
                     return message
                 elif "failed" in message and message["failed"] == process_id:
                     raise ForkServerError(message.get("error", "fork failed"))
@@ -85,7 +97,6 @@ class ForkServer:
         """Fork a replica that becomes `spec` (its surge.launch line) with `env`."""
         if not self._ready:
             self._wait_for("ready", None, READY_TIMEOUT_S)
-            self._ready = True
         request = {"spawn": process_id, "spec": spec.decode(), "env": env}
         try:
             os.write(self._in, (json.dumps(request) + "\n").encode())
@@ -97,8 +108,7 @@ class ForkServer:
         if self.alive or self._buffer:
             try:
                 for message in self._messages(0):
-                    if "exited" in message:
-                        self._exits.append((message["exited"], int(message["code"])))
+                    self._noted(message)  # the ready line too: a spawn must not wait for it
             except ForkServerError:
                 pass
         exits, self._exits = self._exits, []

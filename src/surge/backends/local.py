@@ -5,14 +5,15 @@ is available, else started as fresh interpreters; the proxy is a child of the
 controller. Each gets its spec (surge.launch) on stdin. With a supervisor (the process
 that started the instance) they outlive the controller and leave with the supervisor;
 a restarted controller `adopt`s them by pid. Replicas listen on Unix sockets in the
-instance's state directory. GPUs are found from CUDA_VISIBLE_DEVICES or
-`nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs
-are not reserved (processes may share cores).
+instance's state directory, where the node's weight store (surge.weights, one process
+beside the fork server) listens too; each replica's spec names that socket. GPUs are
+found from CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as
+CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved (processes may
+share cores).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -22,10 +23,20 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
+from surge.backends.base import (
+    LOCAL_PLACEMENT,
+    Exit,
+    Placement,
+    PlacementError,
+    ProxyLaunch,
+    ReplicaLaunch,
+)
 from surge.backends.forking import ForkServer, ForkServerError
-from surge.launch import LOCAL_NODE, Lifetime, Membership, Unix, encode
+from surge.config.weights import WeightStoreOptions
+from surge.control_auth import TOKEN_ENV
+from surge.launch import Lifetime, Membership, Unix, encode, start_process
 from surge.process import open_pidfd, pid_gone
+from surge.weights.node import NodeStore
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -91,11 +102,12 @@ class GpuPool:
 
 class LocalBackend:
     name = "local"
-    head = Placement(LOCAL_NODE, "127.0.0.1")
+    head = LOCAL_PLACEMENT
     deaths_visible_at_once = True  # a member's pid is gone the moment it dies
 
     def __init__(self, membership: Membership, state_dir: str | None = None,
-                 gpus: list[str] | None = None, use_forkserver: bool = True) -> None:
+                 gpus: list[str] | None = None, use_forkserver: bool = True,
+                 weights: WeightStoreOptions | None = None) -> None:
         self.membership = membership
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
@@ -106,20 +118,27 @@ class LocalBackend:
         else:
             self.socket_dir = tempfile.mkdtemp(prefix="surge-")
         self.forked: dict[str, int] = {}  # replica id -> pid, for fork-server children
+        self._exits: list[Exit] = []  # seen before poll_exits asked
         # Processes a previous controller started: id -> (pid, pidfd or None).
         self.adopted: dict[str, tuple[int, int | None]] = {}
-        self.forkserver: ForkServer | None = None
-        if use_forkserver:
-            self.forkserver = ForkServer(self._env({}, ()))
         # Unsupervised, members die with this process (their parent).
         self.lifetime = Lifetime(supervisor_pid=membership.supervisor_pid,
                                  parent_pid=os.getpid())
+        self.weights: NodeStore | None = None
+        options = weights if weights is not None else WeightStoreOptions()
+        if options.enabled:
+            self.weights = NodeStore(options, os.path.join(self.socket_dir, "weights.sock"),
+                                     self.lifetime, membership.logging, self._env({}, ()))
+            self.weights.start_or_adopt()
+        self.forkserver: ForkServer | None = None
+        if use_forkserver:
+            self.forkserver = ForkServer(self._env({}, ()))
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
 
     def _env(self, extra: dict[str, str], sys_path: tuple[str, ...]) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the spec carries it
         paths = [p for p in (*sys_path, env.get("PYTHONPATH", "")) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -131,9 +150,10 @@ class LocalBackend:
         gpus = self.gpus.take(launch.replica_id, launch.resources.num_gpus)
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        store = self.weights.address if self.weights is not None else None
         spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
                                               launch.deployment.name, Unix(self.socket_dir),
-                                              self.lifetime))
+                                              self.lifetime, store))
         env = self._env(extra, launch.sys_path)
         if self.forkserver is not None:
             try:
@@ -152,11 +172,10 @@ class LocalBackend:
         return self._spawn(launch.proxy_id, "surge.proxy", spec, self._env({}, ()))
 
     def _spawn(self, process_id: str, module: str, spec: bytes, env: dict[str, str]) -> int:
-        process = subprocess.Popen([sys.executable, "-m", module], env=env,
-                                   stdin=subprocess.PIPE, close_fds=True)
-        assert process.stdin is not None
-        with process.stdin, contextlib.suppress(BrokenPipeError):  # it died: an exit
-            process.stdin.write(spec)  # one line, far below a pipe's buffer: never blocks
+        previous = self.processes.get(process_id)
+        if previous is not None and previous.poll() is not None:  # its exit, still unseen
+            self._exits.append(Exit(process_id, previous.returncode))
+        process = start_process([sys.executable, "-m", module], spec, env)
         self.processes[process_id] = process
         return process.pid
 
@@ -192,7 +211,9 @@ class LocalBackend:
                 pass
 
     def poll_exits(self) -> list[Exit]:
-        exits = []
+        if self.weights is not None:
+            self.weights.poll()
+        exits, self._exits = self._exits, []
         for process_id, process in list(self.processes.items()):
             code = process.poll()
             if code is not None:
@@ -230,6 +251,8 @@ class LocalBackend:
     def close(self) -> None:
         if self.forkserver is not None:
             self.forkserver.close()
+        if self.weights is not None:
+            self.weights.close()
         for _, pidfd in self.adopted.values():
             if pidfd is not None:
                 os.close(pidfd)

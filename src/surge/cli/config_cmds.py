@@ -1,6 +1,6 @@
-"""`surge run config.yaml`, `surge deploy`, `surge build` and `surge config lint`.
+"""`surge run config.yaml`, `surge deploy`, `surge build`, `surge config [lint]`.
 
-All four read Ray Serve's `serve deploy` YAML (see surge.api.config_file). Errors go to
+They read and write Ray Serve's `serve deploy` YAML (see surge.api.config_file). Errors go to
 stderr as `FILE:LINE: FIELD: what is wrong`, one per line, and exit 1; warnings about
 Ray keys surge does not implement go to stderr and do not stop anything.
 """
@@ -8,12 +8,15 @@ Ray keys surge does not implement go to stderr and do not stop anything.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parsers", "build_command", "config_command", "deploy_command",
-           "is_config_path", "lint_command", "run_config"]
+from surge.errors import ConfigError
+
+__all__ = ["add_parsers", "build_command", "config_command", "deploy_command", "grpc_flags",
+           "instance_address_flag", "is_config_path", "lint_command", "run_config"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -24,24 +27,41 @@ def is_config_path(target: str) -> bool:
 
 def add_parsers(commands: Any) -> None:
     deploy = commands.add_parser(
-        "deploy", help="apply a config file to the running instance",
-        description="Apply a Ray Serve-style config to a running surge instance: changed "
-                    "user_config reconfigures replicas in place, other changes roll them "
-                    "(new replicas serve before old ones drain), applications missing "
-                    "from the file are deleted.")
-    deploy.add_argument("config", help="config file (YAML)")
-    deploy.add_argument("--address", help="control address host:port")
+        "deploy", help="apply a config file or an application to the running instance",
+        description="Apply a Ray Serve-style config (or one application by import path, "
+                    "with builder arguments as key=value) to a running surge instance: "
+                    "changed user_config reconfigures replicas in place, other changes "
+                    "roll them (new replicas serve before old ones drain), applications "
+                    "an earlier config deployed and the file lacks are deleted. "
+                    "`-a http://HOST:PORT` deploys through the dashboard's REST API, "
+                    "as Ray's `serve deploy`.")
+    deploy.add_argument("config_or_import_path",
+                        help="config file (YAML), or an import path such as main:app")
+    deploy.add_argument("arguments", nargs="*", metavar="key=value",
+                        help="arguments of an application builder function")
+    deploy.add_argument("--name", help="application name (import path only)")
+    instance_address_flag(deploy)
+    _runtime_env_flags(deploy)
 
     build = commands.add_parser(
         "build", help="write the config file of module:app",
         description="Import applications and write their config in `serve deploy` format.")
     build.add_argument("import_paths", nargs="+", metavar="module:app",
                        help="bound application or builder (several: app1, app2, ...)")
-    build.add_argument("-o", "--output", help="write here instead of stdout")
+    build.add_argument("-d", "--app-dir", default=".",
+                       help="directory to import the applications from (default: .)")
+    build.add_argument("-o", "--output-path", "--output", dest="output",
+                       help="write here instead of stdout")
+    grpc_flags(build)
 
-    config = commands.add_parser("config", help="check config files",
-                                 description="Work with config files.")
-    actions = config.add_subparsers(dest="config_command", required=True)
+    config = commands.add_parser(
+        "config", help="print the deployed configs, or check a file (config lint)",
+        description="Without a subcommand, print the config each application was "
+                    "deployed with (as Ray's `serve config`); `config lint FILE` checks a "
+                    "file.")
+    instance_address_flag(config)
+    config.add_argument("-n", "--name", help="only this application's config")
+    actions = config.add_subparsers(dest="config_command")
     lint = actions.add_parser(
         "lint", help="find configuration traps",
         description="One finding per line: LEVEL RULE-ID app/deployment.field: what is "
@@ -52,6 +72,28 @@ def add_parsers(commands: Any) -> None:
     lint.add_argument("--no-import", action="store_true",
                       help="do not import the applications (skip code-level checks)")
     lint.add_argument("--json", action="store_true", help="print findings as JSON")
+
+
+def instance_address_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-a", "--address",
+                        help="control address host:port, or a dashboard URL http://host:port")
+
+
+def grpc_flags(parser: argparse.ArgumentParser) -> None:
+    """Ray's gRPC flags: accepted (surge has no gRPC ingress yet), hidden from --help."""
+    parser.add_argument("--grpc-servicer-functions", action="append", default=[],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-enable-reflection", "--grpc-disable-reflection",
+                        action="store_true", help=argparse.SUPPRESS)
+
+
+def _runtime_env_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime-env", metavar="FILE",
+                        help="YAML runtime_env; surge uses its env_vars and a local "
+                             "working_dir")
+    parser.add_argument("--runtime-env-json", metavar="JSON", help="the same, as JSON")
+    parser.add_argument("--working-dir", metavar="DIR",
+                        help="local directory holding the application's code")
 
 
 def _load(path: str) -> Any:
@@ -67,7 +109,7 @@ def _progress(line: str) -> None:
     print(f"surge: {line}", flush=True)
 
 
-def run_config(args: argparse.Namespace) -> None:
+def run_config(args: argparse.Namespace, detached: bool = False) -> None:
     """Start surge with the file's http_options and deploy its applications."""
     from surge.api.config_apply import apply_config
 
@@ -83,19 +125,57 @@ def run_config(args: argparse.Namespace) -> None:
 
         config = dataclasses.replace(config, backend=args.backend or config.backend,
                                      ray_address=args.ray_address)
-    instance = apply_config(config, start=True, progress=_progress)
+    instance = apply_config(config, start=True, progress=_progress, detached=detached)
     print(f"surge: {len(config.applications)} application(s) running at "
-          f"http://{instance.http_address}; Ctrl-C to stop", flush=True)
+          f"http://{instance.http_address}" + ("; Ctrl-C to stop" if not detached else ""),
+          flush=True)
 
 
 def deploy_command(args: argparse.Namespace) -> int:
     from surge.api.config_apply import apply_config
+    from surge.api.config_file import parse_config
+    from surge.cli.lifecycle import builder_args
+    from surge.cli.remote import Dashboard, is_dashboard_url
 
-    config = _load(args.config)
+    target = args.config_or_import_path
+    arguments = builder_args(args.arguments)
+    if is_config_path(target):
+        if arguments:
+            raise ConfigError("application arguments cannot be given with a config file")
+        if args.name:
+            print("surge: warning: --name is ignored with a config file", file=sys.stderr)
+    if is_dashboard_url(args.address):  # as Ray's `serve deploy`: the REST API does it
+        Dashboard(args.address).deploy(_deploy_dict(target, arguments, args.name))
+        print(f"surge: sent the deploy request to {args.address}; `surge status -a "
+              f"{args.address}` follows it", flush=True)
+        return 0
+    if is_config_path(target):
+        config = _load(target)
+    else:
+        config = parse_config(_deploy_dict(target, arguments, args.name),
+                              source=f"surge deploy {target}")
     apply_config(config, start=False, progress=_progress)
     # http_options take effect when surge starts; a running instance keeps its own.
-    print(f"surge: deployed {args.config}", flush=True)
+    print(f"surge: deployed {target}", flush=True)
     return 0
+
+
+def _deploy_dict(target: str, arguments: dict[str, str], name: str | None) -> dict[str, Any]:
+    """The ServeDeploySchema to deploy: the file's, or one application's."""
+    if is_config_path(target):
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(target).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{target}: cannot read the config file: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{target}: a config file is a mapping with `applications`")
+        return data
+    app: dict[str, Any] = {"import_path": target, "args": arguments}
+    if name:
+        app["name"] = name
+    return {"applications": [app]}
 
 
 def build_command(args: argparse.Namespace) -> int:
@@ -103,9 +183,18 @@ def build_command(args: argparse.Namespace) -> int:
 
     from surge.api.config_apply import build_config
 
+    if args.grpc_servicer_functions:
+        print("surge: warning: no gRPC ingress yet; grpc_options are not written",
+              file=sys.stderr)
+    sys.path.insert(0, os.path.abspath(args.app_dir))
     data = build_config(list(args.import_paths))
-    text = ("# Written by `surge build`; `surge run` or `surge deploy` this file.\n"
-            + yaml.safe_dump(data, sort_keys=False))
+    # As Ray's ServeDeploySchemaDumper writes it: a blank line between top-level keys.
+    sections = [yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False,
+                               width=80, indent=2) for key, value in data.items()]
+    text = ("# Written by `surge build` (Ray Serve's `serve build` format); `surge run`, "
+            "`surge deploy` or `serve deploy` this file.\n\n" + "\n".join(sections))
+    print("surge: the applications are named app1, app2, ...; rename them as you like",
+          file=sys.stderr)
     if args.output:
         Path(args.output).write_text(text)
         print(f"surge: wrote {args.output}", file=sys.stderr)
@@ -141,4 +230,27 @@ def lint_command(args: argparse.Namespace) -> int:
 
 
 def config_command(args: argparse.Namespace) -> int:
-    return lint_command(args)
+    if args.config_command == "lint":
+        return lint_command(args)
+    return show_configs(args)
+
+
+def show_configs(args: argparse.Namespace) -> int:
+    """The config each application was last deployed with (as Ray's `serve config`)."""
+    import yaml
+
+    from surge.cli.remote import details
+
+    applications = details(args.address).get("applications") or {}
+    if args.name is not None:
+        app = applications.get(args.name)
+        if app is None or not app.get("deployed_app_config"):
+            print(f"No config has been deployed for application {args.name!r}.")
+            return 0
+        sys.stdout.write(yaml.safe_dump(app["deployed_app_config"], sort_keys=False))
+        return 0
+    configs = [yaml.safe_dump(app["deployed_app_config"], sort_keys=False)
+               for app in applications.values() if app.get("deployed_app_config")]
+    print("\n---\n\n".join(configs).rstrip("\n") if configs else
+          "No configuration was found.")
+    return 0

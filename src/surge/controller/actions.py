@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from surge.controller.state import Peer
 from surge.model import DeploymentId, ReplicaInfo
 from surge.policy.reconcile import ActivateReplica, StopReplica
 
 __all__ = [
     "Action",
     "ActivateReplica",
-    "AdoptProxy",
     "AdoptReplica",
     "CheckHealth",
     "DrainStranger",
@@ -26,6 +26,7 @@ __all__ = [
     "ForgetDeployment",
     "KillProcess",
     "ProxyExited",
+    "ProxyReady",
     "Reconfigure",
     "ReplicaExited",
     "StartProxy",
@@ -113,14 +114,14 @@ class AdoptReplica:
 
     info: ReplicaInfo
     version: int
-    peer: Any  # its control connection (controller.state.Peer)
+    peer: Peer  # its control connection
     gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
-class AdoptProxy:
-    """A proxy serves: record it (and have the backend watch it, if another controller
-    started it)."""
+class ProxyReady:
+    """A proxy serves (or, after a restart, re-attached): record it, and have the backend
+    watch it if another controller started it."""
 
     proxy_id: str
     pid: int
@@ -131,9 +132,12 @@ class AdoptProxy:
 
 @dataclass(frozen=True)
 class DrainStranger:
-    """A member re-registered for a deployment that is gone: let it finish and leave."""
+    """A member re-registered for a deployment that is gone: let it finish and leave
+    (killed if it does not drain within the executor's STRANGER_DRAIN_S)."""
 
-    peer: Any
+    replica_id: str
+    pid: int
+    peer: Peer
     reason: str
 
 
@@ -146,4 +150,4 @@ class EndRecovery:
 
 Action = (StartReplicas | ActivateReplica | StopReplica | FailReplica | KillProcess
           | CheckHealth | ReplicaExited | ProxyExited | StartProxy | StopProxy | Reconfigure
-          | ForgetDeployment | AdoptReplica | AdoptProxy | DrainStranger | EndRecovery)
+          | ForgetDeployment | AdoptReplica | ProxyReady | DrainStranger | EndRecovery)

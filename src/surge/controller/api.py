@@ -19,8 +19,9 @@ from typing import Any
 from surge.clock import Clock
 from surge.config import AppSpec
 from surge.controller import desired
-from surge.controller.actions import AdoptProxy
+from surge.controller.actions import ProxyReady
 from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.details import instance_details
 from surge.controller.executor import Executor
 from surge.controller.observer import Observer
 from surge.controller.plan import PROXY_PREFIX
@@ -49,7 +50,7 @@ class ControlApi:
     def __init__(self, state: ControllerState, executor: Executor, publisher: Publisher,
                  recovery: Recovery, autoscaler: Autoscaler, load: LoadTracker,
                  observer: Observer, clock: Clock, *, changed: asyncio.Condition,
-                 shutdown: Callable[[], None]) -> None:
+                 replan: Callable[[], None], shutdown: Callable[[], None]) -> None:
         self.state = state
         self.executor = executor
         self.publisher = publisher
@@ -59,6 +60,7 @@ class ControlApi:
         self.observer = observer
         self.clock = clock
         self.changed = changed  # notified whenever state may have changed
+        self.replan = replan  # act on the plan now (a member's news must not wait a tick)
         self.shutdown = shutdown
         self.proxy_ready = asyncio.Event()  # the first proxy serves, or could not
 
@@ -99,7 +101,8 @@ class ControlApi:
             self.executor.apply(recovery.adopt_replica(state, peer, pid, info))
         if recovery.active:  # the last member back ends recovery at once
             self.executor.apply(recovery.due(state, self.clock.monotonic()))
-        return {"controller_pid": os.getpid(), "http_address": state.proxy_address}
+        return {"controller_pid": os.getpid(), "http_address": state.proxy_address,
+                "daemon_pid": state.daemon_pid}
 
     async def rpc_watch(self, peer: Peer, deployment: DeploymentId) -> None:
         self.publisher.watch(peer, deployment)
@@ -132,6 +135,14 @@ class ControlApi:
         for did in self.state.apps[app.name].ids():
             self.publisher.replica_set(did, force=True)
 
+    async def rpc_build_failed(self, peer: Peer, name: str, message: str,
+                               source_config: dict[str, Any], route_prefix: str | None) -> None:
+        """A config's application did not build (Ray's REST PUT answered already):
+        DEPLOY_FAILED with the reason."""
+        desired.build_failed(self.state, name, message, source_config, route_prefix,
+                             self.clock.wall())
+        await self.notify()
+
     async def rpc_wait_app(self, peer: Peer, name: str, timeout_s: float | None = None
                            ) -> ApplicationStatusOverview | None:
         done = {ApplicationStatus.RUNNING, ApplicationStatus.DEPLOY_FAILED}
@@ -152,8 +163,9 @@ class ControlApi:
     async def rpc_status(self, peer: Peer) -> ServeStatus:
         state = self.state
         applications = {}
+        groups = state.by_deployment()
         for name in state.apps:
-            overview = state.app_status(name)
+            overview = state.app_status(name, groups)
             for dname, deployment in overview.deployments.items():
                 deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
             applications[name] = overview
@@ -163,6 +175,10 @@ class ControlApi:
             http_address=state.proxy_address, control_address=state.address,
             proxy_addresses={p.proxy_id: p.address for p in state.proxies.values()},
             dashboard_address=self.observer.url)
+
+    async def rpc_details(self, peer: Peer) -> dict[str, Any]:
+        """The instance as Ray's REST API describes it (`surge config`, `surge status -a`)."""
+        return instance_details(self.state, self.clock, os.getpid())
 
     async def rpc_ingress(self, peer: Peer, app: str) -> str | None:
         record = self.state.apps.get(app)
@@ -200,13 +216,19 @@ class ControlApi:
 
     async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
-        self.executor.apply([AdoptProxy(proxy_id, pid, address,
+        self.executor.apply([ProxyReady(proxy_id, pid, address,
                                         peer.info.get("node_id", LOCAL_NODE))])
         self.proxy_ready.set()
+        self.replan()  # the other workers join the port it bound
 
     async def rpc_proxy_failed(self, peer: Peer, error: str) -> None:
-        self.state.proxy_error = error
-        self.proxy_ready.set()
+        """A proxy cannot serve. Before any serves, the instance cannot start (main says
+        why); later, it exits and is restarted with a backoff (executor)."""
+        if not self.state.proxy_address:
+            self.state.proxy_error = error
+            self.proxy_ready.set()
+        else:
+            log.error("%s cannot serve: %s", peer.info.get("proxy_id", "a proxy"), error)
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -239,7 +261,8 @@ class ControlApi:
                  and len(state.running_current(deployment.id)) >= deployment.target)
         replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
         replica.next_health_check = now + deployment.config.health_check_period_s
-        deployment.constructor_failures = 0
+        if replica.version == deployment.version:  # an old one's start proves nothing new
+            deployment.constructor_failures, deployment.version_ran = 0, True
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
@@ -254,8 +277,7 @@ class ControlApi:
             return
         deployment = self.state.deployments.get(replica.deployment)
         if deployment is not None and replica.version == deployment.version:
-            deployment.constructor_failures += 1
-            deployment.last_error = error
+            self.state.start_failed(deployment, error, self.clock.monotonic())
         if replica.alive:
             replica.move(ReplicaState.FAILED)
         await self.notify()

@@ -21,7 +21,7 @@ from surge.policy.autoscale_step import Step, StepInputs, autoscale_step
 from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 
-__all__ = ["HISTORY_S", "Autoscaler", "DecisionRecord", "LoadTracker", "resolve_policy"]
+__all__ = ["Autoscaler", "DecisionRecord", "LoadTracker"]
 
 log = logging.getLogger("surge.autoscaler")
 
@@ -99,6 +99,14 @@ class DecisionRecord:
     signals: Mapping[str, float]
 
 
+def _failing(exc: Exception) -> Policy:
+    """A policy that could not be built: each step reports it as the policy's failure."""
+    def policy(*_: object) -> Decision:
+        raise exc
+
+    return policy
+
+
 class Autoscaler:
     """Runs policy.autoscale_step for each autoscaled deployment and keeps what it decided."""
 
@@ -122,9 +130,13 @@ class Autoscaler:
     def step(self, deployment: DeploymentId, config: AutoscalingConfig,
              inputs: StepInputs) -> Step:
         state = self.states.get(deployment, PolicyState())
-        step = autoscale_step(self.prepare(deployment, config), config, state, inputs)
+        try:
+            policy = self.prepare(deployment, config)
+        except Exception as exc:  # deploys check it first; a user's class may still raise
+            policy = _failing(exc)
+        step = autoscale_step(policy, config, state, inputs)
         decision = step.decision
-        if decision.kind is DecisionKind.POLICY_FAILED:
+        if step.failed:
             log.error("autoscaling policy of %s: %s", deployment, decision.reason)
             return step
         self.states[deployment] = decision.state

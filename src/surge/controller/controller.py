@@ -13,13 +13,16 @@ It is never on the request path. Its parts, each in its own module:
 
 This class wires them and runs the loop: every `TICK_S` it takes the backend's exits,
 closes the load bucket, runs each autoscaled deployment's step, applies the plan, and
-checkpoints the members. A router whose queue starts to grow reports at once
-(`load_urgent`), and the deployment is decided and reconciled without waiting a tick.
+checkpoints the members. A router whose queue starts to grow reports within
+URGENT_REPORT_DELAY_S (`load_urgent`), and the deployment is decided and reconciled
+without waiting a tick; so is everything a member's report changes (a proxy that
+serves, a replica that is ready).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Coroutine
@@ -28,16 +31,16 @@ from typing import Any
 from surge.backends.base import Backend
 from surge.clock import SYSTEM, Clock
 from surge.config import HTTPOptions, default_proxy_workers
-from surge.controller.actions import FailReplica, StopReplica
+from surge.controller.actions import FailReplica, KillProcess, StopProxy, StopReplica
 from surge.controller.api import ControlApi
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.checkpoint import Checkpoint
-from surge.controller.executor import Executor
+from surge.controller.executor import DRAIN_GRACE_S, Executor
 from surge.controller.observer import Observer
 from surge.controller.plan import Observed, absorb_exits, is_proxy, plan, reconcile_deployment
 from surge.controller.publish import Publisher
 from surge.controller.recovery import Recovery
-from surge.controller.state import ControllerState, DeploymentRecord, Peer
+from surge.controller.state import ControllerState, DeploymentRecord, Peer, ReplicaRecord
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import TICK_S, StepInputs, urgent_decision_due
 from surge.policy.autoscaling import LoadSample
@@ -49,7 +52,7 @@ log = logging.getLogger("surge.controller")
 
 # At shutdown proxies go first (they finish what they hold while replicas still serve).
 PROXY_STOP_TIMEOUT_S = 6.0
-STOP_GRACE_S = 2.0
+SHUTDOWN_POLL_S = 0.02
 
 
 def random_replica_id(deployment: str) -> str:
@@ -77,7 +80,7 @@ class Controller:
                                  new_replica_id=new_replica_id, forgotten=self._forgotten)
         self.api = ControlApi(self.state, self.executor, self.publisher, self.recovery,
                               self.autoscaler, self.load, self.observer, clock,
-                              changed=asyncio.Condition(),
+                              changed=asyncio.Condition(), replan=self.replan,
                               shutdown=lambda: self.spawn(self.shutdown()))
 
     def __repr__(self) -> str:
@@ -98,7 +101,8 @@ class Controller:
     def restore(self) -> None:
         """After a restart: re-deploy what the previous controller saved, then wait for
         its members to re-attach (nothing is pushed meanwhile)."""
-        for saved in self.recovery.load():
+        now = self.clock.monotonic()
+        for saved in self.recovery.start(now):
             try:
                 self.api.deploy(saved.spec)
             except Exception as exc:
@@ -110,12 +114,18 @@ class Controller:
                 if record is not None:
                     record.version = version
         self.publisher.paused = True
-        self.recovery.begin(self.clock.monotonic())
-        self.executor.apply(self.recovery.due(self.state, self.clock.monotonic()))
+        self.executor.apply(self.recovery.due(self.state, now))
 
     def serve_http(self) -> None:
         """Start the proxies (the plan keeps them running from now on)."""
         self.state.serve_http = True
+        self.replan()
+
+    def replan(self) -> None:
+        """Take the backend's news and act on the plan now, without waiting for a tick."""
+        if self.recovery.active:
+            return
+        self.executor.apply(absorb_exits(self.state, self.backend.poll_exits()))
         self.executor.apply(plan(self.state, self._observe(), self.clock.monotonic()))
 
     # -- the control connection (transport.rpc.RpcHandler) --------------------------------
@@ -132,7 +142,10 @@ class Controller:
                 self.load.report(id(peer), report)
             if topic == "load_urgent" and not self.state.stopping:
                 for deployment in {report.deployment for report in value}:
-                    self.decide_now(deployment)
+                    try:
+                        self.decide_now(deployment)
+                    except Exception:  # never on the member's connection
+                        log.exception("urgent decision for %s failed", deployment)
 
     def on_disconnect(self, peer: Peer) -> None:
         self.publisher.drop(peer)
@@ -161,8 +174,9 @@ class Controller:
         if self.recovery.active:  # re-attaching after a restart: change nothing yet
             self.executor.apply(self.recovery.due(state, now))
             return
+        groups = state.by_deployment()
         for record in list(state.deployments.values()):
-            self._autoscale(record, now)
+            self._autoscale(record, now, groups.get(record.id, []))
         self.executor.apply(plan(state, self._observe(), now))
         state.note_running_apps()
         self.recovery.save_members(state)
@@ -180,10 +194,10 @@ class Controller:
         if not urgent_decision_due(record.last_urgent_decision, now):
             return
         record.last_urgent_decision = now
-        self._autoscale(record, now, self.load.peek(did, now))
-        self.executor.apply(reconcile_deployment(self.state, did))
+        self._autoscale(record, now, self.state.replicas_of(did), self.load.peek(did, now))
+        self.executor.apply(reconcile_deployment(self.state, did, now))
 
-    def _autoscale(self, record: DeploymentRecord, now: float,
+    def _autoscale(self, record: DeploymentRecord, now: float, replicas: list[ReplicaRecord],
                    open_bucket: LoadSample | None = None) -> None:
         config = record.config.autoscaling_config
         if config is None or record.deleting:
@@ -193,7 +207,8 @@ class Controller:
             samples.append(open_bucket)
         step = self.autoscaler.step(record.id, config, StepInputs(
             now=now, second_of_day=self.clock.second_of_day(),
-            running=len(self.state.running_current(record.id)), target=record.target,
+            running=len(self.state.running_current(record.id, replicas)),
+            target=record.target,
             samples=samples, startup_lead_s=record.startup_lead_s))
         record.standby_floor = step.standby_replicas
         record.target = step.target
@@ -207,6 +222,8 @@ class Controller:
     # -- shutdown --------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
+        """Proxies first (they finish what they hold while replicas still serve), then
+        the replicas drain; whatever is left at the deadline is killed."""
         state = self.state
         if state.stopping:
             return
@@ -214,30 +231,32 @@ class Controller:
         if self.recovery.active:  # stop waiting: adopt nobody else, stop the stragglers
             self.executor.apply(self.recovery.due(state, self.clock.monotonic()))
         log.info("shutting down: stopping %d replica(s) and the proxy", len(state.replicas))
-        for proxy_id in [p for p in self.backend.alive() if is_proxy(p)]:
-            self.backend.terminate(proxy_id)
-        await self._until(lambda: not any(is_proxy(p) for p in self.backend.alive()),
-                          PROXY_STOP_TIMEOUT_S)
+        self.executor.apply(StopProxy(p, "shutdown") for p in self._proxies())
+        await self._until(lambda: not self._proxies(), PROXY_STOP_TIMEOUT_S)
         self.executor.apply(StopReplica(r.replica_id, "shutdown")
                             for r in list(state.replicas.values()) if r.alive)
         longest = max((d.config.graceful_shutdown_timeout_s
                        for d in state.deployments.values()), default=0.0)
-
-        def gone() -> bool:
-            self.backend.poll_exits()
-            return not self.backend.alive()
-
-        await self._until(gone, longest + STOP_GRACE_S)
-        for process_id in self.backend.alive():
-            self.backend.kill(process_id)
+        await self._until(lambda: not self._alive(), longest + DRAIN_GRACE_S)
+        self.executor.apply(KillProcess(p, "still alive at shutdown") for p in self._alive())
         self.backend.close()
         self.stopped.set()
 
+    def _alive(self) -> list[str]:
+        """The backend's live processes, after taking note of those that exited."""
+        self.executor.apply(absorb_exits(self.state, self.backend.poll_exits()))
+        return self.backend.alive()
+
+    def _proxies(self) -> list[str]:
+        return [p for p in self._alive() if is_proxy(p) and p not in self.state.replicas]
+
     async def _until(self, done: Callable[[], bool], timeout_s: float) -> None:
-        """Wait for the backend to report `done` (it has no exit event to wait on)."""
-        deadline = self.clock.monotonic() + timeout_s
-        while not done() and self.clock.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        """Wait for `done` (processes exit in real time; the backend has no event to
+        wait on, so poll it)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while not done():
+                    await asyncio.sleep(SHUTDOWN_POLL_S)
 
     # -- for the instance's entry point -----------------------------------------------------
 

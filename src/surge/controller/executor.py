@@ -18,7 +18,6 @@ from surge.clock import Clock
 from surge.controller.actions import (
     Action,
     ActivateReplica,
-    AdoptProxy,
     AdoptReplica,
     CheckHealth,
     DrainStranger,
@@ -27,6 +26,7 @@ from surge.controller.actions import (
     ForgetDeployment,
     KillProcess,
     ProxyExited,
+    ProxyReady,
     Reconfigure,
     ReplicaExited,
     StartProxy,
@@ -37,6 +37,7 @@ from surge.controller.actions import (
 from surge.controller.plan import NODE_PROXY_PREFIX
 from surge.controller.publish import Publisher
 from surge.controller.state import (
+    HEALTH_CHECK_FAILURE_THRESHOLD,
     ControllerState,
     NodeProxy,
     ProxyRecord,
@@ -53,6 +54,10 @@ log = logging.getLogger("surge.controller")
 DRAIN_GRACE_S = 2.0
 # A member that re-attached for a deployment that is gone gets this long to finish.
 STRANGER_DRAIN_S = 30.0
+# A proxy that exits unasked is restarted after 0.2 s, 0.4 s, ... at most 10 s apart
+# (one that cannot bind its port must not be restarted in a tight loop).
+PROXY_BACKOFF_S = 0.2
+PROXY_BACKOFF_MAX_S = 10.0
 
 
 class Executor:
@@ -74,7 +79,7 @@ class Executor:
             ProxyExited: self._proxy_exited, StartProxy: self._start_proxy,
             StopProxy: self._stop_proxy, Reconfigure: self._reconfigure,
             ForgetDeployment: self._forget, AdoptReplica: self._adopt_replica,
-            AdoptProxy: self._adopt_proxy, DrainStranger: self._drain_stranger,
+            ProxyReady: self._proxy_ready, DrainStranger: self._drain_stranger,
             EndRecovery: self._end_recovery,
         }
 
@@ -83,7 +88,10 @@ class Executor:
 
     def apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
-            self._handlers[type(action)](action)
+            try:
+                self._handlers[type(action)](action)
+            except Exception:  # one action that fails must not cost the others
+                log.exception("cannot %s", action)
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -167,12 +175,15 @@ class Executor:
             replica.health_failures += 1
             log.warning("health check %d of replica %s failed: %r", replica.health_failures,
                         replica.replica_id, exc)
+            if replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD:  # at once, as the
+                self._fail(FailReplica(replica.replica_id, "failed its health checks"))  # plan
         finally:
             replica.health_check_running = False
 
     def _reconfigure(self, action: Reconfigure) -> None:
         replica = self.state.replicas.get(action.replica_id)
         if replica is not None and replica.peer is not None:
+            replica.reconfiguring = True  # the deployment reads UPDATING until it has it
             self.spawn(self._send_config(replica, action.user_config))
 
     async def _send_config(self, replica: ReplicaRecord, user_config: Any) -> None:
@@ -183,16 +194,18 @@ class Executor:
             log.error("reconfigure of replica %s failed: %s; replacing it",
                       replica.replica_id, exc)
             self._fail(FailReplica(replica.replica_id, f"reconfigure failed: {exc}"))
+        finally:
+            replica.reconfiguring = False
 
     def _replica_exited(self, action: ReplicaExited) -> None:
         replica = self.state.remove_replica(action.replica_id)
         if replica is None:
             return
         record = self.state.deployments.get(replica.deployment)
-        if action.before_ready and record is not None:
-            record.constructor_failures += 1
-            record.last_error = record.last_error or (
-                f"replica process exited with code {action.returncode} before it was ready")
+        if action.before_ready and record is not None and replica.version == record.version:
+            self.state.start_failed(record, record.last_error or (
+                f"replica process exited with code {action.returncode} before it was ready"),
+                self.clock.monotonic())
         elif replica.state is ReplicaState.RUNNING:
             log.warning("replica %s of %s died (exit code %s); replacing it",
                         replica.replica_id, replica.deployment, action.returncode)
@@ -215,10 +228,10 @@ class Executor:
 
     def _start_proxy(self, action: StartProxy) -> None:
         log.info("starting %s (%s)", action.proxy_id, action.reason)
+        self.backend.start_proxy(ProxyLaunch(action.proxy_id, action.node_id, action.port))
         if action.proxy_id.startswith(NODE_PROXY_PREFIX):
             self.state.node_proxies[action.proxy_id] = NodeProxy(action.node_id,
                                                                  action.node_ip, action.port)
-        self.backend.start_proxy(ProxyLaunch(action.proxy_id, action.node_id, action.port))
 
     def _stop_proxy(self, action: StopProxy) -> None:
         log.info("stopping %s (%s)", action.proxy_id, action.reason)
@@ -232,14 +245,20 @@ class Executor:
         state.node_proxies.pop(action.proxy_id, None)
         stopped = action.proxy_id in state.stopping_proxies
         state.stopping_proxies.discard(action.proxy_id)
-        if not stopped and not state.stopping:
-            log.warning("%s exited with code %s", action.proxy_id, action.returncode)
+        if stopped or state.stopping:
+            return
+        exits = state.proxy_backoff.get(action.proxy_id, (0, 0.0))[0] + 1
+        delay = min(PROXY_BACKOFF_MAX_S, PROXY_BACKOFF_S * 2 ** (exits - 1))
+        state.proxy_backoff[action.proxy_id] = (exits, self.clock.monotonic() + delay)
+        log.warning("%s exited with code %s; restarting it in %.1fs", action.proxy_id,
+                    action.returncode, delay)
 
     # -- after a controller restart -------------------------------------------------------
 
     def _adopt_replica(self, action: AdoptReplica) -> None:
         info, now = action.info, self.clock.monotonic()
         record = self.state.deployments[info.deployment]
+        record.version_ran = record.version_ran or action.version == record.version
         self.state.add_replica(ReplicaRecord(
             info.replica_id, info.deployment, action.version, now, state=ReplicaState.RUNNING,
             pid=info.pid, info=info, peer=action.peer,
@@ -250,14 +269,15 @@ class Executor:
                  info.pid)
         self.publisher.replica_set(info.deployment)
 
-    def _adopt_proxy(self, action: AdoptProxy) -> None:
+    def _proxy_ready(self, action: ProxyReady) -> None:
         state = self.state
         self.backend.adopt(action.proxy_id, action.pid)  # a no-op for the ones it started
         state.proxies[action.proxy_id] = ProxyRecord(action.proxy_id, action.pid,
-                                                     action.address, action.node_id)
-        state.proxy_address = state.proxy_address or action.address  # node proxies: own
-        if action.proxy_id.startswith(NODE_PROXY_PREFIX) and \
-                action.proxy_id not in state.node_proxies:
+                                                     action.address)
+        state.proxy_backoff.pop(action.proxy_id, None)
+        if not action.proxy_id.startswith(NODE_PROXY_PREFIX):
+            state.proxy_address = state.proxy_address or action.address  # the head's port
+        elif action.proxy_id not in state.node_proxies:  # re-attached after a restart
             host, _, port = action.address.rpartition(":")
             state.node_proxies[action.proxy_id] = NodeProxy(action.node_id, host, int(port))
         log.info("%s %s (pid %d) at %s", "re-attached" if action.reattached else "serving:",
@@ -265,8 +285,16 @@ class Executor:
 
     def _drain_stranger(self, action: DrainStranger) -> None:
         log.warning("%s; draining it", action.reason)
-        self.spawn(action.peer.call("drain", timeout=STRANGER_DRAIN_S + 5.0,
-                                    timeout_s=STRANGER_DRAIN_S))
+        self.backend.adopt(action.replica_id, action.pid)  # so that it can be killed
+        self.spawn(self._drain_and_kill(action))
+
+    async def _drain_and_kill(self, action: DrainStranger) -> None:
+        try:
+            await action.peer.call("drain", timeout=STRANGER_DRAIN_S + 5.0,
+                                   timeout_s=STRANGER_DRAIN_S)
+        except Exception as exc:
+            log.warning("replica %s did not drain (%r); killing it", action.replica_id, exc)
+            self.backend.kill(action.replica_id)
 
     def _end_recovery(self, action: EndRecovery) -> None:
         for did, target in action.targets:

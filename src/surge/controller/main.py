@@ -12,8 +12,9 @@ controller's proxies and replicas before it starts any.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 import json
-import logging
 import os
 import signal
 import sys
@@ -22,18 +23,16 @@ from surge.backends.choice import BackendChoice, build_backend
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
+from surge.controller.rest import RestApi
 from surge.controller.web import start_dashboard
 from surge.errors import ConfigError
-from surge.launch import ControllerProcessSpec, read_spec
+from surge.launch import CONTROLLER_ERROR, CONTROLLER_READY, ControllerProcessSpec, read_spec
 from surge.observability.logs import configure_logging
 from surge.process import die_with_parent, raise_fd_limit, set_title
 from surge.transport.rpc import RpcPeer, split_address
 
-log = logging.getLogger("surge.controller")
-
 PROXY_START_TIMEOUT_S = 60.0
-READY = "surge-controller ready"
-ERROR = "surge-controller error"
+READY, ERROR = CONTROLLER_READY, CONTROLLER_ERROR
 
 
 def announce(line: str) -> None:
@@ -55,18 +54,33 @@ async def serve(spec: ControllerProcessSpec) -> int:
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
     try:
         backend = build_backend(BackendChoice(spec.backend, spec.ray_address),
-                                spec.membership(bound), spec.http, spec.state_dir)
+                                spec.membership(bound), spec.state_dir, spec.weights)
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         server.close()
         return 1
     controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir))
     holder.append(controller)
+    if spec.lifetime.detached:
+        controller.state.daemon_pid = spec.lifetime.supervisor_pid
     if spec.recover:
         controller.restore()
     loop.add_signal_handler(signal.SIGTERM, lambda: controller.spawn(controller.shutdown()))
     runner = loop.create_task(controller.run())
-    dashboard = await start_dashboard(controller.observer, spec.dashboard)
+    try:
+        # A restart serves on without it rather than not at all.
+        options = dataclasses.replace(spec.dashboard, required=False) if spec.recover \
+            else spec.dashboard
+        dashboard = await start_dashboard(controller.observer, options,
+                                          _rest_api(controller, spec))
+    except OSError as exc:  # a dashboard (and REST API) address asked for is taken
+        announce(f"{ERROR} cannot serve the dashboard on {spec.dashboard.host}:"
+                 f"{spec.dashboard.port}: {exc.strerror or exc}; choose another "
+                 "dashboard port")
+        runner.cancel()
+        await controller.shutdown()
+        server.close()
+        return 1
     await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
     code = 0
     if not controller.state.stopping:  # not shut down while it recovered
@@ -78,6 +92,22 @@ async def serve(spec: ControllerProcessSpec) -> int:
         dashboard.close()
     server.close()
     return code
+
+
+def _rest_api(controller: Controller, spec: ControllerProcessSpec) -> RestApi:
+    """Ray's REST API; its token is Ray's RAY_AUTH_TOKEN when set (Ray's CLI and KubeRay
+    send it), else the instance's control token. It is required off loopback, and
+    everywhere with RAY_AUTH_MODE=token, as Ray's token authentication."""
+    try:
+        loopback = ipaddress.ip_address(spec.dashboard.host).is_loopback
+    except ValueError:
+        loopback = spec.dashboard.host == "localhost"
+    forced = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    return RestApi(controller.state, clock=controller.clock, controller_pid=os.getpid(),
+                   token=os.environ.get("RAY_AUTH_TOKEN") or spec.token,
+                   control_token=spec.token,
+                   require_token=forced or not loopback,
+                   shutdown=lambda: controller.spawn(controller.shutdown()))
 
 
 async def _start_proxies(controller: Controller, spec: ControllerProcessSpec,

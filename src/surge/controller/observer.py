@@ -1,7 +1,8 @@
 """What the controller shows operators: summed request metrics and a bounded timeline.
 
-Proxies and replicas push `TelemetryReport`s (counter deltas, histograms, gauges) about
-once a second; `Observer.telemetry` adds them into running totals. Routers' load
+Proxies and replicas push `TelemetryReport`s (counter deltas, histograms, gauges, and
+the replicas' serve.metrics) about once a second; `Observer.telemetry` adds them into
+running totals (user metrics: controller/user_metrics.py). Routers' load
 reports already reach the autoscaler (`LoadTracker`); once a second `Observer.sample`
 adds the new 0.1 s samples into offered/completed/rejected totals, counts the
 autoscaler's new decisions, and appends one point per deployment to a timeline of
@@ -20,6 +21,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import ControllerState
+from surge.controller.user_metrics import UserFamily, UserMetrics
 from surge.model import DeploymentId
 from surge.observability.recorder import Histogram, HttpKey, TelemetryReport
 from surge.policy.lifecycle import ReplicaState
@@ -35,6 +37,7 @@ STALE_GAUGE_S = 10.0
 GONE_REPLICA_KEEP_S = 60.0
 
 ReplicaKey = tuple[str, str, str, str]  # application, deployment, replica, route
+ExceptionKey = tuple[str, str, str, str, str]  # ReplicaKey + the exception's type
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,11 @@ class MetricsSnapshot:
     http: Mapping[HttpKey, Histogram] = field(default_factory=dict)
     processing: Mapping[ReplicaKey, Histogram] = field(default_factory=dict)
     errors: Mapping[ReplicaKey, int] = field(default_factory=dict)
+    exceptions: Mapping[ExceptionKey, int] = field(default_factory=dict)
     replica_processing: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     replica_healthy: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     replica_starts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    replica_started: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     replicas_by_state: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     target_replicas: Mapping[tuple[str, str], int] = field(default_factory=dict)
     autoscaled: frozenset[tuple[str, str]] = frozenset()
@@ -58,6 +63,8 @@ class MetricsSnapshot:
     decisions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     signals: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     proxies: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    proxy_nodes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # node id, ip
+    user: Mapping[str, UserFamily] = field(default_factory=dict)  # serve.metrics by name
 
 
 def _merge(into: dict[Any, Histogram], key: Any, histogram: Histogram) -> None:
@@ -81,8 +88,11 @@ class Observer:
         self.http: dict[HttpKey, Histogram] = {}
         self.processing: dict[ReplicaKey, Histogram] = {}
         self.errors: dict[ReplicaKey, int] = {}
+        self.exceptions: dict[ExceptionKey, int] = {}
+        self.user = UserMetrics()
         self.rejections: dict[tuple[str, str, str], int] = {}
         self.replica_starts: dict[tuple[str, str], int] = {}
+        self.replica_started: dict[str, tuple[str, str]] = {}  # id -> app, deployment
         self.replica_gauges: dict[str, tuple[str, str, float]] = {}  # id -> app, dep, value
         self.replica_seen: dict[str, float] = {}
         self.proxy_gauges: dict[str, tuple[float, Mapping[str, float]]] = {}
@@ -119,6 +129,7 @@ class Observer:
             if report.first:
                 key = (report.app, report.deployment)
                 self.replica_starts[key] = self.replica_starts.get(key, 0) + 1
+                self.replica_started[report.source] = key
         for http_key, histogram in report.http.items():
             _merge(self.http, http_key, histogram)
             if http_key[0]:
@@ -136,8 +147,13 @@ class Observer:
         for route, count in report.errors.items():
             error_key = (report.app, report.deployment, report.source, route)
             self.errors[error_key] = self.errors.get(error_key, 0) + count
+        for (route, kind), count in report.exceptions.items():
+            exception_key = (report.app, report.deployment, report.source, route, kind)
+            self.exceptions[exception_key] = self.exceptions.get(exception_key, 0) + count
         for rejection, count in report.rejections.items():
             self.rejections[rejection] = self.rejections.get(rejection, 0) + count
+        if report.user:
+            self.user.add(report.source, report.user)
 
     # -- once a second ------------------------------------------------------------------
 
@@ -238,11 +254,17 @@ class Observer:
         for replica in gone:
             del self.replica_seen[replica]
             self.replica_gauges.pop(replica, None)
+            self.replica_started.pop(replica, None)
         if gone:
             self.processing = {k: v for k, v in self.processing.items() if k[2] not in gone}
             self.errors = {k: v for k, v in self.errors.items() if k[2] not in gone}
-        for replica in [r for r in self.replica_gauges if r not in alive]:
+            self.exceptions = {k: v for k, v in self.exceptions.items() if k[2] not in gone}
+            self.user.forget(gone)
+        stopped = [r for r in self.replica_gauges if r not in alive]
+        for replica in stopped:
             del self.replica_gauges[replica]  # a stopped replica processes nothing
+        if stopped:
+            self.user.drop_gauges(stopped)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -275,21 +297,27 @@ class Observer:
                 signals[(did.app, did.name, name)] = float(value)
         return MetricsSnapshot(
             http=self.http, processing=self.processing, errors=self.errors,
+            exceptions=self.exceptions,
             replica_processing={(a, d, r): v for r, (a, d, v) in self.replica_gauges.items()},
             replica_healthy=healthy, replica_starts=dict(self.replica_starts),
+            replica_started={(a, d, r): 1 for r, (a, d) in self.replica_started.items()},
             replicas_by_state=by_state, target_replicas=targets,
             autoscaled=frozenset(autoscaled), queued=queued, ongoing=ongoing,
             offered={(d.app, d.name): n for d, n in self.offered.items()},
             completed={(d.app, d.name): n for d, n in self.completed.items()},
             rejections=rejections, decisions=dict(self.decisions), signals=signals,
-            proxies={p: g for p, (_, g) in self.proxy_gauges.items()})
+            proxies={p: g for p, (_, g) in self.proxy_gauges.items()},
+            proxy_nodes={p: (self.state.proxy_node(p), record.address.rpartition(":")[0])
+                         for p, record in self.state.proxies.items()},
+            user=self.user.families)
 
     def status(self) -> dict[str, Any]:
         """Applications, deployments and replicas with their states, for the page."""
         state = self.state
         apps = {}
+        groups = state.by_deployment()
         for name, app in state.apps.items():
-            overview = state.app_status(name)
+            overview = state.app_status(name, groups)
             apps[name] = {
                 "status": overview.status.value, "message": overview.message,
                 "route_prefix": app.route_prefix,

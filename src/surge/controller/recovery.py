@@ -22,11 +22,11 @@ from typing import Any
 from surge.config import AppSpec
 from surge.controller.actions import (
     Action,
-    AdoptProxy,
     AdoptReplica,
     DrainStranger,
     EndRecovery,
     KillProcess,
+    ProxyReady,
 )
 from surge.controller.checkpoint import Checkpoint, Members, SavedApp
 from surge.controller.state import ControllerState, Peer
@@ -68,20 +68,17 @@ class Recovery:
     def active(self) -> bool:
         return self.expected is not None
 
-    def load(self) -> list[SavedApp]:
-        """What the previous controller saved; start waiting for its members."""
+    def start(self, now: float) -> list[SavedApp]:
+        """After a restart: what the previous controller saved; from now until
+        RECOVERY_TIMEOUT_S, wait for its members to return."""
         apps, members = self.checkpoint.load()
         self.expected = members
-        self.done.clear()
-        return apps
-
-    def begin(self, now: float) -> None:
-        assert self.expected is not None
         self.deadline = now + RECOVERY_TIMEOUT_S
-        log.warning("restarted: restored %d application(s); waiting up to %.0f s for %d "
-                    "replica(s) and %d proxy worker(s) to re-attach", len(self.specs),
-                    RECOVERY_TIMEOUT_S, len(self.expected.replicas),
-                    len(self.expected.proxies))
+        self.done.clear()
+        log.warning("restarted: restoring %d application(s); waiting up to %.0f s for %d "
+                    "replica(s) and %d proxy worker(s) to re-attach", len(apps),
+                    RECOVERY_TIMEOUT_S, len(members.replicas), len(members.proxies))
+        return apps
 
     # -- members saying hello --------------------------------------------------------
 
@@ -91,7 +88,7 @@ class Recovery:
             return []
         if self.expected is not None:
             self.expected.proxies.pop(proxy_id, None)
-        return [AdoptProxy(proxy_id, pid, address, node_id, reattached=True)]
+        return [ProxyReady(proxy_id, pid, address, node_id, reattached=True)]
 
     def adopt_replica(self, state: ControllerState, peer: Peer, pid: int,
                       info: dict[str, Any]) -> list[Action]:
@@ -103,8 +100,8 @@ class Recovery:
             self.expected.replicas.pop(replica_id, None)
         deployment = state.deployments.get(did)
         if deployment is None or deployment.deleting:
-            return [DrainStranger(peer, f"replica {replica_id} of {did} re-attached but its "
-                                        "deployment is gone")]
+            return [DrainStranger(replica_id, pid, peer, f"replica {replica_id} of {did} "
+                                                         "re-attached but its deployment is gone")]
         where = ReplicaInfo(replica_id, did, info["address"], pid,
                             info.get("node_id", LOCAL_NODE), info.get("local_address", ""))
         gpus = tuple(g for g in str(info.get("gpus", "")).split(",") if g)

@@ -2,9 +2,11 @@
 
 `ControllerState` holds one index of each: `apps` by name, `deployments` by id,
 `replicas` by replica id (a deployment finds its replicas by asking the state, so no
-record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) reads
-it and returns actions; only the executor, the desired-state changes
-(controller/desired.py) and the RPC handlers for member reports write it.
+record lives in two places), `proxies` by proxy id. The plan (controller/plan.py) and
+recovery read it and return actions. It is written by the executor (what actions do),
+the desired-state changes (controller/desired.py), the RPC handlers for what members
+report about themselves, the autoscaling step's target, and the loop's own flags
+(serving HTTP, stopping).
 
 Status is computed from the state without changing it. The one thing status needs from
 the past, whether an application has ever been RUNNING (a failure after that is
@@ -14,13 +16,12 @@ UNHEALTHY, before it DEPLOY_FAILED), is recorded by the control loop
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from surge.backends.base import Placement
 from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
-from surge.launch import LOCAL_NODE
 from surge.model import (
     AccessTokens,
     ApplicationStatus,
@@ -32,9 +33,10 @@ from surge.model import (
 )
 from surge.policy.lifecycle import ALIVE, ReplicaState, transition
 
+Groups = dict[DeploymentId, list["ReplicaRecord"]]
+
 __all__ = [
     "HEALTH_CHECK_FAILURE_THRESHOLD",
-    "MAX_CONSTRUCTOR_FAILURES",
     "AppRecord",
     "ControllerState",
     "DeploymentRecord",
@@ -44,11 +46,10 @@ __all__ = [
     "ReplicaRecord",
 ]
 
-# Constructor failures in a row, with no replica running, before a deploy is failed.
-# Ray retries 20 times; each retry here costs a process start, so fail fast and say why.
-MAX_CONSTRUCTOR_FAILURES = 3
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
+START_BACKOFF_S = 0.5  # after a replica failed to start; doubles per failure in a row
+START_BACKOFF_MAX_S = 30.0
 
 
 class Peer(Protocol):
@@ -80,6 +81,7 @@ class ReplicaRecord:
     health_check_running: bool = False
     health_failures: int = 0
     stop_deadline: float | None = None  # killed if still alive after this
+    reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
 
     def __repr__(self) -> str:
         return (f"<Replica {self.replica_id} {self.state.value} v{self.version} "
@@ -108,6 +110,10 @@ class DeploymentRecord:
     standby_floor: int = 0  # from the autoscaling schedule in force now
     last_urgent_decision: float = float("-inf")
     startups_seen: int = 0
+    # A replica of the current version has served: a failure then is UNHEALTHY, not a
+    # failed deploy (or update).
+    version_ran: bool = False
+    start_not_before: float = float("-inf")  # monotonic: backoff after a failed start
 
     def __repr__(self) -> str:
         return (f"<Deployment {self.id} v{self.version} target={self.target}"
@@ -138,6 +144,10 @@ class AppRecord:
     deployments: tuple[str, ...]  # names of its current deployments
     deployed_at: float  # wall seconds
     auth: AccessTokens | None = None  # token digests its HTTP route requires
+    source_config: Mapping[str, Any] | None = None  # its config entry, if deployed from one
+    # The last config for it failed to build (import error, bad args): DEPLOY_FAILED with
+    # this message, while what it had keeps serving. Cleared by the next deploy.
+    build_error: str = ""
     deleting: bool = False
     ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 
@@ -150,7 +160,6 @@ class ProxyRecord:
     proxy_id: str
     pid: int
     address: str  # host:port clients reach it at
-    node_id: str = LOCAL_NODE
 
 
 @dataclass(frozen=True)
@@ -177,13 +186,31 @@ class ControllerState:
     serve_http: bool = False  # proxies wanted (set once the instance starts them)
     node_proxies: dict[str, NodeProxy] = field(default_factory=dict)  # started, not exited
     stopping_proxies: set[str] = field(default_factory=set)  # asked to stop, not yet gone
+    # Proxies that keep exiting: (exits in a row, monotonic time before which none starts).
+    proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
+    daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
 
     def __repr__(self) -> str:
         return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "
                 f"replicas={len(self.replicas)} proxies={len(self.proxies)}>")
 
     # -- queries --------------------------------------------------------------------------
+
+    @staticmethod
+    def start_failed(record: DeploymentRecord, error: str, now: float) -> None:
+        """A replica of its current version failed to start: count it, and wait before
+        the next start (0.5 s, doubling up to 30 s), so a constructor that keeps failing
+        is not restarted every tick."""
+        record.constructor_failures += 1
+        record.last_error = error
+        record.start_not_before = now + min(START_BACKOFF_MAX_S, START_BACKOFF_S * 2 ** min(
+            record.constructor_failures - 1, 16))
+
+    def proxy_node(self, proxy_id: str) -> str:
+        """The node a proxy runs on: a node proxy's, else the head's."""
+        node = self.node_proxies.get(proxy_id)
+        return node.node_id if node is not None else self.head.node_id
 
     def replicas_of(self, did: DeploymentId) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.deployment == did]
@@ -206,23 +233,33 @@ class ControllerState:
         return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
 
     def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
-        """Its replicas keep failing to start and none runs: no replica will come."""
+        """Its replicas failed to start max_constructor_retry_count times in a row, and
+        either its current version never ran (the deploy or the update failed, as Ray
+        stops it: the old version's replicas keep serving) or none runs now."""
         record = self.deployments[did]
+        if record.constructor_failures < record.config.max_constructor_retry_count:
+            return False
+        if not record.version_ran:
+            return True
         group = self.replicas_of(did) if replicas is None else replicas
-        return (record.constructor_failures >= MAX_CONSTRUCTOR_FAILURES
-                and not any(r.state is ReplicaState.RUNNING for r in group))
+        return not any(r.state is ReplicaState.RUNNING for r in group)
 
     # -- status (no side effects) ------------------------------------------------------
 
-    def deployment_status(self, did: DeploymentId) -> DeploymentStatusOverview:
-        record, replicas = self.deployments[did], self.replicas_of(did)
+    def deployment_status(self, did: DeploymentId,
+                          groups: Groups | None = None) -> DeploymentStatusOverview:
+        record = self.deployments[did]
+        replicas = self.replicas_of(did) if groups is None else groups.get(did, [])
         counts: dict[str, int] = {}
         for replica in replicas:
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
         current = self.running_current(did, replicas)
-        outdated = [r for r in replicas if r.version != record.version and r.alive]
-        if self.failed(did, replicas):
-            status, message = DeploymentStatus.UNHEALTHY, record.last_error
+        outdated = [r for r in replicas if (r.version != record.version or r.reconfiguring)
+                    and r.alive]
+        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until its version ever ran
+            status = (DeploymentStatus.UNHEALTHY if record.version_ran
+                      else DeploymentStatus.DEPLOY_FAILED)
+            message = record.last_error
         elif len(current) == record.target and not outdated:
             status, message = DeploymentStatus.HEALTHY, ""
         elif len(current) > record.target:
@@ -233,19 +270,24 @@ class ControllerState:
         return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
                                         target_replicas=record.target)
 
-    def app_status(self, name: str) -> ApplicationStatusOverview:
+    def app_status(self, name: str, groups: Groups | None = None) -> ApplicationStatusOverview:
+        """The application's status (pass `by_deployment()` when asking for many)."""
         app = self.apps[name]
+        groups = self.by_deployment() if groups is None else groups
         present = [did for did in app.ids() if did in self.deployments]
-        deployments = {did.name: self.deployment_status(did) for did in present}
+        deployments = {did.name: self.deployment_status(did, groups) for did in present}
         states = {d.status for d in deployments.values()}
-        failed = [self.deployments[did] for did in present if self.failed(did)]
+        failed = [self.deployments[did] for did in present
+                  if self.failed(did, groups.get(did, []))]
         if app.deleting:
             status, message = ApplicationStatus.DELETING, ""
-        elif failed and not app.ever_running:
+        elif app.build_error:
+            status, message = ApplicationStatus.DEPLOY_FAILED, app.build_error
+        elif any(not d.version_ran for d in failed):  # the deploy or the update failed
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)
-        elif failed or DeploymentStatus.UNHEALTHY in states:
+        elif failed or states & {DeploymentStatus.UNHEALTHY, DeploymentStatus.DEPLOY_FAILED}:
             status, message = ApplicationStatus.UNHEALTHY, "; ".join(d.last_error for d in failed)
         elif states <= {DeploymentStatus.HEALTHY} or (
                 app.ever_running and DeploymentStatus.UPDATING not in states):
@@ -258,10 +300,11 @@ class ControllerState:
 
     def note_running_apps(self) -> None:
         """Remember which applications have reached RUNNING (the control loop calls it)."""
-        for name, app in self.apps.items():
-            if not app.ever_running and \
-                    self.app_status(name).status is ApplicationStatus.RUNNING:
-                app.ever_running = True
+        waiting = [name for name, app in self.apps.items() if not app.ever_running]
+        groups = self.by_deployment() if waiting else {}
+        for name in waiting:
+            if self.app_status(name, groups).status is ApplicationStatus.RUNNING:
+                self.apps[name].ever_running = True
 
     # -- changes the executor and the RPC handlers make ----------------------------------
 

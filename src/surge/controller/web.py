@@ -1,4 +1,4 @@
-"""The controller's small loopback web server: /metrics, the dashboard, its JSON.
+"""The controller's small web server: /metrics, the dashboard, its JSON, Ray's REST API.
 
     GET /                 the live dashboard page (assets in controller/dashboard/)
     GET /static/NAME      its script and style sheet
@@ -6,11 +6,14 @@
     GET /api/timeline     JSON: status, timeline points (?since=UNIX_TIME: newer only),
                           autoscaling decisions
     GET /-/healthz        "success"
+    /api/...              Ray Serve's REST API (controller/rest.py)
 
-One request per connection (`Connection: close`), read with a size and time limit; the
-page polls, Prometheus scrapes every few seconds: nothing here needs keep-alive. It
-also runs the observer's once-a-second sampling. It listens on loopback by default and
-has no authentication: keep it there, or behind a proxy that has.
+One request per connection (`Connection: close`), read with size and time limits; the
+page polls, Prometheus scrapes every few seconds, Ray's CLI makes a request or two:
+nothing here needs keep-alive. It also runs the observer's once-a-second sampling. It
+listens on loopback by default; there the pages and the REST API need no credentials
+(bound elsewhere, the REST API requires the instance's token, and the pages and
+/metrics have none: keep them behind a proxy that has).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from surge.controller.metrics import CONTENT_TYPE, render
 from surge.controller.observer import SAMPLE_INTERVAL_S, Observer
+from surge.controller.rest import RestApi
 from surge.observability.config import DashboardOptions
 
 __all__ = ["DashboardServer", "start_dashboard"]
@@ -35,9 +39,12 @@ log = logging.getLogger("surge.dashboard")
 # A request line and headers larger than this, or slower than this, are dropped.
 MAX_REQUEST_BYTES = 16 * 1024
 REQUEST_TIMEOUT_S = 10.0
+# A REST body (a ServeDeploySchema config) is a few KiB; this is plenty.
+MAX_BODY_BYTES = 4 * 1024 * 1024
 ASSETS = {"dashboard.js": "text/javascript; charset=utf-8",
           "dashboard.css": "text/css; charset=utf-8"}
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large"}
 
 
 def asset(name: str) -> bytes:
@@ -45,8 +52,9 @@ def asset(name: str) -> bytes:
 
 
 class DashboardServer:
-    def __init__(self, observer: Observer) -> None:
+    def __init__(self, observer: Observer, rest: RestApi | None = None) -> None:
         self.observer = observer
+        self.rest = rest
         self.server: asyncio.Server | None = None
         self.url = ""
         self._sampler: asyncio.Task[None] | None = None
@@ -56,11 +64,12 @@ class DashboardServer:
         return f"<DashboardServer {self.url or 'not listening'}>"
 
     async def start(self, options: DashboardOptions) -> str:
-        """Listen (a busy port falls back to a free one, with a warning); return the URL."""
+        """Listen (a busy default port falls back to a free one, with a warning; a port
+        asked for explicitly does not); return the URL."""
         try:
             self.server = await asyncio.start_server(self._serve, options.host, options.port)
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or options.port == 0:
+            if exc.errno != errno.EADDRINUSE or options.port == 0 or options.required:
                 raise
             self.server = await asyncio.start_server(self._serve, options.host, 0)
             log.warning("dashboard port %d is in use; serving the dashboard and /metrics on "
@@ -92,7 +101,7 @@ class DashboardServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-            status, content_type, body = self.respond(head)
+            status, content_type, body = await self._answer(reader, head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
                 ConnectionError):
             writer.close()
@@ -108,16 +117,31 @@ class DashboardServer:
             await writer.drain()
         writer.close()
 
-    def respond(self, head: bytes) -> tuple[int, str, bytes]:
+    async def _answer(self, reader: asyncio.StreamReader,
+                      head: bytes) -> tuple[int, str, bytes]:
         if len(head) > MAX_REQUEST_BYTES:
             return 400, "text/plain", b"request too large"
-        parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split()
         if len(parts) != 3:
             return 400, "text/plain", b"malformed request line"
         method, target = parts[0], urlsplit(parts[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name:
+                headers[name.strip().lower()] = value.strip()
+        if self.rest is not None and self.rest.handles(target.path):
+            length = headers.get("content-length", "0")
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                return 413, "text/plain", b"the body is too large (or its length unreadable)"
+            body = await asyncio.wait_for(reader.readexactly(int(length)), REQUEST_TIMEOUT_S)
+            return await self.rest.handle(method, target.path, headers, body, target.query)
         if method != "GET":
             return 405, "text/plain", b"only GET"
-        path = target.path
+        return self.respond_get(target.path, target.query)
+
+    def respond_get(self, path: str, query: str) -> tuple[int, str, bytes]:
         if path in ("/", "/index.html"):
             return 200, "text/html; charset=utf-8", self._files["index.html"]
         if path.startswith("/static/") and path[8:] in ASSETS:
@@ -125,7 +149,7 @@ class DashboardServer:
         if path == "/metrics":
             return 200, CONTENT_TYPE, render(self.observer.snapshot())
         if path == "/api/timeline":
-            return 200, "application/json", self._timeline(target.query)
+            return 200, "application/json", self._timeline(query)
         if path == "/-/healthz":
             return 200, "text/plain", b"success"
         return 404, "text/plain", f"no page at {path}; try / or /metrics".encode()
@@ -140,15 +164,18 @@ class DashboardServer:
         return json.dumps(data, separators=(",", ":")).encode()
 
 
-async def start_dashboard(observer: Observer,
-                          options: DashboardOptions) -> DashboardServer | None:
-    """Serve the dashboard of `observer` (None when disabled or the address is bad)."""
+async def start_dashboard(observer: Observer, options: DashboardOptions,
+                          rest: RestApi | None = None) -> DashboardServer | None:
+    """Serve the dashboard of `observer` and the REST API (None when disabled or the
+    address is bad)."""
     if not options.enabled:
         return None
     try:
-        server = DashboardServer(observer)
+        server = DashboardServer(observer, rest)
         await server.start(options)
-    except OSError as exc:  # never the controller's end: it serves without a dashboard
+    except OSError as exc:  # unless asked for, not the controller's end: it serves on
+        if options.required:
+            raise
         log.warning("cannot serve the dashboard on %s:%d: %s; metrics and the dashboard are "
                     "off", options.host, options.port, exc.strerror or exc)
         return None

@@ -2,7 +2,8 @@
 
 `config` holds Ray's `logging_config` and the dashboard address; `recorder` the
 counters and fixed-bucket histograms proxies and replicas fill per request and ship
-to the controller as deltas; `logs` sets up each process's logging (TEXT or JSON
-lines, rotating files, sampled access logs). The controller aggregates, exposes
+to the controller as deltas; `user_metrics` the registry `serve.metrics` records into,
+shipped the same way; `logs` sets up each process's logging (TEXT or JSON lines,
+rotating files, sampled access logs). The controller aggregates, exposes
 Prometheus text and draws the dashboard (surge.controller.observer, .metrics, .web).
 """

@@ -9,6 +9,7 @@ hands the logging config to every proxy and replica the same way.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -98,8 +99,10 @@ class LoggingConfig:
         return self.log_level or os.environ.get(LEVEL_ENV, "").upper() or "INFO"
 
     def resolved(self) -> LoggingConfig:
-        """This config with its level fixed now (the spec a child gets says it all)."""
-        return dataclasses.replace(self, log_level=self.level)
+        """This config as the starting process means it (level from its environment,
+        logs_dir from its working directory): the spec a child gets says it all."""
+        logs_dir = os.path.abspath(self.logs_dir) if self.logs_dir else None
+        return dataclasses.replace(self, log_level=self.level, logs_dir=logs_dir)
 
     @classmethod
     def from_any(cls, value: LoggingConfig | Mapping[str, Any] | None) -> LoggingConfig:
@@ -117,6 +120,10 @@ class DashboardOptions:
     host: str = DEFAULT_DASHBOARD_HOST
     port: int = DEFAULT_DASHBOARD_PORT
     enabled: bool = True
+    # Asked for explicitly (serve.start(dashboard_port=...), `surge start --dashboard-*`):
+    # an instance that cannot bind it does not start (the REST API must be where tools
+    # look); the default address busy only turns the dashboard off, with a warning.
+    required: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or \
@@ -140,7 +147,15 @@ class DashboardOptions:
 
     @classmethod
     def from_env(cls) -> DashboardOptions:
+        """SURGE_DASHBOARD's; a value that does not parse turns the dashboard off (with a
+        warning), it does not stop an instance from starting."""
         text = os.environ.get(DASHBOARD_ENV)
-        return cls.parse(text) if text else cls()
+        if not text:
+            return cls()
+        try:
+            return cls.parse(text)
+        except ConfigError as exc:
+            logging.getLogger("surge").warning("%s; the dashboard and /metrics are off", exc)
+            return cls(enabled=False)
 
 

@@ -109,12 +109,16 @@ def configure_logging(component: str, component_id: str = "",
         formatter = _TextFormatter(f"%(asctime)s %(levelname)s {label} %(name)s: %(message)s")
     context = _Context(component, component_id)
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    unwritable = ""
     if config.logs_dir:
-        os.makedirs(config.logs_dir, exist_ok=True)
-        path = os.path.join(config.logs_dir, _file_name(component, component_id))
-        handlers.append(logging.handlers.RotatingFileHandler(
-            path, maxBytes=config.max_bytes, backupCount=config.backup_count,
-            encoding="utf-8"))
+        try:
+            os.makedirs(config.logs_dir, exist_ok=True)
+            path = os.path.join(config.logs_dir, _file_name(component, component_id))
+            handlers.append(logging.handlers.RotatingFileHandler(
+                path, maxBytes=config.max_bytes, backupCount=config.backup_count,
+                encoding="utf-8"))
+        except OSError as exc:  # a log directory must not keep a process from serving
+            unwritable = f"cannot write logs to {config.logs_dir} ({exc}); stderr only"
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -128,6 +132,8 @@ def configure_logging(component: str, component_id: str = "",
     # INFO through, as in Ray.
     logging.getLogger(ACCESS_LOGGER).setLevel(
         logging.NOTSET if config.enable_access_log else logging.WARNING)
+    if unwritable:
+        logging.getLogger("surge").warning("%s", unwritable)
     return config
 
 

@@ -18,6 +18,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from surge.observability.user_metrics import UserReport
+
 __all__ = [
     "LATENCY_BUCKETS_MS",
     "Histogram",
@@ -109,25 +111,30 @@ class TelemetryReport:
     http: Mapping[HttpKey, Histogram] = field(default_factory=dict)
     processing: Mapping[str, Histogram] = field(default_factory=dict)  # route -> latency
     errors: Mapping[str, int] = field(default_factory=dict)  # route -> user exceptions
+    # (route, exception type) -> user exceptions: Ray's error counter has the type
+    exceptions: Mapping[tuple[str, str], int] = field(default_factory=dict)
     rejections: Mapping[RejectionKey, int] = field(default_factory=dict)
     gauges: Mapping[str, float] = field(default_factory=dict)
+    user: UserReport = field(default_factory=dict)  # serve.metrics since the last report
 
     @property
     def empty(self) -> bool:
-        return not (self.http or self.processing or self.errors or self.rejections)
+        return not (self.http or self.processing or self.errors or self.rejections
+                    or self.user)
 
 
 class Recorder:
     """One per process; every method is safe to call per request."""
 
-    __slots__ = ("_first", "app", "deployment", "errors", "http", "processing", "rejections",
-                 "role", "source")
+    __slots__ = ("_first", "app", "deployment", "errors", "exceptions", "http", "processing",
+                 "rejections", "role", "source")
 
     def __init__(self, role: str, source: str, app: str = "", deployment: str = "") -> None:
         self.role, self.source, self.app, self.deployment = role, source, app, deployment
         self.http: dict[HttpKey, Histogram] = {}
         self.processing: dict[str, Histogram] = {}
         self.errors: dict[str, int] = {}
+        self.exceptions: dict[tuple[str, str], int] = {}
         self.rejections: dict[RejectionKey, int] = {}
         self._first = True
 
@@ -149,15 +156,24 @@ class Recorder:
         if not ok:
             self.errors[route] = self.errors.get(route, 0) + 1
 
+    def exception(self, route: str, exception_type: str) -> None:
+        """What user code raised (besides `processed(..., ok=False)`), for Ray's label."""
+        key = (route, exception_type)
+        self.exceptions[key] = self.exceptions.get(key, 0) + 1
+
     def rejected(self, app: str, deployment: str, reason: str) -> None:
         key = (app, deployment, reason)
         self.rejections[key] = self.rejections.get(key, 0) + 1
 
-    def drain(self, gauges: Mapping[str, float] | None = None) -> TelemetryReport:
-        """Everything since the last drain; the recorder starts over empty."""
+    def drain(self, gauges: Mapping[str, float] | None = None,
+              user: UserReport | None = None) -> TelemetryReport:
+        """Everything since the last drain (with `user`, the user metrics' drain); the
+        recorder starts over empty."""
         report = TelemetryReport(self.role, self.source, self.app, self.deployment,
                                  self._first, self.http, self.processing, self.errors,
-                                 self.rejections, dict(gauges or {}))
+                                 self.exceptions, self.rejections, dict(gauges or {}),
+                                 user or {})
         self.http, self.processing, self.errors, self.rejections = {}, {}, {}, {}
+        self.exceptions = {}
         self._first = False
         return report

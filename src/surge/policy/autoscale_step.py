@@ -64,6 +64,11 @@ class Step:
     def target(self) -> int:
         return self.decision.target
 
+    @property
+    def failed(self) -> bool:
+        """The policy raised: the target stays, and its state is not updated."""
+        return self.decision.kind is DecisionKind.POLICY_FAILED
+
 
 def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState,
                    inputs: StepInputs) -> Step:

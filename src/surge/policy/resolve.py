@@ -35,6 +35,8 @@ __all__ = ["DEFAULT_POLICY", "HISTORY_S", "Policy", "resolve_policy"]
 # A minute of 0.1 s samples: more than any built-in window, bounded memory per deployment.
 HISTORY_S = 60.0
 DEFAULT_POLICY = "proactive"
+# Ray's import paths of its own policies: the same decisions, implemented here.
+ALIASES = {"ray.serve.autoscaling_policy:default_autoscaling_policy": "ray_default"}
 
 Policy = Callable[[ScalingInputs, AutoscalingConfig, PolicyState], Decision]
 
@@ -43,6 +45,7 @@ def resolve_policy(config: AutoscalingConfig, deployment: DeploymentId) -> Polic
     """The policy named by `autoscaling_config.policy` (a built-in name or module:attr)."""
     spec: Mapping[str, Any] = config.policy or {}
     target = spec.get("policy_function", DEFAULT_POLICY) or DEFAULT_POLICY
+    target = ALIASES.get(target, target) if isinstance(target, str) else target
     kwargs = dict(spec.get("policy_kwargs") or {})
     if target == "proactive":
         try:

@@ -1,13 +1,22 @@
-"""What `serve.get_replica_context()` returns inside a replica."""
+"""What a replica knows about itself and about the request it is serving.
+
+`serve.get_replica_context()` returns the replica's `ReplicaContext`; inside a request,
+`serve.context._get_serve_request_context()` returns its `RequestContext` (Ray's
+`_RequestContext`: route, request id, application, multiplexed model id, ...), which the
+replica's frame server sets for each request's task. Outside a request it is empty.
+"""
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import RayServeException
+from surge.launch import LOCAL_NODE
 
-__all__ = ["ReplicaContext", "ReplicaID", "get_replica_context", "set_replica_context"]
+__all__ = ["ReplicaContext", "ReplicaID", "RequestContext", "get_replica_context",
+           "get_request_context", "request_context_var", "set_replica_context"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,7 @@ class ReplicaID:
 class ReplicaContext:
     replica_id: ReplicaID
     servable_object: Any
-    node_id: str = "local"  # surge: the node it runs on (a Ray node id on the ray backend)
+    node_id: str = LOCAL_NODE  # surge: the node it runs on (a Ray node id on the ray backend)
 
     @property
     def app_name(self) -> str:
@@ -52,3 +61,44 @@ def get_replica_context() -> ReplicaContext:
         raise RayServeException("get_replica_context() may only be called from within a "
                                 "deployment replica")
     return _context
+
+
+class RequestContext:
+    """Ray Serve's `_RequestContext`, with its field names (read-only by convention)."""
+
+    __slots__ = ("_client", "app_name", "cancel_on_parent_request_cancel", "grpc_context",
+                 "is_http_request", "multiplexed_model_id", "request_id", "route",
+                 "session_id")
+
+    def __init__(self, route: str = "", request_id: str = "", app_name: str = "",
+                 multiplexed_model_id: str = "", *, is_http_request: bool = False,
+                 client: str = "", session_id: str = "") -> None:
+        self.route = route
+        self.request_id = request_id
+        self.app_name = app_name
+        self.multiplexed_model_id = multiplexed_model_id
+        self.session_id = session_id
+        self.grpc_context: Any = None
+        self.is_http_request = is_http_request
+        self.cancel_on_parent_request_cancel = False
+        self._client = client
+
+    def __repr__(self) -> str:
+        return (f"RequestContext(route={self.route!r}, request_id={self.request_id!r}, "
+                f"app_name={self.app_name!r}, "
+                f"multiplexed_model_id={self.multiplexed_model_id!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestContext) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_EMPTY = RequestContext()
+request_context_var: contextvars.ContextVar[RequestContext] = contextvars.ContextVar(
+    "surge_request_context", default=_EMPTY)
+
+
+def get_request_context() -> RequestContext:
+    return request_context_var.get()

@@ -17,22 +17,23 @@ import logging
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 import cloudpickle
 
 from surge.control_auth import user_dir
-from surge.errors import ConfigError, ControllerUnavailableError
+from surge.errors import ConfigError, ControllerUnavailableError, users_traceback
 from surge.launch import ReplicaProcessSpec, Tcp, Unix, read_spec
 from surge.model import ImportedTarget, ReplicaSpec
 from surge.observability.logs import configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.observability.user_metrics import REGISTRY
 from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
+from surge.weights.client import set_store
 
 log = logging.getLogger("surge.replica")
 
@@ -86,7 +87,8 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        return self.server.drain_telemetry({"processing": self.server.ongoing})
+        return self.server.drain_telemetry({"processing": self.server.ongoing},
+                                           user=REGISTRY.drain())
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)
@@ -107,7 +109,7 @@ class Replica:
                     raise TypeError("user_config is set but the deployment has no "
                                     "reconfigure(self, config) method")
         except Exception:
-            error = traceback.format_exc()
+            error = users_traceback()
             log.error("replica %s failed to start:\n%s", self.replica_id, error)
             await self.runtime.call("replica_failed", replica_id=self.replica_id, error=error)
             return False
@@ -134,7 +136,7 @@ class Replica:
         deployment = self.spec.deployment
         recorder = Recorder("replica", self.replica_id, deployment.app, deployment.name)
         self.server = ReplicaServer(self.user, self.spec.max_ongoing_requests, name, recorder,
-                                    metrics=self.launch.metrics)
+                                    metrics=self.launch.metrics, app=deployment.app)
         if self.server.metrics:
             self.runtime.report_telemetry(self.telemetry)
         listeners, address, local_address = await self._listen()
@@ -162,6 +164,7 @@ class Replica:
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         _close(listeners, address, local_address)
+        await self.user.destroy()  # lifespan shutdown, then the user's __del__
         self.user.close()
         self.runtime.close()
         return 0
@@ -229,6 +232,7 @@ def main(launch: ReplicaProcessSpec) -> int:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
+    set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     import uvloop
 
     async def run() -> int:

@@ -24,12 +24,16 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.observability.user_metrics import UserReport
+from surge.replica.context import RequestContext, request_context_var
 from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
+from surge.transport.flow import SendWindow
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
     Cancel,
+    Credit,
     End,
     Failure,
     HttpBody,
@@ -61,6 +65,13 @@ def _dumps(value: Any) -> bytes:
         return bytes(cloudpickle.dumps(value, protocol=5))
 
 
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
 def _failure(request_id: int, exc: BaseException) -> Failure:
     try:
         payload = _dumps(exc)
@@ -74,13 +85,14 @@ def _failure(request_id: int, exc: BaseException) -> Failure:
 class ReplicaServer:
     def __init__(self, user: UserCode, max_ongoing_requests: int, name: str,
                  recorder: Recorder | None = None, *, metrics: bool = True,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, app: str = "") -> None:
         self.user = user
+        self.app = app  # the application, for each request's context
         # Processing latency and user errors per route (HTTP) or method (handle calls).
         self.recorder = recorder or Recorder("replica", name)
         self.metrics = metrics  # off: no recording at all (nobody reads it)
         self.clock = clock
-        self.sync_calls = SyncCalls(user, clock)
+        self.sync_calls = SyncCalls(user, clock, app)
         self.max_ongoing = max_ongoing_requests
         self.name = name
         self.ongoing = 0
@@ -92,7 +104,8 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
-        self._worker_records: collections.deque[tuple[str, float, bool]] = (
+        # (route, latency in ms, ok, the exception's type name when the user's code raised)
+        self._worker_records: collections.deque[tuple[str, float, bool, str]] = (
             collections.deque(maxlen=WORKER_RECORDS_MAX))
 
     def __repr__(self) -> str:
@@ -133,15 +146,22 @@ class ReplicaServer:
         if tell:
             self._loop.call_soon_threadsafe(self.idle.set)
 
-    def record_from_worker(self, route: str, latency_ms: float, ok: bool) -> None:
-        self._worker_records.append((route, latency_ms, ok))  # deque: safe from any thread
+    def record_from_worker(self, route: str, latency_ms: float, error: str = "") -> None:
+        """(A pool worker.) `error`: the type name of what the user's code raised."""
+        record = (route, latency_ms, not error, error)
+        self._worker_records.append(record)  # deque: safe from any thread
 
-    def drain_telemetry(self, gauges: dict[str, float]) -> TelemetryReport:
-        """(The loop.) What was recorded since the last report, workers' records too."""
+    def drain_telemetry(self, gauges: dict[str, float],
+                        user: UserReport | None = None) -> TelemetryReport:
+        """(The loop.) What was recorded since the last report, workers' records too
+        (`user`: the user's own metrics, as Recorder.drain takes them)."""
         records = self._worker_records
         while records:
-            self.recorder.processed(*records.popleft())
-        return self.recorder.drain(gauges)
+            route, latency_ms, ok, error = records.popleft()
+            self.recorder.processed(route, latency_ms, ok)
+            if error:
+                self.recorder.exception(route, error)
+        return self.recorder.drain(gauges, user=user)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting and wait for in-flight work; True when it all finished."""
@@ -167,6 +187,10 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         # Calls on the pool: their baton, method and start; guarded by `lock`.
         self.sync: dict[int, tuple[Baton, str, float]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
+        # Streams' flow control (transport/flow.py): what each may still send, and the
+        # generator waiting for credit, if any.
+        self.windows: dict[int, SendWindow] = {}
+        self.waiting: dict[int, asyncio.Future[None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -180,6 +204,14 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             return
         if isinstance(message, HttpRequest | Call):
             self._request(message)
+        elif isinstance(message, Credit):
+            window = self.windows.get(message.id)
+            if window is not None:
+                window.credit(message.amount)
+                if window.open:
+                    waiter = self.waiting.pop(message.id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
         elif isinstance(message, Cancel):
             event = self.disconnects.get(message.id)
             if event is not None:
@@ -223,10 +255,24 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             self.handshake = None
             self.token_accepted()
 
+    async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
+        """Send a non-final stream frame once the consumer's window allows it."""
+        request_id = message.id
+        window = self.windows.get(request_id)
+        if window is None:
+            window = self.windows[request_id] = SendWindow()
+        while not window.open:  # the consumer is a window behind: wait for its credit
+            waiter = self.waiting[request_id] = self._loop.create_future()
+            await waiter
+        window.sent(nbytes)
+        self.send(message)
+
     def _finished(self, request_id: int, route: str, started: float,
                   task: asyncio.Task[bool]) -> None:
         self.tasks.pop(request_id, None)
         self.disconnects.pop(request_id, None)
+        self.windows.pop(request_id, None)
+        self.waiting.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -249,7 +295,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         with self.lock:  # before its worker may answer and remove it
             self.sync[message.id] = (baton, message.method, started)
         try:
-            sync.run(method, call, message.request_id, baton,
+            sync.run(method, call, message, baton,
                      functools.partial(self._answer_on_worker, message, started),
                      functools.partial(self._hand_back, message, baton, started))
         except RuntimeError:  # the pool is shut down: the replica is stopping
@@ -278,7 +324,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.send(frame)
         if self.server.metrics:
             self.server.record_from_worker(message.method, (ran.finished - started) * 1000.0,
-                                           error is None)
+                                           "" if error is None else type(error).__name__)
 
     def _hand_back(self, message: Call, baton: Baton, started: float, ran: Ran) -> None:
         """(The loop.) The method returned an awaitable: a task awaits it."""
@@ -314,11 +360,14 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
+        request_context_var.set(RequestContext(
+            "", message.request_id, self.server.app, message.model_id))
         try:
             result = await self._result(message, ran)
             if message.stream:
                 async for item in self.server.user.iterate(result):
-                    self.send(Item(id=rid, payload=_dumps(item)))
+                    payload = _dumps(item)
+                    await self._send_stream(Item(id=rid, payload=payload), len(payload))
                 self.send(End(id=rid))
             else:
                 self.send(Result(id=rid, payload=_dumps(result)))
@@ -327,6 +376,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         except Exception as exc:
             log.exception("%s.%s raised", self.server.name, message.method)
             self.send(_failure(rid, exc))
+            if self.server.metrics:
+                self.server.recorder.exception(message.method, type(exc).__name__)
             return False
         return True
 
@@ -334,6 +385,10 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
+        request_context_var.set(RequestContext(
+            message.route_prefix, message.request_id, self.server.app,
+            _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
+            client=message.client))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)
@@ -359,14 +414,19 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             elif kind == "http.response.body":
                 body = bytes(event.get("body", b""))
                 more = bool(event.get("more_body", False))
+                frame: HttpStart | HttpBody
                 if not started:
                     started = True
                     head = start or {"status": 200, "headers": []}
-                    self.send(HttpStart(id=rid, status=int(head["status"]),
-                                        headers=list(head.get("headers") or []),
-                                        body=body, more=more))
+                    frame = HttpStart(id=rid, status=int(head["status"]),
+                                      headers=list(head.get("headers") or []), body=body,
+                                      more=more)
                 else:
-                    self.send(HttpBody(id=rid, body=body, more=more))
+                    frame = HttpBody(id=rid, body=body, more=more)
+                if more:
+                    await self._send_stream(frame, len(body))
+                else:
+                    self.send(frame)
 
         try:
             simple = await self.server.user.handle_http(scope, receive, send)
@@ -378,8 +438,10 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
                 raise RuntimeError("the ASGI app returned without sending a response")
         except asyncio.CancelledError:
             self.send(Failure(id=rid, kind="cancelled", message="request cancelled"))
-        except Exception:
+        except Exception as exc:
             log.exception("%s: %s %s raised", self.server.name, message.method, message.path)
+            if self.server.metrics:
+                self.server.recorder.exception(message.route_prefix, type(exc).__name__)
             if started:  # the head is gone: end the stream; the proxy cuts the connection
                 self.send(Failure(id=rid, kind="user", message="response stream failed"))
             else:
@@ -391,6 +453,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
         for task in self.tasks.values():

@@ -29,7 +29,9 @@ from typing import Any, NamedTuple
 
 from surge.clock import Clock
 from surge.observability.logs import request_id_var
+from surge.replica.context import RequestContext, request_context_var
 from surge.replica.user_code import UserCode
+from surge.transport.messages import Call as CallFrame
 
 __all__ = ["Baton", "Ran", "SyncCalls"]
 
@@ -76,8 +78,9 @@ class Baton:
 
 
 class SyncCalls:
-    def __init__(self, user: UserCode, clock: Clock) -> None:
+    def __init__(self, user: UserCode, clock: Clock, app: str = "") -> None:
         self.user = user
+        self.app = app  # for each call's request context
         self.clock = clock
         self._loop = asyncio.get_running_loop()
         self._plain: dict[str, Callable[..., Any] | None] = {}  # methods the user has
@@ -96,13 +99,16 @@ class SyncCalls:
             self._plain[name] = method  # only real names: callers choose them
         return method
 
-    def run(self, method: Callable[..., Any], call: Call, request_id: str, baton: Baton,
+    def run(self, method: Callable[..., Any], call: Call, frame: CallFrame, baton: Baton,
             answer: Callable[[Ran], None], hand_back: Callable[[Ran], None]) -> None:
         """Submit the call to the pool (in a context of its own that carries the request
-        id, so the user's log lines do). Its worker then calls `answer` if it claims the
-        baton, or has the loop call `hand_back` with an awaitable the method returned."""
+        id, so the user's log lines do, and the request's context: its multiplexed model
+        id). Its worker then calls `answer` if it claims the baton, or has the loop call
+        `hand_back` with an awaitable the method returned."""
         context = contextvars.copy_context()
-        context.run(request_id_var.set, request_id)
+        context.run(request_id_var.set, frame.request_id)
+        context.run(request_context_var.set, RequestContext(
+            "", frame.request_id, self.app, frame.model_id))
         self.user.pool.submit(context.run, self._run, method, call, baton, answer, hand_back)
 
     def _run(self, method: Callable[..., Any], call: Call, baton: Baton,

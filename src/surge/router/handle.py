@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
+import os
 import pickle
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -117,24 +119,44 @@ class _UnarySink:
 
 
 class _StreamSink:
-    __slots__ = ("queue",)
+    """A stream's items as they come. The queue holds at most a flow-control window of
+    them (transport/flow.py): each item is reported consumed once the caller takes it."""
+
+    __slots__ = ("pending", "queue")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.pending: Pending | None = None
 
     def deliver(self, message: Message) -> None:
         if isinstance(message, Item):
-            self.queue.put_nowait(pickle.loads(message.payload))
+            self.queue.put_nowait(_Item(pickle.loads(message.payload), len(message.payload)))
         elif isinstance(message, End):
             self.queue.put_nowait(_END)
         elif isinstance(message, Failure):
             self.queue.put_nowait(decode_failure(message))
         elif isinstance(message, Result):  # a plain method called with stream=True
-            self.queue.put_nowait(pickle.loads(message.payload))
+            self.queue.put_nowait(_Item(pickle.loads(message.payload), 0))
             self.queue.put_nowait(_END)
 
     def fail(self, exc: BaseException) -> None:
         self.queue.put_nowait(exc)
+
+    async def next(self) -> Any:
+        """The next value, _END, or an exception (returned, not raised)."""
+        item = await self.queue.get()
+        if isinstance(item, _Item):
+            if self.pending is not None:
+                self.pending.consumed(item.size)
+            return item.value
+        return item
+
+
+class _Item:
+    __slots__ = ("size", "value")
+
+    def __init__(self, value: Any, size: int) -> None:
+        self.value, self.size = value, size
 
 
 async def _resolve(value: Any) -> Any:
@@ -143,10 +165,20 @@ async def _resolve(value: Any) -> Any:
     return value
 
 
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(4).hex()
+
+
+def new_request_id() -> str:
+    """A handle call's request id (unique per process run; logs and contexts carry it)."""
+    return f"{_ID_PREFIX}-h{next(_ids):x}"
+
+
 class _Request:
     """Everything needed to send one call, built on the caller's thread."""
 
-    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "runtime", "stream")
+    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "request_id", "runtime",
+                 "stream")
 
     def __init__(self, handle: DeploymentHandle, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
@@ -155,6 +187,7 @@ class _Request:
         self.method = handle.method_name
         self.stream = handle.stream
         self.model_id = handle.multiplexed_model_id
+        self.request_id = new_request_id()
         self.args = args
         self.kwargs = kwargs
 
@@ -170,8 +203,12 @@ class _Request:
         return False
 
     def _pending(self, sink: _UnarySink | _StreamSink) -> Pending:
-        return Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
-                            stream=self.stream, model_id=self.model_id), sink)
+        pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
+                               stream=self.stream, model_id=self.model_id,
+                               request_id=self.request_id), sink)
+        if isinstance(sink, _StreamSink):
+            sink.pending = pending
+        return pending
 
     def submit_now(self, sink: _UnarySink | _StreamSink) -> Pending | None:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
@@ -276,6 +313,10 @@ class DeploymentResponse:
 
         task.add_done_callback(copy)
 
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
     def result(self, timeout_s: float | None = None) -> Any:
         future = self._task
         if isinstance(future, asyncio.Future):
@@ -351,12 +392,37 @@ class DeploymentResponseGenerator:
         self._request = request
         self._sink: _StreamSink | None = None
         self._done = False
+        self._cancelled = False
+
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
+    def cancel(self) -> None:
+        """Stop the stream wherever it is (queued, or running on a replica); the next
+        item raises RequestCancelledError."""
+        self._cancelled = True
+        if _in_loop(self._runtime):
+            self._cancel_in_loop()
+        else:
+            self._runtime.loop.call_soon_threadsafe(self._cancel_in_loop)
+
+    def _cancel_in_loop(self) -> None:
+        sink = self._sink
+        if sink is not None and sink.pending is not None:
+            self._runtime.router(self._request.deployment).cancel(sink.pending)
+            sink.fail(RequestCancelledError("the request was cancelled"))
+
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     async def _next(self) -> Any:
+        if self._cancelled and self._sink is None:
+            raise RequestCancelledError("the request was cancelled")
         if self._sink is None:
             self._sink = _StreamSink()
             await self._request._start(self._sink)
-        item = await self._sink.queue.get()
+        item = await self._sink.next()
         if item is _END:
             self._done = True
             raise StopAsyncIteration
@@ -416,7 +482,7 @@ class DeploymentHandle:
                                   else multiplexed_model_id))
 
     def __getattr__(self, name: str) -> DeploymentHandle:
-        if name.startswith("_"):
+        if name.startswith("__"):  # Python's protocols; `_private` methods are callable
             raise AttributeError(name)
         return self.options(method_name=name)
 

@@ -21,14 +21,17 @@ from collections.abc import Callable
 from typing import Protocol
 
 from surge.errors import ReplicaDiedError
+from surge.transport.flow import Credits
 from surge.transport.handshake import NONCE_BYTES, ClientHandshake, HandshakeFailed
 from surge.transport.messages import (
     Call,
+    Credit,
     End,
     Failure,
     HttpBody,
     HttpRequest,
     HttpStart,
+    Item,
     Message,
     Rejected,
     Result,
@@ -47,15 +50,46 @@ class Sink(Protocol):
 
 
 class Pending:
-    """A request on its way: queued in a router, or in flight on a replica."""
+    """A request on its way: queued in a router, or in flight on a replica.
 
-    __slots__ = ("cancelled", "link", "message", "sink")
+    A streamed response is flow-controlled (transport/flow.py): the sink calls
+    `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
+    """
+
+    __slots__ = ("cancelled", "credits", "link", "message", "sink")
 
     def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
         self.message = message
         self.sink = sink
         self.link: ReplicaLink | None = None
         self.cancelled = False
+        self.credits: Credits | None = None  # made with the stream's first frame
+
+    def consumed(self, nbytes: int) -> None:
+        """The sink has passed nbytes of this response's body on (written them to its
+        client): the replica may send that many more."""
+        if self.credits is not None:
+            self._return(self.credits.consumed(nbytes))
+
+    def delivered(self, nbytes: int) -> None:
+        """A stream frame of nbytes is about to reach the sink."""
+        if self.credits is None:
+            self.credits = Credits()
+        self._return(self.credits.delivered(nbytes))
+
+    def _return(self, amount: int) -> None:
+        link = self.link
+        if amount and link is not None and not self.cancelled:
+            link.send(Credit(id=self.message.id, amount=amount))
+
+
+def stream_bytes(message: Message) -> int:
+    """The payload of a non-final stream frame (what flow control charges for)."""
+    if isinstance(message, HttpStart | HttpBody):
+        return len(message.body)
+    if isinstance(message, Item):
+        return len(message.payload)
+    return 0
 
 
 def is_final(message: Message) -> bool:
@@ -130,6 +164,7 @@ class ReplicaLink(ThreadSafeProtocol):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
         elif not pending.cancelled:
+            pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:  # with the lock held

@@ -331,10 +331,13 @@ class Router:
         rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
         if rejection is not None:
             self.rejected += 1
-            raise BackPressureError(deployment=str(self.deployment),
-                                    num_queued_requests=rejection.queued,
-                                    max_queued_requests=rejection.limit,
-                                    retry_after_s=rejection.retry_after_s)
+            current = self.replica_set
+            fixed = current.retry_after_s if current is not None else None
+            raise BackPressureError(
+                deployment=str(self.deployment), num_queued_requests=rejection.queued,
+                max_queued_requests=rejection.limit,
+                retry_after_s=rejection.retry_after_s if fixed is None else fixed,
+                status_code=current.backpressure_status if current is not None else 503)
         self._queue.append(pending)
         if len(self._queue) == 1 and self.on_pressure is not None:
             self.on_pressure()  # the queue started to grow: tell the autoscaler now

@@ -3,10 +3,15 @@
 from surge.config import (
     AuthConfig,
     AutoscalingConfig,
+    AutoscalingPolicy,
+    BackpressureConfig,
     DeploymentConfig,
     HTTPOptions,
     ProxyLocation,
+    RequestRouterConfig,
+    gRPCOptions,
 )
 
-__all__ = ["AuthConfig", "AutoscalingConfig", "DeploymentConfig", "HTTPOptions",
-           "ProxyLocation"]
+__all__ = ["AuthConfig", "AutoscalingConfig", "AutoscalingPolicy", "BackpressureConfig",
+           "DeploymentConfig", "HTTPOptions", "ProxyLocation", "RequestRouterConfig",
+           "gRPCOptions"]

@@ -55,7 +55,7 @@ from surge.policy.autoscale_step import (
     autoscale_step,
     urgent_decision_due,
 )
-from surge.policy.autoscaling import DecisionKind, LoadSample, PolicyState, ProactiveSettings
+from surge.policy.autoscaling import LoadSample, PolicyState, ProactiveSettings
 from surge.policy.reconcile import reconcile
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 from surge.policy.schedule import floors_at
@@ -278,7 +278,7 @@ class Simulation:
             self.standby_wanted = step.standby_replicas
             cluster.dirty = True
         decision = step.decision
-        if decision.kind is DecisionKind.POLICY_FAILED:  # as the controller: target stays
+        if step.failed:  # as the controller: the target stays
             self.counters.policy_errors += 1
             return
         self.state = decision.state

@@ -30,7 +30,8 @@ from surge.sim.distributions import Distribution, parse_distribution
 from surge.sim.traffic import parse_schedule
 
 __all__ = ["ALIASES", "Batching", "Cluster", "Control", "Scenario", "ScenarioError",
-           "Service", "Traffic", "apply_overrides", "load_scenario", "resolve_key"]
+           "Service", "Traffic", "WeightLoading", "apply_overrides", "load_scenario",
+           "resolve_key"]
 
 # A request unanswered this long after it arrived has timed out (the client gave up):
 # `surge pulse`'s default, so a calibration run and its simulation agree.
@@ -44,11 +45,15 @@ DEFAULT_STANDBY_ACTIVATION_S = 0.05
 DEFAULT_DRAIN_S = 1.0
 # Routers push load reports this often (router/runtime.py's LOAD_REPORT_INTERVAL_S).
 DEFAULT_REPORT_INTERVAL_S = 0.1
+# A replica maps an entry its node's weight store holds: bench/weights.py measured the
+# slowest of 7 replicas starting at once at 22-45 ms (a 2 GiB model, 256 tensors, 2 cores).
+DEFAULT_STORE_LOAD_S = 0.05
 
 _TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
         "deployment", "slo_ms", "control", "fine_step_ms", "variants")
 _CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s")
 _CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
+            "process_start_s", "weight_load_s", "weight_store", "store_load_s",
             "standby_activation_s", "drain_s")
 _SERVICE = ("service_time_ms", "overhead_ms", "batching")
 _BATCHING = ("max_batch_size", "batch_wait_timeout_s", "per_item_ms")
@@ -74,13 +79,28 @@ class ScenarioError(ConfigError):
 
 
 @dataclass(frozen=True)
+class WeightLoading:
+    """A start-up split in two (`process_start_s` + `weight_load_s`), and whether each
+    node has a weight store: then only the first replica on a node reads the weights
+    (`weight_load_s`; replicas starting there meanwhile wait for it), every later one
+    maps them in `store_load_s`."""
+
+    process_start_s: Distribution
+    weight_load_s: Distribution
+    store: bool = False
+    store_load_s: Distribution = field(
+        default_factory=lambda: parse_distribution(DEFAULT_STORE_LOAD_S, "store_load_s"))
+
+
+@dataclass(frozen=True)
 class Cluster:
     nodes: int
     replicas_per_node: int
     proxies_per_node: int
-    startup_s: Distribution
+    startup_s: Distribution  # the whole start-up, when `weights` does not split it
     standby_activation_s: float
     drain_s: float
+    weights: WeightLoading | None = None
 
     @property
     def replica_slots(self) -> int:
@@ -233,8 +253,13 @@ def _distribution(section: Mapping[str, Any], key: str, where: str,
 def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
     section = _section(data, "cluster", _CLUSTER, where)
     w = f"{where}.cluster"
-    startup = _distribution(section, "startup_s", w, ": how long a new replica takes to "
-                            "serve (a number of seconds or a distribution)")
+    weights = _weight_loading(section, w)
+    if weights is not None:  # startup_s, if given too, is what the split replaces
+        startup = weights.process_start_s
+    else:
+        startup = _distribution(section, "startup_s", w, ": how long a new replica takes "
+                                "to serve (a number of seconds or a distribution), or "
+                                "process_start_s and weight_load_s")
     return Cluster(
         nodes=_number(section, "nodes", w, integer=True, minimum=1),
         replicas_per_node=_number(section, "replicas_per_node", w, integer=True, minimum=1),
@@ -242,7 +267,30 @@ def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
         startup_s=startup,
         standby_activation_s=float(_number(section, "standby_activation_s", w,
                                            DEFAULT_STANDBY_ACTIVATION_S)),
-        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)))
+        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)),
+        weights=weights)
+
+
+def _weight_loading(section: Mapping[str, Any], w: str) -> WeightLoading | None:
+    split = ("process_start_s", "weight_load_s")
+    given = [key for key in split if key in section]
+    store = section.get("weight_store", False)
+    if not isinstance(store, bool):
+        raise ScenarioError(f"{w}.weight_store must be true or false, got {store!r}")
+    if not given:
+        if store or "store_load_s" in section:
+            raise ScenarioError(f"{w}.weight_store needs the start-up split: give "
+                                "process_start_s and weight_load_s")
+        return None
+    if len(given) == 1:
+        missing = split[1 - split.index(given[0])]
+        raise ScenarioError(f"{w}.{missing} is missing: a start-up is split into "
+                            "process_start_s + weight_load_s")
+    what = " (a number of seconds or a distribution)"
+    store_load = (_distribution(section, "store_load_s", w, what) if "store_load_s" in section
+                  else parse_distribution(DEFAULT_STORE_LOAD_S, f"{w}.store_load_s"))
+    return WeightLoading(_distribution(section, "process_start_s", w, what),
+                         _distribution(section, "weight_load_s", w, what), store, store_load)
 
 
 def _service(data: Mapping[str, Any], where: str) -> Service:

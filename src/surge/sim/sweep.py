@@ -158,6 +158,12 @@ def describe(scenario: Scenario) -> str:
         parts.append(f"floor {' '.join(f for f in floors if f)} from {start}")
     if name != "proactive":
         parts.append(_ray_settings(config))
+    weights = scenario.cluster.weights
+    if weights is not None:
+        split = f"start {weights.process_start_s.mean:g}s + weights {weights.weight_load_s.mean:g}s"
+        if weights.store:
+            split += f", store (then {weights.store_load_s.mean:g}s)"
+        parts.append(split)
     return ", ".join(parts)
 
 

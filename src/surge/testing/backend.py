@@ -6,12 +6,16 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
-from surge.launch import LOCAL_NODE
+from surge.backends.base import (
+    LOCAL_PLACEMENT,
+    Exit,
+    Placement,
+    PlacementError,
+    ProxyLaunch,
+    ReplicaLaunch,
+)
 
 __all__ = ["FakeBackend", "FakeProcess"]
-
-LOCAL_HEAD = Placement(LOCAL_NODE, "127.0.0.1")
 
 
 @dataclass
@@ -27,14 +31,17 @@ class FakeBackend:
     """`calls` lists every request in order, e.g. ("start_replica", "Model-1").
 
     Processes never exit by themselves: `exit(process_id, code)` makes one exit (seen at
-    the next `poll_exits`); `fail_placement` makes replica starts raise PlacementError.
+    the next `poll_exits`), or `exit_on_signal` makes TERM and KILL end them at once;
+    `fail_placement` makes replica starts raise PlacementError.
     """
 
     name = "fake"
 
-    def __init__(self, head: Placement = LOCAL_HEAD, *,
-                 deaths_visible_at_once: bool = True, first_pid: int = 1000) -> None:
+    def __init__(self, head: Placement = LOCAL_PLACEMENT, *,
+                 deaths_visible_at_once: bool = True, first_pid: int = 1000,
+                 exit_on_signal: bool = False) -> None:
         self.head = head
+        self.exit_on_signal = exit_on_signal  # TERM and KILL end a process at once
         self.deaths_visible_at_once = deaths_visible_at_once
         self.processes: dict[str, FakeProcess] = {}
         self.calls: list[tuple[str, str]] = []
@@ -77,6 +84,8 @@ class FakeBackend:
         process = self.processes.get(process_id)
         if process is not None:
             process.signals.append(signal)
+            if self.exit_on_signal:
+                self.exit(process_id, -15 if signal == "TERM" else -9)
 
     def poll_exits(self) -> list[Exit]:
         exits, self._exits = self._exits, []

@@ -1,6 +1,6 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
-Data path: HttpRequest/Call/Cancel go to a replica; HttpStart/HttpBody/Result/Item/
+Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
 End/Failure/Rejected come back. Control path: Rpc/Reply/Push carry cloudpickled
 payloads between the controller and the other processes (never request bodies).
 """
@@ -12,6 +12,7 @@ import msgspec
 __all__ = [
     "Call",
     "Cancel",
+    "Credit",
     "End",
     "Failure",
     "HttpBody",
@@ -54,6 +55,13 @@ class Call(msgspec.Struct, tag=2, array_like=True):
 
 class Cancel(msgspec.Struct, tag=3, array_like=True):
     id: int
+
+
+class Credit(msgspec.Struct, tag=4, array_like=True):
+    """The consumer passed on this much of the request's stream (transport/flow.py)."""
+
+    id: int
+    amount: int
 
 
 class HttpStart(msgspec.Struct, tag=10, array_like=True):
@@ -113,5 +121,5 @@ class Push(msgspec.Struct, tag=22, array_like=True):
     payload: bytes
 
 
-Message = (HttpRequest | Call | Cancel | HttpStart | HttpBody | Result | Item | End | Failure
-           | Rejected | Rpc | Reply | Push)
+Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
+           | Failure | Rejected | Rpc | Reply | Push)

@@ -1,0 +1,93 @@
+"""Frozen, validated configs with Ray Serve's field names and defaults.
+
+Every default is a named constant with the reason it has that value (defaults.py).
+Configs are built from keyword arguments or from dicts (YAML); unknown keys are rejected
+with a suggestion, and every error names the field and what to do. One module per
+concept: http.py (HTTPOptions, proxy locations), autoscaling.py (AutoscalingConfig,
+schedules), deployment.py (DeploymentConfig and its parts, DeploymentSpec), app.py
+(AppSpec, AuthConfig); _check.py holds the validators they share.
+"""
+
+from surge.config._check import from_mapping, unreadable
+from surge.config.app import AppSpec, AuthConfig
+from surge.config.autoscaling import (
+    AutoscalingConfig,
+    AutoscalingPolicy,
+    ScheduleWindow,
+    parse_schedule,
+)
+from surge.config.defaults import (
+    AUTO_MAX_REPLICAS,
+    DEFAULT_CONTROL_PORT,
+    DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    DEFAULT_HEALTH_CHECK_PERIOD_S,
+    DEFAULT_HEALTH_CHECK_TIMEOUT_S,
+    DEFAULT_HTTP_HOST,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT,
+    DEFAULT_MAX_ONGOING_REQUESTS,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    QUEUE_SAFETY_LIMIT,
+)
+from surge.config.deployment import (
+    RAY_ACTOR_OPTION_KEYS_ACCEPTED,
+    RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
+    BackpressureConfig,
+    DeploymentConfig,
+    DeploymentSpec,
+    ReplicaResources,
+    RequestRouterConfig,
+    build_deployment_config,
+)
+from surge.config.http import (
+    DEFAULT_GRPC_PORT,
+    PROXY_LOCATIONS,
+    HTTPOptions,
+    ProxyLocation,
+    default_proxy_workers,
+    gRPCOptions,
+)
+
+# Ray Serve's classes that surge provides only so that code using them loads: where Ray
+# takes one (serve.start(grpc_options=...), request_router_config=...) surge accepts it
+# with a warning and does not use it. docs/ray-compat.md (scripts/ray_compat.py) reads it.
+RAY_CLASSES_ACCEPTED: tuple[type, ...] = (RequestRouterConfig, gRPCOptions)
+
+__all__ = [
+    "AUTO_MAX_REPLICAS",
+    "DEFAULT_CONTROL_PORT",
+    "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S",
+    "DEFAULT_GRPC_PORT",
+    "DEFAULT_HEALTH_CHECK_PERIOD_S",
+    "DEFAULT_HEALTH_CHECK_TIMEOUT_S",
+    "DEFAULT_HTTP_HOST",
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT",
+    "DEFAULT_MAX_ONGOING_REQUESTS",
+    "DEFAULT_MAX_QUEUED_REQUESTS",
+    "PROXY_LOCATIONS",
+    "QUEUE_SAFETY_LIMIT",
+    "RAY_ACTOR_OPTION_KEYS_ACCEPTED",
+    "RAY_ACTOR_OPTION_KEYS_IMPLEMENTED",
+    "RAY_CLASSES_ACCEPTED",
+    "AppSpec",
+    "AuthConfig",
+    "AutoscalingConfig",
+    "AutoscalingPolicy",
+    "BackpressureConfig",
+    "DeploymentConfig",
+    "DeploymentSpec",
+    "HTTPOptions",
+    "ProxyLocation",
+    "ReplicaResources",
+    "RequestRouterConfig",
+    "ScheduleWindow",
+    "build_deployment_config",
+    "default_proxy_workers",
+    "from_mapping",
+    "gRPCOptions",
+    "parse_schedule",
+    "unreadable",
+]

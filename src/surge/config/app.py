@@ -1,0 +1,71 @@
+"""An application as sent to the controller, and its bearer-token authentication."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.config._check import _require
+from surge.config.deployment import DeploymentSpec
+from surge.model import AccessTokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuthConfig:
+    """Bearer-token authentication of one application's HTTP route (read by api/auth.py).
+
+    It says where the tokens are, never what they are: `tokens_env` names an environment
+    variable of the process that deploys (tokens separated by commas or whitespace),
+    `tokens_file` a file with one token per line (`#` starts a comment). From Python,
+    `tokens` may give them directly (say, fetched from a secrets manager); a config file
+    cannot. A request needs `Authorization: Bearer <one of them>`.
+    """
+
+    tokens_env: str | None = None
+    tokens_file: str | None = None
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        env = self.tokens_env
+        _require(env is None or (isinstance(env, str) and env.isidentifier()),
+                 f"tokens_env must name an environment variable (like APP_TOKENS), "
+                 f"got {env!r}.")
+        _require(self.tokens_file is None or (isinstance(self.tokens_file, str)
+                                              and bool(self.tokens_file)),
+                 f"tokens_file must be the path of a file, got {self.tokens_file!r}.")
+        _require(isinstance(self.tokens, list | tuple)
+                 and all(isinstance(t, str) for t in self.tokens),
+                 "tokens must be a list of strings.")
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        _require(env is not None or self.tokens_file is not None or bool(self.tokens),
+                 "auth needs tokens_env (an environment variable holding the tokens) or "
+                 "tokens_file (a file with one token per line).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppSpec:
+    """One application: its route, its ingress deployment, and all its deployments."""
+
+    name: str
+    route_prefix: str | None
+    ingress: str
+    deployments: tuple[DeploymentSpec, ...]
+    sys_path: tuple[str, ...] = ()
+    auth: AccessTokens | None = None  # None: HTTP requests need no credentials
+    # Declarative deploys (a config file, the REST API): the application's entry as
+    # written, for `serve config` and Ray's REST API; None for serve.run (imperative).
+    source_config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str), "application name must be a string.")
+        if self.route_prefix is not None:
+            _require(isinstance(self.route_prefix, str) and self.route_prefix.startswith("/"),
+                     f"route_prefix must start with '/', got {self.route_prefix!r}.")
+            _require(self.route_prefix == "/" or not self.route_prefix.endswith("/"),
+                     f"route_prefix must not end with '/', got {self.route_prefix!r}.")
+        names = [d.config.name for d in self.deployments]
+        _require(len(names) == len(set(names)),
+                 f"application {self.name!r} has two deployments with the same name; give "
+                 "one of them another name with .options(name=...).")
+        _require(self.ingress in names, f"ingress {self.ingress!r} is not among the deployments.")

@@ -1,0 +1,151 @@
+"""Ray Serve's `AutoscalingConfig` (and surge's standbys and daily schedule floors)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.config._check import _integer, _number, _positive, _require
+from surge.config.defaults import AUTO_MAX_REPLICAS
+from surge.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ScheduleWindow:
+    start_s: int  # seconds after local midnight
+    end_s: int
+    min_replicas: int | None = None
+    standby_replicas: int | None = None
+
+    def covers(self, second_of_day: float) -> bool:
+        if self.start_s <= self.end_s:
+            return self.start_s <= second_of_day < self.end_s
+        return second_of_day >= self.start_s or second_of_day < self.end_s
+
+
+def _clock(text: Any, where: str) -> int:
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise ConfigError(f"{where} must be a time of day like '23:50', got {text!r}")
+    hours, minutes = text.split(":")
+    if not (hours.isdigit() and minutes.isdigit() and int(hours) < 24 and int(minutes) < 60):
+        raise ConfigError(f"{where} must be a time of day like '23:50', got {text!r}")
+    return int(hours) * 3600 + int(minutes) * 60
+
+
+def parse_schedule(windows: Sequence[Mapping[str, Any]]) -> tuple[ScheduleWindow, ...]:
+    parsed = []
+    for index, window in enumerate(windows):
+        where = f"schedule[{index}]"
+        if not isinstance(window, Mapping):
+            raise ConfigError(f"{where} must be a mapping with start, end and floors")
+        unknown = set(window) - {"start", "end", "min_replicas", "standby_replicas"}
+        if unknown:
+            raise ConfigError(f"{where} has unknown keys {sorted(unknown)}; use start, end, "
+                             "min_replicas, standby_replicas")
+        floors = {k: window.get(k) for k in ("min_replicas", "standby_replicas")}
+        for key, value in floors.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}")
+        if floors["min_replicas"] is None and floors["standby_replicas"] is None:
+            raise ConfigError(f"{where} sets no floor; give min_replicas or standby_replicas")
+        start = _clock(window.get("start"), f"{where}.start")
+        end = _clock(window.get("end"), f"{where}.end")
+        if start == end:
+            raise ConfigError(f"{where} is empty: start and end are both {window['start']}")
+        parsed.append(ScheduleWindow(start, end, floors["min_replicas"],
+                                     floors["standby_replicas"]))
+    return tuple(parsed)
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingPolicy:
+    """Ray Serve's `AutoscalingPolicy`: which policy decides (a built-in name such as
+    "proactive" or "ray_default", a `module:attr` path, or a callable / class) and the
+    keyword arguments for it. Ray's own default path is surge's `ray_default`."""
+
+    policy_function: Any = "proactive"
+    policy_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.policy_function, str) or callable(self.policy_function),
+                 "policy_function must be an import path ('module:function') or a callable.")
+        _require(isinstance(self.policy_kwargs, Mapping),
+                 "policy_kwargs must be a mapping of keyword arguments.")
+
+    def as_mapping(self) -> dict[str, Any]:
+        return {"policy_function": self.policy_function,
+                "policy_kwargs": dict(self.policy_kwargs)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingConfig:
+    """Ray Serve's `AutoscalingConfig` with Ray's defaults (min 1, max 1, target 2)."""
+
+    min_replicas: int = 1
+    initial_replicas: int | None = None
+    max_replicas: int = 1
+    target_ongoing_requests: float = 2.0
+    metrics_interval_s: float = 10.0
+    look_back_period_s: float = 30.0
+    smoothing_factor: float = 1.0
+    upscale_smoothing_factor: float | None = None
+    downscale_smoothing_factor: float | None = None
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    downscale_delay_s: float = 600.0
+    downscale_to_zero_delay_s: float | None = None
+    upscale_delay_s: float = 30.0
+    aggregation_function: str = "mean"
+    policy: Mapping[str, Any] | None = None  # or an AutoscalingPolicy (made a mapping)
+    standby_replicas: int = 0
+    schedule: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        _integer("min_replicas", self.min_replicas, minimum=0)
+        _integer("max_replicas", self.max_replicas, minimum=1)
+        _require(self.min_replicas <= self.max_replicas,
+                 f"min_replicas ({self.min_replicas}) must be <= max_replicas "
+                 f"({self.max_replicas}).")
+        if self.initial_replicas is not None:
+            _integer("initial_replicas", self.initial_replicas, minimum=0)
+            _require(self.min_replicas <= self.initial_replicas <= self.max_replicas,
+                     "initial_replicas must lie within [min_replicas, max_replicas].")
+        _positive("target_ongoing_requests", self.target_ongoing_requests)
+        for name in ("metrics_interval_s", "look_back_period_s", "downscale_delay_s",
+                     "upscale_delay_s"):
+            _number(name, getattr(self, name), minimum=0)
+        _number("downscale_to_zero_delay_s", self.downscale_to_zero_delay_s, minimum=0,
+                allow_none=True)
+        for name in ("smoothing_factor", "upscale_smoothing_factor",
+                     "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor"):
+            _positive(name, getattr(self, name), allow_none=True)
+        _require(self.aggregation_function in ("mean", "max", "min"),
+                 "aggregation_function must be one of 'mean', 'max', 'min'.")
+        _integer("standby_replicas", self.standby_replicas, minimum=0)
+        _require(isinstance(self.schedule, list | tuple),
+                 "schedule must be a list of windows like "
+                 "{start: '23:50', end: '00:30', min_replicas: 8}.")
+        object.__setattr__(self, "schedule", tuple(self.schedule))
+        parse_schedule(self.schedule)
+        if isinstance(self.policy, AutoscalingPolicy):
+            object.__setattr__(self, "policy", self.policy.as_mapping())
+        if self.policy is not None:
+            _require(isinstance(self.policy, Mapping) and set(self.policy) <= {
+                "policy_function", "policy_kwargs"},
+                "policy must be a mapping with policy_function and optional policy_kwargs.")
+
+    @property
+    def schedule_windows(self) -> tuple[ScheduleWindow, ...]:
+        return parse_schedule(self.schedule)
+
+    @classmethod
+    def default(cls) -> AutoscalingConfig:
+        """What `num_replicas="auto"` means: 1 to 100 replicas."""
+        return cls(min_replicas=1, max_replicas=AUTO_MAX_REPLICAS)
+
+    @property
+    def start_replicas(self) -> int:
+        return self.initial_replicas if self.initial_replicas is not None else self.min_replicas

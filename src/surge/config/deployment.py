@@ -1,0 +1,253 @@
+"""One deployment's options (Ray Serve's `DeploymentConfig`) and its code, as deployed."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.config._check import (
+    _integer,
+    _is_number,
+    _number,
+    _require,
+    _suggest,
+    from_mapping,
+)
+from surge.config.autoscaling import AutoscalingConfig
+from surge.config.defaults import (
+    DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
+    DEFAULT_HEALTH_CHECK_PERIOD_S,
+    DEFAULT_HEALTH_CHECK_TIMEOUT_S,
+    DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT,
+    DEFAULT_MAX_ONGOING_REQUESTS,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    QUEUE_SAFETY_LIMIT,
+)
+from surge.errors import ConfigError
+
+log = logging.getLogger("surge.config")
+
+
+RAY_ACTOR_OPTION_KEYS_IMPLEMENTED = ("num_cpus", "num_gpus", "runtime_env", "resources")
+RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
+    "memory", "accelerator_type", "max_concurrency", "object_store_memory",
+    "scheduling_strategy", "label_selector", "max_restarts", "max_task_retries",
+    "fallback_strategy",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestRouterConfig:
+    """Ray Serve's `RequestRouterConfig`, accepted so that code using it loads: surge
+    routes with its own router (power of two choices on in-flight counts) and warns
+    that a custom request_router_class is not used."""
+
+    request_router_class: Any = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    request_router_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    request_routing_stats_period_s: float = 10.0
+    request_routing_stats_timeout_s: float = 30.0
+    initial_backoff_s: float = 0.025
+    backoff_multiplier: float = 2.0
+    max_backoff_s: float = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackpressureConfig:
+    """Ray Serve's `BackpressureConfig`: how an HTTP request over the queue budget is
+    answered. `retry_after_s` None: surge's own estimate from the deployment's drain rate
+    (Ray sends no Retry-After then); set: that value, rounded up."""
+
+    status_code: int = 503
+    retry_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.status_code in (503, 429) and not isinstance(self.status_code, bool),
+                 f"backpressure_config.status_code must be 503 or 429, got "
+                 f"{self.status_code!r}.")
+        _number("backpressure_config.retry_after_s", self.retry_after_s, minimum=0,
+                allow_none=True)
+        _require(self.retry_after_s is None or math.isfinite(self.retry_after_s),
+                 "backpressure_config.retry_after_s must be finite.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaResources:
+    """What a replica needs from its host, from Ray's `ray_actor_options`."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    # Ray's custom resources ({"accelerator_x": 1}); placement on the ray backend only.
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_ray_actor_options(cls, options: Mapping[str, Any] | None,
+                               where: str = "ray_actor_options") -> ReplicaResources:
+        options = dict(options or {})
+        ignored = [k for k in options if k not in RAY_ACTOR_OPTION_KEYS_IMPLEMENTED]
+        for key in ignored:
+            if key not in RAY_ACTOR_OPTION_KEYS_ACCEPTED:
+                raise ConfigError(f"{where}: unknown key {key!r}."
+                                  f"{_suggest(key, list(RAY_ACTOR_OPTION_KEYS_IMPLEMENTED))}")
+        if ignored:
+            log.warning("%s: %s accepted but not used by the local backend", where,
+                        ", ".join(sorted(ignored)))
+        runtime_env = options.get("runtime_env") or {}
+        _require(isinstance(runtime_env, Mapping),
+                 f"{where}.runtime_env must be a mapping, got {type(runtime_env).__name__}.")
+        runtime_env = dict(runtime_env)
+        env_vars = runtime_env.pop("env_vars", None) or {}
+        if runtime_env:
+            log.warning("%s.runtime_env: %s not supported by surge; only env_vars is "
+                        "honoured", where, ", ".join(sorted(runtime_env)))
+        _require(isinstance(env_vars, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()),
+            f"{where}.runtime_env.env_vars must map strings to strings.")
+        num_cpus = options.get("num_cpus", 1.0)
+        num_gpus = options.get("num_gpus", 0.0)
+        _number(f"{where}.num_cpus", num_cpus, minimum=0)
+        _number(f"{where}.num_gpus", num_gpus, minimum=0)
+        custom = options.get("resources") or {}
+        _require(isinstance(custom, Mapping) and all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and v >= 0 for k, v in custom.items()),
+            f"{where}.resources must map resource names to amounts >= 0, e.g. {{'tpu': 1}}.")
+        return cls(num_cpus=float(num_cpus), num_gpus=float(num_gpus), env_vars=dict(env_vars),
+                   resources={k: float(v) for k, v in custom.items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentConfig:
+    """The options of one deployment, with Ray Serve's names and defaults."""
+
+    name: str
+    num_replicas: int | None = None
+    max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
+    autoscaling_config: AutoscalingConfig | None = None
+    user_config: Any = None
+    resources: ReplicaResources = field(default_factory=ReplicaResources)
+    health_check_period_s: float = DEFAULT_HEALTH_CHECK_PERIOD_S
+    health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
+    graceful_shutdown_timeout_s: float = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
+    graceful_shutdown_wait_loop_s: float = DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S
+    backpressure_config: BackpressureConfig = field(default_factory=BackpressureConfig)
+    max_constructor_retry_count: int = DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT
+    # Rolling updates (policy/reconcile.py). None: surge's default, every replacement at
+    # once and the old replicas serving until theirs run (no capacity dip).
+    rolling_update_percentage: float | None = None  # Ray's: fraction replaced at a time
+    max_surge_percent: int | None = None  # Ray's: extra replicas allowed during it
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(self.name) and "#" not in self.name,
+                 f"deployment name must be a non-empty string without '#', got {self.name!r}.")
+        if self.num_replicas is not None:
+            _number("num_replicas", self.num_replicas, minimum=0)
+            _require(isinstance(self.num_replicas, int), "num_replicas must be an integer.")
+        _integer("max_ongoing_requests", self.max_ongoing_requests, minimum=1)
+        _require(isinstance(self.max_queued_requests, int)
+                 and not isinstance(self.max_queued_requests, bool)
+                 and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
+                 f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
+                 f"{self.max_queued_requests!r}.")
+        for name in ("health_check_period_s", "health_check_timeout_s",
+                     "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
+            _number(name, getattr(self, name), minimum=0)
+        if isinstance(self.backpressure_config, Mapping):
+            object.__setattr__(self, "backpressure_config", from_mapping(
+                BackpressureConfig, self.backpressure_config, "backpressure_config"))
+        elif self.backpressure_config is None:
+            object.__setattr__(self, "backpressure_config", BackpressureConfig())
+        _require(isinstance(self.backpressure_config, BackpressureConfig),
+                 "backpressure_config must be a dict or BackpressureConfig.")
+        _integer("max_constructor_retry_count", self.max_constructor_retry_count, minimum=1)
+        rate = self.rolling_update_percentage
+        _require(rate is None or (_is_number(rate) and 0 < rate <= 1),
+                 f"rolling_update_percentage must be in (0.0, 1.0], got {rate!r}.")
+        _integer("max_surge_percent", self.max_surge_percent, minimum=0, allow_none=True)
+        _require(self.max_surge_percent is None or self.max_surge_percent <= 100,
+                 f"max_surge_percent must be in [0, 100], got {self.max_surge_percent!r}.")
+
+    @property
+    def initial_replicas(self) -> int:
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.start_replicas
+        return 1 if self.num_replicas is None else self.num_replicas
+
+    @property
+    def queue_limit(self) -> int:
+        """The queue budget of the whole deployment (the safety limit when unset)."""
+        if self.max_queued_requests == -1:
+            return QUEUE_SAFETY_LIMIT
+        return self.max_queued_requests
+
+
+def build_deployment_config(name: str, options: Mapping[str, Any],
+                            where: str = "deployment") -> DeploymentConfig:
+    """Resolve Ray's spelling (`num_replicas="auto"`, dict autoscaling) into a config."""
+    options = dict(options)
+    num_replicas = options.pop("num_replicas", None)
+    autoscaling = options.pop("autoscaling_config", None)
+    auto = num_replicas == "auto"
+    if isinstance(autoscaling, Mapping):
+        # As in Ray, with "auto" the fields the user set go over AutoscalingConfig.default(),
+        # before validation (min_replicas=5 alone is valid under auto's max of 100).
+        base = AutoscalingConfig.default()
+        merged = ({"min_replicas": base.min_replicas, "max_replicas": base.max_replicas,
+                   **autoscaling} if auto else autoscaling)
+        autoscaling = from_mapping(AutoscalingConfig, merged, f"{where}.autoscaling_config")
+    elif auto and isinstance(autoscaling, AutoscalingConfig):
+        # An object cannot say which fields were set: keep those that differ from defaults.
+        given = {f.name: getattr(autoscaling, f.name) for f in dataclasses.fields(autoscaling)
+                 if getattr(autoscaling, f.name) != getattr(AutoscalingConfig(), f.name)}
+        autoscaling = dataclasses.replace(AutoscalingConfig.default(), **given)
+    if autoscaling is not None and not isinstance(autoscaling, AutoscalingConfig):
+        raise ConfigError(f"{where}.autoscaling_config must be a dict or AutoscalingConfig.")
+    if auto:
+        autoscaling, num_replicas = autoscaling or AutoscalingConfig.default(), None
+    elif isinstance(num_replicas, str):
+        raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
+                          f"got {num_replicas!r}.")
+    elif num_replicas is not None and autoscaling is not None:
+        raise ConfigError(f"{where}: num_replicas and autoscaling_config cannot both be set; "
+                          "use num_replicas='auto' or drop one of them.")
+    resources = ReplicaResources.from_ray_actor_options(
+        options.pop("ray_actor_options", None), f"{where}.ray_actor_options")
+    known = {f.name for f in dataclasses.fields(DeploymentConfig)} - {"name", "resources"}
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown option {key!r}.{_suggest(key, sorted(known))}")
+    try:
+        return DeploymentConfig(name=name, num_replicas=num_replicas,
+                                autoscaling_config=autoscaling, resources=resources, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentSpec:
+    """A deployment as sent to the controller: its config and its pickled code."""
+
+    config: DeploymentConfig
+    target_blob: bytes
+    init_blob: bytes
+    # The digest of the file that defines the code: a class pickled by reference has the
+    # same blob when its module changed (`surge run --reload`, a redeploy after an edit).
+    source_digest: str = ""
+
+    @property
+    def code_version(self) -> str:
+        """Changes when replicas must be replaced (code, args, resources, limits)."""
+        import hashlib
+
+        c = self.config
+        digest = hashlib.sha256(self.target_blob + b"\0" + self.init_blob + b"\0"
+                                + self.source_digest.encode())
+        digest.update(repr((c.max_ongoing_requests, c.resources, c.graceful_shutdown_timeout_s,
+                            c.health_check_period_s, c.health_check_timeout_s)).encode())
+        return digest.hexdigest()[:16]

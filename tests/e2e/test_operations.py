@@ -1,0 +1,278 @@
+"""Instances that outlive their scripts, and the `surge` CLI as Ray's `serve` is used.
+
+Real subprocesses on free loopback ports: a deploy script that exits leaves its app
+serving on a detached instance; `surge shutdown` then leaves no process behind (the
+process table is read from /proc, starting at the daemon); the CLI's Ray flags
+(builder key=value arguments, status -n, config, --non-blocking, --reload, build -o).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.conftest import free_port
+from tests.e2e.procs import alive, descendants, title
+from tests.eventually import eventually
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+APP = '''
+from pydantic import BaseModel
+
+from surge import serve
+
+
+class Greeting(BaseModel):
+    word: str = "hello"
+    times: int = 1
+
+
+@serve.deployment
+class Greeter:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self, request) -> str:
+        return self.text
+
+
+def builder(args: Greeting):
+    return Greeter.bind(args.word * args.times)
+
+
+app = Greeter.bind("{text}")
+'''
+
+DEPLOY_SCRIPT = '''
+from surge import serve
+from greeter import app
+
+serve.start(detached={detached}, http_options={{"port": {port}}})
+serve.run(app, name="{name}", route_prefix="/{name}")
+print("deployed", flush=True)
+'''
+
+
+@dataclass
+class Place:
+    """A folder with the app, and the environment that points the CLI at one instance."""
+
+    folder: Path
+    env: dict[str, str]
+    http_port: int
+    dashboard_port: int
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def surge(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "surge.cli.main", *args], cwd=self.folder,
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def python(self, script: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        path = self.folder / "deploy.py"
+        path.write_text(script)
+        return subprocess.run([sys.executable, str(path)], cwd=self.folder, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def _daemon_pid(place: Place) -> int | None:
+    """The daemon of the instance this test started: it runs in the test's folder."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and title(int(entry)).startswith("surge:daemon"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd") == str(place.folder):
+                    return int(entry)
+    return None
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Iterator[Place]:
+    (tmp_path / "greeter.py").write_text(APP.format(text="first"))
+    env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}",
+               SURGE_DASHBOARD=f"127.0.0.1:{free_port()}", SURGE_LOG_LEVEL="WARNING",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get(
+                   "PYTHONPATH", "")) if p))
+    dashboard_port = int(env["SURGE_DASHBOARD"].rpartition(":")[2])
+    spot = Place(tmp_path, env, free_port(), dashboard_port)
+    try:
+        yield spot
+    finally:  # a failed test must not leave its instance running
+        daemon = _daemon_pid(spot)
+        if daemon is not None:
+            left = [daemon, *descendants(daemon)]
+            spot.surge("shutdown", "-y", timeout=90)
+            for pid in left:
+                if alive(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+def _instance_processes(daemon: int) -> list[int]:
+    return [daemon, *descendants(daemon)]
+
+
+def test_a_deploy_script_that_exits_leaves_its_app_serving(place: Place) -> None:
+    done = place.python(DEPLOY_SCRIPT.format(detached=True, port=place.http_port,
+                                             name="first"))
+    assert done.returncode == 0, done.stderr
+    assert "deployed" in done.stdout
+    assert httpx.get(place.url("/first"), timeout=10).text == "first"  # the script is gone
+
+    # A plain script (not detached) deploys to the running instance and exits: the
+    # instance, which it did not start, keeps running, with both applications.
+    (place.folder / "greeter.py").write_text(APP.format(text="second"))
+    done = place.python(DEPLOY_SCRIPT.format(detached=False, port=place.http_port,
+                                             name="second"))
+    assert done.returncode == 0, done.stderr
+    assert httpx.get(place.url("/second"), timeout=10).text == "second"
+    assert httpx.get(place.url("/first"), timeout=10).text == "first"
+
+    daemon = _daemon_pid(place)
+    assert daemon is not None
+    members = _instance_processes(daemon)
+    titles = {title(pid).split(":")[1] for pid in members if title(pid).startswith("surge:")}
+    assert {"daemon", "controller", "proxy", "replica"} <= titles, titles
+
+    stopped = place.surge("shutdown", "-y")
+    assert stopped.returncode == 0, stopped.stderr
+    # `surge shutdown` returns once the daemon, which leaves last, is gone.
+    assert [pid for pid in members if alive(pid)] == []
+    with pytest.raises(httpx.TransportError):
+        httpx.get(place.url("/first"), timeout=5)
+
+
+def test_a_plain_script_stops_the_instance_it_started(place: Place) -> None:
+    script = DEPLOY_SCRIPT.format(detached=False, port=place.http_port, name="mine") + (
+        "import os, sys\nprint('pid', os.getpid(), flush=True)\n")
+    done = place.python(script)
+    assert done.returncode == 0, done.stderr
+    assert _daemon_pid(place) is None
+    with pytest.raises(httpx.TransportError):
+        httpx.get(place.url("/mine"), timeout=5)
+
+
+def test_cli_start_deploy_builder_status_config_shutdown(place: Place) -> None:
+    started = place.surge("start", "--http-port", str(place.http_port))
+    assert started.returncode == 0, started.stderr
+    assert "started a detached instance" in started.stdout
+    again = place.surge("start")
+    assert again.returncode == 0 and "already runs" in again.stdout
+
+    deployed = place.surge("deploy", "greeter:builder", "word=yo", "times=3", "--name", "g")
+    assert deployed.returncode == 0, deployed.stderr
+    assert httpx.get(place.url("/"), timeout=10).text == "yoyoyo"
+
+    refused = place.surge("deploy", "greeter:builder", "times=many", "--name", "g")
+    assert refused.returncode == 1
+    assert "do not fit Greeting" in refused.stderr and "times" in refused.stderr
+    assert httpx.get(place.url("/"), timeout=10).text == "yoyoyo"  # nothing changed
+
+    ran = place.surge("run", "greeter.app", "--non-blocking", "--name", "plain",
+                      "--route-prefix", "/plain")
+    assert ran.returncode == 0, ran.stderr
+    assert httpx.get(place.url("/plain"), timeout=10).text == "first"
+
+    status = place.surge("status", "-n", "g", "--json")
+    assert status.returncode == 0, status.stderr
+    assert list(json.loads(status.stdout)["applications"]) == ["g"]
+    missing = place.surge("status", "-n", "nope")
+    assert missing.returncode == 1 and "'nope' does not exist" in missing.stderr
+
+    config = place.surge("config", "-n", "g")
+    assert yaml.safe_load(config.stdout) == {
+        "import_path": "greeter:builder", "args": {"word": "yo", "times": "3"}, "name": "g"}
+    over_rest = place.surge("config", "-a", f"http://127.0.0.1:{place.dashboard_port}",
+                            "-n", "g")
+    assert over_rest.stdout == config.stdout
+
+    daemon = _daemon_pid(place)
+    assert daemon is not None
+    members = _instance_processes(daemon)
+    stopped = place.surge("shutdown", "-y")
+    assert stopped.returncode == 0, stopped.stderr
+    assert [pid for pid in members if alive(pid)] == []
+    nothing = place.surge("shutdown", "-y")
+    assert nothing.returncode == 0 and "nothing to shut down" in nothing.stderr
+
+
+def test_cli_refuses_unknown_flags_with_the_closest_one(place: Place) -> None:
+    typo = place.surge("run", "greeter:app", "--non-blockng")
+    assert typo.returncode == 2
+    assert "unknown flag: --non-blockng (did you mean --non-blocking?)" in typo.stderr
+    conflict = place.surge("run", "greeter:app", "--non-blocking", "--reload")
+    assert conflict.returncode == 1 and "conflicts with the --reload" in conflict.stderr
+    bad_arg = place.surge("run", "greeter:builder", "times")
+    assert bad_arg.returncode == 1 and "key=value" in bad_arg.stderr
+    assert _daemon_pid(place) is None  # nothing was started for them
+
+
+def test_cli_build_writes_what_ray_writes(place: Place) -> None:
+    out = place.folder / "built.yaml"
+    built = place.surge("build", "greeter:app", "-d", str(place.folder), "--output-path",
+                        str(out))
+    assert built.returncode == 0, built.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["proxy_location"] == "EveryNode"
+    assert data["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    assert data["logging_config"]["encoding"] == "TEXT"
+    assert data["applications"][0]["import_path"] == "greeter:app"
+    assert data["applications"][0]["deployments"] == [{"name": "Greeter"}]
+
+
+def test_cli_run_reload_redeploys_an_edited_file(place: Place) -> None:
+    run = subprocess.Popen([sys.executable, "-m", "surge.cli.main", "run", "greeter:app",
+                            "--reload", "--port", str(place.http_port)], cwd=place.folder,
+                           env=place.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        def answers(text: str) -> bool:
+            try:
+                return httpx.get(place.url("/"), timeout=5).text == text
+            except httpx.TransportError:
+                return False
+
+        eventually(lambda: answers("first") or run.poll() is not None, 90,
+                   what="the first version serving")
+        assert run.poll() is None
+        (place.folder / "greeter.py").write_text(APP.format(text="edited"))
+        eventually(lambda: answers("edited") or run.poll() is not None, 90,
+                   what="the edited version serving")
+        assert run.poll() is None
+    finally:
+        run.send_signal(signal.SIGINT)  # Ctrl-C: it shuts its instance down
+        try:
+            output, _ = run.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            output, _ = run.communicate()
+    assert "redeploying" in output, output
+    assert "shutting down" in output, output
+
+
+def test_start_refuses_a_dashboard_port_that_is_taken(place: Place) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = place.surge("start", "--dashboard-port", str(port))
+    assert refused.returncode == 1
+    assert f"cannot serve the dashboard on 127.0.0.1:{port}" in refused.stderr
+    assert "could not start surge: could not" not in refused.stderr
+    assert _daemon_pid(place) is None  # nothing left behind
