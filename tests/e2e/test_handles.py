@@ -394,3 +394,73 @@ def test_sync_composition_and_errors_through_the_fast_path(surge_instance) -> No
     for _ in range(20):
         with pytest.raises(Boom, match="negative: -1"):
             failing.remote(-1).result(timeout_s=10)
+
+
+@serve.deployment(num_replicas=2, max_ongoing_requests=8)
+class Pids:
+    def __call__(self, value: int) -> tuple[int, int]:
+        return os.getpid(), value
+
+    def fan_out(self, target: Any, count: int) -> list[int]:  # composition from a worker
+        return [int(target.remote(i).result(timeout_s=10)[1]) for i in range(count)]
+
+
+def test_threads_calls_across_a_replica_kill_all_end(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    """Eight threads call in a loop on their own links while a replica is SIGKILLed: each
+    call returns or fails with ReplicaDiedError (none hangs, none times out), and calls
+    go on at the survivor and the replacement; no own link to the dead replica stays."""
+    import collections
+    import signal
+    import threading
+
+    from surge.serve.exceptions import ReplicaDiedError
+
+    handle = serve.run(Pids.bind(), name="pidkill", route_prefix=None)
+    seen: set[int] = set()
+    eventually(lambda: seen.add(handle.remote(0).result(timeout_s=10)[0]) or len(seen) == 2,
+               20, what="both replicas answer")
+    stop = threading.Event()
+    outcomes: collections.Counter[str] = collections.Counter()
+    errors: list[BaseException] = []
+    after_kill: set[int] = set()
+    killed = threading.Event()
+
+    def caller(base: int) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                pid, value = handle.remote(base + n).result(timeout_s=10)
+                assert value == base + n
+                outcomes["ok"] += 1
+                if killed.is_set():
+                    after_kill.add(pid)
+            except ReplicaDiedError:
+                outcomes["died"] += 1
+            except BaseException as exc:  # a timeout here is a call that never ended
+                errors.append(exc)
+                return
+            n += 1
+
+    threads = [threading.Thread(target=caller, args=(i * 1_000_000,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    eventually(lambda: outcomes["ok"] > 200, 20, what="calls flowing")
+    victim = min(seen)
+    os.kill(victim, signal.SIGKILL)
+    killed.set()
+    eventually(lambda: (len(after_kill - {victim}) >= 1 and outcomes["ok"] > 1000) or errors,
+               30, what="calls go on after the kill")
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a call never ended"
+    assert not errors, errors[:3]
+    router = driver_router("pidkill", "Pids")
+    eventually(lambda: router.in_flight == 0, 10, what="nothing left in flight")
+    eventually(lambda: {link.replica_id for link in router.own_links.links if not link.is_closed}
+               <= set(router._by_id), 20, what="own links only to live replicas")
+    # A sync method composing from its worker thread, through the replacement too.
+    eventually(lambda: len({handle.remote(0).result(timeout_s=10)[0] for _ in range(20)}
+                           - {victim}) == 2, 30, what="two live replicas again")
+    assert handle.fan_out.remote(handle, 50).result(timeout_s=30) == list(range(50))
+    serve.delete("pidkill")

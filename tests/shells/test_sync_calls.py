@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from surge.replica.context import get_request_context
+from surge.replica.multiplex import get_multiplexed_model_id
 from surge.replica.server import ReplicaServer
 from surge.replica.sync_calls import Baton
 from surge.replica.user_code import UserCode
@@ -64,16 +66,21 @@ class Model:
     def numbers(self) -> Any:
         yield 1
 
+    def context(self) -> tuple[str, str, str]:
+        request = get_request_context()
+        return get_multiplexed_model_id(), request.request_id, request.app_name
+
 
 class Replica:
     def __init__(self, server: ReplicaServer, connection: Connection, model: Model) -> None:
         self.server, self.connection, self.model = server, connection, model
         self.ids = 0
 
-    def send(self, method: str, *args: Any) -> int:
+    def send(self, method: str, *args: Any, model_id: str = "", request_id: str = "") -> int:
         self.ids += 1
         self.connection.send(Call(id=self.ids, method=method,
-                                  payload=pickle.dumps((args, {}))))
+                                  payload=pickle.dumps((args, {})), model_id=model_id,
+                                  request_id=request_id))
         return self.ids
 
     async def answers(self, count: int) -> dict[int, Message]:
@@ -95,7 +102,7 @@ class Replica:
 async def replica() -> AsyncIterator[Replica]:
     user = UserCode(Model, (), {}, 8)
     await user.construct()
-    server = ReplicaServer(user, 8, "test:Model", clock=FakeClock())
+    server = ReplicaServer(user, 8, "test:Model", clock=FakeClock(), app="test")
     listener = await asyncio.get_running_loop().create_server(server.protocol, "127.0.0.1", 0)
     connection = await connect(listener.sockets[0].getsockname()[1])
     try:
@@ -216,6 +223,20 @@ def test_workers_latencies_reach_the_telemetry_report() -> None:
             report = r.server.drain_telemetry({})
             assert report.processing["echo"].count == 1
             assert report.errors == {"fail": 1}
+            assert report.exceptions == {("fail", "Boom"): 1}  # Ray's label: the type
+
+
+def test_the_worker_runs_in_the_request_s_context_model_id_included() -> None:
+    async def main() -> None:
+        async with replica() as r:
+            rid = r.send("context", model_id="m-7", request_id="req-1")
+            answer = (await r.answers(1))[rid]
+            assert isinstance(answer, Result)
+            assert pickle.loads(answer.payload) == ("m-7", "req-1", "test")
+            assert r.server.answered_by_workers == 1  # through the fast path
+            assert await r.call("context") == ("", "", "test")  # nothing left behind
+
+    run(main())
 
     run(main())
 

@@ -135,6 +135,25 @@ def test_what_the_kernel_cannot_take_waits_and_nothing_overtakes_it(run: Runner)
     run(main())
 
 
+def test_a_close_while_the_kernel_is_full_still_sends_everything(run: Runner) -> None:
+    async def main() -> None:
+        client, peer, server = await connected()
+        assert peer.transport is not None
+        peer.transport.pause_reading()
+        big = item(7, size=32 * 1024 * 1024)
+        assert await in_thread(lambda: (client.send(big), client._blocked)[1])
+        client.send(item(8))
+        client.close()  # graceful: what waits in `_out` goes before the FIN
+        await in_thread(lambda: client.send(item(9)))  # too late: dropped, not interleaved
+        peer.transport.resume_reading()
+        await eventually_async(lambda: client.lost and peer.is_closed, WAIT_S)
+        assert [m.id for m in peer.received] == [7, 8]  # type: ignore[union-attr]
+        assert peer.received[0] == big
+        server.close()
+
+    run(main())
+
+
 class SocketlessTransport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()

@@ -12,7 +12,8 @@ own, so one lock covers the router and all its links):
   they were sent.
 * What the kernel does not take (its buffer is full) stays in `_out` and the loop
   writes it when the socket turns writable; until then every send only appends, so
-  nothing overtakes it.
+  nothing overtakes it. On `close` what is left goes to the transport, which writes it
+  before it closes the socket.
 
 A transport without a socket (a pipe, a fake) keeps FramedProtocol's writes, and other
 threads hand their frames to the loop.
@@ -237,6 +238,17 @@ class ThreadSafeProtocol(FramedProtocol):
             self._loop.call_soon_threadsafe(self.close)
             return
         with self.lock:
+            transport, sock = self.transport, self._sock
+            if transport is None or transport.is_closing():
+                return
+            if sock is not None:
+                self._write(sock)
+                if self._out:  # the kernel is full: what is left goes out before the close
+                    if self._blocked:
+                        self._loop.remove_writer(sock.fileno())
+                    transport.write(bytes(self._out))  # (its buffer is empty: we never write there)
+                    self._out.clear()
+                self._blocked = True  # from now on every send only appends: nothing goes out
             super().close()
 
     def connection_lost(self, exc: Exception | None) -> None:
