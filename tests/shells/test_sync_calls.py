@@ -215,6 +215,32 @@ def test_a_drain_waits_for_what_workers_still_run() -> None:
     run(main())
 
 
+def test_a_drain_ends_only_once_a_worker_s_answer_has_left() -> None:
+    """A worker frees its slot before it writes the answer (the caller's next call must
+    find it free), yet a drain that starts in between waits for the write."""
+    async def main() -> None:
+        server = ReplicaServer(UserCode(Model, (), {}, 1), 1, "test:Model", clock=FakeClock())
+        assert server.admit()
+        writing, written = threading.Event(), threading.Event()
+
+        def answer() -> None:
+            writing.set()
+            assert written.wait(WAIT_S)
+
+        worker = threading.Thread(target=server.release_from_worker, args=(answer,))
+        worker.start()
+        await eventually_async(writing.is_set, WAIT_S, what="the worker writing")
+        assert server.ongoing == 0  # the slot is free already
+        drain = asyncio.ensure_future(server.drain(WAIT_S))
+        await eventually_async(lambda: server.draining, WAIT_S)
+        assert not drain.done()
+        written.set()
+        assert await drain
+        await asyncio.get_running_loop().run_in_executor(None, worker.join)
+
+    run(main())
+
+
 def test_workers_latencies_reach_the_telemetry_report() -> None:
     async def main() -> None:
         async with replica() as r:

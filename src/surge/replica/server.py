@@ -100,6 +100,7 @@ class ReplicaServer:
         self.served = 0
         self.answered_by_workers = 0
         self._counts = threading.Lock()  # the loop and the pool's workers free slots
+        self._answering = 0  # workers that freed their slot and are writing the answer
         self._loop = asyncio.get_running_loop()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -132,19 +133,27 @@ class ReplicaServer:
         with self._counts:
             self.ongoing -= 1
             self.served += 1
-            idle = self.ongoing == 0
+            idle = self.ongoing == 0 and self._answering == 0
         if idle:
             self.idle.set()
 
-    def release_from_worker(self) -> None:
-        """(A pool worker that answered its call.) Only a drain needs the loop told."""
+    def release_from_worker(self, answer: Callable[[], None]) -> None:
+        """(A pool worker that ran its call.) Free the slot, then `answer`: the caller may
+        send its next call as soon as it has the answer, and finds the slot free. A drain
+        ends only once the answer has left too. Only a drain needs the loop told."""
         with self._counts:
             self.ongoing -= 1
             self.served += 1
             self.answered_by_workers += 1
-            tell = self.draining and self.ongoing == 0
-        if tell:
-            self._loop.call_soon_threadsafe(self.idle.set)
+            self._answering += 1
+        try:
+            answer()
+        finally:
+            with self._counts:
+                self._answering -= 1
+                tell = self.draining and self.ongoing == 0 and self._answering == 0
+            if tell:
+                self._loop.call_soon_threadsafe(self.idle.set)
 
     def record_from_worker(self, route: str, latency_ms: float, error: str = "") -> None:
         """(A pool worker.) `error`: the type name of what the user's code raised."""
@@ -167,7 +176,7 @@ class ReplicaServer:
         """Stop admitting and wait for in-flight work; True when it all finished."""
         with self._counts:
             self.draining = True  # a worker freeing the last slot from now on tells us
-            if self.ongoing == 0:
+            if self.ongoing == 0 and self._answering == 0:
                 return True
         try:
             await asyncio.wait_for(self.idle.wait(), timeout_s)
@@ -320,8 +329,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         assert frame is not None
         with self.lock:
             self.sync.pop(message.id, None)
-        self.server.release_from_worker()  # first: the caller may send the next at once
-        self.send(frame)
+        self.server.release_from_worker(functools.partial(self.send, frame))
         if self.server.metrics:
             self.server.record_from_worker(message.method, (ran.finished - started) * 1000.0,
                                            "" if error is None else type(error).__name__)
