@@ -11,12 +11,14 @@ are keyed by, stays the same across calls. Waits are on state, never sleeps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from surge.errors import ReplicaDiedError
+from surge.router.own_links import MAX_OWN_LINKS, MAX_PER_REPLICA
 from surge.router.replica_link import Pending
 from surge.router.router import Router
 from surge.transport.messages import Call, Message, Result
@@ -271,5 +273,26 @@ def test_closing_the_router_ends_a_thread_reading_its_own_link() -> None:
             assert isinstance(await outcome(pending), ReplicaDiedError)
             replica.release()
         caller.close()
+
+    run(main)
+
+
+def test_own_links_are_bounded_per_replica_and_per_router() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(f"r{i}") for i in range(5)]
+        async with routing(*replicas, max_ongoing=5) as router:
+            own = router.own_links
+            with router.lock:  # 20 threads ask for a link to each of 5 replicas
+                for replica in replicas:
+                    for thread in range(20):
+                        own.get(replica.name, thread)
+            await eventually_async(lambda: len(own.links) == MAX_OWN_LINKS and not own._opening,
+                                   WAIT_S, what="the links open, up to the router's bound")
+            per_replica = collections.Counter(link.replica_id for link in own.links)
+            assert max(per_replica.values()) == MAX_PER_REPLICA
+            with router.lock:
+                assert own.get(replicas[-1].name, 999) is None
+                assert not own._opening  # no more asked for: the thread shares the links
+        assert own.links == set()
 
     run(main)

@@ -6,7 +6,9 @@ loop's thread, which then wakes the caller: two wake-ups and a hand-off per call
 such a thread gets a link of its own to each replica it calls (at most MAX_PER_REPLICA
 threads per replica): the loop opens it (the handshake included) and lends its reading
 to the thread (transport/threadsafe.py); the thread sends its calls there and, waiting
-in `.result()`, reads and handles their answers itself.
+in `.result()`, reads and handles their answers itself. A router holds at most
+MAX_OWN_LINKS of them in all (each is three descriptors here and a connection at its
+replica); beyond that, threads share the router's links as before.
 
 Routing does not change: the router picks the replica first (in-flight counts are summed
 over all its links, `in_flight`), then the caller's own link to it if there is one. The
@@ -27,13 +29,16 @@ from typing import Any
 from surge.router.replica_link import ReplicaLink
 from surge.transport.handshake import HandshakeFailed
 
-__all__ = ["MAX_PER_REPLICA", "OwnLinks"]
+__all__ = ["MAX_OWN_LINKS", "MAX_PER_REPLICA", "OwnLinks"]
 
 log = logging.getLogger("surge.router")
 
 # Callers' threads with a link of their own to one replica; more share the router's
 # (each costs the replica a connection; a driver or a sync replica rarely has more).
 MAX_PER_REPLICA = 16
+# Own links of one router in all: a driver calling many replicas from many threads must
+# not run out of descriptors (the soft limit is often 1,024; each link holds three).
+MAX_OWN_LINKS = 64
 
 
 class OwnLinks:
@@ -61,11 +66,17 @@ class OwnLinks:
         if link is not None and not link.is_closed:
             return link
         key = (replica_id, thread)
-        if (key not in self._opening and len(self._by_replica.get(replica_id, ()))
-                + sum(1 for r, _ in self._opening if r == replica_id) < MAX_PER_REPLICA):
+        if key not in self._opening and self._room(replica_id):
             self._opening.add(key)
             self._loop.call_soon_threadsafe(self._open, replica_id, thread)
         return None
+
+    def _room(self, replica_id: str) -> bool:
+        """Whether one more own link may open to the replica."""
+        if len(self.links) + len(self._opening) >= MAX_OWN_LINKS:
+            return False
+        opening = sum(1 for r, _ in self._opening if r == replica_id)
+        return len(self._by_replica.get(replica_id, ())) + opening < MAX_PER_REPLICA
 
     def load(self, replica_id: str) -> int:
         """Requests in flight on own links to the replica."""
