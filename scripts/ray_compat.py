@@ -102,7 +102,9 @@ NOTES: dict[tuple[str, str], str] = {
         "reaches the replica's request context; no model-aware routing",
     ("ray.serve.handle:DeploymentHandle.options", "request_serialization"): _SILENT_HANDLE,
     ("ray.serve.handle:DeploymentHandle.options", "response_serialization"): _SILENT_HANDLE,
-    ("ray.serve.handle:DeploymentHandle.options", "session_id"): _SILENT_HANDLE,
+    ("ray.serve.handle:DeploymentHandle.options", "session_id"):
+        "reaches the replica's request context (over HTTP: `x-session-id`); no session "
+        "routing, as Ray's default router",
     ("ray.serve.config:AutoscalingConfig", "policy"):
         "default: surge's `proactive`; `{policy_function: ray_default}` is Ray's, exactly",
     ("ray.serve.config:AutoscalingPolicy", "policy_function"):

@@ -190,7 +190,9 @@ class ControlApi:
     async def rpc_replicas(self, peer: Peer) -> list[dict[str, Any]]:
         return [{"replica_id": r.replica_id, "app": r.deployment.app,
                  "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
-                 "version": r.version} for r in self.state.replicas.values()]
+                 "version": r.version,
+                 "models": list(self.observer.replica_models.get(r.replica_id, ()))}
+                for r in self.state.replicas.values()]
 
     async def rpc_shutdown(self, peer: Peer) -> None:
         self.shutdown()
@@ -210,6 +212,8 @@ class ControlApi:
                          request_header_timeout_s=h.request_header_timeout_s,
                          max_connections=h.max_connections,
                          request_body_timeout_s=h.request_body_timeout_s,
+                         websocket_max_message_bytes=h.websocket_max_message_bytes,
+                         websocket_idle_timeout_s=h.websocket_idle_timeout_s,
                          ssl_certfile=h.ssl_certfile,
                          ssl_keyfile=h.ssl_keyfile, ssl_ca_certs=h.ssl_ca_certs,
                          ssl_cert_reqs=str(h.ssl_cert_reqs))

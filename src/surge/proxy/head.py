@@ -5,7 +5,8 @@ Everything the proxy decides from a request line and its headers is decided in
 (`HeadFields.note`): the decoded path and its compiled route, the bearer-token check
 (policy/auth.py), the request id (the client's x-request-id when usable, else a new
 one), the deadline (x-request-timeout-seconds), whether the request runs on without its
-client (x-request-disconnect-disabled), whether the client waits for "100 Continue".
+client (x-request-disconnect-disabled), whether the client waits for "100 Continue", the
+multiplexed model it asks for (serve_multiplexed_model_id, which the router routes by).
 A request the proxy answers itself (a built-in path, no route, a refusal) carries that
 `Answer`; one without an answer goes to its route's router.
 """
@@ -74,13 +75,13 @@ def refusal_answer(refusal: Refusal) -> Answer:
 class HeadFields:
     """The headers the proxy acts on, noted as they arrive (one instance per connection)."""
 
-    __slots__ = ("authorization", "declared", "detached", "expect_continue", "noted",
-                 "request_id", "timeout")
+    __slots__ = ("authorization", "declared", "detached", "expect_continue", "model_id",
+                 "noted", "request_id", "timeout")
 
     # Lower-case names `note` wants; every other header only travels to the replica.
     WANTED = frozenset({b"content-length", b"transfer-encoding", b"expect", b"x-request-id",
                         b"x-request-timeout-seconds", b"x-request-disconnect-disabled",
-                        b"authorization"})
+                        b"authorization", b"serve_multiplexed_model_id"})
 
     def __init__(self) -> None:
         self.reset()
@@ -93,6 +94,7 @@ class HeadFields:
         self.expect_continue = False
         self.declared = -1  # the largest Content-Length; 0 with Transfer-Encoding; -1: none
         self.authorization: list[bytes] | None = None
+        self.model_id = ""  # serve_multiplexed_model_id: the router routes by it
 
     def note(self, name: bytes, value: bytes) -> None:
         self.noted = True
@@ -111,6 +113,8 @@ class HeadFields:
                 self.timeout = value
         elif name == b"x-request-disconnect-disabled":
             self.detached = value.strip().lower() in _ON
+        elif name == b"serve_multiplexed_model_id":
+            self.model_id = value.decode("latin-1")
         elif self.authorization is None:
             self.authorization = [value]
         else:
@@ -145,13 +149,14 @@ class RequestHead:
     """A request line and headers, read: what the proxy needs to answer or forward it."""
 
     __slots__ = ("answer", "detached", "expect_continue", "head_only", "headers", "http_10",
-                 "http_version", "labels", "method", "path", "query", "raw_path", "request_id",
-                 "route", "timeout")
+                 "http_version", "labels", "method", "model_id", "path", "query", "raw_path",
+                 "request_id", "route", "timeout")
 
     def __init__(self, method: str, path: str, query: bytes, raw_path: bytes,
                  headers: list[tuple[bytes, bytes]], http_version: str, request_id: bytes,
                  route: Route[Any] | None, labels: tuple[str, str, str], answer: Answer | None,
-                 timeout: float | None, detached: bool, expect_continue: bool) -> None:
+                 timeout: float | None, detached: bool, expect_continue: bool,
+                 model_id: str = "") -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -167,6 +172,7 @@ class RequestHead:
         self.timeout = timeout  # seconds from dispatch until 408; None: none
         self.detached = detached  # runs on if its client goes away
         self.expect_continue = expect_continue
+        self.model_id = model_id  # serve_multiplexed_model_id, "" when none
 
     @classmethod
     def bare(cls, request_id: bytes, method: str = "") -> RequestHead:
@@ -209,4 +215,4 @@ def read_head(method: bytes, url: bytes, http_version: str,
                     if refusal is not None:
                         answer = refusal_answer(refusal)
     return RequestHead(name, path, query, raw, headers, http_version, request_id, route, labels,
-                       answer, timeout, fields.detached, fields.expect_continue)
+                       answer, timeout, fields.detached, fields.expect_continue, fields.model_id)

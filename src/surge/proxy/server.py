@@ -120,6 +120,8 @@ class Proxy:
 
     async def drain(self) -> None:
         self.site.draining = True
+        for connection in list(self.connections):
+            connection.going_away()  # WebSockets: 1001 now, not a cut at the deadline
         deadline = self.now() + DRAIN_TIMEOUT_S
         while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)

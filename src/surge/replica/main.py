@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -87,8 +88,11 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        return self.server.drain_telemetry({"processing": self.server.ongoing},
-                                           user=REGISTRY.drain())
+        report = self.server.drain_telemetry({"processing": self.server.ongoing},
+                                             user=REGISTRY.drain())
+        models = self.server.models
+        return report if models is None else dataclasses.replace(report,
+                                                                 models=tuple(models.ids))
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)

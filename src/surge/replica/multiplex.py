@@ -9,11 +9,17 @@ costs Ray's users hit:
   behind one lock);
 - at most `max_num_models_per_replica` models held or loading; to make room the least
   recently used loaded model is unloaded (its `__del__` runs, awaited when async); a
-  load that has to wait for room waits for the first load in progress to finish;
+  load that has to wait for room (every slot loading) waits for a running load to
+  finish, then takes that model's place;
 - a failed load fails only the requests waiting for it, with the loader's error, and
   the next request for that model loads it again.
-Each cache registers itself here, so the replica reports which models it holds or is
-loading (`loaded_model_ids`) and unloads them all on a graceful stop (`shutdown_all`).
+Each cache registers itself here, so the replica tells its routers which models it holds
+or is loading whenever that changes (`watch`, `loaded_model_ids`; replica/server.py sends
+them a `Models` frame) and unloads them all on a graceful stop (`shutdown_all`). Two
+surge-only arguments tune the routers' affinity (policy/model_routing.py):
+`max_replicas_per_model` (how many replicas one hot model may spread to; 0: half the
+replicas, at least 2) and `matching_timeout_s` (how long a request waits for a replica
+holding its model before any replica with room takes it).
 Metrics carry Ray's names (`serve_multiplexed_*`, `serve_num_multiplexed_models`, ...).
 """
 
@@ -24,15 +30,15 @@ import collections
 import functools
 import inspect
 import logging
-import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+from surge.clock import SYSTEM
 from surge.replica.context import get_replica_context, request_context_var
 
-__all__ = ["ModelCache", "get_multiplexed_model_id", "loaded_model_ids", "multiplexed",
-           "shutdown_all"]
+__all__ = ["ModelCache", "RoutingSettings", "get_multiplexed_model_id", "loaded_model_ids",
+           "multiplexed", "routing_settings", "shutdown_all", "watch"]
 
 log = logging.getLogger("surge.replica")
 
@@ -42,6 +48,25 @@ LOAD_BUCKETS_MS = [10.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 1000
                    30000.0, 60000.0, 120000.0, 300000.0, 600000.0]
 
 _caches: weakref.WeakSet[ModelCache] = weakref.WeakSet()
+_watchers: list[Callable[[], None]] = []
+MATCHING_TIMEOUT_S = 1.0
+
+
+class RoutingSettings(NamedTuple):
+    max_copies: int = 0  # 0: the router's default
+    matching_timeout_s: float = MATCHING_TIMEOUT_S
+    capacity: int = -1  # models held at most (-1: no limit)
+
+
+def watch(callback: Callable[[], None]) -> None:
+    """Call `callback` (cheap, on the loop) whenever a model starts or stops loading or
+    is unloaded."""
+    _watchers.append(callback)
+
+
+def _changed() -> None:
+    for callback in _watchers:
+        callback()
 
 
 def get_multiplexed_model_id() -> str:
@@ -50,7 +75,8 @@ def get_multiplexed_model_id() -> str:
 
 
 def multiplexed(func: Callable[..., Any] | None = None,
-                max_num_models_per_replica: int = 3) -> Any:
+                max_num_models_per_replica: int = 3, *, max_replicas_per_model: int = 0,
+                matching_timeout_s: float = MATCHING_TIMEOUT_S) -> Any:
     if func is not None:
         _check_loader(func)
     if not isinstance(max_num_models_per_replica, int) or \
@@ -58,6 +84,13 @@ def multiplexed(func: Callable[..., Any] | None = None,
         raise TypeError("max_num_models_per_replica must be an integer.")
     if max_num_models_per_replica != -1 and max_num_models_per_replica <= 0:
         raise ValueError("max_num_models_per_replica must be positive.")
+    if not isinstance(max_replicas_per_model, int) or max_replicas_per_model < 0:
+        raise ValueError("max_replicas_per_model must be an integer >= 0 (0: half the "
+                         "replicas, at least 2).")
+    if not isinstance(matching_timeout_s, int | float) or not matching_timeout_s >= 0:
+        raise ValueError("matching_timeout_s must be a number of seconds >= 0.")
+    settings = RoutingSettings(max_replicas_per_model, float(matching_timeout_s),
+                               max_num_models_per_replica)
 
     def decorator(loader: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         _check_loader(loader)
@@ -74,7 +107,7 @@ def multiplexed(func: Callable[..., Any] | None = None,
             cache = getattr(owner, WRAPPER_ATTRIBUTE, None)
             if cache is None:
                 bound = functools.partial(loader, owner) if is_method else loader
-                cache = ModelCache(bound, max_num_models_per_replica)
+                cache = ModelCache(bound, max_num_models_per_replica, settings)
                 setattr(owner, WRAPPER_ATTRIBUTE, cache)
             return await cache.get(args[-1])
 
@@ -99,7 +132,8 @@ def _check_loader(func: Any) -> None:
 class ModelCache:
     """One replica's models for one loader: held (LRU order) and loading."""
 
-    def __init__(self, loader: Callable[[str], Awaitable[Any]], capacity: int) -> None:
+    def __init__(self, loader: Callable[[str], Awaitable[Any]], capacity: int,
+                 settings: RoutingSettings | None = None) -> None:
         try:
             get_replica_context()
         except Exception:
@@ -107,8 +141,10 @@ class ModelCache:
                                "(failed to retrieve Serve replica context).") from None
         self.loader = loader
         self.capacity = capacity  # -1: unlimited
+        self.settings = settings or RoutingSettings()
         self.models: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self.loading: dict[str, asyncio.Task[Any]] = {}
+        self.loading: dict[str, asyncio.Task[Any]] = {}  # waiting for room or loading
+        self.active: set[str] = set()  # their loader running
         self._metrics = _Metrics()
         _caches.add(self)
 
@@ -133,39 +169,48 @@ class ModelCache:
             task = self.loading[model_id] = asyncio.get_running_loop().create_task(
                 self._load(model_id))
             task.add_done_callback(_retrieved)  # its waiters may all have gone
+            _changed()
         return await asyncio.shield(task)
 
     async def _load(self, model_id: str) -> Any:
         try:
             await self._make_room(model_id)
+            self.active.add(model_id)
             self._metrics.loads.inc()
-            started = time.monotonic()
+            started = SYSTEM.monotonic()
             model = await self.loader(model_id)
         except BaseException as exc:
             log.error("failed to load model %r: %r", model_id, exc)
-            raise
-        finally:
             self.loading.pop(model_id, None)
-        self._metrics.load_ms.observe((time.monotonic() - started) * 1000.0)
+            self.active.discard(model_id)
+            _changed()
+            raise
+        self.loading.pop(model_id, None)
+        self.active.discard(model_id)
+        self._metrics.load_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self.models[model_id] = model
         self._metrics.held(self.models)
+        _changed()
         return model
 
     async def _make_room(self, model_id: str) -> None:
-        """Until this load fits: unload LRU models, or wait for another load to finish."""
-        while self.capacity > 0 and len(self.models) + len(self.loading) > self.capacity:
+        """Until this load fits beside the held models and the loads running: unload the
+        LRU model, or wait for a running load to finish (loads waiting for room never
+        wait on each other)."""
+        while self.capacity > 0 and len(self.models) + len(self.active) >= self.capacity:
             if self.models:
                 await self.unload_lru()
                 continue
-            others = [t for m, t in self.loading.items() if m != model_id]
-            if not others:
+            running = [self.loading[m] for m in self.active if m in self.loading]
+            if not running:
                 return
-            await asyncio.wait(others, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
 
     async def unload_lru(self) -> None:
         model_id, model = self.models.popitem(last=False)
+        _changed()
         self._metrics.unloads.inc()
-        started = time.monotonic()
+        started = SYSTEM.monotonic()
         destructor = getattr(model, "__del__", None)
         try:
             if destructor is not None:
@@ -177,7 +222,7 @@ class ModelCache:
             log.exception("unloading model %r raised", model_id)
         if destructor is not None:
             _disarm(model)
-        self._metrics.unload_ms.observe((time.monotonic() - started) * 1000.0)
+        self._metrics.unload_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self._metrics.held(self.models, unloaded=model_id)
 
     async def shutdown(self) -> None:
@@ -222,6 +267,18 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
 def loaded_model_ids() -> list[str]:
     """Every model this replica holds or is loading, for routing affinity."""
     return sorted({m for cache in list(_caches) for m in cache.model_ids()})
+
+
+def routing_settings() -> RoutingSettings:
+    """The affinity settings of this replica's loaders (the tightest, if several)."""
+    caches = list(_caches)
+    if not caches:
+        return RoutingSettings()
+    copies = [c.settings.max_copies for c in caches if c.settings.max_copies]
+    capacities = [c.capacity for c in caches]
+    return RoutingSettings(min(copies) if copies else 0,
+                           min(c.settings.matching_timeout_s for c in caches),
+                           -1 if -1 in capacities else sum(capacities))
 
 
 async def shutdown_all() -> None:

@@ -5,7 +5,11 @@ while draining, is answered `Rejected` at once so the router retries elsewhere. 
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
 cancel it, except a handle call to a plain `def` method: that one runs on the pool and
 its worker answers it (sync_calls.py), so the slot counts are locked (`_counts`) and a
-Cancel ends it through its `Baton`.
+Cancel ends it through its `Baton`. A request's own stream (a streamed upload's parts, a
+WebSocket's messages) reaches its task through an `Inbox` (replica/streams.py);
+WebSockets are served by replica/websocket.py. A multiplexed replica sends its routers a
+`Models` frame whenever the models it holds or loads change (at most one per loop
+turn), and to each new router at once.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.observability.user_metrics import UserReport
+from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
+from surge.replica.websocket import serve_websocket
 from surge.transport.flow import SendWindow
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
@@ -41,8 +48,11 @@ from surge.transport.messages import (
     HttpStart,
     Item,
     Message,
+    Models,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 from surge.transport.threadsafe import ThreadSafeProtocol
 
@@ -54,6 +64,8 @@ _INTERNAL_ERROR = b"Internal Server Error"
 # Latencies recorded by workers that the loop has not yet added to the recorder (it
 # does once a second, with each telemetry report); beyond this many the oldest go.
 WORKER_RECORDS_MAX = 1 << 16
+# Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default: the request context's session_id.
+SESSION_HEADER = b"x-session-id"
 
 
 def _dumps(value: Any) -> bytes:
@@ -108,6 +120,9 @@ class ReplicaServer:
         # (route, latency in ms, ok, the exception's type name when the user's code raised)
         self._worker_records: collections.deque[tuple[str, float, bool, str]] = (
             collections.deque(maxlen=WORKER_RECORDS_MAX))
+        self.models: Models | None = None  # the last Models frame sent, None: never
+        self._models_due = False
+        multiplex.watch(self._models_changed)
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -120,6 +135,23 @@ class ReplicaServer:
         """For a TCP listener: a connection must complete the token handshake first,
         since handle calls carry pickled arguments (Unix sockets are private to the user)."""
         return functools.partial(_Connection, self, token)
+
+    def _models_changed(self) -> None:
+        if not self._models_due:
+            self._models_due = True
+            asyncio.get_running_loop().call_soon(self._send_models)
+
+    def _send_models(self) -> None:
+        self._models_due = False
+        settings = multiplex.routing_settings()
+        frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
+                       settings.matching_timeout_s, settings.capacity)
+        if frame == self.models:
+            return
+        self.models = frame
+        for connection in self.connections:
+            if connection.handshake is None:
+                connection.send(frame)
 
     def admit(self) -> bool:
         with self._counts:
@@ -200,12 +232,15 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
         if self.handshake is not None:
             self.expect_token()
+        elif self.server.models is not None:
+            self.send(self.server.models)
 
     def message_received(self, message: Message) -> None:
         if self.handshake is not None:
@@ -221,7 +256,14 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, HttpBody | WsData | WsClose):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.put(message)
         elif isinstance(message, Cancel):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.close()
             event = self.disconnects.get(message.id)
             if event is not None:
                 event.set()
@@ -240,7 +282,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             return
         started = self.server.clock.monotonic()
         if isinstance(message, HttpRequest):
-            coro, route = self._http(message), message.route_prefix
+            coro, route = (serve_websocket(self, message) if message.upgrade
+                           else self._http(message)), message.route_prefix
         else:
             if self._start_sync(message, started):
                 return
@@ -263,6 +306,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         if handshake.done:
             self.handshake = None
             self.token_accepted()
+            if self.server.models is not None:
+                self.send(self.server.models)
 
     async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
         """Send a non-final stream frame once the consumer's window allows it."""
@@ -282,6 +327,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inboxes.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -369,7 +415,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
-            "", message.request_id, self.server.app, message.model_id))
+            "", message.request_id, self.server.app, message.model_id,
+            session_id=message.session_id))
         try:
             result = await self._result(message, ran)
             if message.stream:
@@ -395,21 +442,25 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         request_id_var.set(message.request_id)
         request_context_var.set(RequestContext(
             message.route_prefix, message.request_id, self.server.app,
-            _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
-            client=message.client))
+            message.model_id, is_http_request=True,
+            client=message.client, session_id=_header(message.headers, SESSION_HEADER)))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 
-        async def receive() -> dict[str, Any]:
+        async def first_frame() -> MutableMapping[str, Any]:
             nonlocal body_sent
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": message.body, "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
+
+        receive: Receive = first_frame
+        if message.more_body:  # the body streams in after this frame
+            receive = upload_receiver(self, self.inboxes, message, disconnected)
 
         start: MutableMapping[str, Any] | None = None
         started = False
@@ -461,6 +512,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for inbox in self.inboxes.values():
+            inbox.close()
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()

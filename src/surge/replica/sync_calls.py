@@ -108,7 +108,7 @@ class SyncCalls:
         context = contextvars.copy_context()
         context.run(request_id_var.set, frame.request_id)
         context.run(request_context_var.set, RequestContext(
-            "", frame.request_id, self.app, frame.model_id))
+            "", frame.request_id, self.app, frame.model_id, session_id=frame.session_id))
         self.user.pool.submit(context.run, self._run, method, call, baton, answer, hand_back)
 
     def _run(self, method: Callable[..., Any], call: Call, baton: Baton,

@@ -33,8 +33,11 @@ from surge.transport.messages import (
     HttpStart,
     Item,
     Message,
+    Models,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 from surge.transport.threadsafe import ThreadSafeProtocol
 
@@ -56,7 +59,7 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
 
     def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
         self.message = message
@@ -64,6 +67,7 @@ class Pending:
         self.link: ReplicaLink | None = None
         self.cancelled = False
         self.credits: Credits | None = None  # made with the stream's first frame
+        self.queued_at = 0.0  # when the router queued it (monotonic), for the matching timeout
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its
@@ -89,13 +93,15 @@ def stream_bytes(message: Message) -> int:
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
+    if isinstance(message, WsData):
+        return len(message.data)
     return 0
 
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected)
+    return isinstance(message, Result | End | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(ThreadSafeProtocol):
@@ -103,10 +109,17 @@ class ReplicaLink(ThreadSafeProtocol):
 
     def __init__(self, replica_id: str, on_final: Callable[[ReplicaLink, Pending, Message], None],
                  on_lost: Callable[[ReplicaLink], None],
+                 on_models: Callable[[ReplicaLink], None] | None = None,
                  lock: threading.RLock | None = None, *, owner: int | None = None) -> None:
         super().__init__(lock)
         self.replica_id = replica_id
         self.owner = owner  # the thread whose own link this is (None: the router's)
+        # The models the replica holds or loads (its last Models frame) and its affinity
+        # settings; None until a multiplexed replica says (routing reads the router's
+        # shared link's; an own link's are not looked at).
+        self.models: Models | None = None
+        self.model_set: frozenset[str] = frozenset()
+        self._on_models = on_models
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -159,12 +172,17 @@ class ReplicaLink(ThreadSafeProtocol):
             return
         pending = self.in_flight.get(message.id)  # type: ignore[union-attr]
         if pending is None:
+            if isinstance(message, Models):  # id 0: no request's
+                self.models, self.model_set = message, frozenset(message.ids)
+                if self._on_models is not None:
+                    self._on_models(self)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
         elif not pending.cancelled:
-            pending.delivered(stream_bytes(message))
+            if type(message) is not Credit:  # credit for the request's own stream: no charge
+                pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:  # with the lock held

@@ -7,6 +7,15 @@ frees a slot. A full queue rejects at once with `BackPressureError`. A replica t
 rejects (it is full because of other routers, or draining) counts as full until it
 answers again, and the request goes back to the head of the queue.
 
+A request for a multiplexed model (`model_id`: the serve_multiplexed_model_id header or
+the handle option) is routed by policy/model_routing.py instead: to a replica that holds
+or is loading the model (its `Models` frames say, and the router counts its own requests
+sent there as holding it at once), spreading a hot model to one more replica when every
+holder is full, up to the replicas' `max_copies` (default: half the replicas, at least
+2); one that waited `matching_timeout_s` in the queue may go to any replica with room.
+Waiting model requests do not hold up the rest: the queue is scanned (a bounded number
+of entries) for one that can go.
+
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
 hosts use TCP keepalive, so a replica whose node vanished without closing the
@@ -24,6 +33,7 @@ thread other than the loop's only calls `try_submit`, or reads its own link.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import socket
@@ -37,7 +47,8 @@ from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
-from surge.policy.routing import choose_replica
+from surge.policy.model_routing import FREE_SLOT, ModelHeat, choose_for_model
+from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.own_links import OwnLinks
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.transport.handshake import HandshakeFailed
@@ -55,15 +66,47 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
 # in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
 KEEPALIVE = (5, 1, 3)
+# Queue entries one drain looks at for a model request that can go (the rest wait).
+MODEL_SCAN_LIMIT = 64
+# Until a multiplexed replica tells its own (Models frames).
+MATCHING_TIMEOUT_S = 1.0
 
 
 class _Slot:
-    __slots__ = ("info", "link", "saturated")
+    __slots__ = ("info", "link", "reserved", "saturated")
 
     def __init__(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         self.info = info
         self.link = link
         self.saturated = False
+        # Models this router sent requests for that have not ended: the replica holds or
+        # loads them before its Models frame can say so.
+        self.reserved: dict[str, int] = {}
+
+    def holds(self, model: str) -> bool:
+        return model in self.link.model_set or model in self.reserved
+
+    def models_held(self) -> int:
+        held = self.link.model_set
+        return len(held) + sum(1 for m in self.reserved if m not in held)
+
+    def coldest(self, heat: ModelHeat, now: float) -> float:
+        """What loading one more model here would evict (policy/model_routing.py)."""
+        models = self.link.models
+        held = self.link.model_set.union(self.reserved)
+        if models is None or models.capacity < 0 or len(held) < models.capacity:
+            return FREE_SLOT
+        return heat.coldest(held, now)
+
+    def reserve(self, model: str) -> None:
+        self.reserved[model] = self.reserved.get(model, 0) + 1
+
+    def release(self, model: str) -> None:
+        left = self.reserved.get(model, 0) - 1
+        if left > 0:
+            self.reserved[model] = left
+        else:
+            self.reserved.pop(model, None)
 
 
 class _Loads:
@@ -121,6 +164,8 @@ class Router:
         self.on_pressure: Callable[[], None] | None = None
         self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
+        self._matching_timer: asyncio.TimerHandle | None = None
+        self._heat = ModelHeat()  # how often each model is asked for here
 
     def __repr__(self) -> str:
         with self.lock:
@@ -158,7 +203,8 @@ class Router:
             if replica_id not in self._links:
                 # Registered now, not when the task runs: a second update arriving before
                 # then must not open a second link (and a second slot) to the same replica.
-                link = ReplicaLink(replica_id, self._on_final, self._on_lost, self.lock)
+                link = ReplicaLink(replica_id, self._on_final, self._on_lost,
+                                   self._on_models, self.lock)
                 self._links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
@@ -260,7 +306,7 @@ class Router:
     # -- callers' threads' own links ---------------------------------------------------
 
     def _own_link(self, replica_id: str, thread: int) -> ReplicaLink:
-        return ReplicaLink(replica_id, self._on_final, self._on_own_lost, self.lock,
+        return ReplicaLink(replica_id, self._on_final, self._on_own_lost, lock=self.lock,
                            owner=thread)
 
     async def _dial_replica(self, replica_id: str, link: ReplicaLink) -> None:
@@ -297,19 +343,29 @@ class Router:
                 if thread is not None and self.own_links.unread(thread):
                     # it goes through the loop and may wait for answers nobody reads yet
                     self._loop.call_soon_threadsafe(self._reclaim_thread, thread)
-                return False
+                return False  # (`submit` counts it, and its model's heat)
             self.arrived += 1
+            model = pending.message.model_id
+            if model:
+                self._heat.hit(model, self._now())
             return True
 
     def _start(self, pending: Pending, thread: int | None = None) -> bool:
-        """Send to the replica that power of two choices picks; False if all are full
-        or others wait before it. `thread`: the caller's, for its own link."""
-        if self._queue:
+        """Send to the replica that power of two choices (or, for a model, the model
+        routing) picks; False if all are full or others wait before it. `thread`: the
+        caller's, for its own link."""
+        model = pending.message.model_id
+        if model:  # queued requests of other models must not hold it up: no FIFO check
+            index = self._choose_for_model(model, False)
+        elif self._queue:
             return False
-        index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+        else:
+            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
         if index < 0:
             return False
         slot = self._routable[index]
+        if model:
+            slot.reserve(model)
         link = slot.link
         if thread is not None:
             link = self.own_links.get(slot.info.replica_id, thread) or link
@@ -321,10 +377,13 @@ class Router:
         replica will come); never blocks."""
         with self.lock:
             self.arrived += 1
+            model = pending.message.model_id
+            if model:
+                self._heat.hit(model, self._now())
             if not self._start(pending):
-                self._enqueue(pending)
+                self._enqueue(pending, model)
 
-    def _enqueue(self, pending: Pending) -> None:
+    def _enqueue(self, pending: Pending, model: str) -> None:
         unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
@@ -339,6 +398,11 @@ class Router:
                 retry_after_s=rejection.retry_after_s if fixed is None else fixed,
                 status_code=current.backpressure_status if current is not None else 503)
         self._queue.append(pending)
+        if model:
+            pending.queued_at = self._now()
+            if self._matching_timer is None:
+                self._matching_timer = self._loop.call_later(self._matching_timeout(),
+                                                             self._matching_timed_out)
         if len(self._queue) == 1 and self.on_pressure is not None:
             self.on_pressure()  # the queue started to grow: tell the autoscaler now
 
@@ -363,6 +427,9 @@ class Router:
         with self.lock:
             queue = self._queue
             while queue:
+                if queue[0].message.model_id:
+                    self._drain_models()
+                    return
                 index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
                 if index < 0:
                     return
@@ -370,10 +437,85 @@ class Router:
                 if not pending.cancelled:
                     self._routable[index].link.start(pending)
 
+    # -- multiplexed models (policy/model_routing.py) ----------------------------------
+
+    def _settings(self) -> tuple[int, float]:
+        """(max_copies, matching_timeout_s), as the replicas' Models frames say."""
+        for slot in self._routable:
+            models = slot.link.models
+            if models is not None:
+                copies = models.max_copies or max(2, len(self._routable) // 2)
+                return copies, models.matching_timeout_s
+        return max(2, len(self._routable) // 2), MATCHING_TIMEOUT_S
+
+    def _matching_timeout(self) -> float:
+        return self._settings()[1]
+
+    def _choose_for_model(self, model: str, fallback: bool) -> int:
+        slots = self._routable
+        if not slots:
+            return NO_REPLICA
+        max_copies, _ = self._settings()
+        now = self._now()
+        return choose_for_model(self._loads, self._max_ongoing,
+                                [slot.holds(model) for slot in slots],
+                                [slot.models_held() for slot in slots], max_copies,
+                                self._rng, fallback,
+                                [slot.coldest(self._heat, now) for slot in slots])
+
+    def _start_model(self, slot: _Slot, pending: Pending, model: str) -> None:
+        slot.reserve(model)
+        slot.link.start(pending)
+
+    def _drain_models(self) -> None:
+        """Send what can go among the first MODEL_SCAN_LIMIT queued requests, in order."""
+        queue, kept = self._queue, deque[Pending]()
+        now, timeout = self._now(), self._matching_timeout()
+        scanned = 0
+        while queue and scanned < MODEL_SCAN_LIMIT:
+            pending = queue.popleft()
+            if pending.cancelled:
+                continue
+            scanned += 1
+            model = pending.message.model_id
+            if model:
+                index = self._choose_for_model(model, now - pending.queued_at >= timeout)
+            else:
+                index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+            if index < 0:
+                kept.append(pending)
+                if not model:  # every replica is full: nothing else can go either
+                    break
+                continue
+            if model:
+                self._start_model(self._routable[index], pending, model)
+            else:
+                self._routable[index].link.start(pending)
+        kept.extend(queue)
+        self._queue = kept
+
+    def _matching_timed_out(self) -> None:
+        with self.lock:
+            self._matching_timer = None
+            self._drain()
+            waiting = [p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
+                       if p.message.model_id]
+            if waiting:
+                due = min(waiting) + self._matching_timeout() - self._now()
+                self._matching_timer = self._loop.call_later(max(due, 0.01),
+                                                             self._matching_timed_out)
+
+    def _on_models(self, link: ReplicaLink) -> None:
+        if self._queue:
+            self._drain()  # a replica took a model on: requests waiting for it may go
+
     def _on_final(self, link: ReplicaLink, pending: Pending, message: Message) -> None:
         # (the link calls these two with the lock held; this one on an own link's thread
         # too, where the loop's own calls must be handed to the loop)
         slot = self._by_id.get(link.replica_id)
+        model = pending.message.model_id
+        if model and slot is not None:
+            slot.release(model)
         if isinstance(message, Rejected):
             pending.link = None
             if slot is not None and not slot.saturated:
@@ -440,6 +582,9 @@ class Router:
 
     def close(self) -> None:
         with self.lock:
+            if self._matching_timer is not None:
+                self._matching_timer.cancel()
+                self._matching_timer = None
             self._routable.clear()  # no caller's thread may start a request any more
             self._by_id.clear()
             self._local = 0

@@ -27,6 +27,8 @@ from surge.loadtest.schedule import ARRIVALS, Schedule
 from surge.model import DeploymentId
 from surge.policy.resolve import resolve_policy
 from surge.sim.distributions import Distribution, parse_distribution
+from surge.sim.multiplexing import KEYS as _MULTIPLEX
+from surge.sim.multiplexing import Multiplexing, parse_multiplexing
 from surge.sim.traffic import parse_schedule
 
 __all__ = ["ALIASES", "Batching", "Cluster", "Control", "Scenario", "ScenarioError",
@@ -50,7 +52,7 @@ DEFAULT_REPORT_INTERVAL_S = 0.1
 DEFAULT_STORE_LOAD_S = 0.05
 
 _TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
-        "deployment", "slo_ms", "control", "fine_step_ms", "variants")
+        "deployment", "slo_ms", "control", "fine_step_ms", "multiplex", "variants")
 _CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s")
 _CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
             "process_start_s", "weight_load_s", "weight_store", "store_load_s",
@@ -71,6 +73,7 @@ ALIASES: dict[str, str] = {
     **{name: f"service.{name}" for name in _SERVICE},
     **{name: f"traffic.{name}" for name in ("arrivals", "timeout_s")},
     **{name: f"control.{name}" for name in _CONTROL},
+    **{name: f"multiplex.{name}" for name in _MULTIPLEX},
 }  # `schedule` is the autoscaling floors' schedule; traffic's is `traffic.schedule`
 
 
@@ -155,6 +158,7 @@ class Scenario:
     slo_ms: float
     fine_step_s: float
     control: Control = field(default_factory=Control)
+    multiplex: Multiplexing | None = None  # many models per replica (sim/multiplexing.py)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -368,6 +372,21 @@ def _control(data: Mapping[str, Any], where: str) -> Control:
             _number(section, "clock_offset_s", w)))
 
 
+def _multiplex(data: Mapping[str, Any], service: Service, where: str) -> Multiplexing | None:
+    section = data.get("multiplex")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ScenarioError(f"{where}.multiplex must be a mapping (models, popularity, "
+                            "load_time_s, max_num_models_per_replica, routing, ...)")
+    if service.batching is not None:
+        raise ScenarioError(f"{where}: multiplex with service.batching is not modelled")
+    try:
+        return parse_multiplexing(section, f"{where}.multiplex")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def _variants(data: Mapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
     variants = data.get("variants") or {}
     if not isinstance(variants, Mapping):
@@ -386,16 +405,18 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
     _unknown(data, _TOP, source)
     where = source
     variants = _variants(data, where)
+    service = _service(data, where)
     scenario = Scenario(
         name=str(data.get("name") or Path(source).stem),
         seed=_number(data, "seed", where, 0, integer=True),
         start_time_s=_start_time(data.get("start_time"), where),
-        cluster=_cluster(data, where), service=_service(data, where),
+        cluster=_cluster(data, where), service=service,
         traffic=_traffic(data, where, base), deployment=_deployment(data, where),
         slo_ms=float(_number(data, "slo_ms", where, 200.0, strict=True)),
         fine_step_s=float(_number(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
                                   strict=True)) / 1000,
-        control=_control(data, where), variants=variants,
+        control=_control(data, where), multiplex=_multiplex(data, service, where),
+        variants=variants,
         description=str(data.get("description") or ""),
         raw=copy.deepcopy(dict(data)), source=source)
     for name, overrides in variants.items():  # a bad variant fails now, not mid-sweep

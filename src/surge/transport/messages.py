@@ -1,8 +1,13 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
 Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
-End/Failure/Rejected come back. Control path: Rpc/Reply/Push carry cloudpickled
-payloads between the controller and the other processes (never request bodies).
+End/Failure/Rejected come back, and Models (a multiplexed replica's models, whenever they
+change) without being asked. A request's own stream follows it both ways under the same
+id: the rest of a streamed upload (HttpBody, `HttpRequest.more_body`), or a WebSocket's
+messages (WsData, then WsClose; WsAccept answers `HttpRequest.upgrade`), the sender of
+each spending credit the receiver grants (Credit, transport/flow.py). Control path:
+Rpc/Reply/Push carry cloudpickled payloads between the controller and the other
+processes (never request bodies).
 """
 
 from __future__ import annotations
@@ -20,15 +25,20 @@ __all__ = [
     "HttpStart",
     "Item",
     "Message",
+    "Models",
     "Push",
     "Rejected",
     "Reply",
     "Result",
     "Rpc",
+    "WsAccept",
+    "WsClose",
+    "WsData",
 ]
 
 
-class HttpRequest(msgspec.Struct, tag=1, array_like=True):
+class HttpRequest(msgspec.Struct, tag=1, array_like=True, omit_defaults=True):
+    # omit_defaults: trailing fields at their defaults (the usual) are not encoded.
     id: int
     method: str
     path: str
@@ -42,6 +52,9 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     root_path: str = ""
     raw_path: bytes = b""
     scheme: str = "http"  # "https" when the proxy serves TLS
+    model_id: str = ""  # the serve_multiplexed_model_id header, read once by the proxy
+    more_body: bool = False  # the body goes on in HttpBody frames, sent against Credit
+    upgrade: str = ""  # "websocket": an upgrade the app may accept (WsAccept)
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
@@ -51,6 +64,7 @@ class Call(msgspec.Struct, tag=2, array_like=True):
     stream: bool = False
     model_id: str = ""
     request_id: str = ""
+    session_id: str = ""  # handle.options(session_id=...): the callee's request context
 
 
 class Cancel(msgspec.Struct, tag=3, array_like=True):
@@ -104,6 +118,43 @@ class Rejected(msgspec.Struct, tag=16, array_like=True):
     ongoing: int
 
 
+class Models(msgspec.Struct, tag=17, array_like=True):
+    """The models a multiplexed replica holds or is loading, sent to every router on a
+    change (and on connect): routing affinity without a controller round trip. `id` is
+    always 0, no request's id, so a link that does not route by model ignores it."""
+
+    id: int
+    ids: list[str]
+    max_copies: int = 0  # replicas one model may occupy (0: the router's default)
+    matching_timeout_s: float = 1.0  # then a waiting request may go to any replica
+    capacity: int = -1  # models it holds at most (max_num_models_per_replica; -1: no limit)
+
+
+class WsAccept(msgspec.Struct, tag=23, array_like=True):
+    """The app accepted a WebSocket (`websocket.accept`): the proxy answers 101."""
+
+    id: int
+    subprotocol: str | None
+    headers: list[tuple[bytes, bytes]]
+
+
+class WsData(msgspec.Struct, tag=24, array_like=True):
+    """One whole WebSocket message, either way: text (UTF-8 in `data`) or binary."""
+
+    id: int
+    data: bytes
+    text: bool = False
+
+
+class WsClose(msgspec.Struct, tag=25, array_like=True):
+    """A WebSocket's end. From the replica (final): the app closed with `code`; from the
+    proxy: the client closed (or went away, 1006; or broke a limit, 1009 / 1001)."""
+
+    id: int
+    code: int
+    reason: str = ""
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -122,4 +173,4 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 
 Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
-           | Failure | Rejected | Rpc | Reply | Push)
+           | Failure | Rejected | Models | WsAccept | WsData | WsClose | Rpc | Reply | Push)
