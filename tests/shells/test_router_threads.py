@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,6 +25,7 @@ from surge.router.router import Router
 from surge.transport.messages import Call, Message, Result
 from tests.eventually import eventually_async
 from tests.shells.test_router import WAIT_S, FakeReplica, routing, run
+from tests.shells.test_router_models import advertise
 
 T = TypeVar("T")
 
@@ -294,5 +296,34 @@ def test_own_links_are_bounded_per_replica_and_per_router() -> None:
                 assert own.get(replicas[-1].name, 999) is None
                 assert not own._opening  # no more asked for: the thread shares the links
         assert own.links == set()
+
+    run(main)
+
+
+def test_a_thread_s_calls_for_a_model_go_where_the_model_is() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(name) for name in "abc"]
+        caller = Caller()
+        async with routing(*replicas, max_ongoing=5) as router:
+            await advertise(router, replicas[1], ["y"])
+
+            def call_for_model(tag: str) -> Pending:
+                pending = Pending(Call(id=0, method="__call__", payload=tag.encode(),
+                                       model_id="y"), ThreadSink())
+                assert router.try_submit(pending, own_link=True)
+                link = pending.link
+                if link is not None and link.owner == caller.ident:
+                    caller.read(pending)  # on its own link to "b", once it has one
+                return pending
+
+            for i in range(10):
+                pending = await caller.do(functools.partial(call_for_model, str(i)))
+                answer = await outcome(pending)
+                assert isinstance(answer, Result) and answer.payload == f"b:{i}".encode()
+            assert any(link.owner == caller.ident and link.replica_id == "b"
+                       for link in router.own_links.links)
+            assert router._by_id["b"].reserved == {}  # every answer released its model
+            assert (router.arrived, router.completed) == (10, 10)
+        caller.close()
 
     run(main)
