@@ -222,6 +222,12 @@ class ProxySpec:
     ssl_keyfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: str = "none"  # client certificates: "none" | "optional" | "required"
+    # gRPC (Ray's gRPCOptions): no servicer functions, no gRPC server.
+    grpc_port: int = 9000
+    grpc_servicer_functions: tuple[str, ...] = ()
+    grpc_request_timeout_s: float | None = None
+    grpc_enable_reflection: bool = False
+    grpc_enable_health: bool = False
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,8 @@ class gRPCOptions:
     grpc_servicer_functions: Sequence[str] = ()
     request_timeout_s: float | None = None
     enable_reflection: bool = True
+    # surge's: the standard grpc.health.v1.Health service (Check, Watch) at each proxy.
+    enable_health_service: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and not isinstance(self.port, bool)

@@ -31,11 +31,14 @@ from surge.observability.recorder import Recorder, TelemetryReport
 from surge.observability.user_metrics import UserReport
 from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
+from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
 from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.replica.websocket import serve_websocket
 from surge.transport.flow import SendWindow
+from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
@@ -43,6 +46,8 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcMessage,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
@@ -120,6 +125,7 @@ class ReplicaServer:
         # (route, latency in ms, ok, the exception's type name when the user's code raised)
         self._worker_records: collections.deque[tuple[str, float, bool, str]] = (
             collections.deque(maxlen=WORKER_RECORDS_MAX))
+        self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
         self.models: Models | None = None  # the last Models frame sent, None: never
         self._models_due = False
         multiplex.watch(self._models_changed)
@@ -232,6 +238,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
         self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -246,7 +253,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         if self.handshake is not None:
             self._handshake_step(self.handshake, message)
             return
-        if isinstance(message, HttpRequest | Call):
+        if isinstance(message, HttpRequest | Call | GrpcRequest):
             self._request(message)
         elif isinstance(message, Credit):
             window = self.windows.get(message.id)
@@ -256,6 +263,10 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, GrpcMessage):
+            stream = self.inputs.get(message.id)
+            if stream is not None:
+                stream.feed(message.body, message.more)
         elif isinstance(message, HttpBody | WsData | WsClose):
             inbox = self.inboxes.get(message.id)
             if inbox is not None:
@@ -276,7 +287,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
                         type(message).__name__)
             self.close()
 
-    def _request(self, message: HttpRequest | Call) -> None:
+    def _request(self, message: HttpRequest | Call | GrpcRequest) -> None:
         if not self.server.admit():
             self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
             return
@@ -284,6 +295,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         if isinstance(message, HttpRequest):
             coro, route = (serve_websocket(self, message) if message.upgrade
                            else self._http(message)), message.route_prefix
+        elif isinstance(message, GrpcRequest):
+            coro, route = self._grpc(message), message.method
         else:
             if self._start_sync(message, started):
                 return
@@ -327,6 +340,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inputs.pop(request_id, None)
         self.inboxes.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
@@ -436,6 +450,24 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             return False
         return True
 
+    async def _grpc(self, message: GrpcRequest) -> bool:
+        """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
+        rid = message.id
+        request_id_var.set(message.request_id)
+        context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
+        request = RequestContext(message.method, message.request_id, self.server.app,
+                                 message.model_id, client=message.client)
+        request.grpc_context = context
+        request_context_var.set(request)
+        stream = None
+        if message.streamed:
+            stream = self.inputs[rid] = gRPCInputStream(None, pull_sender(rid, self.send))
+        ok = await serve_call(message, self.server.user, self.server.grpc, context, stream,
+                              self.send, self._send_stream)
+        if not ok and self.server.metrics:
+            self.server.recorder.exception(message.method, "gRPCError")
+        return ok
+
     async def _http(self, message: HttpRequest) -> bool:
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
@@ -517,6 +549,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
+        for stream in self.inputs.values():
+            stream.cancel()
         for task in self.tasks.values():
             task.cancel()
         with self.lock:

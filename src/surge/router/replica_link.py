@@ -28,12 +28,15 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcEnd,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
     Item,
     Message,
     Models,
+    Pull,
     Rejected,
     Result,
     WsClose,
@@ -61,7 +64,7 @@ class Pending:
 
     __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
 
-    def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
+    def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
         self.sink = sink
         self.link: ReplicaLink | None = None
@@ -101,7 +104,7 @@ def stream_bytes(message: Message) -> int:
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected | WsClose)
+    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(ThreadSafeProtocol):
@@ -180,6 +183,9 @@ class ReplicaLink(ThreadSafeProtocol):
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
+        elif isinstance(message, Pull):  # the replica asks for its client stream
+            if not pending.cancelled:
+                pending.sink.deliver(message)
         elif not pending.cancelled:
             if type(message) is not Credit:  # credit for the request's own stream: no charge
                 pending.delivered(stream_bytes(message))
