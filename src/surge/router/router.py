@@ -18,8 +18,10 @@ of entries) for one that can go.
 
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
-hosts use TCP keepalive, so a replica whose node vanished without closing the
-connection fails its in-flight requests within seconds instead of hanging them.
+hosts use TCP keepalive (an idle link) and TCP_USER_TIMEOUT (a link with requests sent
+and not yet acknowledged: keepalive never probes those), so a replica whose host
+vanished without closing the connection fails its in-flight requests within seconds
+instead of hanging them until the kernel gives up (~15 minutes of retransmissions).
 
 Threads: the router lives on its runtime's loop, but a caller on another thread (a
 driver's main thread, a replica's worker running a sync method) may start a request
@@ -66,6 +68,9 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
 # in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
 KEEPALIVE = (5, 1, 3)
+# Data unacknowledged this long closes a link to a replica on another host: as long as the
+# keepalive verdict, and far above a lossy link's retransmission backoff.
+UNACKED_TIMEOUT_S = 8.0
 # Queue entries one drain looks at for a model request that can go (the rest wait).
 MODEL_SCAN_LIMIT = 64
 # Until a multiplexed replica tells its own (Models frames).
@@ -603,5 +608,7 @@ def _keepalive(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                        int(UNACKED_TIMEOUT_S * 1000))
     except (OSError, AttributeError):  # not every platform has the TCP_KEEP* options
         pass
