@@ -1,6 +1,7 @@
 """Handle calls from the driver: surge vs Ray Serve 2.60, in the same run.
 
     python bench/handles.py [--quick] [--duration 3] [--bursts 5] [--systems surge,ray]
+                            [--runs 3]
 
 A deployment `Echo` whose `__call__(self, x)` returns x (a plain method, and an
 `async def` variant), max_ongoing_requests=100. Each system is measured by its own driver
@@ -12,6 +13,9 @@ free port, Ray from the Ray 2.60 virtualenv), which prints its figures as one JS
   (c) bursts of 1,000 concurrent awaited calls
       (`await asyncio.gather(*[handle.remote(i) for i in range(1000)])`), 5 times:
       min/median/max seconds, runs over 0.2 s flagged.
+
+With `--runs N` both systems are measured N times, taking turns (surge, ray, surge, ...),
+and the last `summary:` line gives the median of each figure over the N runs.
 """
 
 from __future__ import annotations
@@ -59,11 +63,38 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=5)
     parser.add_argument("--burst-size", type=int, default=1000)
     parser.add_argument("--systems", default="surge,ray")
+    parser.add_argument("--runs", type=int, default=1, help="repeat; summary of medians")
     args = parser.parse_args()
     exit_on_sigterm()
     if args.quick:
         args.duration, args.bursts = 1.0, 3
     systems = [s for s in args.systems.split(",") if s]
+    summaries = []
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"\n=== run {run + 1} of {args.runs}", flush=True)
+        summaries.append(measure_and_report(systems, args))
+    if args.runs > 1:
+        print(f"\nmedians of {args.runs} runs")
+        print("summary: " + " ".join(
+            f"{key}={_median([s[key] for s in summaries]):{spec}}" for key, spec in FIGURES))
+
+
+def _median(values: list[float]) -> float:
+    """Of the runs that measured it (a system that failed to start gives NaN)."""
+    measured = [v for v in values if v == v]
+    return statistics.median(measured) if measured else float("nan")
+
+
+FIGURES = [("surge_seq_per_s", ".0f"), ("ray_seq_per_s", ".0f"), ("ratio_seq", ".2f"),
+           ("surge_burst1000_s", ".3f"), ("ray_burst1000_s", ".3f"),
+           ("surge_await_per_s", ".0f"), ("ray_await_per_s", ".0f"),
+           ("surge_async_seq_per_s", ".0f"), ("ray_async_seq_per_s", ".0f"),
+           ("surge_async_burst1000_s", ".3f"), ("ray_async_burst1000_s", ".3f")]
+
+
+def measure_and_report(systems: list[str], args: argparse.Namespace) -> dict[str, float]:
+    """One run of each system: the table, the flags and a `summary:` line; its figures."""
     print(f"load average before: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)
     results: dict[str, dict[str, Any]] = {}
     for system in systems:
@@ -127,19 +158,18 @@ def main() -> None:
     ratio = seq("surge") / seq("ray") if seq("ray") else float("nan")
     print()
     print(f"surge/ray sequential .result() calls/s (sync Echo): {ratio:.2f}x")
-    print("summary: " + " ".join([
-        f"surge_seq_per_s={seq('surge'):.0f}",
-        f"ray_seq_per_s={seq('ray'):.0f}",
-        f"ratio_seq={ratio:.2f}",
-        f"surge_burst1000_s={burst('surge'):.3f}",
-        f"ray_burst1000_s={burst('ray'):.3f}",
-        f"surge_await_per_s={seq('surge', key='seq_await'):.0f}",
-        f"ray_await_per_s={seq('ray', key='seq_await'):.0f}",
-        f"surge_async_seq_per_s={seq('surge', 'async'):.0f}",
-        f"ray_async_seq_per_s={seq('ray', 'async'):.0f}",
-        f"surge_async_burst1000_s={burst('surge', 'async'):.3f}",
-        f"ray_async_burst1000_s={burst('ray', 'async'):.3f}",
-    ]))
+    figures = {
+        "surge_seq_per_s": seq("surge"), "ray_seq_per_s": seq("ray"), "ratio_seq": ratio,
+        "surge_burst1000_s": burst("surge"), "ray_burst1000_s": burst("ray"),
+        "surge_await_per_s": seq("surge", key="seq_await"),
+        "ray_await_per_s": seq("ray", key="seq_await"),
+        "surge_async_seq_per_s": seq("surge", "async"),
+        "ray_async_seq_per_s": seq("ray", "async"),
+        "surge_async_burst1000_s": burst("surge", "async"),
+        "ray_async_burst1000_s": burst("ray", "async"),
+    }
+    print("summary: " + " ".join(f"{key}={figures[key]:{spec}}" for key, spec in FIGURES))
+    return figures
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,10 +81,30 @@ def test_killed_controller_restarts_and_reattaches_under_load(instance: Running)
     handle = serve.run(Echo.bind(), name="echo", route_prefix="/echo")
     before = replica_pids()
     assert len(before) == 2
-    with Load(f"{instance.url}/echo") as load:
-        eventually(lambda: load.outcomes["200"] > 0, 10, what="the load served")
-        kill_controller()
-        serving_after_reattach(load, before)  # serving across the restart and re-attachment
+    calls, failures, stop = [0], [], threading.Event()
+
+    def sequential_calls() -> None:  # the blocking fast path, on this thread's own links
+        while not stop.is_set():
+            try:
+                assert handle.double.remote(calls[0]).result(timeout_s=15) == 2 * calls[0]
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            calls[0] += 1
+
+    caller = threading.Thread(target=sequential_calls)
+    caller.start()
+    try:
+        with Load(f"{instance.url}/echo") as load:
+            eventually(lambda: load.outcomes["200"] > 0, 10, what="the load served")
+            kill_controller()
+            serving_after_reattach(load, before)  # serving across the restart and re-attachment
+            made = calls[0]
+            eventually(lambda: calls[0] > made or failures, 10, what="handle calls go on")
+    finally:
+        stop.set()
+        caller.join(30)
+    assert not failures and not caller.is_alive(), failures
     assert set(load.outcomes) == {"200"}, load.outcomes
     assert handle.double.remote(21).result(timeout_s=15) == 42
     status = serve.status()

@@ -256,3 +256,211 @@ def test_handle_backpressure(surge_instance) -> None:  # type: ignore[no-untyped
             outcomes.append("rejected")
     assert outcomes.count("done") == 3  # one running + two queued
     assert outcomes.count("rejected") == 3
+
+
+# -- the blocking fast path: calls from threads, own links, sync methods on the pool ------
+
+
+def driver_router(app: str, deployment: str) -> Any:
+    """The driver's router for a deployment (its state is what the tests look at)."""
+    from surge.model import DeploymentId
+    from surge.router.runtime import current_runtime
+
+    return current_runtime().routers[DeploymentId(app, deployment)]
+
+
+@serve.deployment(max_ongoing_requests=8)
+class Gate:
+    """Sync methods that block until released, and a counter of calls."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.released = threading.Event()
+        self.barrier = threading.Barrier(4, timeout=30)
+        self.calls = 0
+
+    def wait_for_release(self) -> str:
+        assert self.released.wait(30)
+        return "released"
+
+    def release(self) -> None:
+        self.released.set()
+
+    def reset(self) -> None:
+        self.released.clear()
+
+    def meet(self) -> bool:
+        self.barrier.wait()  # four calls at once, or none returns
+        return True
+
+    def count(self, value: int) -> int:
+        self.calls += 1
+        return value
+
+    def counted(self) -> int:
+        return self.calls
+
+    def nested_loop(self, value: int) -> int:
+        async def double() -> int:
+            return value * 2
+
+        return asyncio.run(double())  # fine on a worker thread, impossible on the loop
+
+
+def test_sequential_calls_from_many_threads(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    import concurrent.futures
+
+    handle = serve.run(Adder.bind(1000), name="threads", route_prefix=None)
+    assert handle.remote(0).result(timeout_s=10) == 1000
+
+    def caller(base: int) -> list[int]:
+        return [handle.remote(base + i).result(timeout_s=10) for i in range(50)]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(caller, range(0, 800, 100)))
+    assert results == [[1000 + base + i for i in range(50)] for base in range(0, 800, 100)]
+    router = driver_router("threads", "Adder")
+    assert router.own_links.links, "threads that wait in .result() read their own links"
+    eventually(lambda: router.in_flight == 0 and router.completed == 401, 10,
+               what="every call counted as done")
+
+
+def test_calls_dropped_unread_still_complete_and_count(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Gate.bind(), name="forget", route_prefix=None)
+    assert handle.count.remote(0).result(timeout_s=10) == 0
+    for i in range(200):
+        handle.count.remote(i)  # fire and forget
+    eventually(lambda: handle.counted.remote().result(timeout_s=10) == 201, 10,
+               what="every dropped call ran")
+    router = driver_router("forget", "Gate")
+    eventually(lambda: router.in_flight == 0, 10, what="and was counted as done")
+
+
+def test_timeouts_cancels_and_awaits_of_blocking_threads_calls(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from surge.serve.exceptions import GetTimeoutError, RequestCancelledError
+
+    handle = serve.run(Gate.bind(), name="gate", route_prefix=None)
+    for i in range(3):
+        assert handle.count.remote(i).result(timeout_s=10) == i  # the own link is open
+    waiting = handle.wait_for_release.remote()
+    with pytest.raises(GetTimeoutError):
+        waiting.result(timeout_s=0.2)  # blocked on the replica: the wait runs out
+    handle.release.remote().result(timeout_s=10)
+    assert waiting.result(timeout_s=10) == "released"
+
+    handle.reset.remote().result(timeout_s=10)
+    blocked = handle.wait_for_release.remote()
+
+    def cancel_while_read() -> None:
+        link = blocked._pending.link if blocked._pending is not None else None
+        eventually(lambda: link is None or link.reading, 10, what="the main thread reading")
+        blocked.cancel()
+
+    canceller = threading.Thread(target=cancel_while_read)
+    canceller.start()
+    with pytest.raises(RequestCancelledError):
+        blocked.result(timeout_s=30)
+    canceller.join()
+    handle.release.remote().result(timeout_s=10)
+
+    response = handle.count.remote(7)  # made on this thread, awaited in another loop
+
+    async def await_it() -> int:
+        return int(await response)
+
+    assert asyncio.run(await_it()) == 7
+
+
+def test_sync_methods_still_run_side_by_side_and_off_the_loop(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    import concurrent.futures
+
+    handle = serve.run(Gate.bind(), name="pool", route_prefix=None)
+    for i in range(40):  # answered by the worker that ran each (its event loop included)
+        assert handle.nested_loop.remote(i).result(timeout_s=10) == 2 * i
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        met = list(pool.map(lambda _: handle.meet.remote().result(timeout_s=30), range(4)))
+    assert met == [True] * 4  # four sync calls at once on the replica's thread pool
+
+
+def test_sync_composition_and_errors_through_the_fast_path(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    app = Pipeline.bind(Adder.bind(1), Multiplier.bind(10))
+    handle = serve.run(app, name="pipeline_fast", route_prefix=None)
+    for i in range(40):  # a sync method that waits for another deployment's answer
+        assert handle.compute_sync.remote(i).result(timeout_s=10) == (i + 1) * 10
+    failing = serve.run(Failing.bind(), name="fail_fast", route_prefix=None)
+    for _ in range(20):
+        with pytest.raises(Boom, match="negative: -1"):
+            failing.remote(-1).result(timeout_s=10)
+
+
+@serve.deployment(num_replicas=2, max_ongoing_requests=8)
+class Pids:
+    def __call__(self, value: int) -> tuple[int, int]:
+        return os.getpid(), value
+
+    def fan_out(self, target: Any, count: int) -> list[int]:  # composition from a worker
+        return [int(target.remote(i).result(timeout_s=10)[1]) for i in range(count)]
+
+
+def test_threads_calls_across_a_replica_kill_all_end(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    """Eight threads call in a loop on their own links while a replica is SIGKILLed: each
+    call returns or fails with ReplicaDiedError (none hangs, none times out), and calls
+    go on at the survivor and the replacement; no own link to the dead replica stays."""
+    import collections
+    import signal
+    import threading
+
+    from surge.serve.exceptions import ReplicaDiedError
+
+    handle = serve.run(Pids.bind(), name="pidkill", route_prefix=None)
+    seen: set[int] = set()
+    eventually(lambda: seen.add(handle.remote(0).result(timeout_s=10)[0]) or len(seen) == 2,
+               20, what="both replicas answer")
+    stop = threading.Event()
+    outcomes: collections.Counter[str] = collections.Counter()
+    errors: list[BaseException] = []
+    after_kill: set[int] = set()
+    killed = threading.Event()
+
+    def caller(base: int) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                pid, value = handle.remote(base + n).result(timeout_s=10)
+                assert value == base + n
+                outcomes["ok"] += 1
+                if killed.is_set():
+                    after_kill.add(pid)
+            except ReplicaDiedError:
+                outcomes["died"] += 1
+            except BaseException as exc:  # a timeout here is a call that never ended
+                errors.append(exc)
+                return
+            n += 1
+
+    threads = [threading.Thread(target=caller, args=(i * 1_000_000,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    eventually(lambda: outcomes["ok"] > 200, 20, what="calls flowing")
+    victim = min(seen)
+    os.kill(victim, signal.SIGKILL)
+    killed.set()
+    eventually(lambda: (len(after_kill - {victim}) >= 1 and outcomes["ok"] > 1000) or errors,
+               30, what="calls go on after the kill")
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a call never ended"
+    assert not errors, errors[:3]
+    router = driver_router("pidkill", "Pids")
+    eventually(lambda: router.in_flight == 0, 10, what="nothing left in flight")
+    eventually(lambda: {link.replica_id for link in router.own_links.links if not link.is_closed}
+               <= set(router._by_id), 20, what="own links only to live replicas")
+    # A sync method composing from its worker thread, through the replacement too.
+    eventually(lambda: len({handle.remote(0).result(timeout_s=10)[0] for _ in range(20)}
+                           - {victim}) == 2, 30, what="two live replicas again")
+    assert handle.fan_out.remote(handle, 50).result(timeout_s=30) == list(range(50))
+    serve.delete("pidkill")

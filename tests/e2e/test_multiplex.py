@@ -57,6 +57,9 @@ class Models:
         model = await self.get_model(serve.get_multiplexed_model_id())
         return model.model_id
 
+    def current_model_id(self) -> str:  # a plain def: its worker answers (sync_calls.py)
+        return serve.get_multiplexed_model_id()
+
     def stats(self) -> dict[str, Any]:
         return {"loads": list(self.loads), "unloaded": list(self.unloaded),
                 "most_at_once": self.most_at_once}
@@ -98,6 +101,11 @@ def test_models_load_once_concurrently_and_leave_by_lru(surge_instance) -> None:
     assert handle.options(multiplexed_model_id="bad-1").remote().result(
         timeout_s=10) == "bad-1"
     assert handle.stats.remote().result(timeout_s=10)["loads"].count("bad-1") == 2
+
+    # Sequential calls from this thread take the blocking fast path: the id still arrives.
+    which = handle.options(method_name="current_model_id")
+    assert [which.options(multiplexed_model_id=m).remote().result(timeout_s=10)
+            for m in ["x", "y", "", "x"]] == ["x", "y", "", "x"]
     serve.delete("models")
 
 

@@ -88,8 +88,8 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        report = self.server.recorder.drain({"processing": self.server.ongoing},
-                                            user=REGISTRY.drain())
+        report = self.server.drain_telemetry({"processing": self.server.ongoing},
+                                             user=REGISTRY.drain())
         models = self.server.models
         return report if models is None else dataclasses.replace(report,
                                                                  models=tuple(models.ids))

@@ -3,35 +3,40 @@
 Each connection is one router. A request beyond `max_ongoing_requests`, or any request
 while draining, is answered `Rejected` at once so the router retries elsewhere. Each
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
-cancel it. A request's own stream (a streamed upload's parts, a WebSocket's messages)
-reaches its task through an `Inbox` (replica/streams.py); WebSockets are served by
-replica/websocket.py. A multiplexed replica sends its routers a `Models` frame whenever
-the models it holds or loads change (at most one per loop turn), and to each new router
-at once.
+cancel it, except a handle call to a plain `def` method: that one runs on the pool and
+its worker answers it (sync_calls.py), so the slot counts are locked (`_counts`) and a
+Cancel ends it through its `Baton`. A request's own stream (a streamed upload's parts, a
+WebSocket's messages) reaches its task through an `Inbox` (replica/streams.py);
+WebSockets are served by replica/websocket.py. A multiplexed replica sends its routers a
+`Models` frame whenever the models it holds or loads change (at most one per loop
+turn), and to each new router at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import pickle
 import secrets
+import threading
 import traceback
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
-from surge.observability.recorder import Recorder
+from surge.observability.recorder import Recorder, TelemetryReport
+from surge.observability.user_metrics import UserReport
 from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
 from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
 from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
 from surge.replica.streams import Inbox, Receive, upload_receiver
+from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.replica.websocket import serve_websocket
-from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
 from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
@@ -54,12 +59,16 @@ from surge.transport.messages import (
     WsClose,
     WsData,
 )
+from surge.transport.threadsafe import ThreadSafeProtocol
 
 __all__ = ["ReplicaServer"]
 
 log = logging.getLogger("surge.replica")
 
 _INTERNAL_ERROR = b"Internal Server Error"
+# Latencies recorded by workers that the loop has not yet added to the recorder (it
+# does once a second, with each telemetry report); beyond this many the oldest go.
+WORKER_RECORDS_MAX = 1 << 16
 # Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default: the request context's session_id.
 SESSION_HEADER = b"x-session-id"
 
@@ -100,14 +109,22 @@ class ReplicaServer:
         self.recorder = recorder or Recorder("replica", name)
         self.metrics = metrics  # off: no recording at all (nobody reads it)
         self.clock = clock
+        self.sync_calls = SyncCalls(user, clock, app)
         self.max_ongoing = max_ongoing_requests
         self.name = name
         self.ongoing = 0
         self.draining = False
         self.served = 0
+        self.answered_by_workers = 0
+        self._counts = threading.Lock()  # the loop and the pool's workers free slots
+        self._answering = 0  # workers that freed their slot and are writing the answer
+        self._loop = asyncio.get_running_loop()
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
+        # (route, latency in ms, ok, the exception's type name when the user's code raised)
+        self._worker_records: collections.deque[tuple[str, float, bool, str]] = (
+            collections.deque(maxlen=WORKER_RECORDS_MAX))
         self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
         self.models: Models | None = None  # the last Models frame sent, None: never
         self._models_due = False
@@ -143,21 +160,62 @@ class ReplicaServer:
                 connection.send(frame)
 
     def admit(self) -> bool:
-        if self.draining or self.ongoing >= self.max_ongoing:
-            return False
-        self.ongoing += 1
+        with self._counts:
+            if self.draining or self.ongoing >= self.max_ongoing:
+                return False
+            self.ongoing += 1
         self.idle.clear()
         return True
 
     def release(self) -> None:
-        self.ongoing -= 1
-        self.served += 1
-        if self.ongoing == 0:
+        with self._counts:
+            self.ongoing -= 1
+            self.served += 1
+            idle = self.ongoing == 0 and self._answering == 0
+        if idle:
             self.idle.set()
+
+    def release_from_worker(self, answer: Callable[[], None]) -> None:
+        """(A pool worker that ran its call.) Free the slot, then `answer`: the caller may
+        send its next call as soon as it has the answer, and finds the slot free. A drain
+        ends only once the answer has left too. Only a drain needs the loop told."""
+        with self._counts:
+            self.ongoing -= 1
+            self.served += 1
+            self.answered_by_workers += 1
+            self._answering += 1
+        try:
+            answer()
+        finally:
+            with self._counts:
+                self._answering -= 1
+                tell = self.draining and self.ongoing == 0 and self._answering == 0
+            if tell:
+                self._loop.call_soon_threadsafe(self.idle.set)
+
+    def record_from_worker(self, route: str, latency_ms: float, error: str = "") -> None:
+        """(A pool worker.) `error`: the type name of what the user's code raised."""
+        record = (route, latency_ms, not error, error)
+        self._worker_records.append(record)  # deque: safe from any thread
+
+    def drain_telemetry(self, gauges: dict[str, float],
+                        user: UserReport | None = None) -> TelemetryReport:
+        """(The loop.) What was recorded since the last report, workers' records too
+        (`user`: the user's own metrics, as Recorder.drain takes them)."""
+        records = self._worker_records
+        while records:
+            route, latency_ms, ok, error = records.popleft()
+            self.recorder.processed(route, latency_ms, ok)
+            if error:
+                self.recorder.exception(route, error)
+        return self.recorder.drain(gauges, user=user)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting and wait for in-flight work; True when it all finished."""
-        self.draining = True
+        with self._counts:
+            self.draining = True  # a worker freeing the last slot from now on tells us
+            if self.ongoing == 0 and self._answering == 0:
+                return True
         try:
             await asyncio.wait_for(self.idle.wait(), timeout_s)
             return True
@@ -165,7 +223,7 @@ class ReplicaServer:
             return False
 
 
-class _Connection(FramedProtocol):
+class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their threads
     def __init__(self, server: ReplicaServer, token: str | None = None) -> None:
         super().__init__()
         self.server = server
@@ -173,6 +231,8 @@ class _Connection(FramedProtocol):
         self.handshake = ServerHandshake(token, secrets.token_bytes(NONCE_BYTES)) \
             if token else None
         self.tasks: dict[int, asyncio.Task[bool]] = {}
+        # Calls on the pool: their baton, method and start; guarded by `lock`.
+        self.sync: dict[int, tuple[Baton, str, float]] = {}
         self.disconnects: dict[int, asyncio.Event] = {}
         # Streams' flow control (transport/flow.py): what each may still send, and the
         # generator waiting for credit, if any.
@@ -194,20 +254,7 @@ class _Connection(FramedProtocol):
             self._handshake_step(self.handshake, message)
             return
         if isinstance(message, HttpRequest | Call | GrpcRequest):
-            if not self.server.admit():
-                self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
-                return
-            if isinstance(message, HttpRequest):
-                coro, route = (serve_websocket(self, message) if message.upgrade
-                               else self._http(message)), message.route_prefix
-            elif isinstance(message, GrpcRequest):
-                coro, route = self._grpc(message), message.method
-            else:
-                coro, route = self._call(message), message.method
-            task = self._loop.create_task(coro)
-            self.tasks[message.id] = task
-            task.add_done_callback(functools.partial(self._finished, message.id, route,
-                                                     self.server.clock.monotonic()))
+            self._request(message)
         elif isinstance(message, Credit):
             window = self.windows.get(message.id)
             if window is not None:
@@ -234,10 +281,29 @@ class _Connection(FramedProtocol):
             running = self.tasks.get(message.id)
             if running is not None:
                 running.cancel()
+            self._cancel_sync(message.id)
         else:  # a router sends nothing else: whatever sent this is not one of ours
             log.warning("%s: closing a connection that sent a %s frame", self.server.name,
                         type(message).__name__)
             self.close()
+
+    def _request(self, message: HttpRequest | Call | GrpcRequest) -> None:
+        if not self.server.admit():
+            self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
+            return
+        started = self.server.clock.monotonic()
+        if isinstance(message, HttpRequest):
+            coro, route = (serve_websocket(self, message) if message.upgrade
+                           else self._http(message)), message.route_prefix
+        elif isinstance(message, GrpcRequest):
+            coro, route = self._grpc(message), message.method
+        else:
+            if self._start_sync(message, started):
+                return
+            coro, route = self._call(message), message.method
+        task = self._loop.create_task(coro)
+        self.tasks[message.id] = task
+        task.add_done_callback(functools.partial(self._finished, message.id, route, started))
 
     def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -284,16 +350,89 @@ class _Connection(FramedProtocol):
             elapsed = self.server.clock.monotonic() - started
             self.server.recorder.processed(route, elapsed * 1000.0, ok)
 
-    async def _call(self, message: Call) -> bool:
-        """Run a handle call; False when the user's code raised."""
+    def _start_sync(self, message: Call, started: float) -> bool:
+        """A unary call to a plain method: on the pool, answered by its worker."""
+        sync = self.server.sync_calls
+        method = None if message.stream else sync.method(message.method)
+        if method is None:
+            return False
+        try:
+            call = pickle.loads(message.payload)
+        except Exception:
+            return False  # the task reports it, as for any other call
+        baton = Baton()
+        with self.lock:  # before its worker may answer and remove it
+            self.sync[message.id] = (baton, message.method, started)
+        try:
+            sync.run(method, call, message, baton,
+                     functools.partial(self._answer_on_worker, message, started),
+                     functools.partial(self._hand_back, message, baton, started))
+        except RuntimeError:  # the pool is shut down: the replica is stopping
+            with self.lock:
+                self.sync.pop(message.id, None)
+            return False
+        return True
+
+    def _answer_on_worker(self, message: Call, started: float, ran: Ran) -> None:
+        """(On the worker that ran the call, holding its baton.) Free the slot, then
+        send the answer from this thread, then leave its latency for the loop."""
+        error = ran.error
+        frame: Result | Failure | None = None
+        if error is None:
+            try:
+                frame = Result(id=message.id, payload=_dumps(ran.value))
+            except Exception as exc:
+                error = exc
+        if error is not None:  # (the worker runs in the request's context: its id logs)
+            log.error("%s.%s raised", self.server.name, message.method, exc_info=error)
+            frame = _failure(message.id, error)
+        assert frame is not None
+        with self.lock:
+            self.sync.pop(message.id, None)
+        self.server.release_from_worker(functools.partial(self.send, frame))
+        if self.server.metrics:
+            self.server.record_from_worker(message.method, (ran.finished - started) * 1000.0,
+                                           "" if error is None else type(error).__name__)
+
+    def _hand_back(self, message: Call, baton: Baton, started: float, ran: Ran) -> None:
+        """(The loop.) The method returned an awaitable: a task awaits it."""
+        with self.lock:
+            self.sync.pop(message.id, None)
+        if not baton.take():
+            return  # cancelled meanwhile: answered and freed already
+        task = self._loop.create_task(self._call(message, ran))
+        self.tasks[message.id] = task
+        task.add_done_callback(functools.partial(self._finished, message.id, message.method,
+                                                 started))
+
+    def _cancel_sync(self, request_id: int) -> None:
+        """A Cancel, or the connection gone: end the call now if its worker has not."""
+        with self.lock:
+            entry = self.sync.pop(request_id, None)
+        if entry is None or not entry[0].take():
+            return
+        self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
+        self.server.release()  # the worker may still be running it: a task's slot was too
+        if self.server.metrics:
+            elapsed = self.server.clock.monotonic() - entry[2]
+            self.server.recorder.processed(entry[1], elapsed * 1000.0, True)
+
+    async def _result(self, message: Call, ran: Ran | None) -> Any:
+        if ran is None:
+            args, kwargs = pickle.loads(message.payload)
+            return await self.server.user.call(message.method, args, kwargs)
+        return await ran.value  # what a sync method returned to be awaited
+
+    async def _call(self, message: Call, ran: Ran | None = None) -> bool:
+        """Run a handle call (`ran`: a sync method's awaitable outcome); False when the
+        user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
             "", message.request_id, self.server.app, message.model_id,
             session_id=message.session_id))
         try:
-            args, kwargs = pickle.loads(message.payload)
-            result = await self.server.user.call(message.method, args, kwargs)
+            result = await self._result(message, ran)
             if message.stream:
                 async for item in self.server.user.iterate(result):
                     payload = _dumps(item)
@@ -414,3 +553,7 @@ class _Connection(FramedProtocol):
             stream.cancel()
         for task in self.tasks.values():
             task.cancel()
+        with self.lock:
+            running = list(self.sync)
+        for request_id in running:
+            self._cancel_sync(request_id)

@@ -4,7 +4,8 @@ The constructor runs on the replica's event loop, as in Ray, so `__init__` may c
 `asyncio.get_running_loop()` or start background tasks; `async def __init__` is
 awaited. A graceful stop runs the ingress app's lifespan shutdown, then the user's
 `__del__` (awaited when async), once. Sync methods run on a thread pool sized to
-`max_ongoing_requests`, async ones on the replica's event loop. HTTP requests reach
+`max_ongoing_requests`, async ones on the replica's event loop (handle calls to plain
+methods go through sync_calls.py, which submits them to the same pool). HTTP requests reach
 `__call__` as a starlette `Request` (or the `serve.ingress` ASGI app), and whatever
 comes back is turned into ASGI messages.
 """
@@ -109,6 +110,24 @@ class UserCode:
             raise RayServeException(
                 f"deployment {type(self.instance).__name__} has no method {name!r}")
         return method  # type: ignore[no-any-return]
+
+    def has_method(self, name: str) -> bool:
+        try:
+            self.method(name)
+        except RayServeException:
+            return False
+        return True
+
+    def plain_method(self, name: str) -> Callable[..., Any] | None:
+        """The method `name` if it is a plain `def` (not async, not a generator)."""
+        try:
+            method = self.method(name)
+        except RayServeException:
+            return None
+        if (inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
+                or inspect.isgeneratorfunction(method)):
+            return None
+        return method
 
     async def _invoke(self, method: Callable[..., Any], args: tuple[Any, ...],
                       kwargs: dict[str, Any], in_loop: bool | None = None) -> Any:

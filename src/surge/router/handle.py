@@ -4,6 +4,26 @@
 for it (outside an event loop) and `await response` awaits it. With
 `.options(stream=True)` it returns a `DeploymentResponseGenerator` to iterate. A
 `DeploymentResponse` passed as an argument is resolved before the call is sent.
+
+Threads. The router lives on the runtime's event loop (in a driver, a background
+thread). A call made on the loop submits to the router directly. A call made on any
+other thread (the driver's main thread, a replica's worker running a sync method)
+would cost the loop's thread a wake-up to send it and another to hand the answer
+over, so the calling thread does both itself when it can (the blocking fast path):
+
+* `Router.try_submit` takes the router's lock, picks a replica (power of two choices,
+  as on the loop) and writes the frame on a link's socket (transport/threadsafe.py);
+  the answer lands in a concurrent.futures.Future.
+* A thread with no event loop of its own is taken to wait in `.result()`, so its
+  calls go on its own link to the replica, whose reading the loop lends it:
+  `.result()` reads and handles the answers there itself. Whenever the thread will
+  not read (the response is awaited, cancelled or dropped, its queue is full, or
+  answers wait while it does something else: the router checks every 0.1 s), the
+  loop reads that link again, and the future is set as on the shared link.
+
+Whatever cannot go at once (a DeploymentResponse argument to resolve, no replica set
+yet, a queue to join, a rejection to raise) goes through the loop as before, so
+queueing, back-pressure and the load counts are the router's in every case.
 """
 
 from __future__ import annotations
@@ -14,6 +34,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import threading
 from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
@@ -27,7 +48,7 @@ from surge.errors import (
     UserCodeError,
 )
 from surge.model import DeploymentId
-from surge.router.replica_link import Pending
+from surge.router.replica_link import Pending, ReplicaLink
 from surge.router.runtime import RouterRuntime, current_runtime
 from surge.transport.messages import Call, End, Failure, Item, Message, Result
 
@@ -173,23 +194,44 @@ class _Request:
 
     def needs_await(self) -> bool:
         """Whether sending must wait (arguments to resolve, or no replica set yet)."""
-        return (any(isinstance(a, DeploymentResponse) for a in self.args)
-                or any(isinstance(v, DeploymentResponse) for v in self.kwargs.values())
+        return (self._has_responses()
                 or not self.runtime.router(self.deployment).ready.is_set())
 
-    def submit_now(self, sink: _UnarySink | _StreamSink) -> Pending | None:
-        """Send without awaiting anything (on the runtime's loop); None if it failed."""
+    def _has_responses(self) -> bool:
+        for value in (*self.args, *self.kwargs.values()):
+            if isinstance(value, DeploymentResponse):
+                return True
+        return False
+
+    def _pending(self, sink: _UnarySink | _StreamSink) -> Pending:
         pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
                                stream=self.stream, model_id=self.model_id,
                                request_id=self.request_id, session_id=self.session_id), sink)
         if isinstance(sink, _StreamSink):
             sink.pending = pending
+        return pending
+
+    def submit_now(self, sink: _UnarySink | _StreamSink) -> Pending | None:
+        """Send without awaiting anything (on the runtime's loop); None if it failed."""
         try:
+            pending = self._pending(sink)
             self.runtime.router(self.deployment).submit(pending)
         except Exception as exc:
             sink.fail(exc)
             return None
         return pending
+
+    def submit_from_thread(self, sink: _UnarySink, own_link: bool) -> Pending | None:
+        """Send from the caller's thread if the router takes it at once; None when the
+        call must go through the loop (which also reports any error)."""
+        router = self.runtime.routers.get(self.deployment)  # made on the loop, not here
+        if router is None or not router.ready.is_set() or self._has_responses():
+            return None
+        try:
+            pending = self._pending(sink)
+        except Exception:
+            return None  # the loop pickles it again and reports the error
+        return pending if router.try_submit(pending, own_link) else None
 
     async def _start(self, sink: _UnarySink | _StreamSink) -> Pending | None:
         """Resolve response arguments and wait for a replica set, then send."""
@@ -211,18 +253,21 @@ class _Request:
             raise
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    # asyncio's own getter, without raising when there is none (cheaper on every call)
+    return asyncio._get_running_loop()
+
+
 def _in_loop(runtime: RouterRuntime) -> bool:
-    try:
-        return asyncio.get_running_loop() is runtime.loop
-    except RuntimeError:
-        return False
+    return _running_loop() is runtime.loop
 
 
 class DeploymentResponse:
     """The future result of one handle call.
 
-    In the common case (arguments ready, replica set known) the call is submitted to
-    the router directly and the result lands in a future, with no task per call.
+    In the common case (arguments ready, replica set known, a replica with room) the
+    call is submitted to the router directly, from the loop or from the caller's
+    thread, and the result lands in a future, with no task per call.
     """
 
     def __init__(self, request: _Request) -> None:
@@ -232,21 +277,26 @@ class DeploymentResponse:
         self._inner: asyncio.Task[Any] | None = None  # the slow path's task, if any
         self._task: asyncio.Future[Any] | concurrent.futures.Future[Any]
         loop = self._runtime.loop
-        if _in_loop(self._runtime):
+        running = _running_loop()
+        if running is loop:
             if request.needs_await():
                 self._task = loop.create_task(request.unary())
             else:
                 self._task = loop.create_future()
                 self._pending = request.submit_now(_UnarySink(self._task))
         else:
-            self._task = concurrent.futures.Future()
-            loop.call_soon_threadsafe(self._start_threadsafe)
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._task = future
+            # Running from the start, as it may be answered before this thread goes on.
+            future.set_running_or_notify_cancel()
+            # No event loop on this thread: it will wait in .result(), on its own link.
+            self._pending = request.submit_from_thread(_UnarySink(future), running is None)
+            if self._pending is None:
+                loop.call_soon_threadsafe(self._start_threadsafe)
 
     def _start_threadsafe(self) -> None:
         future = self._task
         assert isinstance(future, concurrent.futures.Future)
-        if not future.set_running_or_notify_cancel():
-            return  # cancelled before it was sent
         if not self._request.needs_await():
             self._pending = self._request.submit_now(_UnarySink(future))
             return
@@ -269,20 +319,53 @@ class DeploymentResponse:
         return self._request.request_id
 
     def result(self, timeout_s: float | None = None) -> Any:
-        if isinstance(self._task, asyncio.Future):
+        future = self._task
+        if isinstance(future, asyncio.Future):
             raise RayServeException(
                 "DeploymentResponse.result() blocks and cannot be called inside the event "
                 "loop; use `await response` in async code")
+        wait_s = timeout_s
+        link, pending = self._own_link(), self._pending
+        if link is None:
+            self._reclaim()  # on another thread's own link: the loop reads it for us
+        elif pending is not None:  # on this thread's own link: read the answer here
+            clock = self._runtime.clock
+            deadline = None if timeout_s is None else clock.monotonic() + timeout_s
+
+            def seconds_left() -> float | None:
+                return None if deadline is None else deadline - clock.monotonic()
+
+            link.read_until(lambda: future.done() or pending.link is not link, seconds_left)
+            left = seconds_left()
+            wait_s = None if left is None else max(0.0, left)
         try:
-            return self._task.result(timeout_s)
+            return future.result(wait_s)
         except concurrent.futures.TimeoutError:
             raise GetTimeoutError(f"no result within timeout_s={timeout_s}") from None
         except concurrent.futures.CancelledError:
             raise RequestCancelledError("the request was cancelled") from None
 
+    def _own_link(self) -> ReplicaLink | None:
+        """The link the call is on, if it is this thread's own."""
+        pending = self._pending
+        link = pending.link if pending is not None else None
+        return link if link is not None and link.owner == threading.get_ident() else None
+
+    def _reclaim(self) -> None:
+        """If the answer waits on its caller's own link, have the loop read it."""
+        pending, task = getattr(self, "_pending", None), getattr(self, "_task", None)
+        link = pending.link if pending is not None else None
+        if link is not None and link.owner is not None and task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to read
+                self._runtime.loop.call_soon_threadsafe(link.reclaim)
+
+    def __del__(self) -> None:
+        self._reclaim()  # dropped unread: the call still ends, and counts as done
+
     def __await__(self) -> Generator[Any, None, Any]:
         if isinstance(self._task, asyncio.Future):
             return self._task.__await__()
+        self._reclaim()
         return asyncio.wrap_future(self._task).__await__()
 
     def cancel(self) -> None:

@@ -4,6 +4,11 @@ A link to a replica on another node (TCP) opens with the instance's handshake
 (transport/handshake.py): the replica proves it knows the token before the router sends
 it anything that matters, then the router proves it; `trusted` resolves then (at once
 for a Unix socket, private to the user).
+
+The link shares its router's lock (transport/threadsafe.py): a caller's thread may
+start a request on it (`Router.try_submit`) while the loop reads its answers. A link
+with an `owner` is that thread's own: only it starts requests there, and it reads the
+answers itself while the loop lends it the reading (router.py).
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
 from surge.errors import ReplicaDiedError
-from surge.transport.connection import FramedProtocol
 from surge.transport.flow import Credits
 from surge.transport.handshake import NONCE_BYTES, ClientHandshake, HandshakeFailed
 from surge.transport.messages import (
@@ -37,6 +42,7 @@ from surge.transport.messages import (
     WsClose,
     WsData,
 )
+from surge.transport.threadsafe import ThreadSafeProtocol
 
 __all__ = ["Pending", "ReplicaLink", "Sink"]
 
@@ -101,16 +107,19 @@ def is_final(message: Message) -> bool:
     return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
 
 
-class ReplicaLink(FramedProtocol):
+class ReplicaLink(ThreadSafeProtocol):
     """Sends requests to one replica and hands each response frame to its request's sink."""
 
     def __init__(self, replica_id: str, on_final: Callable[[ReplicaLink, Pending, Message], None],
                  on_lost: Callable[[ReplicaLink], None],
-                 on_models: Callable[[ReplicaLink], None] | None = None) -> None:
-        super().__init__()
+                 on_models: Callable[[ReplicaLink], None] | None = None,
+                 lock: threading.RLock | None = None, *, owner: int | None = None) -> None:
+        super().__init__(lock)
         self.replica_id = replica_id
+        self.owner = owner  # the thread whose own link this is (None: the router's)
         # The models the replica holds or loads (its last Models frame) and its affinity
-        # settings; None until a multiplexed replica says.
+        # settings; None until a multiplexed replica says (routing reads the router's
+        # shared link's; an own link's are not looked at).
         self.models: Models | None = None
         self.model_set: frozenset[str] = frozenset()
         self._on_models = on_models
@@ -149,11 +158,16 @@ class ReplicaLink(FramedProtocol):
             self.trusted.set_result(None)
 
     def start(self, pending: Pending) -> None:
+        """Send a request (any thread, with the lock held)."""
         request_id = next(self._ids)
         pending.message.id = request_id
         pending.link = self
         self.in_flight[request_id] = pending
         self.send(pending.message)
+
+    def data_received(self, data: bytes) -> None:
+        with self.lock:
+            super().data_received(data)
 
     def message_received(self, message: Message) -> None:
         if self._handshake is not None and not self._handshake.done:
@@ -177,7 +191,7 @@ class ReplicaLink(FramedProtocol):
                 pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
-    def closed(self, exc: Exception | None) -> None:
+    def closed(self, exc: Exception | None) -> None:  # with the lock held
         self._untrusted(ConnectionError("the replica closed the link"))
         lost = list(self.in_flight.values())
         self.in_flight.clear()

@@ -22,6 +22,14 @@ hosts use TCP keepalive (an idle link) and TCP_USER_TIMEOUT (a link with request
 and not yet acknowledged: keepalive never probes those), so a replica whose host
 vanished without closing the connection fails its in-flight requests within seconds
 instead of hanging them until the kernel gives up (~15 minutes of retransmissions).
+
+Threads: the router lives on its runtime's loop, but a caller on another thread (a
+driver's main thread, a replica's worker running a sync method) may start a request
+itself with `try_submit`, which never queues or raises, so the common call costs the
+loop no wake-up (router/handle.py); a thread that waits in `.result()` sends on, and
+reads its answers from, a link of its own to the replica (own_links.py). `lock` guards
+all the router's state and its links' (they share it): every method takes it, and a
+thread other than the loop's only calls `try_submit`, or reads its own link.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import itertools
 import logging
 import random
 import socket
+import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -42,6 +51,7 @@ from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
 from surge.policy.model_routing import FREE_SLOT, ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
+from surge.router.own_links import OwnLinks
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.transport.handshake import HandshakeFailed
 from surge.transport.messages import Cancel, Message, Rejected
@@ -107,24 +117,28 @@ class _Slot:
 class _Loads:
     """In-flight counts as a lazy sequence, so picking two replicas costs O(1)."""
 
-    __slots__ = ("capacity", "slots")
+    __slots__ = ("capacity", "own", "slots")
 
-    def __init__(self, slots: list[_Slot], capacity: int) -> None:
+    def __init__(self, slots: list[_Slot], capacity: int, own: OwnLinks) -> None:
         self.slots = slots
         self.capacity = capacity
+        self.own = own
 
     def __len__(self) -> int:
         return len(self.slots)
 
     def __getitem__(self, index: int) -> int:
         slot = self.slots[index]
-        return self.capacity if slot.saturated else len(slot.link.in_flight)
+        if slot.saturated:
+            return self.capacity
+        return len(slot.link.in_flight) + self.own.load(slot.info.replica_id)
 
 
 class Router:
     def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
                  clock: Clock = SYSTEM, node_id: str = LOCAL_NODE) -> None:
         self.deployment = deployment
+        self.lock = threading.RLock()
         self.node_id = node_id
         self.token: str | None = None  # the control token, for replicas reached over TCP
         self._local = 0  # the first `_local` routable slots are on this router's node
@@ -132,12 +146,15 @@ class Router:
         self._now = clock.monotonic
         self._loop = asyncio.get_running_loop()
         self._links: dict[str, ReplicaLink] = {}
+        self.own_links = OwnLinks(self._loop, self._own_link, self._dial_replica,
+                             lambda replica_id: replica_id in self._by_id)
+        self._loop_thread = threading.get_ident()
         self._routable: list[_Slot] = []
         self._by_id: dict[str, _Slot] = {}
         self._queue: deque[Pending] = deque()
         self._max_ongoing = 1
         self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
-        self._loads = _Loads(self._routable, 1)
+        self._loads = _Loads(self._routable, 1, self.own_links)
         self.replica_set: ReplicaSet | None = None
         # Set once a replica set arrived and the links it named have been tried.
         self.ready = asyncio.Event()
@@ -156,14 +173,17 @@ class Router:
         self._heat = ModelHeat()  # how often each model is asked for here
 
     def __repr__(self) -> str:
-        return (f"<Router {self.deployment} replicas={len(self._routable)} "
-                f"queued={len(self._queue)}/{self._queue_limit} "
-                f"in_flight={self.in_flight} completed={self.completed} "
-                f"rejected={self.rejected}>")
+        with self.lock:
+            return (f"<Router {self.deployment} replicas={len(self._routable)} "
+                    f"queued={len(self._queue)}/{self._queue_limit} "
+                    f"in_flight={self.in_flight} completed={self.completed} "
+                    f"rejected={self.rejected} own_links={len(self.own_links.links)}>")
 
     @property
     def in_flight(self) -> int:
-        return sum(len(link.in_flight) for link in self._links.values())
+        with self.lock:
+            return (sum(len(link.in_flight) for link in self._links.values())
+                    + self.own_links.in_flight())
 
     @property
     def queued(self) -> int:
@@ -172,6 +192,10 @@ class Router:
     # -- replica set -------------------------------------------------------------------
 
     def update(self, replica_set: ReplicaSet) -> None:
+        with self.lock:
+            self._update(replica_set)
+
+    def _update(self, replica_set: ReplicaSet) -> None:
         self.replica_set = replica_set
         self._max_ongoing = replica_set.max_ongoing_requests
         self._queue_limit = replica_set.queue_limit
@@ -185,7 +209,7 @@ class Router:
                 # Registered now, not when the task runs: a second update arriving before
                 # then must not open a second link (and a second slot) to the same replica.
                 link = ReplicaLink(replica_id, self._on_final, self._on_lost,
-                                   self._on_models)
+                                   self._on_models, self.lock)
                 self._links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
@@ -213,29 +237,40 @@ class Router:
         try:
             await self._open_link(info, link)
         finally:
-            self._connecting -= 1
-            if not self._connecting:
-                self.ready.set()
+            with self.lock:
+                self._connecting -= 1
+                if not self._connecting:
+                    self.ready.set()
+
+    async def _dial(self, info: ReplicaInfo, link: ReplicaLink) -> None:
+        """Connect `link` to the replica; it is trusted when this returns."""
+        if info.address.startswith("unix:"):
+            await self._loop.create_unix_connection(lambda: link, info.address[5:])
+        elif info.local_address and info.node_id == self.node_id:  # same node: no TCP
+            await self._loop.create_unix_connection(lambda: link, info.local_address[5:])
+        else:
+            if self.token:  # TCP replicas take requests only after the handshake
+                link.require_handshake(self.token)
+            host, port = split_address(info.address)
+            transport, _ = await self._loop.create_connection(lambda: link, host, port)
+            _keepalive(transport.get_extra_info("socket"))
+        await asyncio.wait_for(link.trusted, HANDSHAKE_TIMEOUT_S)
 
     async def _open_link(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         try:
-            if info.address.startswith("unix:"):
-                await self._loop.create_unix_connection(lambda: link, info.address[5:])
-            elif info.local_address and info.node_id == self.node_id:  # same node: no TCP
-                await self._loop.create_unix_connection(lambda: link, info.local_address[5:])
-            else:
-                if self.token:  # TCP replicas take requests only after the handshake
-                    link.require_handshake(self.token)
-                host, port = split_address(info.address)
-                transport, _ = await self._loop.create_connection(lambda: link, host, port)
-                _keepalive(transport.get_extra_info("socket"))
-            await asyncio.wait_for(link.trusted, HANDSHAKE_TIMEOUT_S)
+            await self._dial(info, link)
         except (OSError, HandshakeFailed, TimeoutError) as exc:
             log.warning("cannot reach replica %s at %s: %r", info.replica_id, info.address,
                         exc)
-            self._links.pop(info.replica_id, None)
-            link.close()
+            with self.lock:
+                self._links.pop(info.replica_id, None)
+                link.close()
             return
+        with self.lock:
+            self._route(info, link)
+
+    def _route(self, info: ReplicaInfo, link: ReplicaLink) -> None:
+        """A link is open and trusted: send it requests (if its replica is still wanted)."""
         if self._links.get(info.replica_id) is not link:  # the router closed meanwhile
             link.close()
             return
@@ -263,28 +298,97 @@ class Router:
         slot = self._by_id.pop(replica_id, None)
         if slot is not None:
             self._remove_slot(slot)
-            if not slot.link.in_flight:
-                slot.link.close()
-                self._links.pop(replica_id, None)
+            for link in [slot.link, *self.own_links.unroute(replica_id)]:
+                if not link.in_flight:  # the others close when their last answer comes
+                    self._retire(link)
+
+    def _retire(self, link: ReplicaLink) -> None:
+        link.close()
+        self.own_links.links.discard(link)
+        if self._links.get(link.replica_id) is link:
+            del self._links[link.replica_id]
+
+    # -- callers' threads' own links ---------------------------------------------------
+
+    def _own_link(self, replica_id: str, thread: int) -> ReplicaLink:
+        return ReplicaLink(replica_id, self._on_final, self._on_own_lost, lock=self.lock,
+                           owner=thread)
+
+    async def _dial_replica(self, replica_id: str, link: ReplicaLink) -> None:
+        slot = self._by_id.get(replica_id)
+        if slot is None:
+            raise OSError(f"replica {replica_id} is gone")
+        await self._dial(slot.info, link)
+
+    def _on_own_lost(self, link: ReplicaLink) -> None:
+        self.own_links.lost(link)
+        self._loop.call_soon(self._drain)
+
+    def _reclaim_thread(self, thread: int) -> None:
+        with self.lock:
+            self.own_links.reclaim_thread(thread)
+
+    def reclaim_unread(self) -> None:
+        """(Loop; every load report.) Read again the own links whose answers wait while
+        their threads are not reading, so those calls end and count as done."""
+        with self.lock:
+            self.own_links.reclaim_unread()
 
     # -- requests ----------------------------------------------------------------------
+
+    def try_submit(self, pending: Pending, own_link: bool = False) -> bool:
+        """From a thread other than the loop's: send now if nothing is queued and a
+        replica has room; False when the request must go through `submit` on the loop
+        (to queue, to be rejected, or to wait for a replica set). With `own_link` (the
+        thread will wait in `.result()`) it goes on the thread's own link to the replica
+        when it has one, and the loop opens one for next time when it has not."""
+        with self.lock:
+            thread = threading.get_ident() if own_link else None
+            if not self.ready.is_set() or not self._start(pending, thread):
+                if thread is not None and self.own_links.unread(thread):
+                    # it goes through the loop and may wait for answers nobody reads yet
+                    self._loop.call_soon_threadsafe(self._reclaim_thread, thread)
+                return False  # (`submit` counts it, and its model's heat)
+            self.arrived += 1
+            model = pending.message.model_id
+            if model:
+                self._heat.hit(model, self._now())
+            return True
+
+    def _start(self, pending: Pending, thread: int | None = None) -> bool:
+        """Send to the replica that power of two choices (or, for a model, the model
+        routing) picks; False if all are full or others wait before it. `thread`: the
+        caller's, for its own link."""
+        model = pending.message.model_id
+        if model:  # queued requests of other models must not hold it up: no FIFO check
+            index = self._choose_for_model(model, False)
+        elif self._queue:
+            return False
+        else:
+            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+        if index < 0:
+            return False
+        slot = self._routable[index]
+        if model:
+            slot.reserve(model)
+        link = slot.link
+        if thread is not None:
+            link = self.own_links.get(slot.info.replica_id, thread) or link
+        link.start(pending)
+        return True
 
     def submit(self, pending: Pending) -> None:
         """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
         replica will come); never blocks."""
-        self.arrived += 1
-        model = pending.message.model_id
-        if model:  # queued requests of other models must not hold it up: no FIFO check
-            self._heat.hit(model, self._now())
-            index = self._choose_for_model(model, False)
-            if index >= 0:
-                self._start_model(self._routable[index], pending, model)
-                return
-        elif not self._queue:
-            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
-            if index >= 0:
-                self._routable[index].link.start(pending)
-                return
+        with self.lock:
+            self.arrived += 1
+            model = pending.message.model_id
+            if model:
+                self._heat.hit(model, self._now())
+            if not self._start(pending):
+                self._enqueue(pending, model)
+
+    def _enqueue(self, pending: Pending, model: str) -> None:
         unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
@@ -308,6 +412,10 @@ class Router:
             self.on_pressure()  # the queue started to grow: tell the autoscaler now
 
     def cancel(self, pending: Pending) -> None:
+        with self.lock:
+            self._cancel(pending)
+
+    def _cancel(self, pending: Pending) -> None:
         if pending.cancelled:
             return
         pending.cancelled = True
@@ -318,19 +426,21 @@ class Router:
                 pass
         else:
             pending.link.send(Cancel(id=pending.message.id))
+            pending.link.reclaim()  # an own link: the loop reads what the replica answers
 
     def _drain(self) -> None:
-        queue = self._queue
-        while queue:
-            if queue[0].message.model_id:
-                self._drain_models()
-                return
-            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
-            if index < 0:
-                return
-            pending = queue.popleft()
-            if not pending.cancelled:
-                self._routable[index].link.start(pending)
+        with self.lock:
+            queue = self._queue
+            while queue:
+                if queue[0].message.model_id:
+                    self._drain_models()
+                    return
+                index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+                if index < 0:
+                    return
+                pending = queue.popleft()
+                if not pending.cancelled:
+                    self._routable[index].link.start(pending)
 
     # -- multiplexed models (policy/model_routing.py) ----------------------------------
 
@@ -390,20 +500,23 @@ class Router:
         self._queue = kept
 
     def _matching_timed_out(self) -> None:
-        self._matching_timer = None
-        self._drain()
-        waiting = [p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
-                   if p.message.model_id]
-        if waiting:
-            due = min(waiting) + self._matching_timeout() - self._now()
-            self._matching_timer = self._loop.call_later(max(due, 0.01),
-                                                         self._matching_timed_out)
+        with self.lock:
+            self._matching_timer = None
+            self._drain()
+            waiting = [p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
+                       if p.message.model_id]
+            if waiting:
+                due = min(waiting) + self._matching_timeout() - self._now()
+                self._matching_timer = self._loop.call_later(max(due, 0.01),
+                                                             self._matching_timed_out)
 
     def _on_models(self, link: ReplicaLink) -> None:
         if self._queue:
             self._drain()  # a replica took a model on: requests waiting for it may go
 
     def _on_final(self, link: ReplicaLink, pending: Pending, message: Message) -> None:
+        # (the link calls these two with the lock held; this one on an own link's thread
+        # too, where the loop's own calls must be handed to the loop)
         slot = self._by_id.get(link.replica_id)
         model = pending.message.model_id
         if model and slot is not None:
@@ -412,7 +525,8 @@ class Router:
             pending.link = None
             if slot is not None and not slot.saturated:
                 slot.saturated = True
-                self._loop.call_later(SATURATION_HOLD_S, self._unsaturate, slot)
+                self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._unsaturate,
+                              slot)
             if not pending.cancelled:
                 self._queue.appendleft(pending)
         else:
@@ -423,13 +537,21 @@ class Router:
             if not pending.cancelled:
                 pending.sink.deliver(message)
         if slot is None and not link.in_flight:
-            link.close()
-            self._links.pop(link.replica_id, None)
+            self._retire(link)
+        elif link.owner is not None and not link.in_flight and not link.lent:
+            link.lend()  # reclaimed, and all answered: its thread may read it again
         self._drain()
 
+    def _on_loop(self, function: Callable[..., object], *args: object) -> None:
+        if threading.get_ident() == self._loop_thread:
+            function(*args)
+        else:
+            self._loop.call_soon_threadsafe(function, *args)
+
     def _unsaturate(self, slot: _Slot) -> None:
-        slot.saturated = False
-        self._drain()
+        with self.lock:
+            slot.saturated = False
+            self._drain()
 
     def _on_lost(self, link: ReplicaLink) -> None:
         if self._links.get(link.replica_id) is link:
@@ -437,6 +559,7 @@ class Router:
         slot = self._by_id.pop(link.replica_id, None)
         if slot is not None:
             self._remove_slot(slot)
+            self.own_links.reclaim_replica(link.replica_id)  # their transports see it go, too
             level = logging.DEBUG if self.closing else logging.WARNING
             log.log(level, "lost connection to replica %s of %s", link.replica_id,
                     self.deployment)
@@ -452,21 +575,28 @@ class Router:
 
     def load_report(self) -> LoadReport | None:
         """What changed since the last report, or None when nothing did."""
-        now = (self.arrived, self.completed, self.rejected, len(self._queue), self.in_flight)
-        last = self._reported
-        if now == last:
-            return None
-        self._reported = now
+        with self.lock:
+            now = (self.arrived, self.completed, self.rejected, len(self._queue),
+                   self.in_flight)
+            last = self._reported
+            if now == last:
+                return None
+            self._reported = now
         return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
                           now[2] - last[2], now[3], now[4])
 
     def close(self) -> None:
-        if self._matching_timer is not None:
-            self._matching_timer.cancel()
-            self._matching_timer = None
-        for link in list(self._links.values()):
-            link.close()
-        self._links.clear()
+        with self.lock:
+            if self._matching_timer is not None:
+                self._matching_timer.cancel()
+                self._matching_timer = None
+            self._routable.clear()  # no caller's thread may start a request any more
+            self._by_id.clear()
+            self._local = 0
+            for link in self._links.values():
+                link.close()
+            self._links.clear()
+            self.own_links.close()
 
 
 def _keepalive(sock: socket.socket | None) -> None:

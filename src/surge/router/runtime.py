@@ -140,6 +140,8 @@ class RouterRuntime:
         self._reporter = None
         if self._closing:
             return
+        for router in self.routers.values():
+            router.reclaim_unread()
         self._push_load("load")
         self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
 

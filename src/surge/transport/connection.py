@@ -53,8 +53,7 @@ class FramedProtocol(asyncio.Protocol):
             messages = self._decoder.feed(data)
         except Exception as exc:  # a corrupt stream cannot be resynchronised
             log.error("closing connection after undecodable frame: %s", exc)
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             return
         for message in messages:
             if self.transport is None or self.transport.is_closing():
