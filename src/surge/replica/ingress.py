@@ -1,7 +1,9 @@
 """`serve.ingress(app)`: serve a FastAPI (or any ASGI) app from a deployment class.
 
 Routes whose endpoints are methods of the class are re-registered bound to the replica's
-instance, so `self` works as in Ray Serve's class-based views.
+instance, so `self` works as in Ray Serve's class-based views. `serve.ingress()` with no
+app is Ray's late-bound ingress: the class's `__serve_build_asgi_app__` (awaited after
+the constructor) returns the ASGI app, e.g. one built around a model it loaded.
 """
 
 from __future__ import annotations
@@ -9,14 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["bind_ingress_app", "ingress"]
+__all__ = ["BUILD_ASGI_APP", "LATE_BOUND", "bind_ingress_app", "ingress"]
+
+BUILD_ASGI_APP = "__serve_build_asgi_app__"  # Ray's name for the late-bound app's builder
+LATE_BOUND = "late-bound"  # what `__surge_ingress_app__` holds for `serve.ingress()`
 
 
-def ingress(app: Any) -> Callable[[type], type]:
+def ingress(app: Any = None) -> Callable[[type], type]:
     def decorator(cls: type) -> type:
         if not isinstance(cls, type):
             raise TypeError("@serve.ingress decorates a class")
-        cls.__surge_ingress_app__ = app  # type: ignore[attr-defined]
+        if app is None and not hasattr(cls, BUILD_ASGI_APP):
+            raise ValueError("serve.ingress() called without an app argument requires "
+                             f"{cls.__name__} to define `{BUILD_ASGI_APP}`.")
+        cls.__surge_ingress_app__ = LATE_BOUND if app is None else app  # type: ignore[attr-defined]
         return cls
 
     return decorator

@@ -45,15 +45,23 @@ class UserCode:
     async def construct(self) -> None:
         if self.is_function:
             return
-        loop = asyncio.get_running_loop()
-        instance = await loop.run_in_executor(
-            self.pool, functools.partial(self.target, *self.init_args, **self.init_kwargs))
+        if inspect.iscoroutinefunction(getattr(self.target, "__init__", None)):
+            # Ray's async constructor (`async def __init__`): awaited on the replica's loop.
+            instance = self.target.__new__(self.target)
+            await instance.__init__(*self.init_args, **self.init_kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            instance = await loop.run_in_executor(
+                self.pool, functools.partial(self.target, *self.init_args, **self.init_kwargs))
         self.instance = instance
         app = getattr(self.target, "__surge_ingress_app__", None)
         if app is not None:
-            from surge.replica.ingress import bind_ingress_app
+            from surge.replica.ingress import BUILD_ASGI_APP, LATE_BOUND, bind_ingress_app
 
-            self.asgi_app = bind_ingress_app(app, self.target, instance)
+            if app == LATE_BOUND:
+                self.asgi_app = await getattr(instance, BUILD_ASGI_APP)()
+            else:
+                self.asgi_app = bind_ingress_app(app, self.target, instance)
 
     @property
     def servable(self) -> Any:
