@@ -21,7 +21,7 @@ ROOT = "surge"  # src/surge/__init__.py: the public API, a top-layer module
 
 # Top to bottom. A module may import from its own part and from any lower layer.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"cli", "serve", "api", ROOT}),
+    frozenset({"cli", "serve", "api", "llm", ROOT}),
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
     frozenset({"transport", "backends"}),
     frozenset({"policy"}),
