@@ -128,9 +128,11 @@ def test_disconnect_aborts_the_engine_request(client: Any) -> None:
     running = eventually(lambda: handle.record_routing_stats.remote().result()["running"],
                          10, what="the engine to run the request")
     assert running == 1
+    before = handle.record_routing_stats.remote().result()["aborted"]
     stream.close()  # the client goes away mid-stream
-    eventually(lambda: handle.record_routing_stats.remote().result()["running"] == 0, 10,
-               what="the engine request to be aborted")
+    eventually(lambda: handle.record_routing_stats.remote().result()["aborted"] == before + 1,
+               10, what="the engine request to be aborted")
+    assert handle.record_routing_stats.remote().result()["running"] == 0
 
 
 def test_several_models_behind_one_endpoint(instance: Running) -> None:

@@ -160,8 +160,10 @@ class _Server:
             await self.engine.check_health()
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        """The engine's load (waiting, running, KV cache), for LLM-aware routing."""
-        return self._stats.to_dict()
+        """The engine's load (waiting, running, KV cache), for LLM-aware routing, and the
+        requests aborted so far (their clients went away, or they failed mid-way)."""
+        aborted = self.service.aborted if self.service is not None else 0
+        return {**self._stats.to_dict(), "aborted": aborted}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use."""

@@ -83,6 +83,7 @@ class OpenAIService:
         self.model_id = config.model_id
         self.created = int(time.time())
         self.adapters: set[str] = set()  # LoRA adapters loaded into the engine
+        self.aborted = 0  # engine requests aborted: client gone, or failed mid-way
 
     def __repr__(self) -> str:
         return f"<OpenAIService {self.model_id} adapters={sorted(self.adapters)}>"
@@ -302,6 +303,7 @@ class Run:
             raise engine_error(exc) from None
         finally:
             if not finished:  # cancelled (client gone), or failed: free the engine's slot
+                service.aborted += 1
                 await engine.abort(self.request_id)
             if metrics is not None:
                 metrics.request_done(usage.prompt, usage.completion, clock() - self.started)
