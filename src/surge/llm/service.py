@@ -278,26 +278,35 @@ class Run:
                      reasons, usage)
 
     async def _deltas(self, usage: Usage) -> AsyncGenerator[Delta, None]:
-        """The engine's deltas, counted into `usage` and the metrics; aborted if not done."""
+        """The engine's deltas, counted into `usage` and the metrics; aborted if not done.
+
+        Metrics are recorded after a delta went on its way (its consumer asked for the
+        next one), and inter-token gaps at the end: never between a token and its send.
+        """
         service = self.service
         engine, metrics, clock = service.engine, service.metrics, service.clock
-        if metrics is not None:
-            metrics.overhead.observe(clock() - self.started)
+        overhead = clock() - self.started
         finished, first, last = False, True, 0.0
+        ttft: float | None = None
+        gaps: list[float] = []
         try:
             async for delta in engine.generate(self.prompt, self.params, self.request_id,
                                                adapter=self.adapter):
                 now = clock()
+                count = len(delta.token_ids)
                 if first:
                     first = False
                     usage.prompt, usage.cached = delta.prompt_tokens, delta.cached_tokens
-                    if metrics is not None:
-                        metrics.ttft.observe(now - self.started)
-                elif metrics is not None and delta.token_ids:
-                    metrics.itl.observe((now - last) / len(delta.token_ids))
+                    ttft = now - self.started
+                elif count:
+                    gaps.append((now - last) / count)
                 last = now
-                usage.completion += len(delta.token_ids)
+                usage.completion += count
                 yield delta
+                if ttft is not None and metrics is not None:
+                    metrics.overhead.observe(overhead)
+                    metrics.ttft.observe(ttft)
+                ttft = None
             finished = True
         except (EngineError, ValueError) as exc:
             raise engine_error(exc) from None
@@ -306,6 +315,8 @@ class Run:
                 service.aborted += 1
                 await engine.abort(self.request_id)
             if metrics is not None:
+                for gap in gaps:
+                    metrics.itl.observe(gap)
                 metrics.request_done(usage.prompt, usage.completion, clock() - self.started)
 
 
