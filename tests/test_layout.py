@@ -278,7 +278,7 @@ def test_policy_functions_are_exported(module: Module) -> None:
 # -- the public API ---------------------------------------------------------------------
 
 PUBLIC = ["surge", "surge.serve", "surge.serve.config", "surge.serve.exceptions",
-          "surge.serve.handle", "surge.serve.metrics"]
+          "surge.serve.handle", "surge.serve.llm", "surge.serve.metrics"]
 
 
 @pytest.mark.parametrize("name", PUBLIC)
