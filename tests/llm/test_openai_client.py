@@ -41,8 +41,9 @@ def instance() -> Iterator[Running]:
 
 
 @pytest.fixture
-def client(instance: Running) -> Any:
-    return openai.OpenAI(base_url=f"{instance.url}/v1", api_key="unused", max_retries=0)
+def client(instance: Running) -> Iterator[Any]:
+    with openai.OpenAI(base_url=f"{instance.url}/v1", api_key="x", max_retries=0) as client:
+        yield client
 
 
 def test_models(client: Any) -> None:
@@ -119,27 +120,56 @@ def test_async_client_streams_concurrently(instance: Running) -> None:
     assert asyncio.run(go()) == ["t0 t1 t2"] * 8
 
 
-def test_disconnect_aborts_the_engine_request(client: Any) -> None:
-    handle = serve.get_deployment_handle("LLMServer:fake", "llm")
+@pytest.fixture(scope="module")
+def slow(instance: Running) -> Any:
+    """A model that takes 0.5 s a token: a stream lasts seconds after its first token."""
+    serve.run(build_openai_app({"llm_configs": [fake("slow", token_delay_s=0.5)]}),
+              name="slow", route_prefix="/slow")
+    yield serve.get_deployment_handle("LLMServer:slow", "slow")
+    serve.delete("slow")
+
+
+@pytest.fixture
+def slow_client(instance: Running) -> Iterator[Any]:
+    with openai.OpenAI(base_url=f"{instance.url}/slow/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+def test_first_token_is_sent_while_the_engine_still_generates(slow_client: Any,
+                                                              slow: Any) -> None:
+    client = slow_client
     stream = client.chat.completions.create(
-        model="fake", messages=[{"role": "user", "content": "long"}], max_tokens=240,
-        stream=True)
-    next(iter(stream))  # ~0.5 s of tokens would follow at 2 ms each
-    running = eventually(lambda: handle.record_routing_stats.remote().result()["running"],
-                         10, what="the engine to run the request")
-    assert running == 1
-    before = handle.record_routing_stats.remote().result()["aborted"]
-    stream.close()  # the client goes away mid-stream
-    eventually(lambda: handle.record_routing_stats.remote().result()["aborted"] == before + 1,
+        model="slow", messages=[{"role": "user", "content": "x"}], max_tokens=20, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].delta.role == "assistant"
+    assert first.choices[0].delta.content == ""
+    # The role chunk and the first token left together, before the other 19 tokens exist:
+    # no batching window and no buffering between the engine and the client. (The load
+    # is sampled every 0.5 s; the stream has ~10 s to go.)
+    assert eventually(lambda: slow.record_routing_stats.remote().result()["running"], 5) == 1
+    stream.close()
+
+
+def test_disconnect_aborts_the_engine_request(slow_client: Any, slow: Any) -> None:
+    client = slow_client
+    before = slow.record_routing_stats.remote().result()["aborted"]
+    stream = client.chat.completions.create(
+        model="slow", messages=[{"role": "user", "content": "x"}], max_tokens=20, stream=True)
+    next(iter(stream))
+    stream.close()  # the client goes away after its first token (19 tokens, ~10 s, to go)
+    eventually(lambda: slow.record_routing_stats.remote().result()["aborted"] == before + 1,
                10, what="the engine request to be aborted")
-    assert handle.record_routing_stats.remote().result()["running"] == 0
+    eventually(lambda: slow.record_routing_stats.remote().result()["running"] == 0, 5,
+               what="the engine's load, sampled every 0.5 s, to show it")
 
 
-def test_several_models_behind_one_endpoint(instance: Running) -> None:
+def test_several_models_behind_one_endpoint(instance: Running,
+                                            request: pytest.FixtureRequest) -> None:
     serve.run(build_openai_app(LLMServingArgs(llm_configs=[
         LLMConfig(**fake("a")), fake("b", eos_after=1)])), name="two", route_prefix="/two")
     base = f"{instance.url}/two/v1"
     client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+    request.addfinalizer(client.close)
     assert sorted(m.id for m in client.models.list()) == ["a", "b"]
     one = client.chat.completions.create(model="b", messages=[{"role": "user",
                                                                 "content": "x"}])

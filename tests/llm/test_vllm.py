@@ -121,9 +121,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture
-def client(served: Served) -> Any:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0,
-                         timeout=60)
+def client(served: Served) -> Iterator[Any]:
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0,
+                         timeout=60) as client:
+        yield client
 
 
 USER = [{"role": "user", "content": "Hello, how are you?"}]

@@ -41,8 +41,10 @@ def served() -> Iterator[Running]:
 
 
 @pytest.fixture
-def client(served: Running) -> Any:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=60)
+def client(served: Running) -> Iterator[Any]:
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0,
+                       timeout=60) as client:
+        yield client
 
 
 def test_embeddings(client: Any) -> None:
