@@ -185,3 +185,21 @@ def test_several_models_behind_one_endpoint(instance: Running,
         client.chat.completions.create(model="c", messages=[{"role": "user",
                                                               "content": "x"}])
     serve.delete("two")
+
+
+def test_disconnect_through_the_multi_model_ingress_aborts(instance: Running,
+                                                           request: pytest.FixtureRequest
+                                                           ) -> None:
+    serve.run(build_openai_app({"llm_configs": [fake("m1"), fake("m2", token_delay_s=0.5)]}),
+              name="pair", route_prefix="/pair")
+    request.addfinalizer(lambda: serve.delete("pair"))
+    handle = serve.get_deployment_handle("LLMServer:m2", "pair")
+    with openai.OpenAI(base_url=f"{instance.url}/pair/v1", api_key="x",
+                       max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model="m2", messages=[{"role": "user", "content": "x"}], max_tokens=20,
+            stream=True)
+        next(iter(stream))
+        stream.close()  # through the ingress: its handle call is cancelled too
+    eventually(lambda: handle.record_routing_stats.remote().result()["aborted"] == 1, 10,
+               what="the engine request behind the ingress to be aborted")

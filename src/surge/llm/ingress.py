@@ -11,6 +11,7 @@ every model.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,14 +72,18 @@ class OpenAiIngress:
             await _send(send, error_head(exc))
             return
         stream = handle.options(stream=True).openai_http.remote(method, path, body)
-        head = await stream.__anext__()
-        await send({"type": "http.response.start", "status": head[0], "headers": head[1]})
-        if head[2] is not None:
-            await send({"type": "http.response.body", "body": head[2], "more_body": False})
-            return
-        async for part in stream:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            head = await stream.__anext__()
+            await send({"type": "http.response.start", "status": head[0], "headers": head[1]})
+            if head[2] is not None:
+                await send({"type": "http.response.body", "body": head[2], "more_body": False})
+                return
+            async for part in stream:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            stream.cancel()  # the client went away: the LLMServer aborts its engine request
+            raise
 
     async def _models(self) -> dict[str, Any]:
         cards: list[Any] = []
