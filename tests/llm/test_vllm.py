@@ -11,32 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import free_port
 from tests.eventually import eventually
+from tests.llm.serving import START_TIMEOUT_S, Served, serve_script
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL_CACHE = Path.home() / ".cache" / "surge-tests" / "tiny-llama-v1"
-START_TIMEOUT_S = 420  # vLLM's imports and engine start on a busy 2-core machine
-ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
 # The module's instance starts within a test's time (pytest-timeout counts fixtures).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(START_TIMEOUT_S + 120)]
 ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256,
-                 "max_num_seqs": 16, "kv_cache_memory_bytes": 128 * 1024 * 1024}
+                 "max_num_seqs": 16, "kv_cache_memory_bytes": 128 * 1024 * 1024,
+                 "enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
 
 CONFIG = """\
 # A Ray Serve LLM config file: `serve run` takes it as is, and so does `surge run`.
@@ -53,6 +46,9 @@ applications:
         model_id: tiny
         model_source: {model}
       engine_kwargs: {engine_kwargs}
+      lora_config:
+        dynamic_lora_loading_path: file://{adapters}
+        max_num_adapters_per_replica: 2
       deployment_config:
         autoscaling_config:
           min_replicas: 1
@@ -66,44 +62,16 @@ def tiny_model() -> Path:
     return make_tiny_llama(MODEL_CACHE)
 
 
-class Served:
-    def __init__(self, url: str, process: subprocess.Popen[bytes], log: Path,
-                 control: str) -> None:
-        self.url, self.process, self.log, self.control = url, process, log, control
+def tiny_adapters(directory: Path, base: Path) -> Path:
+    """A directory of LoRA adapters (Ray's dynamic_lora_loading_path): one, `shout`."""
+    from surge.testing.tiny_llm import make_tiny_lora
 
-    def stop(self) -> None:
-        """Stop the process group this test started (surge, its replicas, vLLM's core)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+    make_tiny_lora(directory / "shout", base)
+    return directory
 
 
 def serve_config(config: Path, log: Path, port: int) -> Served:
-    control = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, **ENV, "SURGE_ADDRESS": control,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "surge.cli.main", "run", str(config)],
-                                   stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True, cwd=config.parent)
-    served = Served(f"http://127.0.0.1:{port}", process, log, control)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"surge run exited ({process.returncode}):\n"
-                                 f"{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{served.url}/v1/models", timeout=2).status_code == 200:
-                return served
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    served.stop()
-    raise AssertionError(f"not ready in {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+    return serve_script(["-m", "surge.cli.main", "run", str(config)], log, port)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +79,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = tmp_path_factory.mktemp("vllm")
     port = free_port()
     config = directory / "config.yaml"
-    config.write_text(CONFIG.format(port=port, model=tiny_model(),
+    model = tiny_model()
+    adapters = tiny_adapters(directory / "adapters", model)
+    config.write_text(CONFIG.format(port=port, model=model, adapters=adapters,
                                     engine_kwargs=ENGINE_KWARGS).replace("True", "true"))
     running = serve_config(config, directory / "surge.log", port)
     try:
@@ -209,3 +179,21 @@ def test_disconnect_aborts_the_engine_request(client: Any, served: Served) -> No
     eventually(lambda: stats()["aborted"] == before + 1, 20, interval_s=0.1,
                what="the engine request to be aborted")
     eventually(lambda: stats()["running"] == 0, 20, interval_s=0.2, what="a free engine")
+
+
+def test_lora_adapter_loads_on_first_use(client: Any) -> None:
+    def say(model: str) -> Any:
+        return client.chat.completions.create(model=model, messages=USER, max_tokens=12,
+                                              temperature=0, extra_body={"ignore_eos": True})
+
+    base, adapted = say("tiny"), say("tiny:shout")
+    assert adapted.model == "tiny:shout" and adapted.usage.completion_tokens == 12
+    # The same greedy prompt says something else through the adapter: it is applied.
+    assert adapted.choices[0].message.content != base.choices[0].message.content
+    assert say("tiny:shout").choices[0].message.content == adapted.choices[0].message.content
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["tiny", "tiny:shout"]
+    assert client.models.retrieve("tiny:shout").parent == "tiny"
+    with pytest.raises(openai.NotFoundError) as missing:
+        say("tiny:whisper")
+    assert missing.value.body["code"] == "model_not_found"

