@@ -203,3 +203,26 @@ def test_disconnect_through_the_multi_model_ingress_aborts(instance: Running,
         stream.close()  # through the ingress: its handle call is cancelled too
     eventually(lambda: handle.record_routing_stats.remote().result()["aborted"] == 1, 10,
                what="the engine request behind the ingress to be aborted")
+
+
+def test_the_proxy_answers_overload_with_an_openai_error_body(instance: Running,
+                                                              request: pytest.FixtureRequest
+                                                              ) -> None:
+    config = {**fake("busy", token_delay_s=0.5),
+              "deployment_config": {"max_ongoing_requests": 1, "max_queued_requests": 0}}
+    serve.run(build_openai_app({"llm_configs": [config]}), name="busy", route_prefix="/busy")
+    request.addfinalizer(lambda: serve.delete("busy"))
+    with openai.OpenAI(base_url=f"{instance.url}/busy/v1", api_key="x",
+                       max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model="busy", messages=[{"role": "user", "content": "x"}], max_tokens=20,
+            stream=True)
+        next(iter(stream))  # the one slot is taken
+        with pytest.raises(openai.InternalServerError) as full:
+            client.chat.completions.create(model="busy", max_tokens=1,
+                                           messages=[{"role": "user", "content": "y"}])
+        stream.close()
+    assert full.value.status_code == 503
+    assert full.value.response.headers["retry-after"]
+    assert full.value.body["code"] == "service_unavailable"
+    assert full.value.body["type"] == "server_error" and full.value.body["message"]

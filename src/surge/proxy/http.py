@@ -32,7 +32,7 @@ from surge.errors import (
 )
 from surge.policy.admission import retry_after_header
 from surge.policy.auth import Refusal
-from surge.proxy.responses import CONTINUE, chunk, forbids_body, head, simple
+from surge.proxy.responses import CONTINUE, chunk, forbids_body, head, openai_error, simple
 from surge.router.replica_link import Pending
 from surge.router.router import Router
 from surge.transport.messages import Failure, HttpBody, HttpRequest, HttpStart, Message
@@ -146,9 +146,9 @@ class Exchange:
                 self.keep_alive = False
                 self.finish()
             elif message.kind == "cancelled":
-                self.respond(499, b"Request cancelled.")
+                self.error(499, "Request cancelled.")
             else:
-                self.respond(500, b"Internal Server Error")
+                self.error(500, "Internal Server Error")
 
     def fail(self, exc: BaseException) -> None:
         if self.done:
@@ -157,18 +157,18 @@ class Exchange:
             self.keep_alive = False
             self.finish()
         elif isinstance(exc, BackPressureError):  # 503, or 429 by backpressure_config
-            self.respond(exc.status_code, str(exc).encode(),
-                         [(b"retry-after", retry_after_header(exc.retry_after_s).encode())])
+            self.error(exc.status_code, str(exc),
+                       [(b"retry-after", retry_after_header(exc.retry_after_s).encode())])
         elif isinstance(exc, DeploymentUnavailableError):
             self.conn.proxy.recorder.rejected(self.labels[0], self.labels[1], "unavailable")
-            self.respond(503, str(exc).encode(), [(b"retry-after", b"1")])
+            self.error(503, str(exc), [(b"retry-after", b"1")])
         elif isinstance(exc, ReplicaDiedError):
-            self.respond(500, f"{exc}; the request may or may not have run.".encode())
+            self.error(500, f"{exc}; the request may or may not have run.")
         elif isinstance(exc, RequestCancelledError):
-            self.respond(499, b"Request cancelled.")
+            self.error(499, "Request cancelled.")
         else:
             log.error("request %s failed: %r", self.request_id.decode(), exc)
-            self.respond(500, b"Internal Server Error")
+            self.error(500, "Internal Server Error")
 
     # -- output --------------------------------------------------------------------------
 
@@ -179,6 +179,17 @@ class Exchange:
         self.write(simple(status, body, self.request_id, self.keep_alive, content_type, extra,
                           http_10=self.http_10, head_only=self.head_only))
         self.finish()
+
+    def error(self, status: int, message: str,
+              extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The proxy's own error answer: plain text, as Ray Serve's proxy, except on an
+        OpenAI API path (`/v1/...` under the route's prefix), where OpenAI's clients
+        expect OpenAI's JSON error body."""
+        prefix = self.labels[2].rstrip("/")
+        if self.path.startswith(prefix + "/v1/"):
+            self.respond(status, openai_error(status, message), extra, b"application/json")
+        else:
+            self.respond(status, message.encode(), extra)
 
     def _passed_on(self, nbytes: int) -> None:
         """A stream frame's body went to the client (or waits in `out` behind others)."""
@@ -226,7 +237,7 @@ class Exchange:
             self.keep_alive = False
             self.finish()
         else:
-            self.respond(408, f"Request timed out after {timeout_s:g}s.".encode())
+            self.error(408, f"Request timed out after {timeout_s:g}s.")
 
     def abandon(self) -> None:
         """The client went away: cancel the request wherever it is (logged as 499)."""
