@@ -65,7 +65,9 @@ def server(name: str, argv: list[str], port: int, log: Path,
     """Start `argv` in its own process group, wait for /v1/models, stop the group after."""
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **ENV, **(env or {})},
+                                   env={**os.environ, **ENV, **(env or {}),
+                                        # surge from this checkout (the LLM venv has none)
+                                        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"},
                                    start_new_session=True, cwd=log.parent)
     try:
         began = time.monotonic()
