@@ -2,8 +2,9 @@
 
 Run with `make demo`. It starts surge on this machine (controller, HTTP proxy, replica
 processes; everything on 127.0.0.1), deploys examples/mlp.py (a numpy MLP, ~20 ms of
-simulated accelerator time per batch) with the proactive autoscaling policy (1 to 8
-replicas), then runs `surge pulse`: 100 requests/s for 5 s, a ramp to 2,000
+simulated accelerator time per batch, its weights mapped from the node's weight store,
+so every replica after the first shares one copy) with the proactive autoscaling policy
+(1 to 8 replicas), then runs `surge pulse`: 100 requests/s for 5 s, a ramp to 2,000
 requests/s in 500 ms, 20 s at the peak, back down. It prints the live progress, the
 summary table and the path of the HTML report, and shuts everything down.
 

@@ -5,7 +5,10 @@
     curl -d '{"features": [0.1, 0.2, ...64 numbers]}' http://127.0.0.1:8000/mlp
 
 The model is a 64 -> 256 -> 256 -> 10 multilayer perceptron whose weights ship with the
-repository (examples/mlp_weights.npz, from examples/make_mlp_weights.py). Requests are
+repository (examples/mlp_weights.npz, from examples/make_mlp_weights.py), loaded with
+`weights.load`: the first replica on the machine copies them into the node's weight
+store, every later one (the pulse's scale-up, a standby) maps that one copy read-only
+in about a millisecond (docs/weights.md). Requests are
 gathered with `@serve.batch`; each batch costs its CPU (a few tens of microseconds)
 plus a simulated accelerator latency (`accelerator_ms`, default 20 ms, awaited so the
 CPU stays free), so a replica's throughput is bounded by batches per second, as on a
@@ -21,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from surge import serve
+from surge import serve, weights
 
 WEIGHTS = Path(__file__).resolve().parent / "mlp_weights.npz"
 FEATURES = 64
@@ -35,9 +38,10 @@ ACCELERATOR_MS = float(os.environ.get("SURGE_DEMO_ACCELERATOR_MS", "20"))
 
 
 def load_layers(path: Path = WEIGHTS) -> list[tuple[np.ndarray, np.ndarray]]:
-    weights = np.load(path)
-    count = len([name for name in weights.files if name.startswith("w")])
-    return [(weights[f"w{i}"], weights[f"b{i}"]) for i in range(count)]
+    """The layers, zero-copy from the node's weight store (read-only arrays)."""
+    tensors = weights.load("mlp", path)
+    count = len([name for name in tensors if name.startswith("w")])
+    return [(tensors[f"w{i}"], tensors[f"b{i}"]) for i in range(count)]
 
 
 def forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:

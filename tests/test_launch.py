@@ -54,3 +54,19 @@ def test_a_process_that_dies_before_reading_its_spec_is_no_error_to_its_starter(
     process = start_process([sys.executable, "-c", "import os; os._exit(3)"], b"x" * 300_000,
                             {}, stdout=subprocess.DEVNULL)
     assert process.wait(10) == 3
+
+
+def test_weight_store_specs_survive_the_pipe() -> None:
+    from surge.config.weights import WeightStoreOptions
+    from surge.launch import NodeWeightStore, WeightStoreProcessSpec
+
+    options = WeightStoreOptions(directory="/mnt/huge", budget_bytes=1 << 30)
+    store = WeightStoreProcessSpec(options=options, socket_path="/run/w.sock", listen_fd=7,
+                                   lifetime=Lifetime(supervisor_pid=3, parent_pid=4))
+    assert read_spec(WeightStoreProcessSpec, io.BytesIO(encode(store))) == store
+    for where in ("/run/w.sock", NodeWeightStore("instance-x", options), None):
+        replica = ReplicaProcessSpec(controller="c", process_id="r", app="a", deployment="d",
+                                     listen=Unix("/s"), weight_store=where)
+        assert decode(ReplicaProcessSpec, encode(replica)) == replica
+    path = NodeWeightStore("inst/ance:1").socket_path("abcdef0123456789ffff")
+    assert path.endswith("/weights-inst_ance_1-abcdef0123456789.sock")

@@ -23,7 +23,7 @@ ROOT = "surge"  # src/surge/__init__.py: the public API, a top-layer module
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli", "serve", "api", "llm", ROOT}),
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
-    frozenset({"transport", "backends"}),
+    frozenset({"transport", "backends", "weights"}),
     frozenset({"policy"}),
     frozenset({"model", "config", "errors", "clock", "process", "control_auth", "launch",
                "observability"}),

@@ -15,11 +15,24 @@
     ├── DeployFailedError (RuntimeError) an application could not be deployed (constructor
     │                                    failed, import failed); the message says why
     ├── ControllerUnavailableError       no surge instance answers at the control address
-    └── ControlAuthError (PermissionError) the instance refused this process's control token:
-                                         set SURGE_CONTROL_TOKEN to that instance's token
+    ├── ControlAuthError (PermissionError) the instance refused this process's control token:
+    │                                    set SURGE_CONTROL_TOKEN to that instance's token
+    └── WeightStoreError                 surge.weights could not give these weights
+        ├── WeightSourceError (ValueError)  the source is missing, unreadable or malformed:
+        │                                fix the file (the message names it and what is wrong)
+        ├── WeightBudgetError            the entry does not fit the store's budget beside the
+        │                                entries replicas hold: raise budget_bytes, or hold fewer
+        ├── WeightStoreFullError (OSError) the store's directory (/dev/shm) has no room left:
+        │                                enlarge it, or lower the budget
+        └── WeightStoreUnavailableError  this node's store does not answer (it died and is
+                                         being restarted): the replica's start is retried
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
 
 __all__ = [
     "BackPressureError",
@@ -33,6 +46,11 @@ __all__ = [
     "ReplicaDiedError",
     "RequestCancelledError",
     "UserCodeError",
+    "WeightBudgetError",
+    "WeightSourceError",
+    "WeightStoreError",
+    "WeightStoreFullError",
+    "WeightStoreUnavailableError",
 ]
 
 
@@ -112,3 +130,39 @@ class ControllerUnavailableError(RayServeException):
 
 class ControlAuthError(RayServeException, PermissionError):
     """The control API refused this connection: its token is missing or wrong."""
+
+
+class WeightStoreError(RayServeException):
+    """surge.weights could not give the weights asked for; the subclass says why."""
+
+
+class WeightSourceError(WeightStoreError, ValueError):
+    """The weights' source is missing, unreadable or malformed (the message names it)."""
+
+
+class WeightBudgetError(WeightStoreError):
+    """The entry does not fit the store's byte budget beside the entries replicas hold."""
+
+
+class WeightStoreFullError(WeightStoreError, OSError):
+    """The store's directory has no room for the entry (a full /dev/shm)."""
+
+
+class WeightStoreUnavailableError(WeightStoreError):
+    """This node's weight store does not answer."""
+
+
+_SURGE = os.path.dirname(os.path.abspath(__file__))  # src/surge
+
+
+def users_traceback() -> str:
+    """The exception being handled, with surge's own frames (and the import machinery's)
+    left out, as Ray shows a failed constructor: what the user can act on."""
+    _, exc, tb = sys.exc_info()
+    assert exc is not None
+    frames = [f for f in traceback.extract_tb(tb)
+              if not os.path.abspath(f.filename).startswith(_SURGE + os.sep)
+              and not f.filename.startswith("<frozen ")]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)

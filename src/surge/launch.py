@@ -3,7 +3,9 @@
 Whoever starts a surge process writes it one JSON line and closes the pipe: the
 supervisor starts the controller with a `ControllerProcessSpec`; a backend starts
 proxies and replicas with a `ProxyProcessSpec` or `ReplicaProcessSpec` (directly, through
-the fork server, or through the Ray actor that hosts it, which fills in its node). The
+the fork server, or through the Ray actor that hosts it, which fills in its node), and
+a node's weight store with a `WeightStoreProcessSpec` (a replica's spec names the
+store's socket, `weight_store`). The
 spec says everything the environment used to carry: the control address and token
 (stdin is private to the two processes, unlike argv or /proc/PID/environ), where to
 listen (`Unix(directory)` or `Tcp(host)`), which node it is on, what its lifetime is
@@ -25,6 +27,8 @@ import msgspec
 
 from surge.clock import SYSTEM
 from surge.config import HTTPOptions
+from surge.config.weights import WeightStoreOptions
+from surge.control_auth import user_dir
 from surge.errors import ConfigError, RayServeException
 from surge.observability.config import DashboardOptions, LoggingConfig
 
@@ -39,10 +43,12 @@ __all__ = [
     "Lifetime",
     "MemberSpec",
     "Membership",
+    "NodeWeightStore",
     "ProxyProcessSpec",
     "ReplicaProcessSpec",
     "Tcp",
     "Unix",
+    "WeightStoreProcessSpec",
     "await_ready",
     "encode",
     "read_spec",
@@ -107,10 +113,40 @@ class MemberSpec(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True  # False: nobody reads metrics, record none
 
 
+class NodeWeightStore(msgspec.Struct, frozen=True, tag="node_weight_store"):
+    """The weight store of whichever node a process lands on (a cluster backend places
+    it): a socket in the user's private directory there, per instance and node; the host
+    that starts the first replica on a node starts the store with these options."""
+
+    instance: str
+    options: WeightStoreOptions = WeightStoreOptions()
+
+    def socket_path(self, node_id: str) -> str:
+        tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.instance)[-40:]
+        return os.path.join(user_dir(), f"weights-{tag}-{node_id[:16]}.sock")
+
+
 class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     app: str
     deployment: str
     listen: Unix | Tcp
+    # this node's weight store (surge.weights): its Unix socket, or (placed on a cluster)
+    # the store of whichever node the replica lands on
+    weight_store: str | NodeWeightStore | None = None
+
+
+class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
+    """A node's weight store (surge.weights): where its entries live, its budget, and
+    where it listens: on `listen_fd`, a socket its starter bound at `socket_path` and
+    handed down (connections wait in its backlog until the store accepts), or, without
+    one, on a socket it binds there itself."""
+
+    options: WeightStoreOptions = WeightStoreOptions()
+    socket_path: str
+    listen_fd: int | None = None
+    node_id: str = LOCAL_NODE
+    lifetime: Lifetime = Lifetime()
+    logging: LoggingConfig = LoggingConfig()
 
 
 class ProxyProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="proxy"):
@@ -128,11 +164,12 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
-                lifetime: Lifetime) -> ReplicaProcessSpec:
+                lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None
+                ) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,
-                                  listen=listen)
+                                  listen=listen, weight_store=weight_store)
 
     def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
         return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,
@@ -151,6 +188,7 @@ class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="cont
     lifetime: Lifetime = Lifetime()
     logging: LoggingConfig = LoggingConfig()
     dashboard: DashboardOptions = DashboardOptions()
+    weights: WeightStoreOptions = WeightStoreOptions()
 
     def membership(self, bound: str) -> Membership:
         """What this controller, listening at `bound`, tells its members."""
@@ -168,6 +206,7 @@ class DaemonSpec(msgspec.Struct, frozen=True, kw_only=True, tag="daemon"):
     ray_address: str | None = None
     logging: LoggingConfig = LoggingConfig()
     dashboard: DashboardOptions = DashboardOptions()
+    weights: WeightStoreOptions = WeightStoreOptions()
     sys_path: tuple[str, ...] = ()  # where the user's modules are
 
 
@@ -180,8 +219,9 @@ class ApplySpec(msgspec.Struct, frozen=True, kw_only=True, tag="apply"):
 
 
 Spec = TypeVar("Spec", ControllerProcessSpec, ProxyProcessSpec, ReplicaProcessSpec, ApplySpec,
-               DaemonSpec)
-AnySpec = ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec | ApplySpec | DaemonSpec
+               DaemonSpec, WeightStoreProcessSpec)
+AnySpec = (ControllerProcessSpec | ProxyProcessSpec | ReplicaProcessSpec | ApplySpec | DaemonSpec
+           | WeightStoreProcessSpec)
 
 
 def encode(spec: AnySpec) -> bytes:

@@ -113,11 +113,12 @@ def watch_supervisor(loop: asyncio.AbstractEventLoop, pid: int,
 
 
 def start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if gone.
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if gone
+    or a zombie (dead, not yet reaped: in a container whose init never reaps, forever).
     A pid and its start time name one process: a recycled pid has another start time."""
     try:
         with open(f"/proc/{pid}/stat") as file:
             fields = file.read().rsplit(")", 1)[1].split()
-        return int(fields[19])
+        return None if fields[0] == "Z" else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None

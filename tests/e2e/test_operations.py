@@ -262,3 +262,17 @@ def test_cli_run_reload_redeploys_an_edited_file(place: Place) -> None:
             output, _ = run.communicate()
     assert "redeploying" in output, output
     assert "shutting down" in output, output
+
+
+def test_start_refuses_a_dashboard_port_that_is_taken(place: Place) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = place.surge("start", "--dashboard-port", str(port))
+    assert refused.returncode == 1
+    assert f"cannot serve the dashboard on 127.0.0.1:{port}" in refused.stderr
+    assert "could not start surge: could not" not in refused.stderr
+    assert _daemon_pid(place) is None  # nothing left behind

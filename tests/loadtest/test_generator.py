@@ -72,7 +72,9 @@ class _Handler(asyncio.Protocol):
             return
         status = 200 if what == "close" else int(what)
         extra = b"connection: close\r\n" if what == "close" else b""
-        self.transport.write(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n%s\r\nok" % (status, extra))
+        body = b"" if status in (204, 304) else b"ok"  # these statuses carry no body
+        self.transport.write(b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n%s\r\n%s"
+                             % (status, len(body), extra, body))
         if what == "close":
             self.transport.close()
 

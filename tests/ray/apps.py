@@ -34,3 +34,25 @@ class Slow:
     async def __call__(self, request: Any) -> dict[str, Any]:
         await asyncio.sleep(0.3)
         return whereami()
+
+
+@serve.deployment(num_replicas=3, ray_actor_options={"num_cpus": 0.25})
+class Weighted:
+    """Loads a safetensors file from its node's weight store and writes what it got to
+    `report_dir/<pid>.json` (every node of the test cluster is this machine)."""
+
+    def __init__(self, source: str, report_dir: str) -> None:
+        import json
+
+        from surge import weights
+
+        self.weights = weights.load("ray-test", source)
+        info, stats = self.weights.info, weights.stats()
+        report = {**whereami(), "key": info.key, "shared": info.shared, "path": info.path,
+                  "store_pid": stats.pid if stats else None,
+                  "sum": float(self.weights["x"].sum())}
+        with open(os.path.join(report_dir, f"{os.getpid()}.json"), "w") as out:
+            json.dump(report, out)
+
+    async def __call__(self, request: Any) -> str:
+        return "ok"

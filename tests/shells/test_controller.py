@@ -136,7 +136,7 @@ def test_a_replica_that_fails_its_constructor_three_times_fails_the_deploy() -> 
         await h.deploy(app(DeploymentConfig(name="Model")))
         proxy = await h.watcher()
         for attempt in (1, 2, 3):
-            await h.tick()
+            await h.tick(TICK_S if attempt == 1 else 1.5)  # past the backoff (0.5 s, 1 s)
             replica_id = f"Model-{attempt}"
             assert h.backend.started() == [f"Model-{i}" for i in range(1, attempt + 1)]
             await h.api.rpc_replica_failed(FakePeer(), replica_id=replica_id,
@@ -164,12 +164,58 @@ def test_a_failure_after_running_is_unhealthy_whoever_asked_before() -> None:
         await h.ready("Model-1")  # RUNNING now; nobody asks for the status
         h.backend.exit("Model-1", -9)
         for attempt in (2, 3, 4):
-            await h.tick()
+            await h.tick(1.5)  # past the backoff after the last failed start
+            assert h.states()[f"Model-{attempt}"] == "STARTING"
             await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
                                            error="boom")
             h.backend.exit(f"Model-{attempt}", 1)
         await h.tick()
         assert h.status() is ApplicationStatus.UNHEALTHY
+
+    run(main)
+
+
+def test_a_failed_start_backs_off_before_the_next() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=10)))
+        await h.tick()
+        for attempt, backoff in ((1, 0.5), (2, 1.0), (3, 2.0)):
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
+                                           error="boom")
+            h.backend.exit(f"Model-{attempt}", 1)
+            await h.tick(backoff - 0.2)
+            assert len(h.backend.started()) == attempt  # still backing off
+            await h.tick(0.3)
+            assert len(h.backend.started()) == attempt + 1
+
+    run(main)
+
+
+def test_an_update_whose_replicas_never_start_fails_and_the_old_version_serves() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=2)))
+        await h.tick()
+        await h.ready("Model-1")
+        assert h.status() is ApplicationStatus.RUNNING
+        await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=2),
+                           code=b"version 2"))
+        for attempt in (2, 3):
+            await h.tick(1.5)
+            assert h.states()[f"Model-{attempt}"] == "STARTING"
+            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
+                                           error="ImportError: v2 is broken")
+            h.backend.exit(f"Model-{attempt}", 1)
+        for _ in range(3):
+            await h.tick(5.0)
+        assert len(h.backend.started()) == 3  # the update stopped: no more starts
+        assert h.states()["Model-1"] == "RUNNING"  # the old version serves on
+        overview = h.state.app_status("app")
+        assert overview.status is ApplicationStatus.DEPLOY_FAILED
+        assert "ImportError: v2 is broken" in overview.message
+        deployment = overview.deployments["Model"]
+        assert deployment.status.value == "DEPLOY_FAILED"
 
     run(main)
 

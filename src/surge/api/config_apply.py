@@ -29,7 +29,7 @@ from surge.api.instance import Instance, StartOptions, connect_or_start, user_sy
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.clock import SYSTEM
 from surge.config import AppSpec, AutoscalingConfig
-from surge.errors import ConfigError, DeployFailedError
+from surge.errors import ConfigError, DeployFailedError, users_traceback
 from surge.model import ApplicationStatus, ApplicationStatusOverview
 from surge.observability.config import LEVEL_ENV, LoggingConfig
 
@@ -249,29 +249,36 @@ def search_path(config: ServeConfig) -> tuple[str, ...]:
 
 
 def build_specs(config: ServeConfig) -> list[AppSpec]:
+    """Every application of the file, built (imported); the first failure raises."""
+    return [build_app(config, app) for app in config.applications]
+
+
+def build_app(config: ServeConfig, app: AppConfig) -> AppSpec:
+    """One application of the file: imported, its overrides applied, ready to deploy.
+    Raises ConfigError naming the file's place for what the user must fix."""
     search = search_path(config)
-    specs = []
-    for app in config.applications:
-        try:
-            with _environment(app.env_vars):
-                root = import_application(app.import_path, app.args, search)
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
-        bound = application_with_overrides(root, app, config.where)
-        try:
-            auth = resolve_auth(app.auth, "auth")
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
-        try:
-            spec = build_app_spec(bound, app.name, app.route_prefix,
-                                  (*search, *user_sys_path()), auth)
-            specs.append(dataclasses.replace(spec, source_config=_entry(config, app)))
-        except ConfigError as exc:
-            raise ConfigError(f"{config.where(app.path)}: {exc}") from None
-    return specs
+    try:
+        with _environment(app.env_vars):
+            root = import_application(app.import_path, app.args, search)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where((*app.path, 'import_path'))}: {exc}") from None
+    except Exception:  # the user's module raised while it was imported or built
+        raise ConfigError(f"{config.where((*app.path, 'import_path'))}: importing "
+                          f"{app.import_path} raised:\n{users_traceback()}") from None
+    bound = application_with_overrides(root, app, config.where)
+    try:
+        auth = resolve_auth(app.auth, "auth")
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where((*app.path, 'auth'))}: {exc}") from None
+    try:
+        spec = build_app_spec(bound, app.name, app.route_prefix,
+                              (*search, *user_sys_path()), auth)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.where(app.path)}: {exc}") from None
+    return dataclasses.replace(spec, source_config=entry_of(config, app))
 
 
-def _entry(config: ServeConfig, app: AppConfig) -> dict[str, Any]:
+def entry_of(config: ServeConfig, app: AppConfig) -> dict[str, Any]:
     """The application's entry in the file, as written (for `serve config`)."""
     node: Any = config.raw
     for key in app.path:
@@ -293,17 +300,7 @@ def apply_config(config: ServeConfig, *, start: bool,
                            backend=BackendChoice(config.backend, ray_address),
                            logging=dataclasses.replace(logging_config, log_level=level))
     instance = connect_or_start(options, start=start, detached=detached)
-    existing = instance.call("status", timeout=10).applications
-    wanted = {spec.name for spec in specs}
-    removed = [name for name in existing if name not in wanted]
-    for name in removed:  # first, so their route prefixes are free for the new apps
-        progress(f"deleting application {name!r}")
-        instance.call("delete", timeout=10, name=name, timeout_s=0.0)
-    for spec in specs:
-        verb = "updating" if spec.name in existing else "deploying"
-        progress(f"{verb} application {spec.name!r} "
-                 f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
-        instance.call("deploy", timeout=30, app=spec)
+    removed = deploy_specs(instance, specs, {spec.name for spec in specs}, progress)
     if not wait:
         return instance
     for spec in specs:
@@ -313,6 +310,24 @@ def apply_config(config: ServeConfig, *, start: bool,
                       timeout_s=DEPLOY_TIMEOUT_S)
         progress(f"application {name!r} deleted")
     return instance
+
+
+def deploy_specs(instance: Instance, specs: list[AppSpec], wanted: set[str],
+                 progress: Callable[[str], None]) -> list[str]:
+    """Deploy `specs`; start deleting the applications a config deployed earlier that
+    are not `wanted` (as Ray: those a script's serve.run made stay). Returns those."""
+    applications = instance.call("details", timeout=10)["applications"]
+    removed = [name for name, app in applications.items()
+               if name not in wanted and app.get("source") == "declarative"]
+    for name in removed:  # first, so their route prefixes are free for the new apps
+        progress(f"deleting application {name!r}")
+        instance.call("delete", timeout=10, name=name, timeout_s=0.0)
+    for spec in specs:
+        verb = "updating" if spec.name in applications else "deploying"
+        progress(f"{verb} application {spec.name!r} "
+                 f"({len(spec.deployments)} deployment(s), route {spec.route_prefix})")
+        instance.call("deploy", timeout=30, app=spec)
+    return removed
 
 
 def _wait(instance: Instance, name: str, progress: Callable[[str], None]) -> None:

@@ -13,6 +13,7 @@ from surge.api.deployment import Application, build_app_spec
 from surge.api.instance import StartOptions, connect_or_start, current, disconnect, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
 from surge.config import AuthConfig, HTTPOptions, from_mapping
+from surge.config.weights import WeightStoreOptions
 from surge.errors import (
     ControllerUnavailableError,
     DeployFailedError,
@@ -38,6 +39,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           logging_config: LoggingConfig | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
+          weight_store: WeightStoreOptions | Mapping[str, Any] | bool | None = None,
           **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
@@ -48,7 +50,9 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     `logging_config` is Ray's (encoding, log_level, logs_dir, enable_access_log, ...);
     the dashboard and /metrics listen on `dashboard_host:dashboard_port` (default
     SURGE_DASHBOARD, else 127.0.0.1:52801; port 0: any free port; serve.status() shows
-    it). Both apply when this call starts surge; a running instance keeps its own.
+    it). `weight_store` (surge's own: `WeightStoreOptions`, a dict of its fields, or
+    False for none) configures each node's shared-memory weight store (surge.weights).
+    These apply when this call starts surge; a running instance keeps its own.
 
     `detached=True` starts an instance that outlives this process (as `surge start`):
     deploy and exit, the applications keep serving; `surge shutdown` or serve.shutdown()
@@ -65,12 +69,14 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
                                      port=dashboard.port if dashboard_port is None
-                                     else dashboard_port)
+                                     else dashboard_port, required=True)
     choice = BackendChoice(backend, (ray_address or caller_ray_address())
                            if backend == "ray" else ray_address)
     connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),
                                   backend=choice, logging=LoggingConfig.from_any(logging_config),
-                                  dashboard=dashboard), detached=detached)
+                                  dashboard=dashboard,
+                                  weights=WeightStoreOptions.from_any(weight_store)),
+                     detached=detached)
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,

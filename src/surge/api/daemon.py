@@ -51,7 +51,8 @@ def start_detached(address: str, options: StartOptions) -> dict[str, Any]:
     the caller's exit nor its terminal's Ctrl-C stops it."""
     spec = DaemonSpec(address=address, http=options.http, backend=options.backend.name,
                       ray_address=options.backend.ray_address, logging=options.logging,
-                      dashboard=options.dashboard, sys_path=user_sys_path())
+                      dashboard=options.dashboard, weights=options.weights,
+                      sys_path=user_sys_path())
     path = log_path(address, options)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*spec.sys_path,
@@ -74,10 +75,12 @@ def main() -> int:
         spec = read_spec(DaemonSpec)
         options = StartOptions(http=spec.http, backend=BackendChoice(spec.backend,
                                                                      spec.ray_address),
-                               logging=spec.logging, dashboard=spec.dashboard)
+                               logging=spec.logging, dashboard=spec.dashboard,
+                               weights=spec.weights)
         supervisor = Supervisor(spec.address, options, sys_path=spec.sys_path, detached=True)
     except Exception as exc:  # said to the starting process, which raises it
-        print(f"{CONTROLLER_ERROR} {exc}", flush=True)
+        reason = str(exc).removeprefix("could not start surge: ")  # it says that itself
+        print(f"{CONTROLLER_ERROR} {reason}", flush=True)
         return 1
     ready = {**supervisor.ready, "address": supervisor.address, "daemon_pid": os.getpid()}
     print(f"{CONTROLLER_READY} {json.dumps(ready)}", flush=True)

@@ -28,6 +28,7 @@ from typing import Any
 from surge.backends.choice import BackendChoice
 from surge.clock import SYSTEM
 from surge.config import HTTPOptions
+from surge.config.weights import WeightStoreOptions
 from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
 from surge.errors import RayServeException
@@ -54,6 +55,7 @@ class StartOptions:
     backend: BackendChoice = field(default_factory=BackendChoice)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     dashboard: DashboardOptions = field(default_factory=DashboardOptions.from_env)
+    weights: WeightStoreOptions = field(default_factory=WeightStoreOptions)
 
 
 class Supervisor:
@@ -93,7 +95,8 @@ class Supervisor:
             state_dir=self.state_dir, recover=recover,
             lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid(),
                               detached=self.detached),
-            logging=options.logging.resolved(), dashboard=options.dashboard)
+            logging=options.logging.resolved(), dashboard=options.dashboard,
+            weights=options.weights)
 
     def _launch(self, address: str,
                 recover: bool) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 from surge.backends.base import Backend
+from surge.config.weights import WeightStoreOptions
 from surge.errors import ConfigError
 from surge.launch import Membership
 
@@ -48,7 +49,8 @@ def caller_ray_address() -> str | None:
 
 
 def build_backend(choice: BackendChoice, membership: Membership,
-                  state_dir: str | None = None) -> Backend:
+                  state_dir: str | None = None,
+                  weights: WeightStoreOptions | None = None) -> Backend:
     """The backend, for a controller whose members are told `membership`."""
     if choice.name == "ray":
         try:
@@ -56,7 +58,7 @@ def build_backend(choice: BackendChoice, membership: Membership,
         except ImportError as exc:
             raise ConfigError(f"backend 'ray' needs Ray ({exc}); install it with "
                               "pip install 'surge[ray]'") from None
-        return RayBackend(membership, choice.ray_address, state_dir)
+        return RayBackend(membership, choice.ray_address, state_dir, weights)
     from surge.backends.local import LocalBackend
 
-    return LocalBackend(membership, state_dir)
+    return LocalBackend(membership, state_dir, weights=weights)

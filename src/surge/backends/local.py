@@ -5,9 +5,11 @@ is available, else started as fresh interpreters; the proxy is a child of the
 controller. Each gets its spec (surge.launch) on stdin. With a supervisor (the process
 that started the instance) they outlive the controller and leave with the supervisor;
 a restarted controller `adopt`s them by pid. Replicas listen on Unix sockets in the
-instance's state directory. GPUs are found from CUDA_VISIBLE_DEVICES or
-`nvidia-smi -L` and handed out as CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs
-are not reserved (processes may share cores).
+instance's state directory, where the node's weight store (surge.weights, one process
+beside the fork server) listens too; each replica's spec names that socket. GPUs are
+found from CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as
+CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved (processes may
+share cores).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from surge.backends.base import (
     ReplicaLaunch,
 )
 from surge.backends.forking import ForkServer, ForkServerError
+from surge.config.weights import WeightStoreOptions
 from surge.control_auth import TOKEN_ENV
 from surge.launch import Lifetime, Membership, Unix, encode, start_process
 from surge.process import open_pidfd, pid_gone
+from surge.weights.node import NodeStore
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -102,7 +106,8 @@ class LocalBackend:
     deaths_visible_at_once = True  # a member's pid is gone the moment it dies
 
     def __init__(self, membership: Membership, state_dir: str | None = None,
-                 gpus: list[str] | None = None, use_forkserver: bool = True) -> None:
+                 gpus: list[str] | None = None, use_forkserver: bool = True,
+                 weights: WeightStoreOptions | None = None) -> None:
         self.membership = membership
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
@@ -116,12 +121,18 @@ class LocalBackend:
         self._exits: list[Exit] = []  # seen before poll_exits asked
         # Processes a previous controller started: id -> (pid, pidfd or None).
         self.adopted: dict[str, tuple[int, int | None]] = {}
-        self.forkserver: ForkServer | None = None
-        if use_forkserver:
-            self.forkserver = ForkServer(self._env({}, ()))
         # Unsupervised, members die with this process (their parent).
         self.lifetime = Lifetime(supervisor_pid=membership.supervisor_pid,
                                  parent_pid=os.getpid())
+        self.weights: NodeStore | None = None
+        options = weights if weights is not None else WeightStoreOptions()
+        if options.enabled:
+            self.weights = NodeStore(options, os.path.join(self.socket_dir, "weights.sock"),
+                                     self.lifetime, membership.logging, self._env({}, ()))
+            self.weights.start_or_adopt()
+        self.forkserver: ForkServer | None = None
+        if use_forkserver:
+            self.forkserver = ForkServer(self._env({}, ()))
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
@@ -139,9 +150,10 @@ class LocalBackend:
         gpus = self.gpus.take(launch.replica_id, launch.resources.num_gpus)
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        store = self.weights.address if self.weights is not None else None
         spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
                                               launch.deployment.name, Unix(self.socket_dir),
-                                              self.lifetime))
+                                              self.lifetime, store))
         env = self._env(extra, launch.sys_path)
         if self.forkserver is not None:
             try:
@@ -199,6 +211,8 @@ class LocalBackend:
                 pass
 
     def poll_exits(self) -> list[Exit]:
+        if self.weights is not None:
+            self.weights.poll()
         exits, self._exits = self._exits, []
         for process_id, process in list(self.processes.items()):
             code = process.poll()
@@ -237,6 +251,8 @@ class LocalBackend:
     def close(self) -> None:
         if self.forkserver is not None:
             self.forkserver.close()
+        if self.weights is not None:
+            self.weights.close()
         for _, pidfd in self.adopted.values():
             if pidfd is not None:
                 os.close(pidfd)

@@ -19,6 +19,11 @@ each process landed on, once its actor has started it.
 
 Actors are detached, so processes outlive a crashed controller; a restarted one
 `adopt`s them by name (namespace "surge", name "<instance>/<process id>").
+
+Weight store: one per node (surge.weights). A replica's spec asks for "its node's
+store" (`NodeWeightStore`); the host actor that starts the first replica on a node
+starts the store there in an actor of its own (`<instance>/weights/<node id>`,
+ray_host.py). `close` kills those actors; their stores' guardians unlink the entries.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
 from surge.backends.ray_host import ProcessHost
 from surge.clock import SYSTEM
+from surge.config.weights import WeightStoreOptions
 from surge.errors import ConfigError
-from surge.launch import ORPHAN_TIMEOUT_S, Lifetime, Membership, Tcp, encode
+from surge.launch import ORPHAN_TIMEOUT_S, Lifetime, Membership, NodeWeightStore, Tcp, encode
 
 __all__ = ["RayBackend"]
 
@@ -75,7 +81,8 @@ class RayBackend:
     deaths_visible_at_once = False  # a lost node is noticed after Ray's health checks
 
     def __init__(self, membership: Membership, ray_address: str | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None,
+                 weights: WeightStoreOptions | None = None) -> None:
         if not ray.is_initialized():
             try:
                 ray.init(address=ray_address or "auto", namespace=NAMESPACE,
@@ -97,6 +104,8 @@ class RayBackend:
         # Actor names are scoped to the instance (its state directory survives restarts).
         self.instance = (os.path.basename(state_dir) if state_dir
                          else self.membership.controller)
+        options = weights if weights is not None else WeightStoreOptions()
+        self.weights = NodeWeightStore(self.instance, options) if options.enabled else None
         log.info("ray backend: head node %s (%s), controller at %s", head[:12],
                  self.head.node_ip, self.membership.controller)
 
@@ -179,7 +188,8 @@ class RayBackend:
                   **dict(resources.resources)}
         self._check_fits(launch, {k: v for k, v in demand.items() if v > 0})
         spec = self.membership.replica(launch.replica_id, launch.deployment.app,
-                                       launch.deployment.name, Tcp(also_unix=True), PLACED)
+                                       launch.deployment.name, Tcp(also_unix=True), PLACED,
+                                       self.weights)
         options: dict[str, Any] = {"num_cpus": resources.num_cpus,
                                    "num_gpus": resources.num_gpus}
         if resources.resources:
@@ -299,4 +309,12 @@ class RayBackend:
             except ray.exceptions.RayError:
                 pass
         self.hosts.clear()
+        if self.weights is not None:  # the nodes' stores, started by replicas' hosts
+            for node in self.nodes(fresh=True):
+                try:
+                    store = ray.get_actor(f"{self.instance}/weights/{node['NodeID']}",
+                                          namespace=NAMESPACE)
+                    ray.kill(store, no_restart=True)
+                except (ValueError, ray.exceptions.RayError):
+                    pass
         ray.shutdown()

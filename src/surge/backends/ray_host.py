@@ -13,6 +13,13 @@ it raise instead. The actor is detached and named, so it outlives a controller t
 crashes and a restarted controller finds it by name. A live controller kills the actor
 as soon as it sees the child's exit; an actor still there ORPHAN_EXIT_S later has no
 controller, and leaves by itself, so a dead replica does not hold its GPU forever.
+
+One host per node also runs the node's weight store (surge.weights): the host of the
+first replica on a node whose spec asks for its node's store (`NodeWeightStore`)
+creates, or finds, the detached actor `<instance>/weights/<node id>` pinned to its node,
+has it start `surge.weights` on a socket it binds first (so the replica can connect at
+once), and hands the replica that socket's path. `start` is idempotent, so hosts racing
+for one node's store start one.
 """
 
 from __future__ import annotations
@@ -26,7 +33,19 @@ from typing import Any
 import msgspec
 
 from surge.control_auth import TOKEN_ENV
-from surge.launch import ProxyProcessSpec, ReplicaProcessSpec, encode, start_process
+from surge.launch import (
+    ORPHAN_TIMEOUT_S,
+    Lifetime,
+    NodeWeightStore,
+    ProxyProcessSpec,
+    ReplicaProcessSpec,
+    WeightStoreProcessSpec,
+    encode,
+    start_process,
+)
+from surge.weights.node import bind_store_socket
+
+Launch = ReplicaProcessSpec | ProxyProcessSpec | WeightStoreProcessSpec
 
 __all__ = ["ProcessHost"]
 
@@ -46,8 +65,14 @@ class ProcessHost:
         """Start the child (from the event loop's thread: it outlives every call, so the
         child's parent-death signal fires only when the actor itself dies). If it cannot
         be started, `wait` and `describe` raise the reason instead of waiting forever."""
+        if self.process is not None and self.process.poll() is None:
+            return self.info  # a node's store, asked for by a second replica's host
         try:
-            self.info = self._start(module, spec, env)
+            launch = msgspec.json.decode(spec, type=Launch)
+            if isinstance(launch, ReplicaProcessSpec) and isinstance(launch.weight_store,
+                                                                     NodeWeightStore):
+                launch = await self._with_node_store(launch, launch.weight_store)
+            self.info = self._start(module, launch, env)
         except BaseException as exc:
             self.failure = exc
             raise
@@ -56,20 +81,57 @@ class ProcessHost:
         asyncio.get_running_loop().create_task(self._leave_when_orphaned())
         return self.info
 
-    def _start(self, module: str, spec: bytes, env: dict[str, str]) -> dict[str, Any]:
+    async def _with_node_store(self, launch: ReplicaProcessSpec,
+                               store: NodeWeightStore) -> ReplicaProcessSpec:
+        """The replica's spec naming its node's store, started first if need be (None,
+        so that it loads privately, if the store cannot be had)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        context = ray.get_runtime_context()
+        node = context.get_node_id()
+        path = store.socket_path(node)
+        spec = WeightStoreProcessSpec(options=store.options, socket_path=path, node_id=node,
+                                      lifetime=Lifetime(orphan_timeout_s=ORPHAN_TIMEOUT_S),
+                                      logging=launch.logging)
+        try:
+            host: Any = ray.remote(ProcessHost).options(
+                name=f"{store.instance}/weights/{node}", namespace=context.namespace,
+                lifetime="detached", get_if_exists=True, max_restarts=0, num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            await host.start.remote("surge.weights", encode(spec), {})
+        except Exception as exc:  # Ray's errors, or the store's: serve without it
+            print(f"surge: no weight store on node {node[:12]} ({exc!r}); replicas there "
+                  "load weights privately", file=sys.stderr, flush=True)
+            return msgspec.structs.replace(launch, weight_store=None)
+        return msgspec.structs.replace(launch, weight_store=path)
+
+    def _start(self, module: str, launch: Launch, env: dict[str, str]) -> dict[str, Any]:
         import ray
 
         context = ray.get_runtime_context()
         node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        launch = msgspec.json.decode(spec, type=ReplicaProcessSpec | ProxyProcessSpec)
-        placed = msgspec.structs.replace(
-            launch, node_id=context.get_node_id(), node_ip=node_ip,
-            lifetime=msgspec.structs.replace(launch.lifetime, parent_pid=os.getpid()))
+        lifetime = msgspec.structs.replace(launch.lifetime, parent_pid=os.getpid())
         full = {**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **env}
         gpus = [str(gpu) for gpu in ray.get_gpu_ids()]
         if gpus:
             full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        self.process = start_process([sys.executable, "-m", module], encode(placed), full)
+        argv = [sys.executable, "-m", module]
+        if isinstance(launch, WeightStoreProcessSpec):
+            listener = bind_store_socket(launch.socket_path)
+            try:
+                placed_store = msgspec.structs.replace(
+                    launch, node_id=context.get_node_id(), lifetime=lifetime,
+                    listen_fd=listener.fileno())
+                self.process = start_process(argv, encode(placed_store), full,
+                                             pass_fds=(listener.fileno(),))
+            finally:
+                listener.close()
+            return {"pid": self.process.pid, "node_id": context.get_node_id(),
+                    "node_ip": node_ip, "gpus": gpus, "store": True}
+        placed = msgspec.structs.replace(launch, node_id=context.get_node_id(),
+                                         node_ip=node_ip, lifetime=lifetime)
+        self.process = start_process(argv, encode(placed), full)
         return {"pid": self.process.pid, "node_id": context.get_node_id(), "node_ip": node_ip,
                 "gpus": gpus}
 
@@ -102,5 +164,6 @@ class ProcessHost:
         assert self.process is not None
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.process.wait)
-        await asyncio.sleep(ORPHAN_EXIT_S)
+        if not self.info.get("store"):  # a store's host goes at once: the next replica
+            await asyncio.sleep(ORPHAN_EXIT_S)  # on its node makes a new one
         os._exit(0)

@@ -15,8 +15,8 @@ from typing import Any
 
 from surge.errors import ConfigError
 
-__all__ = ["add_parsers", "build_command", "config_command", "deploy_command",
-           "is_config_path", "lint_command", "run_config"]
+__all__ = ["add_parsers", "build_command", "config_command", "deploy_command", "grpc_flags",
+           "instance_address_flag", "is_config_path", "lint_command", "run_config"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -32,15 +32,15 @@ def add_parsers(commands: Any) -> None:
                     "with builder arguments as key=value) to a running surge instance: "
                     "changed user_config reconfigures replicas in place, other changes "
                     "roll them (new replicas serve before old ones drain), applications "
-                    "missing from the file are deleted. `-a http://HOST:PORT` deploys "
-                    "through the dashboard's REST API, as Ray's `serve deploy`.")
+                    "an earlier config deployed and the file lacks are deleted. "
+                    "`-a http://HOST:PORT` deploys through the dashboard's REST API, "
+                    "as Ray's `serve deploy`.")
     deploy.add_argument("config_or_import_path",
                         help="config file (YAML), or an import path such as main:app")
     deploy.add_argument("arguments", nargs="*", metavar="key=value",
                         help="arguments of an application builder function")
     deploy.add_argument("--name", help="application name (import path only)")
-    deploy.add_argument("-a", "--address",
-                        help="control address host:port, or a dashboard URL http://host:port")
+    instance_address_flag(deploy)
     _runtime_env_flags(deploy)
 
     build = commands.add_parser(
@@ -52,18 +52,14 @@ def add_parsers(commands: Any) -> None:
                        help="directory to import the applications from (default: .)")
     build.add_argument("-o", "--output-path", "--output", dest="output",
                        help="write here instead of stdout")
-    build.add_argument("--grpc-servicer-functions", action="append", default=[],
-                       help=argparse.SUPPRESS)
-    build.add_argument("--grpc-enable-reflection", "--grpc-disable-reflection",
-                       action="store_true", help=argparse.SUPPRESS)
+    grpc_flags(build)
 
     config = commands.add_parser(
         "config", help="print the deployed configs, or check a file (config lint)",
         description="Without a subcommand, print the config each application was "
                     "deployed with (as Ray's `serve config`); `config lint FILE` checks a "
                     "file.")
-    config.add_argument("-a", "--address",
-                        help="control address host:port, or a dashboard URL http://host:port")
+    instance_address_flag(config)
     config.add_argument("-n", "--name", help="only this application's config")
     actions = config.add_subparsers(dest="config_command")
     lint = actions.add_parser(
@@ -76,6 +72,19 @@ def add_parsers(commands: Any) -> None:
     lint.add_argument("--no-import", action="store_true",
                       help="do not import the applications (skip code-level checks)")
     lint.add_argument("--json", action="store_true", help="print findings as JSON")
+
+
+def instance_address_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-a", "--address",
+                        help="control address host:port, or a dashboard URL http://host:port")
+
+
+def grpc_flags(parser: argparse.ArgumentParser) -> None:
+    """Ray's gRPC flags: accepted (surge has no gRPC ingress yet), hidden from --help."""
+    parser.add_argument("--grpc-servicer-functions", action="append", default=[],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-enable-reflection", "--grpc-disable-reflection",
+                        action="store_true", help=argparse.SUPPRESS)
 
 
 def _runtime_env_flags(parser: argparse.ArgumentParser) -> None:

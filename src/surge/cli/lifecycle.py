@@ -303,6 +303,11 @@ def _print_status(data: dict[str, Any]) -> None:
         for dname, dep in app["deployments"].items():
             states = " ".join(f"{k}={v}" for k, v in sorted(dep["replica_states"].items()))
             print(f"  {dname:<18} {dep['status']:<12} target {dep['target_replicas']}  {states}")
+            models = [f"{r['replica_id']}: {', '.join(r['models'])}"
+                      for r in data.get("replicas", ())
+                      if r.get("models") and r["app"] == name and r["deployment"] == dname]
+            if models:
+                print(f"  {'':<18} models  {'; '.join(sorted(models))}")
             rates = dep.get("rates") or {}
             if rates:
                 print(f"  {'':<18} {rates['offered_per_s']:,.0f} req/s offered, "

@@ -64,14 +64,12 @@ def _parser() -> _Parser:
     _start_parser(commands)
     _run_parser(commands)
     status = commands.add_parser("status", help="applications, deployments and replicas")
-    status.add_argument("-a", "--address",
-                        help="control address host:port, or a dashboard URL http://host:port")
+    _config_cmds.instance_address_flag(status)
     status.add_argument("-n", "--name", help="only this application")
     status.add_argument("--json", action="store_true", help="print JSON")
     shutdown = commands.add_parser("shutdown", help="stop the instance: every application, "
                                                     "replica, proxy and its daemon")
-    shutdown.add_argument("-a", "--address",
-                          help="control address host:port, or a dashboard URL http://host:port")
+    _config_cmds.instance_address_flag(shutdown)
     shutdown.add_argument("-y", "--yes", action="store_true",
                           help="do not ask for confirmation (a script is never asked)")
     _config_cmds.add_parsers(commands)
@@ -107,10 +105,7 @@ def _start_parser(commands: Any) -> None:
     start.add_argument("--dashboard-port", type=int,
                        help="dashboard port (default 52801; 0: any free port)")
     start.add_argument("--grpc-port", type=int, help=argparse.SUPPRESS)
-    start.add_argument("--grpc-servicer-functions", action="append", default=[],
-                       help=argparse.SUPPRESS)
-    start.add_argument("--grpc-enable-reflection", "--grpc-disable-reflection",
-                       action="store_true", help=argparse.SUPPRESS)
+    _config_cmds.grpc_flags(start)
 
 
 def _run_parser(commands: Any) -> None:

@@ -20,7 +20,7 @@ from surge.errors import ControllerUnavailableError, RayServeException
 __all__ = ["Dashboard", "details", "is_dashboard_url", "status_from_details"]
 
 APPLICATIONS = "/api/serve/applications/"
-REQUEST_TIMEOUT_S = 330.0  # a PUT builds the applications first (rest.APPLY_TIMEOUT_S)
+REQUEST_TIMEOUT_S = 60.0  # a PUT answers within seconds (controller/rest_builds.py)
 
 
 def is_dashboard_url(address: str | None) -> bool:

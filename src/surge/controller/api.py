@@ -135,6 +135,14 @@ class ControlApi:
         for did in self.state.apps[app.name].ids():
             self.publisher.replica_set(did, force=True)
 
+    async def rpc_build_failed(self, peer: Peer, name: str, message: str,
+                               source_config: dict[str, Any], route_prefix: str | None) -> None:
+        """A config's application did not build (Ray's REST PUT answered already):
+        DEPLOY_FAILED with the reason."""
+        desired.build_failed(self.state, name, message, source_config, route_prefix,
+                             self.clock.wall())
+        await self.notify()
+
     async def rpc_wait_app(self, peer: Peer, name: str, timeout_s: float | None = None
                            ) -> ApplicationStatusOverview | None:
         done = {ApplicationStatus.RUNNING, ApplicationStatus.DEPLOY_FAILED}
@@ -182,7 +190,9 @@ class ControlApi:
     async def rpc_replicas(self, peer: Peer) -> list[dict[str, Any]]:
         return [{"replica_id": r.replica_id, "app": r.deployment.app,
                  "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
-                 "version": r.version} for r in self.state.replicas.values()]
+                 "version": r.version,
+                 "models": list(self.observer.replica_models.get(r.replica_id, ()))}
+                for r in self.state.replicas.values()]
 
     async def rpc_shutdown(self, peer: Peer) -> None:
         self.shutdown()
@@ -253,7 +263,8 @@ class ControlApi:
                  and len(state.running_current(deployment.id)) >= deployment.target)
         replica.move(ReplicaState.STANDBY if spare else ReplicaState.RUNNING)
         replica.next_health_check = now + deployment.config.health_check_period_s
-        deployment.constructor_failures, deployment.ever_running = 0, True
+        if replica.version == deployment.version:  # an old one's start proves nothing new
+            deployment.constructor_failures, deployment.version_ran = 0, True
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)
@@ -268,8 +279,7 @@ class ControlApi:
             return
         deployment = self.state.deployments.get(replica.deployment)
         if deployment is not None and replica.version == deployment.version:
-            deployment.constructor_failures += 1
-            deployment.last_error = error
+            self.state.start_failed(deployment, error, self.clock.monotonic())
         if replica.alive:
             replica.move(ReplicaState.FAILED)
         await self.notify()

@@ -195,7 +195,7 @@ class Controller:
             return
         record.last_urgent_decision = now
         self._autoscale(record, now, self.state.replicas_of(did), self.load.peek(did, now))
-        self.executor.apply(reconcile_deployment(self.state, did))
+        self.executor.apply(reconcile_deployment(self.state, did, now))
 
     def _autoscale(self, record: DeploymentRecord, now: float, replicas: list[ReplicaRecord],
                    open_bucket: LoadSample | None = None) -> None:

@@ -17,7 +17,7 @@ from surge.controller.state import AppRecord, ControllerState, DeploymentRecord
 from surge.errors import ConfigError
 from surge.model import DeploymentId
 
-__all__ = ["delete", "deploy"]
+__all__ = ["build_failed", "delete", "deploy"]
 
 
 def deploy(state: ControllerState, app: AppSpec, wall: float) -> list[Reconfigure]:
@@ -48,6 +48,22 @@ def deploy(state: ControllerState, app: AppSpec, wall: float) -> list[Reconfigur
     return actions
 
 
+def build_failed(state: ControllerState, name: str, message: str,
+                 source_config: dict[str, object], route_prefix: str | None,
+                 wall: float) -> None:
+    """A config's application could not be built: it is DEPLOY_FAILED with the reason,
+    as Ray reports it. An application that ran keeps its deployments; a new one is a
+    record with none (no route)."""
+    app = state.apps.get(name)
+    if app is None:
+        state.apps[name] = AppRecord(name, route_prefix, "", (), wall,
+                                     source_config=source_config, build_error=message)
+        return
+    app.build_error = message or "the application could not be built"
+    app.source_config = source_config
+    app.deployed_at = wall
+
+
 def _update(state: ControllerState, record: DeploymentRecord, spec: DeploymentSpec,
             sys_path: tuple[str, ...]) -> list[Reconfigure]:
     target = spec.config.initial_replicas
@@ -58,6 +74,7 @@ def _update(state: ControllerState, record: DeploymentRecord, spec: DeploymentSp
     if record.code_version != spec.code_version:
         record.version += 1
         record.code_version = spec.code_version
+        record.version_ran = False
     elif record.config.user_config != spec.config.user_config:
         actions = [Reconfigure(r.replica_id, spec.config.user_config)
                    for r in state.running(record.id)]
@@ -75,8 +92,11 @@ def delete(state: ControllerState, name: str) -> bool:
     app = state.apps.get(name)
     if app is None:
         return False
-    for did in app.ids():
-        if did in state.deployments:
-            _delete_deployment(state.deployments[did])
+    live = [did for did in app.ids() if did in state.deployments]
+    if not live:  # nothing to drain (an application that never built): gone at once
+        del state.apps[name]
+        return True
+    for did in live:
+        _delete_deployment(state.deployments[did])
     app.route_prefix, app.deleting = None, True
     return True

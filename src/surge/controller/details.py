@@ -47,9 +47,10 @@ def empty_details() -> dict[str, Any]:
     return {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
 
 
-def instance_details(state: ControllerState, clock: Clock,
-                     controller_pid: int) -> dict[str, Any]:
-    """The details now; `clock` turns the state's monotonic times into wall seconds."""
+def instance_details(state: ControllerState, clock: Clock, controller_pid: int,
+                     source: str | None = None) -> dict[str, Any]:
+    """The details now; `clock` turns the state's monotonic times into wall seconds;
+    `source` ("declarative" or "imperative") keeps only the applications deployed so."""
     offset = clock.wall() - clock.monotonic()
 
     def wall_of(monotonic: float) -> float:
@@ -74,7 +75,8 @@ def instance_details(state: ControllerState, clock: Clock,
                                  "status": "HEALTHY"}
                     for p in state.proxies.values()},
         "applications": {name: _application(state, name, groups, wall_of)
-                         for name in state.apps},
+                         for name in state.apps
+                         if source is None or _source(state, name) == source},
         "target_capacity": None,
         "target_groups": [],
     }
@@ -111,8 +113,13 @@ def _application(state: ControllerState, name: str, groups: Groups,
             "status": status.value, "message": overview.message,
             "last_deployed_time_s": app.deployed_at,
             "deployed_app_config": dict(app.source_config) if app.source_config else None,
-            "source": "declarative" if app.source_config else "imperative",
+            "source": _source(state, name),
             "deployments": deployments, "external_scaler_enabled": False}
+
+
+def _source(state: ControllerState, name: str) -> str:
+    """Ray's APIType: a config (surge deploy, a REST PUT) is declarative, serve.run not."""
+    return "declarative" if state.apps[name].source_config else "imperative"
 
 
 def deployment_schema(config: DeploymentConfig) -> dict[str, Any]:

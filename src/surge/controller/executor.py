@@ -183,6 +183,7 @@ class Executor:
     def _reconfigure(self, action: Reconfigure) -> None:
         replica = self.state.replicas.get(action.replica_id)
         if replica is not None and replica.peer is not None:
+            replica.reconfiguring = True  # the deployment reads UPDATING until it has it
             self.spawn(self._send_config(replica, action.user_config))
 
     async def _send_config(self, replica: ReplicaRecord, user_config: Any) -> None:
@@ -193,16 +194,18 @@ class Executor:
             log.error("reconfigure of replica %s failed: %s; replacing it",
                       replica.replica_id, exc)
             self._fail(FailReplica(replica.replica_id, f"reconfigure failed: {exc}"))
+        finally:
+            replica.reconfiguring = False
 
     def _replica_exited(self, action: ReplicaExited) -> None:
         replica = self.state.remove_replica(action.replica_id)
         if replica is None:
             return
         record = self.state.deployments.get(replica.deployment)
-        if action.before_ready and record is not None:
-            record.constructor_failures += 1
-            record.last_error = record.last_error or (
-                f"replica process exited with code {action.returncode} before it was ready")
+        if action.before_ready and record is not None and replica.version == record.version:
+            self.state.start_failed(record, record.last_error or (
+                f"replica process exited with code {action.returncode} before it was ready"),
+                self.clock.monotonic())
         elif replica.state is ReplicaState.RUNNING:
             log.warning("replica %s of %s died (exit code %s); replacing it",
                         replica.replica_id, replica.deployment, action.returncode)
@@ -255,7 +258,7 @@ class Executor:
     def _adopt_replica(self, action: AdoptReplica) -> None:
         info, now = action.info, self.clock.monotonic()
         record = self.state.deployments[info.deployment]
-        record.ever_running = True
+        record.version_ran = record.version_ran or action.version == record.version
         self.state.add_replica(ReplicaRecord(
             info.replica_id, info.deployment, action.version, now, state=ReplicaState.RUNNING,
             pid=info.pid, info=info, peer=action.peer,

@@ -12,6 +12,7 @@ controller's proxies and replicas before it starts any.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import os
@@ -53,7 +54,7 @@ async def serve(spec: ControllerProcessSpec) -> int:
     bound = f"{host}:{server.sockets[0].getsockname()[1]}"
     try:
         backend = build_backend(BackendChoice(spec.backend, spec.ray_address),
-                                spec.membership(bound), spec.state_dir)
+                                spec.membership(bound), spec.state_dir, spec.weights)
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         server.close()
@@ -66,8 +67,20 @@ async def serve(spec: ControllerProcessSpec) -> int:
         controller.restore()
     loop.add_signal_handler(signal.SIGTERM, lambda: controller.spawn(controller.shutdown()))
     runner = loop.create_task(controller.run())
-    dashboard = await start_dashboard(controller.observer, spec.dashboard,
-                                      _rest_api(controller, spec))
+    try:
+        # A restart serves on without it rather than not at all.
+        options = dataclasses.replace(spec.dashboard, required=False) if spec.recover \
+            else spec.dashboard
+        dashboard = await start_dashboard(controller.observer, options,
+                                          _rest_api(controller, spec))
+    except OSError as exc:  # a dashboard (and REST API) address asked for is taken
+        announce(f"{ERROR} cannot serve the dashboard on {spec.dashboard.host}:"
+                 f"{spec.dashboard.port}: {exc.strerror or exc}; choose another "
+                 "dashboard port")
+        runner.cancel()
+        await controller.shutdown()
+        server.close()
+        return 1
     await asyncio.wait_for(controller.recovery.done.wait(), RECOVERY_TIMEOUT_S + 5.0)
     code = 0
     if not controller.state.stopping:  # not shut down while it recovered

@@ -95,6 +95,7 @@ class Observer:
         self.replica_started: dict[str, tuple[str, str]] = {}  # id -> app, deployment
         self.replica_gauges: dict[str, tuple[str, str, float]] = {}  # id -> app, dep, value
         self.replica_seen: dict[str, float] = {}
+        self.replica_models: dict[str, tuple[str, ...]] = {}  # multiplexed replicas'
         self.proxy_gauges: dict[str, tuple[float, Mapping[str, float]]] = {}
         self.offered: dict[DeploymentId, int] = {}
         self.completed: dict[DeploymentId, int] = {}
@@ -126,6 +127,8 @@ class Observer:
             self.replica_seen[report.source] = now
             self.replica_gauges[report.source] = (report.app, report.deployment,
                                                   float(report.gauges.get("processing", 0)))
+            if report.models or report.source in self.replica_models:
+                self.replica_models[report.source] = report.models
             if report.first:
                 key = (report.app, report.deployment)
                 self.replica_starts[key] = self.replica_starts.get(key, 0) + 1
@@ -263,6 +266,7 @@ class Observer:
         stopped = [r for r in self.replica_gauges if r not in alive]
         for replica in stopped:
             del self.replica_gauges[replica]  # a stopped replica processes nothing
+            self.replica_models.pop(replica, None)
         if stopped:
             self.user.drop_gauges(stopped)
 
@@ -329,7 +333,8 @@ class Observer:
                     for dname, d in overview.deployments.items()}}
         replicas = [{"replica_id": r.replica_id, "application": r.deployment.app,
                      "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
-                     "version": r.version, "health_failures": r.health_failures}
+                     "version": r.version, "health_failures": r.health_failures,
+                     "models": list(self.replica_models.get(r.replica_id, ()))}
                     for r in state.replicas.values()]
         return {"control_address": state.address, "http_address": state.proxy_address,
                 "applications": apps, "replicas": replicas,

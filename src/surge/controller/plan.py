@@ -81,7 +81,7 @@ def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]
     groups = state.by_deployment()
     for did in state.deployments:
         replicas = groups.get(did, [])
-        changes = reconcile_deployment(state, did, replicas)
+        changes = reconcile_deployment(state, did, now, replicas)
         stopping = {a.replica_id for a in changes if isinstance(a, StopReplica)}
         actions += changes
         actions += _health([r for r in replicas if r.replica_id not in stopping], now)
@@ -94,9 +94,10 @@ def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]
     return actions
 
 
-def reconcile_deployment(state: ControllerState, did: DeploymentId,
+def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
                          replicas: Sequence[ReplicaRecord] | None = None) -> list[Action]:
-    """Starts, activations and drains that bring the deployment to its target."""
+    """Starts, activations and drains that bring the deployment to its target (no
+    starts while it backs off after a failed one)."""
     record = state.deployments[did]
     group = state.replicas_of(did) if replicas is None else replicas
     if state.failed(did, group):
@@ -110,7 +111,8 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId,
     for action in policy.reconcile(record.target, record.version, observed,
                                    record.standby_wanted, rollout):
         if isinstance(action, policy.StartReplicas):
-            actions.append(StartReplicas(did, action.count, action.reason))
+            if now >= record.start_not_before:
+                actions.append(StartReplicas(did, action.count, action.reason))
         else:
             actions.append(action)
     return actions

@@ -36,7 +36,7 @@ class Publisher:
     def routes(self) -> RouteTable:
         return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
                                 for a in self.state.apps.values()
-                                if a.route_prefix is not None))
+                                if a.route_prefix is not None and a.ingress))
 
     def add_proxy(self, peer: Peer) -> None:
         self.proxies.add(peer)
@@ -68,7 +68,8 @@ class Publisher:
                          key=lambda info: info.replica_id)
         config = record.config
         share = queue_share(config.queue_limit, len(watchers))
-        unavailable = UNAVAILABLE_FAILED if self.state.failed(did) else ""
+        # Failed with nothing running: answered at once (an old version may still serve).
+        unavailable = UNAVAILABLE_FAILED if not running and self.state.failed(did) else ""
         backpressure = config.backpressure_config
         key = (tuple(running), config.max_ongoing_requests, share, unavailable, backpressure)
         if not force and self._pushed.get(did) == key:

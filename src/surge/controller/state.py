@@ -48,6 +48,8 @@ __all__ = [
 
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
+START_BACKOFF_S = 0.5  # after a replica failed to start; doubles per failure in a row
+START_BACKOFF_MAX_S = 30.0
 
 
 class Peer(Protocol):
@@ -79,6 +81,7 @@ class ReplicaRecord:
     health_check_running: bool = False
     health_failures: int = 0
     stop_deadline: float | None = None  # killed if still alive after this
+    reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
 
     def __repr__(self) -> str:
         return (f"<Replica {self.replica_id} {self.state.value} v{self.version} "
@@ -107,7 +110,10 @@ class DeploymentRecord:
     standby_floor: int = 0  # from the autoscaling schedule in force now
     last_urgent_decision: float = float("-inf")
     startups_seen: int = 0
-    ever_running: bool = False  # a replica of it has served (a failure then is UNHEALTHY)
+    # A replica of the current version has served: a failure then is UNHEALTHY, not a
+    # failed deploy (or update).
+    version_ran: bool = False
+    start_not_before: float = float("-inf")  # monotonic: backoff after a failed start
 
     def __repr__(self) -> str:
         return (f"<Deployment {self.id} v{self.version} target={self.target}"
@@ -139,6 +145,9 @@ class AppRecord:
     deployed_at: float  # wall seconds
     auth: AccessTokens | None = None  # token digests its HTTP route requires
     source_config: Mapping[str, Any] | None = None  # its config entry, if deployed from one
+    # The last config for it failed to build (import error, bad args): DEPLOY_FAILED with
+    # this message, while what it had keeps serving. Cleared by the next deploy.
+    build_error: str = ""
     deleting: bool = False
     ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 
@@ -188,6 +197,16 @@ class ControllerState:
 
     # -- queries --------------------------------------------------------------------------
 
+    @staticmethod
+    def start_failed(record: DeploymentRecord, error: str, now: float) -> None:
+        """A replica of its current version failed to start: count it, and wait before
+        the next start (0.5 s, doubling up to 30 s), so a constructor that keeps failing
+        is not restarted every tick."""
+        record.constructor_failures += 1
+        record.last_error = error
+        record.start_not_before = now + min(START_BACKOFF_MAX_S, START_BACKOFF_S * 2 ** min(
+            record.constructor_failures - 1, 16))
+
     def proxy_node(self, proxy_id: str) -> str:
         """The node a proxy runs on: a node proxy's, else the head's."""
         node = self.node_proxies.get(proxy_id)
@@ -214,12 +233,16 @@ class ControllerState:
         return [r for r in group if r.state is ReplicaState.RUNNING and r.version == version]
 
     def failed(self, did: DeploymentId, replicas: Iterable[ReplicaRecord] | None = None) -> bool:
-        """Its replicas failed to start max_constructor_retry_count times in a row and
-        none runs: no replica will come."""
+        """Its replicas failed to start max_constructor_retry_count times in a row, and
+        either its current version never ran (the deploy or the update failed, as Ray
+        stops it: the old version's replicas keep serving) or none runs now."""
         record = self.deployments[did]
+        if record.constructor_failures < record.config.max_constructor_retry_count:
+            return False
+        if not record.version_ran:
+            return True
         group = self.replicas_of(did) if replicas is None else replicas
-        return (record.constructor_failures >= record.config.max_constructor_retry_count
-                and not any(r.state is ReplicaState.RUNNING for r in group))
+        return not any(r.state is ReplicaState.RUNNING for r in group)
 
     # -- status (no side effects) ------------------------------------------------------
 
@@ -231,9 +254,10 @@ class ControllerState:
         for replica in replicas:
             counts[replica.state.value] = counts.get(replica.state.value, 0) + 1
         current = self.running_current(did, replicas)
-        outdated = [r for r in replicas if r.version != record.version and r.alive]
-        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until a replica ever ran
-            status = (DeploymentStatus.UNHEALTHY if record.ever_running
+        outdated = [r for r in replicas if (r.version != record.version or r.reconfiguring)
+                    and r.alive]
+        if self.failed(did, replicas):  # as Ray: DEPLOY_FAILED until its version ever ran
+            status = (DeploymentStatus.UNHEALTHY if record.version_ran
                       else DeploymentStatus.DEPLOY_FAILED)
             message = record.last_error
         elif len(current) == record.target and not outdated:
@@ -257,7 +281,9 @@ class ControllerState:
                   if self.failed(did, groups.get(did, []))]
         if app.deleting:
             status, message = ApplicationStatus.DELETING, ""
-        elif failed and not app.ever_running:
+        elif app.build_error:
+            status, message = ApplicationStatus.DEPLOY_FAILED, app.build_error
+        elif any(not d.version_ran for d in failed):  # the deploy or the update failed
             status = ApplicationStatus.DEPLOY_FAILED
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)

@@ -64,11 +64,12 @@ class DashboardServer:
         return f"<DashboardServer {self.url or 'not listening'}>"
 
     async def start(self, options: DashboardOptions) -> str:
-        """Listen (a busy port falls back to a free one, with a warning); return the URL."""
+        """Listen (a busy default port falls back to a free one, with a warning; a port
+        asked for explicitly does not); return the URL."""
         try:
             self.server = await asyncio.start_server(self._serve, options.host, options.port)
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or options.port == 0:
+            if exc.errno != errno.EADDRINUSE or options.port == 0 or options.required:
                 raise
             self.server = await asyncio.start_server(self._serve, options.host, 0)
             log.warning("dashboard port %d is in use; serving the dashboard and /metrics on "
@@ -135,7 +136,7 @@ class DashboardServer:
             if not length.isdigit() or int(length) > MAX_BODY_BYTES:
                 return 413, "text/plain", b"the body is too large (or its length unreadable)"
             body = await asyncio.wait_for(reader.readexactly(int(length)), REQUEST_TIMEOUT_S)
-            return await self.rest.handle(method, target.path, headers, body)
+            return await self.rest.handle(method, target.path, headers, body, target.query)
         if method != "GET":
             return 405, "text/plain", b"only GET"
         return self.respond_get(target.path, target.query)
@@ -172,7 +173,9 @@ async def start_dashboard(observer: Observer, options: DashboardOptions,
     try:
         server = DashboardServer(observer, rest)
         await server.start(options)
-    except OSError as exc:  # never the controller's end: it serves without a dashboard
+    except OSError as exc:  # unless asked for, not the controller's end: it serves on
+        if options.required:
+            raise
         log.warning("cannot serve the dashboard on %s:%d: %s; metrics and the dashboard are "
                     "off", options.host, options.port, exc.strerror or exc)
         return None

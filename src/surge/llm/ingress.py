@@ -12,7 +12,7 @@ every model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from surge.llm.asgi import (
@@ -42,8 +42,8 @@ class OpenAiIngress:
     def __repr__(self) -> str:
         return f"<OpenAiIngress models={sorted(self.handles)}>"
 
-    async def __serve_build_asgi_app__(self) -> OpenAiIngress:
-        return self
+    async def __serve_build_asgi_app__(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        return self.asgi  # not __call__: Ray's ingress() refuses classes that define one
 
     def handle_for(self, model: str | None) -> Any:
         if model is None:
@@ -56,7 +56,7 @@ class OpenAiIngress:
             raise unknown_model(model)
         return handle
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         body = await read_body(receive)

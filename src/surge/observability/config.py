@@ -120,6 +120,10 @@ class DashboardOptions:
     host: str = DEFAULT_DASHBOARD_HOST
     port: int = DEFAULT_DASHBOARD_PORT
     enabled: bool = True
+    # Asked for explicitly (serve.start(dashboard_port=...), `surge start --dashboard-*`):
+    # an instance that cannot bind it does not start (the REST API must be where tools
+    # look); the default address busy only turns the dashboard off, with a warning.
+    required: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or \

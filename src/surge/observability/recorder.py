@@ -116,6 +116,7 @@ class TelemetryReport:
     rejections: Mapping[RejectionKey, int] = field(default_factory=dict)
     gauges: Mapping[str, float] = field(default_factory=dict)
     user: UserReport = field(default_factory=dict)  # serve.metrics since the last report
+    models: tuple[str, ...] = ()  # a multiplexed replica's models, held or loading
 
     @property
     def empty(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import http
 import json
 
-__all__ = ["CONTINUE", "chunk", "forbids_body", "head", "openai_error", "simple"]
+__all__ = ["CONTINUE", "LAST_CHUNK", "chunk", "forbids_body", "head", "openai_error", "simple"]
 
 _STATUS_LINES = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus
@@ -13,6 +13,7 @@ _STATUS_LINES = {
 _STATUS_LINES[499] = b"HTTP/1.1 499 Client Closed Request\r\n"
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body
 
 
 def status_line(status: int) -> bytes:
@@ -22,11 +23,15 @@ def status_line(status: int) -> bytes:
 
 def forbids_body(status: int) -> bool:
     """1xx, 204 and 304 responses never have a body (RFC 9110 6.4.1)."""
-    return status < 200 or status in (204, 304)
+    return status < 200 or status == 204 or status == 304
+
+
+# Framing is ours to write: an app's Content-Length is kept only for a body sent whole.
+_FRAMING = frozenset({b"content-length", b"connection", b"transfer-encoding", b"x-request-id"})
 
 
 def head(status: int, headers: list[tuple[bytes, bytes]], request_id: bytes,
-         body_length: int | None, keep_alive: bool, *, chunked: bool = True,
+         body_length: int | None, keep_alive: bool, chunked: bool = True,
          http_10: bool = False) -> bytes:
     """Status line and headers.
 
@@ -34,39 +39,34 @@ def head(status: int, headers: list[tuple[bytes, bytes]], request_id: bytes,
     client (`chunked=False`), delimited by closing the connection. 1xx, 204 and 304
     responses get no framing headers of ours (and 1xx/204 none of the app's either).
     """
-    parts = [status_line(status)]
+    line = _STATUS_LINES.get(status)
+    parts = [line if line is not None else status_line(status)]
+    no_body = status < 200 or status == 204 or status == 304
     has_length = False
-    no_body = forbids_body(status)
     for name, value in headers:
         lower = name.lower()
-        if lower == b"content-length":
-            if body_length is None or (no_body and status != 304):
+        if lower in _FRAMING:
+            if lower != b"content-length" or body_length is None or (no_body and status != 304):
                 continue  # streamed: we re-frame it; 1xx/204 must not carry one
             has_length = True
-        elif lower in (b"connection", b"transfer-encoding", b"x-request-id"):
-            continue
-        parts.append(name + b": " + value + b"\r\n")
-    if no_body:
-        pass
-    elif body_length is None:
-        if chunked:
-            parts.append(b"transfer-encoding: chunked\r\n")
-    elif not has_length:
-        parts.append(b"content-length: " + str(body_length).encode() + b"\r\n")
-    parts.append(b"x-request-id: " + request_id + b"\r\n")
-    if not keep_alive:
-        parts.append(b"connection: close\r\n")
-    elif http_10:
-        parts.append(b"connection: keep-alive\r\n")
-    parts.append(b"\r\n")
+        parts += (name, b": ", value, b"\r\n")
+    if not no_body:
+        if body_length is None:
+            if chunked:
+                parts.append(b"transfer-encoding: chunked\r\n")
+        elif not has_length:
+            parts += (b"content-length: ", b"%d" % body_length, b"\r\n")
+    parts += (b"x-request-id: ", request_id,
+              b"\r\nconnection: close\r\n\r\n" if not keep_alive
+              else b"\r\nconnection: keep-alive\r\n\r\n" if http_10 else b"\r\n\r\n")
     return b"".join(parts)
 
 
 def simple(status: int, body: bytes, request_id: bytes, keep_alive: bool,
            content_type: bytes = b"text/plain; charset=utf-8",
-           extra: list[tuple[bytes, bytes]] | None = None, *, http_10: bool = False,
+           extra: tuple[tuple[bytes, bytes], ...] = (), *, http_10: bool = False,
            head_only: bool = False) -> bytes:
-    headers = [(b"content-type", content_type), *(extra or [])]
+    headers = [(b"content-type", content_type), *extra]
     data = head(status, headers, request_id, len(body), keep_alive, http_10=http_10)
     return data if head_only or forbids_body(status) else data + body
 

@@ -10,34 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import math
 import os
 import signal
 import socket
 import sys
 
 from surge.clock import SYSTEM, Clock
-from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
+from surge.errors import ConfigError
 from surge.launch import ProxyProcessSpec, read_spec
-from surge.model import DeploymentId, ProxySpec, RouteTable
+from surge.model import DeploymentId, ProxySpec, RouteTarget
 from surge.observability.config import LoggingConfig
 from surge.observability.logs import AccessLog, configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
-from surge.policy.auth import Refusal, check_bearer
 from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
-from surge.proxy.http import Exchange, HttpConnection, decode_path, make_request
+from surge.proxy.exchange import Exchange
+from surge.proxy.http import HttpConnection
+from surge.proxy.site import Site
 from surge.proxy.tls import server_context
-from surge.router.replica_link import Pending
+from surge.router.router import Router
 from surge.router.runtime import RouterRuntime, set_runtime
 
 __all__ = ["Proxy", "main"]
 
 log = logging.getLogger("surge.proxy")
 
-HEALTHZ = "/-/healthz"
-ROUTES = "/-/routes"
 DRAIN_TIMEOUT_S = 5.0
 
 
@@ -49,34 +46,40 @@ class Proxy:
         self.spec = spec
         self.now = clock.monotonic
         self.recorder = Recorder("proxy", proxy_id)
+        self._http_request = self.recorder.http_request
         self.metrics = metrics  # off: no recording at all (nobody reads it)
         self.access = AccessLog(logging_config or LoggingConfig(), proxy_id)
-        self.port = spec.port  # the bound port once listening (spec.port may be 0)
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
-        self.draining = False
-        self._routes_version: RouteTable | None = None
-        self._auth_routes: RouteTable | None = None  # the table _any_auth was computed for
-        self._any_auth = False
-        self.scheme = "https" if spec.ssl_certfile is not None else "http"
+        # Limits, clock and compiled routes, read by every connection. Compiling a route
+        # table makes a router exist for each route (and so a replica set to watch).
+        self.site = Site(spec, clock.monotonic, runtime, self._router_for)
         shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s,
                        spec.request_body_timeout_s)
         self._sweep_interval = min(1.0, max(0.05, shortest / 4))
-        self.loop.call_later(self._sweep_interval, self._sweep_idle)
+        self.loop.call_later(self._sweep_interval, self._sweep)
 
-    def _sweep_idle(self) -> None:
-        """Close keep-alive connections idle longer than keep_alive_timeout_s."""
-        now, timeout = self.now(), self.spec.keep_alive_timeout_s
-        header_timeout = self.spec.request_header_timeout_s
+    def _router_for(self, target: RouteTarget) -> Router:
+        return self.runtime.router(DeploymentId(target.app, target.deployment))
+
+    @property
+    def port(self) -> int:
+        return self.site.port
+
+    @port.setter
+    def port(self, port: int) -> None:
+        self.site.port = port  # the bound port (spec.port may be 0), named by 404s
+
+    def _sweep(self) -> None:
+        """Idle keep-alive connections close; slow headers and stalled bodies get 408."""
+        now = self.now()
         for connection in list(self.connections):
-            connection.close_if_idle(now, timeout)
-            connection.check_slow_headers(now, header_timeout)
-            connection.check_slow_body(now, self.spec.request_body_timeout_s)
-        self.loop.call_later(self._sweep_interval, self._sweep_idle)
+            connection.sweep(now)
+        self.loop.call_later(self._sweep_interval, self._sweep)
 
     def __repr__(self) -> str:
         return (f"<Proxy {self.spec.host}:{self.spec.port} connections={len(self.connections)} "
-                f"routes={len(self.runtime.routes.targets)}>")
+                f"routes={len(self.runtime.routes.targets)} draining={self.site.draining}>")
 
     def protocol(self) -> HttpConnection:
         return HttpConnection(self)
@@ -88,28 +91,23 @@ class Proxy:
             return
         now = self.now()
         latency_ms = (now - exchange.started) * 1000.0
-        app, deployment, route = exchange.labels
+        head = exchange.head
+        app, deployment, route = head.labels
         if self.metrics:
-            self.recorder.http_request(
-                (app, deployment, route, exchange.method, exchange.status), latency_ms)
+            self._http_request((app, deployment, route, head.method, exchange.status),
+                               latency_ms)
         if access.enabled and access.wanted(now):
-            access.write(exchange.request_id.decode(errors="replace"), exchange.method,
-                         exchange.path, exchange.status, latency_ms, route=route,
-                         application=app, deployment=deployment)
+            access.write(head.request_id.decode(errors="replace"), head.method, head.path,
+                         exchange.status, latency_ms, route=route, application=app,
+                         deployment=deployment)
 
     def telemetry(self) -> TelemetryReport:
-        ongoing = sum(len(connection.exchanges) for connection in self.connections)
+        ongoing = sum(len(connection.core.exchanges) for connection in self.connections)
         return self.recorder.drain({"ongoing_http_requests": ongoing,
                                     "connections": len(self.connections)})
 
-    def watch_routes(self) -> None:
-        """Make sure every ingress deployment has a router (and so a replica set)."""
-        self._routes_version = self.runtime.routes
-        for target in self.runtime.routes.targets:
-            self.runtime.router(DeploymentId(target.app, target.deployment))
-
     async def follow_routes(self) -> None:
-        """Watch each new route's deployment as soon as the route table arrives.
+        """Compile each route table as soon as it arrives.
 
         Waiting for the first request instead would let that request (and any burst
         with it) meet a router that has no replica set yet, and so no queue limit.
@@ -118,94 +116,12 @@ class Proxy:
         while True:
             await received.wait()
             received.clear()
-            if self.runtime.routes is not self._routes_version:
-                self.watch_routes()
-
-    def dispatch(self, exchange: Exchange, method: str, url: bytes,
-                 headers: list[tuple[bytes, bytes]], body: bytes, http_version: str) -> None:
-        path, query, raw_path = decode_path(url)
-        exchange.method, exchange.path = method, path
-        if path.startswith("/-/"):
-            # Only known paths become labels: /-/<anything> must not mint metric series.
-            exchange.labels = ("", "", path if path in (HEALTHZ, ROUTES) else "/-/other")
-            self._builtin(exchange, path)
-            return
-        routes = self.runtime.routes
-        if routes is not self._routes_version:
-            self.watch_routes()
-        target = routes.match(path)
-        if target is None:
-            self.recorder.rejected("", "", "no_route")
-            exchange.respond(404, f"Path '{path}' not found. Ping {self.scheme}://"
-                                  f"{self.spec.host}:{self.port}{ROUTES} for available "
-                                  "routes.".encode())
-            return
-        router = self.runtime.router(DeploymentId(target.app, target.deployment))
-        exchange.labels = (target.app, target.deployment, target.route_prefix)
-        request = make_request(method, path, query, headers, body, exchange.conn.client,
-                               target.route_prefix, exchange.request_id, http_version,
-                               self.spec.root_path, raw_path, self.scheme)
-        pending = Pending(request, exchange)
-        exchange.pending, exchange.router = pending, router
-        try:
-            router.submit(pending)
-        except (BackPressureError, DeploymentUnavailableError) as exc:
-            exchange.fail(exc)
-            return
-        timeout = self._timeout(headers)
-        if timeout is not None and not exchange.done:
-            exchange.timer = self.loop.call_later(timeout, exchange.on_timeout, timeout)
-
-    def authenticate(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> Refusal | None:
-        """The refusal for a request to an application that needs a token it lacks.
-
-        Called once the headers are in, before the body is read or anything is routed;
-        the same path decoding and route match as `dispatch`.
-        """
-        routes = self.runtime.routes
-        if routes is not self._auth_routes:
-            self._auth_routes = routes
-            self._any_auth = any(t.auth is not None for t in routes.targets)
-        if not self._any_auth:
-            return None
-        try:
-            path = decode_path(url)[0]
-        except Exception:
-            return None  # dispatch answers 400 for an unreadable target
-        target = None if path.startswith("/-/") else routes.match(path)
-        if target is None or target.auth is None:
-            return None
-        return check_bearer([v for n, v in headers if n == b"authorization"],
-                            target.auth.digests)
-
-    def _timeout(self, headers: list[tuple[bytes, bytes]]) -> float | None:
-        for name, value in headers:
-            if name == b"x-request-timeout-seconds":
-                try:
-                    seconds = float(value)
-                except ValueError:
-                    break
-                if math.isnan(seconds):
-                    break  # unreadable, like any other junk: the configured timeout applies
-                return None if math.isinf(seconds) else max(0.0, seconds)
-        return self.spec.request_timeout_s
-
-    def _builtin(self, exchange: Exchange, path: str) -> None:
-        if path == HEALTHZ:
-            if self.draining:
-                exchange.respond(503, b"This node is being drained.")
-            else:
-                exchange.respond(200, b"success")
-        elif path == ROUTES:
-            table = {t.route_prefix: t.app for t in self.runtime.routes.targets}
-            exchange.respond(200, json.dumps(table).encode(), None, b"application/json")
-        else:
-            exchange.respond(404, f"Path '{path}' not found.".encode())
+            self.site.routes()
 
     async def drain(self) -> None:
-        self.draining = True
+        self.site.draining = True
         deadline = self.now() + DRAIN_TIMEOUT_S
-        while any(c.exchanges for c in self.connections) and self.now() < deadline:
+        while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)
 
 

@@ -1,5 +1,11 @@
+import os
 import sys
 
 from surge.replica.main import main_from_stdin
 
-sys.exit(main_from_stdin())
+code = main_from_stdin()
+# As a forked replica leaves (replica/forkserver.py): no second round of finalizers, so
+# the user's `__del__`, already called on the graceful stop, does not run again.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)

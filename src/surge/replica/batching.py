@@ -4,9 +4,9 @@ Each call's arguments are bound to the function's signature (so `f(x)` and `f(x=
 the same call); a batch calls the function once with a list per argument, one entry per
 call, in arrival order. Calls wait in groups that never share a batch: by which arguments
 they passed (a call that leaves out an optional argument gets a batch of its own rather
-than breaking its neighbours') and by `batch_group_key()` (the multiplexed model id, once
-surge has one). A group's next batch is full at `max_batch_size` calls (with
-`batch_size_fn`: when the next call would take the size past it) and ready when full or
+than breaking its neighbours') and by `batch_group_key()` (the multiplexed model id). A
+group's next batch is full at `max_batch_size` calls (with `batch_size_fn`: when the
+next call would take the size past it) and ready when full or
 `batch_wait_timeout_s` after its first call arrived. A ready batch leaves if a batch slot
 is free (`max_concurrent_batches`); while every slot is busy, calls keep gathering and the
 oldest ready batch leaves the moment a slot frees. (Ray Serve flushes on the timeout
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import ConfigError, RayServeException
+from surge.replica.context import RequestContext, request_context_var
 
 __all__ = ["batch"]
 
@@ -43,12 +44,11 @@ _END: Any = object()  # what _Stream.get returns once the caller's stream is ove
 
 
 def batch_group_key() -> str:
-    """Which calls may share a batch, besides their arguments: every call today.
-
-    The seam for `serve.get_multiplexed_model_id()`: return it here and a batch never
-    mixes models (Ray splits a formed batch by model id instead). Called in the caller's
-    context when its call arrives."""
-    return ""
+    """Which calls may share a batch, besides their arguments: those for one multiplexed
+    model (`serve.get_multiplexed_model_id()`), so a batch never mixes models (Ray
+    splits a formed batch by model id instead). Called in the caller's context when its
+    call arrives."""
+    return request_context_var.get().multiplexed_model_id
 
 
 # -- options (Ray's checks and messages) --------------------------------------------------
@@ -274,8 +274,9 @@ class _Call:
 class _Group:
     """Calls that may share a batch, and how many of them the next batch takes."""
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: tuple[Hashable, Hashable]) -> None:
         self.key = key
+        self.model_id = key[0]  # the group key's part (batch_group_key)
         self.calls: list[_Call] = []
         self.head = 0  # calls in the next batch, as last measured
         self.full = False
@@ -375,7 +376,7 @@ class BatchQueue:
             if not group.calls:
                 del self.groups[group.key]
             if calls:
-                self._start(calls)
+                self._start(calls, group.model_id)
         self._arm_timer(now)
         if not self.groups and not self.running:
             self.on_idle(self)
@@ -399,11 +400,14 @@ class BatchQueue:
         # call_at may fire within the clock's resolution before `when`: it is due
         self._pump(max(self.loop.time(), when))
 
-    def _start(self, calls: list[_Call]) -> None:
+    def _start(self, calls: list[_Call], group: Hashable) -> None:  # group: model id
         self.running += 1
         # A batch is no one request's: its log lines carry no request id (Ray unsets its
-        # request context for batches too).
-        task = self.loop.create_task(self._run(calls), context=contextvars.Context())
+        # request context for batches too); its calls' model id is the batch's.
+        context = contextvars.Context()
+        if isinstance(group, str) and group:
+            context.run(request_context_var.set, RequestContext(multiplexed_model_id=group))
+        task = self.loop.create_task(self._run(calls), context=context)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

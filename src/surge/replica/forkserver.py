@@ -27,7 +27,7 @@ __all__ = ["PRELOAD", "main"]
 
 # Imported once here, shared copy-on-write by every replica.
 PRELOAD = ("surge.replica.main", "surge.launch", "starlette.responses",
-           "starlette.requests", "fastapi")
+           "starlette.requests", "fastapi", "surge.weights.api")
 
 
 def _send(out: int, message: dict[str, Any]) -> None:

@@ -1,58 +1,147 @@
-"""`serve.ingress(app)`: serve a FastAPI (or any ASGI) app from a deployment class.
+"""`serve.ingress(...)`: serve an ASGI app (FastAPI, an APIRouter, any ASGI callable, or
+one a builder makes in the replica) from a deployment class, as Ray Serve does.
 
-Routes whose endpoints are methods of the class are re-registered bound to the replica's
-instance, so `self` works as in Ray Serve's class-based views. `serve.ingress()` with no
-app is Ray's late-bound ingress: the class's `__serve_build_asgi_app__` (awaited after
-the constructor) returns the ASGI app, e.g. one built around a model it loaded.
+The forms, as in Ray 2.60 (ray/serve/api.py `ingress`):
+- `@serve.ingress(app)` on a class: `app` is a FastAPI app or APIRouter whose routes may
+  be methods of the class (class-based views: `self` is the replica's instance), or any
+  ASGI callable;
+- `@serve.ingress(build_app)` with a plain function: called in each replica, after the
+  constructor, to make the app (so it may build handles or load things);
+- `@serve.ingress()` with no app: the class defines `__serve_build_asgi_app__(self)`,
+  called after the constructor, which returns the app (sync or async);
+- `serve.ingress(app)()` with no class: a deployment that serves only the app.
+`build_app` runs the ASGI lifespan's startup (replica/asgi_lifespan.py) and registers
+the 503/429 answer for `BackPressureError`s raised by child deployments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import types
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["BUILD_ASGI_APP", "LATE_BOUND", "bind_ingress_app", "ingress"]
+from surge.errors import BackPressureError
 
-BUILD_ASGI_APP = "__serve_build_asgi_app__"  # Ray's name for the late-bound app's builder
-LATE_BOUND = "late-bound"  # what `__surge_ingress_app__` holds for `serve.ingress()`
+__all__ = ["BUILD_METHOD", "INGRESS_ATTRIBUTE", "build_app", "ingress"]
+
+INGRESS_ATTRIBUTE = "__surge_ingress_app__"
+BUILD_METHOD = "__serve_build_asgi_app__"
+_LATE = "late-bound"  # ingress() without an app: the class builds it
 
 
-def ingress(app: Any = None) -> Callable[[type], type]:
-    def decorator(cls: type) -> type:
-        if not isinstance(cls, type):
-            raise TypeError("@serve.ingress decorates a class")
-        if app is None and not hasattr(cls, BUILD_ASGI_APP):
-            raise ValueError("serve.ingress() called without an app argument requires "
-                             f"{cls.__name__} to define `{BUILD_ASGI_APP}`.")
-        cls.__surge_ingress_app__ = LATE_BOUND if app is None else app  # type: ignore[attr-defined]
+def ingress(app: Any = None) -> Any:
+    def decorator(cls: type | None = None) -> type:
+        if cls is None:
+            cls = _app_only_class()
+        if not inspect.isclass(cls):
+            raise ValueError("@serve.ingress must be used with a class.")
+        if "__call__" in _own_names(cls):
+            raise ValueError("Classes passed to @serve.ingress may not have __call__ method.")
+        if app is None and not hasattr(cls, BUILD_METHOD):
+            raise ValueError(f"serve.ingress() called without an app argument requires "
+                             f"{cls.__name__} to define `{BUILD_METHOD}`.")
+        setattr(cls, INGRESS_ATTRIBUTE, _LATE if app is None else app)
         return cls
 
     return decorator
 
 
-def bind_ingress_app(app: Any, cls: type, instance: Any) -> Any:
-    router = getattr(app, "router", None)
-    routes = getattr(router, "routes", None)
-    if routes is None:
-        return app  # plain ASGI app: nothing to bind
-    own = {name: value for klass in cls.__mro__ for name, value in vars(klass).items()
-           if callable(value)}
-    try:
-        from fastapi.routing import APIRoute
-    except ImportError:  # pragma: no cover
-        return app
-    for index, route in enumerate(list(routes)):
-        if not isinstance(route, APIRoute):
-            continue
-        name = route.endpoint.__name__
-        if own.get(name) is not route.endpoint:
-            continue
-        bound = getattr(instance, name)
-        routes[index] = APIRoute(
-            route.path, bound, methods=list(route.methods or ()),
-            response_model=route.response_model, status_code=route.status_code,
-            name=route.name, response_class=route.response_class,
-            dependencies=route.dependencies, tags=route.tags, summary=route.summary,
-            description=route.description, include_in_schema=route.include_in_schema,
-            response_model_exclude_none=route.response_model_exclude_none)
+def _own_names(cls: type) -> set[str]:
+    return {name for klass in cls.__mro__ if klass is not object for name in vars(klass)}
+
+
+def _app_only_class() -> type:
+    class ASGIIngressDeployment:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.args = args
+            self.kwargs = kwargs
+
+    return ASGIIngressDeployment
+
+
+async def build_app(cls: type, instance: Any) -> Any:
+    """The ASGI app the replica of `cls` serves (None: `cls` is not an ingress)."""
+    declared = getattr(cls, INGRESS_ATTRIBUTE, None)
+    if declared is None:
+        return None
+    build = getattr(instance, BUILD_METHOD, None)
+    if build is not None:
+        app = build()
+        if inspect.isawaitable(app):
+            app = await app
+        if app is None:
+            raise TypeError(f"`{BUILD_METHOD}` must return an ASGI app.")
+    elif declared == _LATE:
+        raise TypeError(f"the ASGI app was not given to serve.ingress() and `{BUILD_METHOD}` "
+                        "is not defined on the deployment.")
+    elif inspect.isfunction(declared):
+        app = declared()
+        if inspect.isawaitable(app):
+            app = await app
+    else:
+        app = declared
+    _bind_class_routes(app, cls, instance)
+    app = _served(app)
+    if hasattr(app, "add_exception_handler"):
+        app.add_exception_handler(BackPressureError, _backpressure_answer)
     return app
+
+
+async def _backpressure_answer(request: Any, exc: Exception) -> Any:
+    """A child deployment refused the call for backpressure: 503 (or the configured
+    429) with Retry-After, as surge answers it everywhere else; not FastAPI's 500."""
+    from starlette.responses import PlainTextResponse
+
+    assert isinstance(exc, BackPressureError)
+    retry = max(1, round(exc.retry_after_s))
+    return PlainTextResponse(str(exc), status_code=exc.status_code,
+                             headers={"Retry-After": str(retry)})
+
+
+def _served(app: Any) -> Any:
+    """An APIRouter is served inside a FastAPI app (FastAPI's routes need its
+    middleware); anything else as it is."""
+    try:
+        from fastapi import APIRouter, FastAPI
+    except ImportError:  # pragma: no cover - FastAPI is optional
+        return app
+    if isinstance(app, APIRouter):
+        wrapper = FastAPI()
+        wrapper.include_router(app)
+        return wrapper
+    return app
+
+
+def _bind_class_routes(app: Any, cls: type, instance: Any) -> None:
+    """Routes whose endpoints are methods of `cls` (or its bases) become routes bound to
+    this replica's instance, every other option of the route kept."""
+    try:
+        from fastapi.routing import APIRoute, APIWebSocketRoute
+    except ImportError:  # pragma: no cover - FastAPI is optional
+        return
+    prefixes = tuple(f"{base.__qualname__}." for base in cls.__mro__ if base is not object)
+    for routes, index, route in list(_routes(app)):
+        if not isinstance(route, APIRoute | APIWebSocketRoute):
+            continue
+        endpoint = route.endpoint
+        if not getattr(endpoint, "__qualname__", "").startswith(prefixes) or \
+                isinstance(endpoint, types.MethodType):
+            continue
+        kind = type(route)
+        names = list(inspect.signature(kind.__init__).parameters)[1:]
+        options = {name: getattr(route, name) for name in names if hasattr(route, name)}
+        options["endpoint"] = types.MethodType(endpoint, instance)
+        routes[index] = kind(**options)
+
+
+def _routes(router: Any) -> Iterator[tuple[list[Any], int, Any]]:
+    """(list, index, route) for every route under `router`, included routers too."""
+    routes = getattr(getattr(router, "router", router), "routes", None)
+    if not isinstance(routes, list):
+        return
+    for index, route in enumerate(routes):
+        yield routes, index, route
+        nested = getattr(route, "original_router", None)  # FastAPI >= 0.137 include_router
+        if nested is not None:
+            yield from _routes(nested)

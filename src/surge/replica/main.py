@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 import cloudpickle
 
 from surge.control_auth import user_dir
-from surge.errors import ConfigError, ControllerUnavailableError
+from surge.errors import ConfigError, ControllerUnavailableError, users_traceback
 from surge.launch import ReplicaProcessSpec, Tcp, Unix, read_spec
 from surge.model import ImportedTarget, ReplicaSpec
 from surge.observability.logs import configure_logging
@@ -34,6 +34,7 @@ from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
+from surge.weights.client import set_store
 
 log = logging.getLogger("surge.replica")
 
@@ -46,21 +47,6 @@ def resolve_target(target: Any) -> Any:
     for part in target.qualname.split("."):
         found = getattr(found, part)
     return getattr(found, "func_or_class", found)
-
-
-_SURGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/surge
-
-
-def users_traceback() -> str:
-    """The exception being handled, with surge's own frames left out (as Ray shows a
-    failed constructor: what the user can act on)."""
-    _, exc, tb = sys.exc_info()
-    assert exc is not None
-    frames = [f for f in traceback.extract_tb(tb)
-              if not os.path.abspath(f.filename).startswith(_SURGE + os.sep)]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
 
 
 class Replica:
@@ -102,8 +88,11 @@ class Replica:
 
     def telemetry(self) -> TelemetryReport:
         assert self.server is not None
-        return self.server.recorder.drain({"processing": self.server.ongoing},
-                                          user=REGISTRY.drain())
+        report = self.server.recorder.drain({"processing": self.server.ongoing},
+                                            user=REGISTRY.drain())
+        models = self.server.models
+        return report if models is None else dataclasses.replace(report,
+                                                                 models=tuple(models.ids))
 
     async def build(self) -> bool:
         self.spec = spec = await self.runtime.call("replica_spec", replica_id=self.replica_id)
@@ -179,6 +168,7 @@ class Replica:
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         _close(listeners, address, local_address)
+        await self.user.destroy()  # lifespan shutdown, then the user's __del__
         self.user.close()
         self.runtime.close()
         return 0
@@ -246,6 +236,7 @@ def main(launch: ReplicaProcessSpec) -> int:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
+    set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     import uvloop
 
     async def run() -> int:

@@ -3,7 +3,8 @@
 Each connection is one router. A request beyond `max_ongoing_requests`, or any request
 while draining, is answered `Rejected` at once so the router retries elsewhere. Each
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
-cancel it.
+cancel it. A multiplexed replica sends its routers a `Models` frame whenever the models
+it holds or loads change (at most one per loop turn), and to each new router at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
+from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.transport.connection import FramedProtocol
@@ -36,6 +38,7 @@ from surge.transport.messages import (
     HttpStart,
     Item,
     Message,
+    Models,
     Rejected,
     Result,
 )
@@ -91,6 +94,9 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
+        self.models: Models | None = None  # the last Models frame sent, None: never
+        self._models_due = False
+        multiplex.watch(self._models_changed)
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -103,6 +109,23 @@ class ReplicaServer:
         """For a TCP listener: a connection must complete the token handshake first,
         since handle calls carry pickled arguments (Unix sockets are private to the user)."""
         return functools.partial(_Connection, self, token)
+
+    def _models_changed(self) -> None:
+        if not self._models_due:
+            self._models_due = True
+            asyncio.get_running_loop().call_soon(self._send_models)
+
+    def _send_models(self) -> None:
+        self._models_due = False
+        settings = multiplex.routing_settings()
+        frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
+                       settings.matching_timeout_s)
+        if frame == self.models:
+            return
+        self.models = frame
+        for connection in self.connections:
+            if connection.handshake is None:
+                connection.send(frame)
 
     def admit(self) -> bool:
         if self.draining or self.ongoing >= self.max_ongoing:
@@ -146,6 +169,8 @@ class _Connection(FramedProtocol):
         self.server.connections.add(self)
         if self.handshake is not None:
             self.expect_token()
+        elif self.server.models is not None:
+            self.send(self.server.models)
 
     def message_received(self, message: Message) -> None:
         if self.handshake is not None:
@@ -197,6 +222,8 @@ class _Connection(FramedProtocol):
         if handshake.done:
             self.handshake = None
             self.token_accepted()
+            if self.server.models is not None:
+                self.send(self.server.models)
 
     async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
         """Send a non-final stream frame once the consumer's window allows it."""
@@ -256,7 +283,7 @@ class _Connection(FramedProtocol):
         request_id_var.set(message.request_id)
         request_context_var.set(RequestContext(
             message.route_prefix, message.request_id, self.server.app,
-            _header(message.headers, b"serve_multiplexed_model_id"), is_http_request=True,
+            message.model_id, is_http_request=True,
             client=message.client))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,

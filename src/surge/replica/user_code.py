@@ -1,8 +1,12 @@
-"""Run the user's class or function: construct, reconfigure, health-check, call.
+"""Run the user's class or function: construct, reconfigure, health-check, call, destroy.
 
-Sync methods run on a thread pool sized to `max_ongoing_requests`, async ones on the
-replica's event loop. HTTP requests reach `__call__` as a starlette `Request` (or the
-`serve.ingress` ASGI app), and whatever comes back is turned into ASGI messages.
+The constructor runs on the replica's event loop, as in Ray, so `__init__` may call
+`asyncio.get_running_loop()` or start background tasks; `async def __init__` is
+awaited. A graceful stop runs the ingress app's lifespan shutdown, then the user's
+`__del__` (awaited when async), once. Sync methods run on a thread pool sized to
+`max_ongoing_requests`, async ones on the replica's event loop. HTTP requests reach
+`__call__` as a starlette `Request` (or the `serve.ingress` ASGI app), and whatever
+comes back is turned into ASGI messages.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -20,6 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from surge.errors import RayServeException
+from surge.replica.asgi_lifespan import Lifespan
+from surge.replica.ingress import build_app
+from surge.replica.multiplex import shutdown_all
 
 __all__ = ["Send", "UserCode", "asgi_scope"]
 
@@ -27,6 +35,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 _json = msgspec.json.Encoder()
+log = logging.getLogger("surge.replica")
 
 
 class UserCode:
@@ -38,6 +47,8 @@ class UserCode:
         self.init_kwargs = init_kwargs
         self.instance: Any = None
         self.asgi_app: Any = None
+        self.lifespan: Lifespan | None = None
+        self._destroyed = False
         self._methods: dict[str, tuple[Callable[..., Any], bool]] = {}  # name -> (fn, async)
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(max_ongoing_requests, 64)), thread_name_prefix="surge-user")
@@ -45,23 +56,34 @@ class UserCode:
     async def construct(self) -> None:
         if self.is_function:
             return
-        if inspect.iscoroutinefunction(getattr(self.target, "__init__", None)):
-            # Ray's async constructor (`async def __init__`): awaited on the replica's loop.
-            instance = self.target.__new__(self.target)
-            await instance.__init__(*self.init_args, **self.init_kwargs)
-        else:
-            loop = asyncio.get_running_loop()
-            instance = await loop.run_in_executor(
-                self.pool, functools.partial(self.target, *self.init_args, **self.init_kwargs))
+        # As Ray: `__new__`, then `__init__` here on the loop (awaited if async).
+        instance = self.target.__new__(self.target)
+        initialized = instance.__init__(*self.init_args, **self.init_kwargs)
+        if inspect.isawaitable(initialized):
+            await initialized
         self.instance = instance
-        app = getattr(self.target, "__surge_ingress_app__", None)
-        if app is not None:
-            from surge.replica.ingress import BUILD_ASGI_APP, LATE_BOUND, bind_ingress_app
+        self.asgi_app = await build_app(self.target, instance)
+        if self.asgi_app is not None:
+            self.lifespan = Lifespan(self.asgi_app)
+            await self.lifespan.startup()
 
-            if app == LATE_BOUND:
-                self.asgi_app = await getattr(instance, BUILD_ASGI_APP)()
-            else:
-                self.asgi_app = bind_ingress_app(app, self.target, instance)
+    async def destroy(self) -> None:
+        """On a graceful stop: the lifespan's shutdown, then the user's `__del__`, once;
+        what they raise is logged, never raised."""
+        if self._destroyed or (self.instance is None and not self.is_function):
+            return
+        self._destroyed = True
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
+        destructor = getattr(self.instance, "__del__", None) if not self.is_function else None
+        try:
+            if destructor is not None:
+                result = destructor()
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            log.exception("__del__ of %s raised", type(self.instance).__name__)
+        await shutdown_all()  # multiplexed models: unloaded, their __del__ run (as Ray)
 
     @property
     def servable(self) -> Any:
@@ -131,6 +153,8 @@ class UserCode:
                           send: Send) -> SimpleResponse | None:
         """Serve one HTTP request; plain return values come back for the fast path."""
         if self.asgi_app is not None:
+            if self.lifespan is not None and self.lifespan.state:
+                scope["state"] = dict(self.lifespan.state)  # request.state, per request
             await self.asgi_app(scope, receive, send)
             return None
         result = await self.call("__call__", (Request(scope, receive),), {})

@@ -28,6 +28,7 @@ from surge.transport.messages import (
     HttpStart,
     Item,
     Message,
+    Models,
     Rejected,
     Result,
 )
@@ -50,7 +51,7 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
 
     def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
         self.message = message
@@ -58,6 +59,7 @@ class Pending:
         self.link: ReplicaLink | None = None
         self.cancelled = False
         self.credits: Credits | None = None  # made with the stream's first frame
+        self.queued_at = 0.0  # when the router queued it (monotonic), for the matching timeout
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its
@@ -96,9 +98,15 @@ class ReplicaLink(FramedProtocol):
     """Sends requests to one replica and hands each response frame to its request's sink."""
 
     def __init__(self, replica_id: str, on_final: Callable[[ReplicaLink, Pending, Message], None],
-                 on_lost: Callable[[ReplicaLink], None]) -> None:
+                 on_lost: Callable[[ReplicaLink], None],
+                 on_models: Callable[[ReplicaLink], None] | None = None) -> None:
         super().__init__()
         self.replica_id = replica_id
+        # The models the replica holds or loads (its last Models frame) and its affinity
+        # settings; None until a multiplexed replica says.
+        self.models: Models | None = None
+        self.model_set: frozenset[str] = frozenset()
+        self._on_models = on_models
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -146,6 +154,10 @@ class ReplicaLink(FramedProtocol):
             return
         pending = self.in_flight.get(message.id)  # type: ignore[union-attr]
         if pending is None:
+            if isinstance(message, Models):  # id 0: no request's
+                self.models, self.model_set = message, frozenset(message.ids)
+                if self._on_models is not None:
+                    self._on_models(self)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]

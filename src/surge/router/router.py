@@ -7,6 +7,15 @@ frees a slot. A full queue rejects at once with `BackPressureError`. A replica t
 rejects (it is full because of other routers, or draining) counts as full until it
 answers again, and the request goes back to the head of the queue.
 
+A request for a multiplexed model (`model_id`: the serve_multiplexed_model_id header or
+the handle option) is routed by policy/model_routing.py instead: to a replica that holds
+or is loading the model (its `Models` frames say, and the router counts its own requests
+sent there as holding it at once), spreading a hot model to one more replica when every
+holder is full, up to the replicas' `max_copies` (default: half the replicas, at least
+2); one that waited `matching_timeout_s` in the queue may go to any replica with room.
+Waiting model requests do not hold up the rest: the queue is scanned (a bounded number
+of entries) for one that can go.
+
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
 hosts use TCP keepalive, so a replica whose node vanished without closing the
@@ -16,6 +25,7 @@ connection fails its in-flight requests within seconds instead of hanging them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import socket
@@ -28,7 +38,8 @@ from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
-from surge.policy.routing import choose_replica
+from surge.policy.model_routing import choose_for_model
+from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.transport.handshake import HandshakeFailed
 from surge.transport.messages import Cancel, Message, Rejected
@@ -45,15 +56,39 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
 # in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
 KEEPALIVE = (5, 1, 3)
+# Queue entries one drain looks at for a model request that can go (the rest wait).
+MODEL_SCAN_LIMIT = 64
+# Until a multiplexed replica tells its own (Models frames).
+MATCHING_TIMEOUT_S = 1.0
 
 
 class _Slot:
-    __slots__ = ("info", "link", "saturated")
+    __slots__ = ("info", "link", "reserved", "saturated")
 
     def __init__(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         self.info = info
         self.link = link
         self.saturated = False
+        # Models this router sent requests for that have not ended: the replica holds or
+        # loads them before its Models frame can say so.
+        self.reserved: dict[str, int] = {}
+
+    def holds(self, model: str) -> bool:
+        return model in self.link.model_set or model in self.reserved
+
+    def models_held(self) -> int:
+        held = self.link.model_set
+        return len(held) + sum(1 for m in self.reserved if m not in held)
+
+    def reserve(self, model: str) -> None:
+        self.reserved[model] = self.reserved.get(model, 0) + 1
+
+    def release(self, model: str) -> None:
+        left = self.reserved.get(model, 0) - 1
+        if left > 0:
+            self.reserved[model] = left
+        else:
+            self.reserved.pop(model, None)
 
 
 class _Loads:
@@ -104,6 +139,7 @@ class Router:
         self.on_pressure: Callable[[], None] | None = None
         self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
+        self._matching_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (f"<Router {self.deployment} replicas={len(self._routable)} "
@@ -134,7 +170,8 @@ class Router:
             if replica_id not in self._links:
                 # Registered now, not when the task runs: a second update arriving before
                 # then must not open a second link (and a second slot) to the same replica.
-                link = ReplicaLink(replica_id, self._on_final, self._on_lost)
+                link = ReplicaLink(replica_id, self._on_final, self._on_lost,
+                                   self._on_models)
                 self._links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
@@ -222,7 +259,13 @@ class Router:
         """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
         replica will come); never blocks."""
         self.arrived += 1
-        if not self._queue:
+        model = pending.message.model_id
+        if model:  # queued requests of other models must not hold it up: no FIFO check
+            index = self._choose_for_model(model, False)
+            if index >= 0:
+                self._start_model(self._routable[index], pending, model)
+                return
+        elif not self._queue:
             index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
             if index >= 0:
                 self._routable[index].link.start(pending)
@@ -241,6 +284,11 @@ class Router:
                 retry_after_s=rejection.retry_after_s if fixed is None else fixed,
                 status_code=current.backpressure_status if current is not None else 503)
         self._queue.append(pending)
+        if model:
+            pending.queued_at = self._now()
+            if self._matching_timer is None:
+                self._matching_timer = self._loop.call_later(self._matching_timeout(),
+                                                             self._matching_timed_out)
         if len(self._queue) == 1 and self.on_pressure is not None:
             self.on_pressure()  # the queue started to grow: tell the autoscaler now
 
@@ -259,6 +307,9 @@ class Router:
     def _drain(self) -> None:
         queue = self._queue
         while queue:
+            if queue[0].message.model_id:
+                self._drain_models()
+                return
             index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
             if index < 0:
                 return
@@ -266,8 +317,80 @@ class Router:
             if not pending.cancelled:
                 self._routable[index].link.start(pending)
 
+    # -- multiplexed models (policy/model_routing.py) ----------------------------------
+
+    def _settings(self) -> tuple[int, float]:
+        """(max_copies, matching_timeout_s), as the replicas' Models frames say."""
+        for slot in self._routable:
+            models = slot.link.models
+            if models is not None:
+                copies = models.max_copies or max(2, len(self._routable) // 2)
+                return copies, models.matching_timeout_s
+        return max(2, len(self._routable) // 2), MATCHING_TIMEOUT_S
+
+    def _matching_timeout(self) -> float:
+        return self._settings()[1]
+
+    def _choose_for_model(self, model: str, fallback: bool) -> int:
+        slots = self._routable
+        if not slots:
+            return NO_REPLICA
+        max_copies, _ = self._settings()
+        return choose_for_model(self._loads, self._max_ongoing,
+                                [slot.holds(model) for slot in slots],
+                                [slot.models_held() for slot in slots], max_copies,
+                                self._rng, fallback)
+
+    def _start_model(self, slot: _Slot, pending: Pending, model: str) -> None:
+        slot.reserve(model)
+        slot.link.start(pending)
+
+    def _drain_models(self) -> None:
+        """Send what can go among the first MODEL_SCAN_LIMIT queued requests, in order."""
+        queue, kept = self._queue, deque[Pending]()
+        now, timeout = self._now(), self._matching_timeout()
+        scanned = 0
+        while queue and scanned < MODEL_SCAN_LIMIT:
+            pending = queue.popleft()
+            if pending.cancelled:
+                continue
+            scanned += 1
+            model = pending.message.model_id
+            if model:
+                index = self._choose_for_model(model, now - pending.queued_at >= timeout)
+            else:
+                index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+            if index < 0:
+                kept.append(pending)
+                if not model:  # every replica is full: nothing else can go either
+                    break
+                continue
+            if model:
+                self._start_model(self._routable[index], pending, model)
+            else:
+                self._routable[index].link.start(pending)
+        kept.extend(queue)
+        self._queue = kept
+
+    def _matching_timed_out(self) -> None:
+        self._matching_timer = None
+        self._drain()
+        waiting = [p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
+                   if p.message.model_id]
+        if waiting:
+            due = min(waiting) + self._matching_timeout() - self._now()
+            self._matching_timer = self._loop.call_later(max(due, 0.01),
+                                                         self._matching_timed_out)
+
+    def _on_models(self, link: ReplicaLink) -> None:
+        if self._queue:
+            self._drain()  # a replica took a model on: requests waiting for it may go
+
     def _on_final(self, link: ReplicaLink, pending: Pending, message: Message) -> None:
         slot = self._by_id.get(link.replica_id)
+        model = pending.message.model_id
+        if model and slot is not None:
+            slot.release(model)
         if isinstance(message, Rejected):
             pending.link = None
             if slot is not None and not slot.saturated:
@@ -321,6 +444,9 @@ class Router:
                           now[2] - last[2], now[3], now[4])
 
     def close(self) -> None:
+        if self._matching_timer is not None:
+            self._matching_timer.cancel()
+            self._matching_timer = None
         for link in list(self._links.values()):
             link.close()
         self._links.clear()

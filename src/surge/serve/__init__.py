@@ -18,6 +18,7 @@ from surge.config import AutoscalingConfig, HTTPOptions
 from surge.replica.batching import batch
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
+from surge.replica.multiplex import get_multiplexed_model_id, multiplexed
 from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from surge.serve import config, context, exceptions, handle, metrics, schema
 
@@ -37,10 +38,12 @@ __all__ = [
     "exceptions",
     "get_app_handle",
     "get_deployment_handle",
+    "get_multiplexed_model_id",
     "get_replica_context",
     "handle",
     "ingress",
     "metrics",
+    "multiplexed",
     "run",
     "schema",
     "shutdown",

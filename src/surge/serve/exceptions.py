@@ -12,6 +12,11 @@ from surge.errors import (
     ReplicaDiedError,
     RequestCancelledError,
     UserCodeError,
+    WeightBudgetError,
+    WeightSourceError,
+    WeightStoreError,
+    WeightStoreFullError,
+    WeightStoreUnavailableError,
 )
 
 __all__ = [
@@ -26,4 +31,9 @@ __all__ = [
     "ReplicaDiedError",
     "RequestCancelledError",
     "UserCodeError",
+    "WeightBudgetError",
+    "WeightSourceError",
+    "WeightStoreError",
+    "WeightStoreFullError",
+    "WeightStoreUnavailableError",
 ]

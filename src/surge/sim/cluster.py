@@ -4,11 +4,14 @@ Every replica moves through policy/lifecycle.py's table (`transition` raises on 
 illegal move) on these events:
 
 * StartReplicas (from policy/reconcile.py): a replica is placed if the cluster has a
-  free slot (nodes x replicas_per_node; alive replicas hold one), else the start waits
-  for the next reconcile, as the controller's backend refuses a placement. It is
-  STARTING for a start-up time drawn from the scenario's distribution, then RUNNING
-  and routable at once, or STANDBY when the running target is met and spares are
-  wanted (the controller's rule when a replica reports ready).
+  free slot (nodes x replicas_per_node; alive replicas hold one), on the node with the
+  fewest alive replicas (spread), else the start waits for the next reconcile, as the
+  controller's backend refuses a placement. It is STARTING for a start-up time drawn
+  from the scenario's distribution (or its split: process start + weight load, where a
+  node's weight store holds the weights after its first replica loaded them, so later
+  ones there map them in `store_load_s`), then RUNNING and routable at once, or STANDBY
+  when the running target is met and spares are wanted (the controller's rule when a
+  replica reports ready).
 * ActivateReplica: STANDBY -> RUNNING now (reconcile sees it running), routable after
   `standby_activation_s` (the route-table push).
 * StopReplica: -> DRAINING, out of the route tables at once, STOPPED `drain_s` later
@@ -51,6 +54,7 @@ _READY, _ROUTABLE, _STOPPED = 0, 1, 2
 class SimReplica:
     replica_id: str
     created_at: float
+    node: int = 0
     state: ReplicaState = S.STARTING
     routable: bool = False
     stopped_at: float | None = None
@@ -79,6 +83,9 @@ class ClusterState:
         self.startup_lead_s = INITIAL_STARTUP_LEAD_S
         self.startups_seen = 0
         self.placement_refused = 0
+        self.on_node = [0] * spec.nodes  # alive replicas per node
+        # per node: when its weight store holds the weights (None: not yet asked for)
+        self.weights_at: list[float | None] = [None] * spec.nodes
 
     def __repr__(self) -> str:
         return (f"<ClusterState alive={self.alive}/{self.spec.replica_slots} "
@@ -122,6 +129,7 @@ class ClusterState:
                 replica.move(S.STOPPED)
                 replica.stopped_at = when
                 self.alive -= 1
+                self.on_node[replica.node] -= 1
                 self.retired.append(self.replicas.pop(replica_id))
                 self.dirty = True
         return changed
@@ -143,10 +151,27 @@ class ClusterState:
             self.placement_refused += 1
             return None
         self._ids += 1
-        replica = SimReplica(f"r{self._ids}", now)
+        node = min(range(self.spec.nodes), key=lambda n: (self.on_node[n], n))
+        replica = SimReplica(f"r{self._ids}", now, node)
         self.replicas[replica.replica_id] = replica
         self.alive += 1
+        self.on_node[node] += 1
         return replica
+
+    def _startup_delay(self, replica: SimReplica, now: float) -> float:
+        """How long `replica`, asked for `now`, takes to serve."""
+        weights = self.spec.weights
+        if weights is None:
+            return max(0.0, self.spec.startup_s.sample(self.rng))
+        process = max(0.0, weights.process_start_s.sample(self.rng))
+        held = self.weights_at[replica.node]
+        if not weights.store or held is None:
+            load = max(0.0, weights.weight_load_s.sample(self.rng))
+            if weights.store:  # this replica fills its node's store
+                self.weights_at[replica.node] = now + process + load
+            return process + load
+        mapped = max(0.0, weights.store_load_s.sample(self.rng))
+        return max(process, held - now) + mapped
 
     def warm(self, now: float, running: int, standby: int) -> None:
         """Replicas already up at the start of the run (a cluster in steady state)."""
@@ -154,6 +179,7 @@ class ClusterState:
             replica = self._new(now)
             if replica is None:
                 break
+            self.weights_at[replica.node] = now  # it loaded its weights before the run
             if index < running:
                 replica.move(S.RUNNING)
                 self.running += 1
@@ -181,8 +207,7 @@ class ClusterState:
                     if fresh is None:
                         break
                     self.starting += 1
-                    delay = max(0.0, self.spec.startup_s.sample(self.rng))
-                    self._at(now + delay, _READY, fresh.replica_id)
+                    self._at(now + self._startup_delay(fresh, now), _READY, fresh.replica_id)
             elif isinstance(action, StopReplica):
                 self._stop(self.replicas[action.replica_id], now)
         self.dirty = False

@@ -61,6 +61,7 @@ from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 from surge.policy.schedule import floors_at
 from surge.sim.cluster import ClusterState
 from surge.sim.flow import Flow
+from surge.sim.mux_flow import MuxFlow
 from surge.sim.scenario import Scenario
 from surge.sim.traffic import TrafficShape
 
@@ -123,13 +124,23 @@ class Simulation:
 
     def __post_init__(self) -> None:
         scenario = self.scenario
-        seeds = np.random.SeedSequence(scenario.seed).spawn(4)
+        seeds = np.random.SeedSequence(scenario.seed).spawn(6)
         self.points = math.ceil(scenario.traffic.schedule.duration_s / TICK_S - 1e-9)
         # after the schedule: queued requests time out, running ones finish
         self.drain_points = math.ceil((scenario.traffic.timeout_s + 1.0 + 10 * max(
             scenario.service.time_s.quantile(0.999), scenario.service.time_s.mean)) / TICK_S)
-        self.flow = Flow(scenario, np.random.default_rng(seeds[0]),
-                         self.points + self.drain_points)
+        self.mux: MuxFlow | None = None
+        self.flow: Flow | MuxFlow
+        if scenario.multiplex is None:
+            self.flow = Flow(scenario, np.random.default_rng(seeds[0]),
+                             self.points + self.drain_points)
+        else:  # requests wait behind loads (serial ones queue): time to end them
+            self.drain_points += math.ceil(
+                50 * scenario.multiplex.load_time_s.quantile(0.999) / TICK_S)
+            self.flow = self.mux = MuxFlow(
+                scenario, np.random.default_rng(seeds[4]),
+                random.Random(int(seeds[5].generate_state(1)[0])),
+                self.points + self.drain_points)
         self.cluster = ClusterState(scenario.cluster,
                                     random.Random(int(seeds[1].generate_state(1)[0])))
         self.report_rng = np.random.default_rng(seeds[2])
@@ -194,12 +205,18 @@ class Simulation:
             self.target = max(self.target, floors.min_replicas)
             standby = self.standby_wanted = floors.standby_replicas
         self.cluster.warm(0.0, self.target, standby)
+        if self.mux is not None:
+            self.mux.sync(self.cluster, 0.0)
 
     def _second_of_day(self, t: float) -> float:
         return (self.scenario.start_time_s + t) % _DAY_S
 
     def _flow(self, t0: float, t1: float) -> None:
+        if self.mux is not None:
+            self._mux_flow(self.mux, t0, t1)
+            return
         flow, cluster = self.flow, self.cluster
+        assert isinstance(flow, Flow)
         rate = self.shape.max_rate(t0, t1)
         routable = cluster.routable
         slots = routable * flow.max_ongoing
@@ -228,6 +245,32 @@ class Simulation:
                 self._decide_now(t + dt, t0)
         self.counters.fine_steps += self.steps_per_tick
         cluster.advance(t1 - _EVENT_EPS, self.target, self.standby_wanted)
+
+    def _mux_flow(self, flow: MuxFlow, t0: float, t1: float) -> None:
+        """Single requests: events up to each lifecycle event or urgent decision."""
+        cluster = self.cluster
+        urgent = self.scenario.control.urgent_decisions and self.policy is not None
+        flow.begin_tick(t0, t1)
+        while True:
+            stop = min(t1, cluster.next_event(),
+                       self._urgent_at if self._urgent_at is not None else math.inf)
+            reached = flow.run_until(stop)
+            if flow.pressure_at is not None:
+                if urgent and self._urgent_at is None:
+                    self._urgent_at = flow.pressure_at + URGENT_REPORT_DELAY_S
+                flow.pressure_at = None
+                if reached < stop:
+                    continue
+            if stop >= t1 - _EVENT_EPS:
+                break
+            if cluster.next_event() <= stop + _EVENT_EPS:
+                cluster.advance(stop + _EVENT_EPS, self.target, self.standby_wanted)
+                flow.sync(cluster, stop)
+            if self._urgent_at is not None and stop >= self._urgent_at - _EVENT_EPS:
+                self._urgent_at = None
+                self._decide_now(stop, t0)
+        cluster.advance(t1 - _EVENT_EPS, self.target, self.standby_wanted)
+        flow.sync(cluster, t1)
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -294,6 +337,8 @@ class Simulation:
             self.counters.reconciles += 1
             cluster.apply(reconcile(self.target, 0, cluster.observed(), self.standby_wanted),
                           now)
+        if self.mux is not None:
+            self.mux.sync(cluster, now)
 
     # -- results ------------------------------------------------------------------------------
 

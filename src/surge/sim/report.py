@@ -25,6 +25,8 @@ from surge.loadtest.report import summary_table, write_report
 from surge.loadtest.schedule import Schedule
 from surge.loadtest.stats import Record, latency_key, replica_points, series, summarize
 from surge.sim.engine import TICK_S, Simulation
+from surge.sim.flow import Flow
+from surge.sim.mux_report import mux_histograms, mux_series, mux_summary, mux_table
 from surge.sim.traffic import oracle_replica_seconds
 
 __all__ = ["build_report", "report_text", "sim_table", "time_to_capacity",
@@ -45,6 +47,7 @@ DECISIONS_SHOWN = 12
 def _histograms(sim: Simulation, points: int) -> tuple[list[dict[int, int]], int, int]:
     """Latency histograms per arrival point; (histograms, within SLO, in the pulse)."""
     scenario = sim.scenario
+    assert isinstance(sim.flow, Flow)
     values, probs = scenario.service.time_s.points()
     overhead = scenario.service.overhead_s
     slo_s = scenario.slo_ms / 1000
@@ -83,7 +86,12 @@ def _record(sim: Simulation) -> tuple[Record, int, int]:
     record.errors = {"503": flow.rejected[:points], "timeout": flow.timeouts_done[:points]}
     record.errors_sent = {"503": flow.rejected[:points],
                           "timeout": flow.timeouts_sent[:points]}
-    record.latency, within, within_pulse = _histograms(sim, points)
+    if sim.mux is not None:
+        window = sim.scenario.traffic.schedule.pulse_window()
+        pulse = (round(window[0] / TICK_S), round(window[1] / TICK_S)) if window else (0, 0)
+        record.latency, within, within_pulse = mux_histograms(sim.mux, points, pulse)
+    else:
+        record.latency, within, within_pulse = _histograms(sim, points)
     record.unanswered = flow.queued + flow.ongoing
     return record, within, within_pulse
 
@@ -171,6 +179,9 @@ def build_report(sim: Simulation, label: str = "", wall_s: float | None = None
                                   if pulse else None),
         "time_to_capacity_s": time_to_capacity(points, schedule, scenario.per_replica_rps),
     })
+    if sim.mux is not None:
+        summary["multiplex"] = mux_summary(sim.mux, sim.end_s, sim.points)
+        mux_series(sim.mux, points)
     counters = sim.counters
     simulation = {
         "wall_s": None if wall_s is None else round(wall_s, 2),
@@ -210,6 +221,7 @@ def sim_table(report: dict[str, Any]) -> str:
         ("time to capacity", "never" if ttc is None else f"{ttc:.2f} s after the pulse began"),
         ("replica-seconds", f"{s['replica_seconds']:,.0f} = {s['oracle_ratio']:.3f} x the "
                             f"oracle's {s['oracle_replica_seconds']:,.0f}"),
+        *(mux_table(s) if s.get("multiplex") else []),
         ("simulated in", f"{sim['wall_s']} s ({sim['ticks']:,} ticks, {sim['quiet_ticks']:,} "
                          f"quiet, {sim['fine_steps']:,} fine steps of {sim['fine_step_ms']} "
                          "ms)"),

@@ -27,10 +27,13 @@ from surge.loadtest.schedule import ARRIVALS, Schedule
 from surge.model import DeploymentId
 from surge.policy.resolve import resolve_policy
 from surge.sim.distributions import Distribution, parse_distribution
+from surge.sim.multiplexing import KEYS as _MULTIPLEX
+from surge.sim.multiplexing import Multiplexing, parse_multiplexing
 from surge.sim.traffic import parse_schedule
 
 __all__ = ["ALIASES", "Batching", "Cluster", "Control", "Scenario", "ScenarioError",
-           "Service", "Traffic", "apply_overrides", "load_scenario", "resolve_key"]
+           "Service", "Traffic", "WeightLoading", "apply_overrides", "load_scenario",
+           "resolve_key"]
 
 # A request unanswered this long after it arrived has timed out (the client gave up):
 # `surge pulse`'s default, so a calibration run and its simulation agree.
@@ -44,11 +47,15 @@ DEFAULT_STANDBY_ACTIVATION_S = 0.05
 DEFAULT_DRAIN_S = 1.0
 # Routers push load reports this often (router/runtime.py's LOAD_REPORT_INTERVAL_S).
 DEFAULT_REPORT_INTERVAL_S = 0.1
+# A replica maps an entry its node's weight store holds: bench/weights.py measured the
+# slowest of 7 replicas starting at once at 22-45 ms (a 2 GiB model, 256 tensors, 2 cores).
+DEFAULT_STORE_LOAD_S = 0.05
 
 _TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
-        "deployment", "slo_ms", "control", "fine_step_ms", "variants")
+        "deployment", "slo_ms", "control", "fine_step_ms", "multiplex", "variants")
 _CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s")
 _CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
+            "process_start_s", "weight_load_s", "weight_store", "store_load_s",
             "standby_activation_s", "drain_s")
 _SERVICE = ("service_time_ms", "overhead_ms", "batching")
 _BATCHING = ("max_batch_size", "batch_wait_timeout_s", "per_item_ms")
@@ -66,6 +73,7 @@ ALIASES: dict[str, str] = {
     **{name: f"service.{name}" for name in _SERVICE},
     **{name: f"traffic.{name}" for name in ("arrivals", "timeout_s")},
     **{name: f"control.{name}" for name in _CONTROL},
+    **{name: f"multiplex.{name}" for name in _MULTIPLEX},
 }  # `schedule` is the autoscaling floors' schedule; traffic's is `traffic.schedule`
 
 
@@ -74,13 +82,28 @@ class ScenarioError(ConfigError):
 
 
 @dataclass(frozen=True)
+class WeightLoading:
+    """A start-up split in two (`process_start_s` + `weight_load_s`), and whether each
+    node has a weight store: then only the first replica on a node reads the weights
+    (`weight_load_s`; replicas starting there meanwhile wait for it), every later one
+    maps them in `store_load_s`."""
+
+    process_start_s: Distribution
+    weight_load_s: Distribution
+    store: bool = False
+    store_load_s: Distribution = field(
+        default_factory=lambda: parse_distribution(DEFAULT_STORE_LOAD_S, "store_load_s"))
+
+
+@dataclass(frozen=True)
 class Cluster:
     nodes: int
     replicas_per_node: int
     proxies_per_node: int
-    startup_s: Distribution
+    startup_s: Distribution  # the whole start-up, when `weights` does not split it
     standby_activation_s: float
     drain_s: float
+    weights: WeightLoading | None = None
 
     @property
     def replica_slots(self) -> int:
@@ -135,6 +158,7 @@ class Scenario:
     slo_ms: float
     fine_step_s: float
     control: Control = field(default_factory=Control)
+    multiplex: Multiplexing | None = None  # many models per replica (sim/multiplexing.py)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -233,8 +257,13 @@ def _distribution(section: Mapping[str, Any], key: str, where: str,
 def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
     section = _section(data, "cluster", _CLUSTER, where)
     w = f"{where}.cluster"
-    startup = _distribution(section, "startup_s", w, ": how long a new replica takes to "
-                            "serve (a number of seconds or a distribution)")
+    weights = _weight_loading(section, w)
+    if weights is not None:  # startup_s, if given too, is what the split replaces
+        startup = weights.process_start_s
+    else:
+        startup = _distribution(section, "startup_s", w, ": how long a new replica takes "
+                                "to serve (a number of seconds or a distribution), or "
+                                "process_start_s and weight_load_s")
     return Cluster(
         nodes=_number(section, "nodes", w, integer=True, minimum=1),
         replicas_per_node=_number(section, "replicas_per_node", w, integer=True, minimum=1),
@@ -242,7 +271,30 @@ def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
         startup_s=startup,
         standby_activation_s=float(_number(section, "standby_activation_s", w,
                                            DEFAULT_STANDBY_ACTIVATION_S)),
-        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)))
+        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)),
+        weights=weights)
+
+
+def _weight_loading(section: Mapping[str, Any], w: str) -> WeightLoading | None:
+    split = ("process_start_s", "weight_load_s")
+    given = [key for key in split if key in section]
+    store = section.get("weight_store", False)
+    if not isinstance(store, bool):
+        raise ScenarioError(f"{w}.weight_store must be true or false, got {store!r}")
+    if not given:
+        if store or "store_load_s" in section:
+            raise ScenarioError(f"{w}.weight_store needs the start-up split: give "
+                                "process_start_s and weight_load_s")
+        return None
+    if len(given) == 1:
+        missing = split[1 - split.index(given[0])]
+        raise ScenarioError(f"{w}.{missing} is missing: a start-up is split into "
+                            "process_start_s + weight_load_s")
+    what = " (a number of seconds or a distribution)"
+    store_load = (_distribution(section, "store_load_s", w, what) if "store_load_s" in section
+                  else parse_distribution(DEFAULT_STORE_LOAD_S, f"{w}.store_load_s"))
+    return WeightLoading(_distribution(section, "process_start_s", w, what),
+                         _distribution(section, "weight_load_s", w, what), store, store_load)
 
 
 def _service(data: Mapping[str, Any], where: str) -> Service:
@@ -320,6 +372,21 @@ def _control(data: Mapping[str, Any], where: str) -> Control:
             _number(section, "clock_offset_s", w)))
 
 
+def _multiplex(data: Mapping[str, Any], service: Service, where: str) -> Multiplexing | None:
+    section = data.get("multiplex")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ScenarioError(f"{where}.multiplex must be a mapping (models, popularity, "
+                            "load_time_s, max_num_models_per_replica, routing, ...)")
+    if service.batching is not None:
+        raise ScenarioError(f"{where}: multiplex with service.batching is not modelled")
+    try:
+        return parse_multiplexing(section, f"{where}.multiplex")
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def _variants(data: Mapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
     variants = data.get("variants") or {}
     if not isinstance(variants, Mapping):
@@ -338,16 +405,18 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
     _unknown(data, _TOP, source)
     where = source
     variants = _variants(data, where)
+    service = _service(data, where)
     scenario = Scenario(
         name=str(data.get("name") or Path(source).stem),
         seed=_number(data, "seed", where, 0, integer=True),
         start_time_s=_start_time(data.get("start_time"), where),
-        cluster=_cluster(data, where), service=_service(data, where),
+        cluster=_cluster(data, where), service=service,
         traffic=_traffic(data, where, base), deployment=_deployment(data, where),
         slo_ms=float(_number(data, "slo_ms", where, 200.0, strict=True)),
         fine_step_s=float(_number(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
                                   strict=True)) / 1000,
-        control=_control(data, where), variants=variants,
+        control=_control(data, where), multiplex=_multiplex(data, service, where),
+        variants=variants,
         description=str(data.get("description") or ""),
         raw=copy.deepcopy(dict(data)), source=source)
     for name, overrides in variants.items():  # a bad variant fails now, not mid-sweep

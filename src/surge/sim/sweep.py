@@ -4,7 +4,8 @@
 a dotted path or alias (see sim/scenario.py), or `variant` (the scenario's named sets
 of overrides); values are YAML scalars (`null`, `0.5`, `proactive`). Each run becomes
 one row: its settings, the fraction of requests within the SLO, the failed fraction,
-time to capacity, the pulse's p99, replica-seconds and their ratio to the oracle's.
+time to capacity, the pulse's p99, replica-seconds and their ratio to the oracle's;
+multiplexed runs get a second table: hit rate, loads, p50/p99, the hot models' copies.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from surge.clock import Clock, SystemClock
 from surge.config import AutoscalingConfig
 from surge.sim.engine import Simulation
+from surge.sim.mux_report import mux_sweep_table
 from surge.sim.report import build_report, write_sim_report
 from surge.sim.scenario import Scenario, ScenarioError, load_scenario, resolve_key
 
@@ -143,8 +145,18 @@ def run_sweep(scenario: Scenario, axes: Sequence[SweepAxis], out_dir: Path | Non
 def describe(scenario: Scenario) -> str:
     """Policy and the settings that tell runs apart, in a few words."""
     config = scenario.autoscaling
+    mux = scenario.multiplex
+    models = "" if mux is None else (
+        f", {mux.routing} routing, {mux.loads} loads, "
+        f"{mux.max_num_models_per_replica if mux.capacity else 'unlimited'} models/replica")
+    weights = scenario.cluster.weights
+    if weights is not None:
+        split = f"start {weights.process_start_s.mean:g}s + weights {weights.weight_load_s.mean:g}s"
+        if weights.store:
+            split += f", store (then {weights.store_load_s.mean:g}s)"
+        models = f", {split}{models}"
     if config is None:
-        return f"{scenario.deployment.num_replicas} fixed replicas"
+        return f"{scenario.deployment.num_replicas} fixed replicas{models}"
     spec = config.policy or {}
     function = spec.get("policy_function") or "proactive"
     name = function if isinstance(function, str) else getattr(function, "__name__", "custom")
@@ -158,7 +170,7 @@ def describe(scenario: Scenario) -> str:
         parts.append(f"floor {' '.join(f for f in floors if f)} from {start}")
     if name != "proactive":
         parts.append(_ray_settings(config))
-    return ", ".join(parts)
+    return ", ".join(parts) + models
 
 
 def _ray_settings(config: AutoscalingConfig) -> str:
@@ -171,10 +183,13 @@ def _ray_settings(config: AutoscalingConfig) -> str:
 def _row(run: Run) -> dict[str, Any]:
     s = run.summary
     pulse = s.get("pulse") or {}
-    return {"slo_ok_fraction": s["slo_ok_fraction"], "failed_fraction": s["failed_fraction"],
-            "time_to_capacity_s": s["time_to_capacity_s"], "p99_pulse_ms": pulse.get("p99_ms"),
-            "replica_seconds": s["replica_seconds"], "oracle_ratio": s["oracle_ratio"],
-            "max_replicas": s["max_replicas"], "wall_s": run.report["simulation"]["wall_s"]}
+    row = {"slo_ok_fraction": s["slo_ok_fraction"], "failed_fraction": s["failed_fraction"],
+           "time_to_capacity_s": s["time_to_capacity_s"], "p99_pulse_ms": pulse.get("p99_ms"),
+           "replica_seconds": s["replica_seconds"], "oracle_ratio": s["oracle_ratio"],
+           "max_replicas": s["max_replicas"], "wall_s": run.report["simulation"]["wall_s"]}
+    if "multiplex" in s:
+        row.update(p50_ms=s["p50_ms"], p99_ms=s["p99_ms"], multiplex=s["multiplex"])
+    return row
 
 
 def _pct(value: float | None, digits: int = 4) -> str:
@@ -195,4 +210,7 @@ def sweep_table(runs: Sequence[Run]) -> str:
             f"{_pct(row['failed_fraction'])} | {'never' if ttc is None else f'{ttc:.1f} s'} | "
             f"{'-' if p99 is None else f'{p99:.1f} ms'} | {row['replica_seconds']:,.0f} | "
             f"{row['oracle_ratio']:.3f} |")
+    multiplexed = [(run.label, run.summary) for run in runs if "multiplex" in run.summary]
+    if multiplexed:
+        lines += ["", mux_sweep_table(multiplexed)]
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
 Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
-End/Failure/Rejected come back. Control path: Rpc/Reply/Push carry cloudpickled
+End/Failure/Rejected come back, and Models (a multiplexed replica's models, whenever they
+change) without being asked. Control path: Rpc/Reply/Push carry cloudpickled
 payloads between the controller and the other processes (never request bodies).
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "HttpStart",
     "Item",
     "Message",
+    "Models",
     "Push",
     "Rejected",
     "Reply",
@@ -42,6 +44,7 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     root_path: str = ""
     raw_path: bytes = b""
     scheme: str = "http"  # "https" when the proxy serves TLS
+    model_id: str = ""  # the serve_multiplexed_model_id header, read once by the proxy
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
@@ -104,6 +107,17 @@ class Rejected(msgspec.Struct, tag=16, array_like=True):
     ongoing: int
 
 
+class Models(msgspec.Struct, tag=17, array_like=True):
+    """The models a multiplexed replica holds or is loading, sent to every router on a
+    change (and on connect): routing affinity without a controller round trip. `id` is
+    always 0, no request's id, so a link that does not route by model ignores it."""
+
+    id: int
+    ids: list[str]
+    max_copies: int = 0  # replicas one model may occupy (0: the router's default)
+    matching_timeout_s: float = 1.0  # then a waiting request may go to any replica
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -122,4 +136,4 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 
 Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
-           | Failure | Rejected | Rpc | Reply | Push)
+           | Failure | Rejected | Models | Rpc | Reply | Push)

@@ -88,10 +88,10 @@ function renderReplicas(status) {
     .map((r) => `<tr data-replica="${esc(r.replica_id)}"><td>${esc(r.replica_id)}</td>` +
       `<td>${esc(r.application)}</td><td>${esc(r.deployment)}</td>` +
       `<td class="status-${esc(r.state)}">${esc(r.state)}</td><td class="num">${r.pid}</td>` +
-      `<td class="num">${r.version}</td>` +
+      `<td class="num">${r.version}</td><td>${esc((r.models || []).join(", "))}</td>` +
       `<td>${r.health_failures ? esc(r.health_failures + " failed check(s)") : "ok"}</td></tr>`);
   document.querySelector("#replicas tbody").innerHTML = rows.join("") ||
-    '<tr><td colspan="7" class="muted">no replicas</td></tr>';
+    '<tr><td colspan="8" class="muted">no replicas</td></tr>';
 }
 
 function renderDecisions(since) {

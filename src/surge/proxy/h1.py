@@ -1,0 +1,323 @@
+"""The HTTP/1.1 server side of one connection, sans I/O: bytes and frames in, decisions out.
+
+`H1Connection` parses with httptools and owns the connection's state (`h1_state.Conn`)
+and its exchanges in request order. It never touches a socket, a loop or a router: what
+it decides waits in its lists for the shell (`proxy/http.py`) to carry out, in this
+order: `dispatch` (send to the route's router), `out` (bytes to write), `cancels`,
+`acks` (streamed body bytes written: `Pending.consumed`), `records` (metrics and access
+log; the deadline is disarmed unless the request runs on detached), `settled` (a
+detached request ended: disarm its deadline), `rejections` (counters); then close when
+`state` is CLOSED, and pause or resume reading as `reading_paused` says. `wake` tells
+the shell there is something to do after a frame or failure the router delivered.
+
+Each request's head is read once, when its headers are in (`head.read_head`). Requests
+may be pipelined: at most MAX_PIPELINED are owed at a time; past that reading pauses,
+and any read in the same bytes wait (QUEUED) before going to their router. A request
+that cannot be read (malformed, too large, too slow) is answered and the connection
+closed; an Upgrade is served as plain HTTP and then closed; CONNECT is refused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import httptools
+
+from surge.proxy.exchange import Exchange
+from surge.proxy.h1_state import (
+    CONNECTION,
+    EXCHANGE,
+    Conn,
+    ConnEvent,
+    H1StateError,
+    Phase,
+    PhaseEvent,
+)
+from surge.proxy.head import HeadFields, RequestHead, new_request_id, read_head
+from surge.proxy.responses import CONTINUE, simple
+from surge.proxy.site import Site
+
+__all__ = ["MAX_PIPELINED", "H1Connection"]
+
+# Requests one connection may have owed at once. Browsers do not pipeline and wrk's
+# pipelining scripts send a handful; 16 keeps one client from holding more than 16 of
+# a deployment's replica slots or queue places and bounds the responses held back
+# behind a slow first one, while a pipelining client still never waits on us.
+MAX_PIPELINED = 16
+
+IDLE, HEADERS, BODY, CLOSING, CLOSED = (Conn.IDLE, Conn.HEADERS, Conn.BODY, Conn.CLOSING,
+                                        Conn.CLOSED)
+_READING = (IDLE, HEADERS, BODY)
+DONE, QUEUED = Phase.DONE, Phase.QUEUED
+_DISPATCHED = EXCHANGE[QUEUED][PhaseEvent.DISPATCH]
+_BEGIN, _HEADERS_END, _END, _LAST = (ConnEvent.BEGIN, ConnEvent.HEADERS_END, ConnEvent.END,
+                                     ConnEvent.LAST)
+_REFUSE, _DECLINE, _CLOSE = ConnEvent.REFUSE, ConnEvent.DECLINE, ConnEvent.CLOSE
+_IDLE_TIMEOUT, _LOST = ConnEvent.IDLE_TIMEOUT, ConnEvent.LOST
+# surge_rejected_requests_total{reason} for requests refused before they reach a router.
+REFUSAL_REASONS = {400: "malformed", 408: "header_timeout", 413: "body_too_large",
+                   431: "headers_too_large"}
+_WANTED = HeadFields.WANTED
+
+
+_NO_HEAD = RequestHead.bare(b"-")
+
+
+class _Stop(Exception):
+    """Raised in a parser callback after refusing the request: stop parsing."""
+
+
+def _nothing() -> None:
+    pass
+
+
+class H1Connection:
+    __slots__ = ("_max_body", "_max_header", "acks", "body", "body_at", "body_size", "cancels",
+                 "dispatch", "exchanges", "fields", "head", "header_bytes", "headers", "holding",
+                 "idle_since", "out", "parser", "reading_paused", "received_at", "records",
+                 "rejections", "settled", "site", "started_at", "state", "url", "wake",
+                 "writing_paused")
+
+    def __init__(self, site: Site, wake: Callable[[], None] = _nothing) -> None:
+        self.site = site
+        self.wake = wake
+        self._max_header = site.spec.max_header_bytes
+        self._max_body = site.spec.max_body_bytes
+        self.parser = httptools.HttpRequestParser(self)
+        self.state = IDLE
+        self.exchanges: deque[Exchange] = deque()  # owed responses, in request order
+        # Decisions, for the shell:
+        self.dispatch: list[Exchange] = []
+        self.cancels: list[Exchange] = []
+        self.out: list[bytes] = []
+        self.acks: list[tuple[Exchange, int]] = []
+        self.records: list[Exchange] = []
+        self.settled: list[Exchange] = []
+        self.rejections: list[tuple[str, str, str]] = []  # (app, deployment, reason)
+        self.reading_paused = False  # wanted: MAX_PIPELINED responses are owed
+        self.writing_paused = False  # the transport's buffer is full: acknowledgements wait
+        self.holding: list[Exchange] = []  # exchanges with acknowledgements held back
+        # The request being read:
+        self.fields = HeadFields()
+        self.head = _NO_HEAD  # the last request's, once its headers are in
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] | None = None
+        self.body_size = 0
+        self.header_bytes = 0
+        self.received_at = 0.0  # when the bytes being parsed arrived (monotonic)
+        self.started_at = 0.0  # its first byte
+        self.body_at = 0.0  # its headers' end, or the body's last progress
+        self.idle_since: float | None = site.now()  # None while a request is read or owed
+
+    def __repr__(self) -> str:
+        phases = ",".join(e.phase.value for e in self.exchanges)
+        return (f"<H1Connection {self.state.value} exchanges=[{phases}] "
+                f"reading_paused={self.reading_paused} writing_paused={self.writing_paused}>")
+
+    # -- inputs from the shell -------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if self.state is CLOSING or self.state is CLOSED:
+            return  # no further request is read: whatever follows is not ours to parse
+        self.received_at = self.site.now()  # one clock read for all it holds
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # on_message_complete decided: served as plain HTTP, or CONNECT refused
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, H1StateError):
+                raise exc.__context__ from None
+            if self.state in _READING:  # not already refused by a callback (_Stop)
+                self._refuse(400, f"Malformed HTTP request: {exc}".encode())
+
+    def decline(self, status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...],
+                reason: str) -> None:
+        """Refuse the connection before it says anything (over the connection cap)."""
+        self.state = CONNECTION[self.state][_DECLINE]
+        self.rejections.append(("", "", reason))
+        self.out.append(simple(status, body, new_request_id(), False, extra=extra))
+
+    def connection_lost(self) -> None:
+        self.state = CONNECTION[self.state][_LOST]
+        self._abandon()
+        self._release()  # held bytes were written; no resume will come for them now
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._release()
+
+    def check_time(self, now: float) -> None:
+        """The sweeper's tick: close an idle connection; 408 to a slow request."""
+        state = self.state
+        spec = self.site.spec
+        if state is IDLE:
+            since = self.idle_since
+            if (since is not None and now - since >= spec.keep_alive_timeout_s
+                    and not self.exchanges):
+                self.state = CONNECTION[state][_IDLE_TIMEOUT]
+        elif state is HEADERS:
+            timeout = spec.request_header_timeout_s
+            if now - self.started_at >= timeout:  # slowloris
+                self._refuse(408, f"Request headers not received within {timeout:g}s.".encode())
+        elif state is BODY:
+            timeout = spec.request_body_timeout_s
+            if now - self.body_at >= timeout:  # truncated, or sent to hold the slot
+                self._refuse(408, f"Request body stalled for {timeout:g}s.".encode(),
+                             "body_timeout")
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.state = CONNECTION[self.state][_BEGIN]
+        self.started_at = self.received_at
+        self.idle_since = None
+        self.url = b""
+        self.headers = []
+        self.body = None
+        self.body_size = 0
+        self.header_bytes = 0
+        if self.fields.noted:
+            self.fields.reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.header_bytes += len(url)
+        if self.header_bytes > self._max_header:
+            self._too_large()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > self._max_header:
+            self._too_large()
+        if name in _WANTED:
+            self.fields.note(name, value)
+
+    def _too_large(self) -> None:
+        self._refuse(431, f"Request line and headers exceed {self._max_header} bytes.".encode())
+        raise _Stop
+
+    def on_headers_complete(self) -> None:
+        self.state = CONNECTION[self.state][_HEADERS_END]
+        self.body_at = self.received_at
+        parser = self.parser
+        fields = self.fields
+        self.head = read_head(parser.get_method(), self.url, parser.get_http_version(),
+                              self.headers, fields, self.site)
+        if fields.noted:  # a declared body, Expect: the checks below have work to do
+            self._announced(fields)
+
+    def _announced(self, fields: HeadFields) -> None:
+        if fields.declared > self._max_body:
+            self._refuse(413, f"Request body exceeds the limit of {self._max_body} "
+                              "bytes.".encode())
+            raise _Stop
+        # A client that asked to hear "100 Continue" before sending its body (curl does
+        # for bodies over 1 KiB) would otherwise wait a second for it. An interim
+        # response may only go out when no earlier response is still owed, and a body
+        # that will be refused is not invited (it is read and dropped).
+        head = self.head
+        if (head.expect_continue and fields.declared > 0 and not self.exchanges
+                and head.http_version == "1.1"
+                and (head.answer is None or head.answer.invites_body)):
+            self.out.append(CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        self.body_at = self.received_at
+        if self.body_size > self._max_body:
+            self._refuse(413, f"Request body exceeds the limit of {self._max_body} "
+                              "bytes.".encode())
+            raise _Stop
+        if self.head.answer is None:  # else read and dropped
+            if self.body is None:
+                self.body = [body]
+            else:
+                self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        parser = self.parser
+        head = self.head
+        keep_alive = parser.should_keep_alive()
+        if parser.should_upgrade():
+            if head.method == "CONNECT":
+                self._refuse(400, b"Protocol upgrades are not supported.")
+                return
+            # Served as plain HTTP (RFC 9110 7.8 lets a server ignore Upgrade), then
+            # closed: whatever follows is not HTTP.
+            keep_alive = False
+        self.state = CONNECTION[self.state][_END if keep_alive else _LAST]
+        parts = self.body
+        body = b"" if parts is None else parts[0] if len(parts) == 1 else b"".join(parts)
+        exchange = Exchange(self, head, body, keep_alive, self.body_at)
+        exchanges = self.exchanges
+        exchanges.append(exchange)
+        owed = len(exchanges)
+        if head.answer is not None:
+            exchange.answer(head.answer)
+        elif owed <= MAX_PIPELINED:
+            exchange.phase = _DISPATCHED
+            self.dispatch.append(exchange)
+        if owed >= MAX_PIPELINED:
+            self.reading_paused = True
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _refuse(self, status: int, body: bytes, reason: str = "") -> None:
+        """Answer a request that cannot be read, then close: the stream cannot be trusted."""
+        state = self.state
+        request_id = (self.head.request_id if state is BODY and self.head is not None
+                      else self.fields.request_id if state is HEADERS else None)
+        self.state = CONNECTION[state][_REFUSE]
+        self.rejections.append(("", "", reason or REFUSAL_REASONS.get(status, str(status))))
+        exchange = Exchange(self, RequestHead.bare(request_id or new_request_id()), b"", False,
+                            self.site.now())
+        self.exchanges.append(exchange)
+        exchange.respond(status, body)
+
+    def advance_line(self) -> None:
+        """Pass the written responses at the head of the line; the next one's turn comes."""
+        exchanges = self.exchanges
+        while exchanges and exchanges[0].phase is DONE:
+            if not exchanges.popleft().keep_alive:
+                self.state = CONNECTION[self.state][_CLOSE]
+                self._abandon()  # nothing after a close can be answered
+                return
+            if exchanges:
+                if len(exchanges) >= MAX_PIPELINED:  # one more fits the window now
+                    entering = exchanges[MAX_PIPELINED - 1]
+                    if entering.phase is QUEUED:
+                        entering.dispatch()
+                exchanges[0].flush()
+        if not exchanges:
+            self.reading_paused = False
+            if self.state is IDLE:
+                self.idle_since = self.site.now()
+        elif self.reading_paused and len(exchanges) < MAX_PIPELINED:
+            self.reading_paused = False
+
+    def acknowledge(self, exchange: Exchange, nbytes: int) -> None:
+        """`nbytes` of a streamed body reached the transport: the replica may send more."""
+        if self.writing_paused:
+            if not exchange.held:
+                self.holding.append(exchange)
+            exchange.held += nbytes
+        else:
+            self.acks.append((exchange, nbytes))
+
+    def _release(self) -> None:
+        for exchange in self.holding:
+            self.acks.append((exchange, exchange.held))
+            exchange.held = 0
+        self.holding.clear()
+
+    def _abandon(self) -> None:
+        exchanges = self.exchanges
+        while exchanges:
+            exchanges.popleft().gone()

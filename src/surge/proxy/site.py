@@ -1,0 +1,79 @@
+"""What every connection of one proxy reads: limits, the clock, routes, built-in answers.
+
+A `Site` belongs to its `Proxy`. Its compiled routes follow the route table the
+controller last pushed (`RouteSource.routes`): an identity check per request, and a
+compile (`proxy/routes.py`) only when the table changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from surge.model import ProxySpec, RouteTable, RouteTarget
+from surge.proxy.head import Answer
+from surge.proxy.routes import CompiledRoutes, compile_routes
+
+__all__ = ["HEALTHZ", "ROUTES", "RouteSource", "Site"]
+
+HEALTHZ = "/-/healthz"
+ROUTES = "/-/routes"
+JSON = b"application/json"
+HEALTHY = Answer(200, b"success")
+DRAINING = Answer(503, b"This node is being drained.")
+# Only known paths become labels: /-/<anything> must not mint metric series.
+_BUILTIN_LABELS = {HEALTHZ: ("", "", HEALTHZ), ROUTES: ("", "", ROUTES)}
+_OTHER_LABELS = ("", "", "/-/other")
+
+
+class RouteSource(Protocol):
+    """Where the latest route table is (the RouterRuntime, fed by the controller)."""
+
+    @property
+    def routes(self) -> RouteTable: ...
+
+
+class Site:
+    __slots__ = ("_compiled", "_router_for", "_source", "default_timeout", "draining", "host",
+                 "now", "port", "scheme", "spec")
+
+    def __init__(self, spec: ProxySpec, now: Callable[[], float], source: RouteSource,
+                 router_for: Callable[[RouteTarget], Any]) -> None:
+        self.spec = spec
+        self.default_timeout = spec.request_timeout_s  # without x-request-timeout-seconds
+        self.now = now  # monotonic seconds
+        self._source = source
+        self._router_for = router_for
+        self._compiled: CompiledRoutes[Any] = compile_routes(source.routes, router_for)
+        self.draining = False
+        self.scheme = "https" if spec.ssl_certfile is not None else "http"
+        self.host = spec.host
+        self.port = spec.port  # the bound port once listening (spec.port may be 0)
+
+    def __repr__(self) -> str:
+        return (f"<Site {self.scheme}://{self.host}:{self.port} routes={len(self._compiled)} "
+                f"draining={self.draining}>")
+
+    def routes(self) -> CompiledRoutes[Any]:
+        """The compiled form of the latest route table (compiled once per push)."""
+        compiled = self._compiled
+        table = self._source.routes
+        if compiled.source is not table:
+            compiled = self._compiled = compile_routes(table, self._router_for)
+        return compiled
+
+    def builtin(self, path: str) -> tuple[Answer, tuple[str, str, str]]:
+        """The answer to a /-/ path, and its metric labels."""
+        if path == HEALTHZ:
+            answer = DRAINING if self.draining else HEALTHY
+        elif path == ROUTES:
+            answer = Answer(200, self.routes().listing, (), JSON)
+        else:
+            answer = Answer(404, f"Path '{path}' not found.".encode())
+        return answer, _BUILTIN_LABELS.get(path, _OTHER_LABELS)
+
+    def not_found(self, path: str) -> Answer:
+        """Ray's 404 for a path no route matches, naming the path and /-/routes."""
+        return Answer(404, f"Path '{path}' not found. Ping {self.scheme}://{self.host}:"
+                           f"{self.port}{ROUTES} for available routes.".encode(),
+                      reason="no_route")

@@ -1,0 +1,5 @@
+import sys
+
+from surge.weights.main import main
+
+sys.exit(main())

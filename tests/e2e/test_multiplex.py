@@ -1,0 +1,196 @@
+"""`@serve.multiplexed` on a replica, as multi-model apps use it (routing affinity aside).
+
+One load per model however many requests wait for it, different models loading at
+once, LRU eviction with `__del__`, a failed load retried, the model id from the HTTP
+header and from handle options, and `@serve.batch` never mixing models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from surge import serve
+from surge.api.instance import current
+from tests.eventually import eventually
+
+pytestmark = pytest.mark.e2e
+
+
+class Model:
+    def __init__(self, model_id: str, unloaded: list[str]) -> None:
+        self.model_id = model_id
+        self.unloaded = unloaded
+
+    def __del__(self) -> None:
+        self.unloaded.append(self.model_id)
+
+
+@serve.deployment(max_ongoing_requests=64)
+class Models:
+    def __init__(self) -> None:
+        self.loads: list[str] = []
+        self.unloaded: list[str] = []
+        self.loading_now = 0
+        self.most_at_once = 0
+
+    @serve.multiplexed(max_num_models_per_replica=2)
+    async def get_model(self, model_id: str) -> Model:
+        self.loads.append(model_id)
+        self.loading_now += 1
+        self.most_at_once = max(self.most_at_once, self.loading_now)
+        try:
+            await asyncio.sleep(0.3)  # a model load
+            if model_id.startswith("bad") and self.loads.count(model_id) == 1:
+                raise RuntimeError(f"no weights for {model_id}")
+            return Model(model_id, self.unloaded)
+        finally:
+            self.loading_now -= 1
+
+    async def __call__(self, request: Any = None) -> str:
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        return model.model_id
+
+    def stats(self) -> dict[str, Any]:
+        return {"loads": list(self.loads), "unloaded": list(self.unloaded),
+                "most_at_once": self.most_at_once}
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    async def batched(self, items: list[int]) -> list[str]:
+        model_id = serve.get_multiplexed_model_id()
+        return [f"{model_id}:{len(items)}" for _ in items]
+
+
+def test_models_load_once_concurrently_and_leave_by_lru(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Models.bind(), name="models", route_prefix="/models")
+
+    async def burst(ids: list[str]) -> list[Any]:
+        calls = [handle.options(multiplexed_model_id=m).remote() for m in ids]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    # Ten requests for "a" and ten for "b" at once: one load each, both at the same time.
+    assert asyncio.run(burst(["a", "b"] * 10)) == ["a", "b"] * 10
+    stats = handle.stats.remote().result(timeout_s=10)
+    assert sorted(stats["loads"]) == ["a", "b"]
+    assert stats["most_at_once"] == 2
+
+    # A third model makes room: the least recently used ("a", as "b" was used after it).
+    assert handle.options(multiplexed_model_id="b").remote().result(timeout_s=10) == "b"
+    assert handle.options(multiplexed_model_id="c").remote().result(timeout_s=10) == "c"
+    stats = handle.stats.remote().result(timeout_s=10)
+    assert stats["unloaded"] == ["a"]
+
+    # The model id comes from the HTTP header too.
+    response = httpx.get(f"{surge_instance.url}/models",
+                         headers={"serve_multiplexed_model_id": "c"}, timeout=10)
+    assert response.text == "c"
+
+    # A failed load fails its waiters with the loader's error; the next request retries.
+    results = asyncio.run(burst(["bad-1"] * 3))
+    assert all(isinstance(r, RuntimeError) and "no weights for bad-1" in str(r)
+               for r in results), results
+    assert handle.options(multiplexed_model_id="bad-1").remote().result(
+        timeout_s=10) == "bad-1"
+    assert handle.stats.remote().result(timeout_s=10)["loads"].count("bad-1") == 2
+    serve.delete("models")
+
+
+def test_a_batch_never_mixes_models(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Models.bind(), name="batches", route_prefix=None)
+
+    async def mixed() -> list[str]:
+        calls = [handle.options(method_name="batched", multiplexed_model_id=m).remote(i)
+                 for i, m in enumerate(["x", "y"] * 6)]
+        return list(await asyncio.gather(*calls))
+
+    answers = eventually(lambda: asyncio.run(mixed()), 30, what="batched answers")
+    for answer, model_id in zip(answers, ["x", "y"] * 6, strict=True):
+        assert answer.startswith(f"{model_id}:")
+    serve.delete("batches")
+
+
+def test_multiplexed_refuses_what_ray_refuses() -> None:
+    with pytest.raises(TypeError, match="async functions"):
+        @serve.multiplexed
+        def sync_loader(model_id: str) -> None: ...
+    with pytest.raises(ValueError, match="must be positive"):
+        serve.multiplexed(max_num_models_per_replica=0)
+    with pytest.raises(TypeError, match="must be an integer"):
+        serve.multiplexed(max_num_models_per_replica=2.5)  # type: ignore[arg-type]
+    assert serve.get_multiplexed_model_id() == ""  # outside a request
+
+
+@serve.deployment(num_replicas=3, max_ongoing_requests=4)
+class Spread:
+    """Which replica answered, whether the model was resident, and what this replica holds."""
+
+    def __init__(self) -> None:
+        import os
+
+        self.pid = os.getpid()
+        self.loads: list[str] = []
+
+    @serve.multiplexed(max_num_models_per_replica=4, max_replicas_per_model=2)
+    async def get_model(self, model_id: str) -> str:
+        self.loads.append(model_id)
+        await asyncio.sleep(0.2)  # a model load
+        return model_id
+
+    async def __call__(self, request: Any = None) -> dict[str, Any]:
+        await self.get_model(serve.get_multiplexed_model_id())
+        await asyncio.sleep(0.05)  # the model runs
+        return {"pid": self.pid, "loads": list(self.loads)}
+
+
+def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    serve.run(Spread.bind(), name="spread", route_prefix="/spread")
+    url = f"{surge_instance.url}/spread"
+
+    def get(model: str) -> dict[str, Any]:
+        response = httpx.get(url, headers={"serve_multiplexed_model_id": model}, timeout=30)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    # Sequential requests for one model: all on the replica that loaded it, one load.
+    answers = [get("m1") for _ in range(8)]
+    assert len({a["pid"] for a in answers}) == 1
+    assert answers[-1]["loads"].count("m1") == 1
+    # Another model goes elsewhere (the replica with the fewest models).
+    assert get("m2")["pid"] != answers[0]["pid"]
+
+    # 12 concurrent requests for a hot model overflow one replica (4 at a time): it
+    # spreads to a second one, and no further (max_replicas_per_model=2).
+    async def burst() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            responses = await asyncio.gather(*(
+                client.get(url, headers={"serve_multiplexed_model_id": "hot"})
+                for _ in range(12)))
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        return [dict(r.json()) for r in responses]
+
+    hot = asyncio.run(burst())
+    holders = {a["pid"] for a in hot}
+    assert len(holders) == 2, hot
+    loads = {a["pid"]: a["loads"].count("hot") for a in hot}
+    assert all(count == 1 for count in loads.values()), loads
+
+    # `surge status` (and the dashboard) show each replica's models, from its telemetry.
+    instance = current()
+    assert instance is not None
+
+    def holding_hot() -> int:
+        return sum("hot" in r["models"] for r in instance.call("replicas", timeout=10)
+                   if r["app"] == "spread")
+
+    eventually(lambda: holding_hot() == 2, 10, what="two replicas listed holding 'hot'")
+    env = dict(os.environ, SURGE_ADDRESS=surge_instance.control_address)
+    text = subprocess.run([sys.executable, "-m", "surge.cli.main", "status", "-n", "spread"],
+                          capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "models" in text and "hot" in text and "m1" in text, text
+    serve.delete("spread")
