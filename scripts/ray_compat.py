@@ -90,7 +90,8 @@ _SILENT_HANDLE = "no warning: DeploymentHandle.options' `**kwargs` takes it sile
 NOTES: dict[tuple[str, str], str] = {
     ("ray.serve.config", "RequestRouterConfig"):
         "surge routes by power of two choices on in-flight counts; a custom router is unused",
-    ("ray.serve.config", "gRPCOptions"): "surge has no gRPC ingress",
+    ("ray.serve.config", "gRPCOptions"): "bytes through: the request is parsed only in the "
+                                         "replica; see docs/grpc.md",
     ("ray.serve:deployment", "max_queued_requests"): _QUEUE,
     ("ray.serve:deployment", "max_constructor_retry_count"): _RETRIES,
     ("ray.serve:Deployment.options", "max_queued_requests"): _QUEUE,
@@ -102,7 +103,9 @@ NOTES: dict[tuple[str, str], str] = {
         "reaches the replica's request context; no model-aware routing",
     ("ray.serve.handle:DeploymentHandle.options", "request_serialization"): _SILENT_HANDLE,
     ("ray.serve.handle:DeploymentHandle.options", "response_serialization"): _SILENT_HANDLE,
-    ("ray.serve.handle:DeploymentHandle.options", "session_id"): _SILENT_HANDLE,
+    ("ray.serve.handle:DeploymentHandle.options", "session_id"):
+        "reaches the replica's request context (over HTTP: `x-session-id`); no session "
+        "routing, as Ray's default router",
     ("ray.serve.config:AutoscalingConfig", "policy"):
         "default: surge's `proactive`; `{policy_function: ray_default}` is Ray's, exactly",
     ("ray.serve.config:AutoscalingPolicy", "policy_function"):

@@ -51,12 +51,12 @@ def statuses(surface: dict[str, Any]) -> dict[tuple[str, str], str]:
 
 def test_each_answer_comes_from_surges_source() -> None:
     surface = {**snapshot(), "names": {"ray.serve": ["run", "zz_not_in_surge"],
-                                       "ray.serve.config": ["gRPCOptions"],
+                                       "ray.serve.config": ["RequestRouterConfig"],
                                        "ray.serve.metrics": ["Counter", "zz_not_in_surge"]}}
     found = statuses(surface)
     assert found[("ray.serve", "run")] == compat.IMPLEMENTED
     assert found[("ray.serve", "zz_not_in_surge")] == compat.MISSING
-    assert found[("ray.serve.config", "gRPCOptions")] == compat.ACCEPTED  # a marked class
+    assert found[("ray.serve.config", "RequestRouterConfig")] == compat.ACCEPTED  # marked
     assert found[("ray.serve.metrics", "Counter")] == compat.IMPLEMENTED
     assert found[("ray.serve.metrics", "zz_not_in_surge")] == compat.MISSING
     assert found[("ray.serve:deployment", "placement_group_bundles")] == compat.ACCEPTED

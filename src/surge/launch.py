@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, TypeVar
 import msgspec
 
 from surge.clock import SYSTEM
-from surge.config import HTTPOptions
+from surge.config import HTTPOptions, gRPCOptions
 from surge.config.weights import WeightStoreOptions
 from surge.control_auth import user_dir
 from surge.errors import ConfigError, RayServeException
@@ -180,6 +180,7 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
 class ControllerProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="controller"):
     address: str  # the control address to bind
     http: HTTPOptions = HTTPOptions()
+    grpc: gRPCOptions = gRPCOptions()
     backend: str = "local"
     ray_address: str | None = None
     token: str | None = None
@@ -202,6 +203,7 @@ class DaemonSpec(msgspec.Struct, frozen=True, kw_only=True, tag="daemon"):
 
     address: str
     http: HTTPOptions = HTTPOptions()
+    grpc: gRPCOptions = gRPCOptions()
     backend: str = "local"
     ray_address: str | None = None
     logging: LoggingConfig = LoggingConfig()

@@ -216,10 +216,18 @@ class ProxySpec:
     request_header_timeout_s: float = 30.0
     max_connections: int = 10_000
     request_body_timeout_s: float = 30.0
+    websocket_max_message_bytes: int = 16 * 1024 * 1024
+    websocket_idle_timeout_s: float = 600.0
     ssl_certfile: str | None = None  # set: the proxy serves HTTPS only (proxy/tls.py)
     ssl_keyfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: str = "none"  # client certificates: "none" | "optional" | "required"
+    # gRPC (Ray's gRPCOptions): no servicer functions, no gRPC server.
+    grpc_port: int = 9000
+    grpc_servicer_functions: tuple[str, ...] = ()
+    grpc_request_timeout_s: float | None = None
+    grpc_enable_reflection: bool = False
+    grpc_enable_health: bool = False
 
 
 @dataclass(frozen=True)

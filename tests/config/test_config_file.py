@@ -32,11 +32,10 @@ def test_ray_docs_multi_app_config_parses_as_is() -> None:
     summarizer = app.deployments[1]
     assert summarizer.options["autoscaling_config"]["max_replicas"] == 4
     assert config.applications[1].args == {"language": "italian"}
-    warned = "\n".join(config.warnings)
-    assert "grpc_options" in warned and "logs_dir" not in warned  # logging_config is real
+    assert config.warnings == ()  # grpc_options and logging_config are real
+    assert config.grpc_options.port == 9000 and config.grpc_options.grpc_servicer_functions == ()
     assert config.logging is not None and config.logging.encoding == "TEXT"
     assert config.logging.logs_dir is None and config.logging.enable_access_log
-    assert config.warnings[0].startswith(f"{CONFIGS / 'ray_docs_multi_app.yaml'}:10: ")
 
 
 def test_ray_fruit_config_warns_about_ray_only_keys_and_old_names() -> None:
@@ -174,3 +173,18 @@ def test_overrides_keep_the_graph_shape() -> None:
     assert [n.deployment.name for n in nodes] == ["Summarizer", "Translator"]
     assert nodes[1].deployment.config.max_ongoing_requests == 8
     assert root.deployment.config.max_ongoing_requests == 5  # the original is untouched
+
+
+def test_grpc_options_are_read_and_checked(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, """
+grpc_options:
+  port: 9100
+  grpc_servicer_functions: ["my_pb2_grpc:add_MyServicer_to_server"]
+  request_timeout_s: 2.5
+applications: []
+"""))
+    assert config.grpc_options.port == 9100
+    assert config.grpc_options.grpc_servicer_functions == ("my_pb2_grpc:add_MyServicer_to_server",)
+    assert config.grpc_options.request_timeout_s == 2.5
+    with pytest.raises(ConfigError, match="grpc_options"):
+        load_config(write(tmp_path, "grpc_options:\n  port: 9100\n  servicers: []\n"))

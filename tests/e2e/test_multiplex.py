@@ -101,6 +101,21 @@ def test_models_load_once_concurrently_and_leave_by_lru(surge_instance) -> None:
     serve.delete("models")
 
 
+def test_more_models_at_once_than_fit_all_load_in_turn(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    """Five models at once on a replica that holds two: none waits forever."""
+    handle = serve.run(Models.bind(), name="crowd", route_prefix=None)
+
+    async def burst() -> list[Any]:
+        calls = [handle.options(multiplexed_model_id=f"c{i}").remote() for i in range(5)]
+        return list(await asyncio.wait_for(asyncio.gather(*calls), 20))
+
+    assert asyncio.run(burst()) == [f"c{i}" for i in range(5)]
+    stats = handle.stats.remote().result(timeout_s=10)
+    assert sorted(stats["loads"]) == [f"c{i}" for i in range(5)]
+    assert stats["most_at_once"] == 2  # never more than the replica holds
+    serve.delete("crowd")
+
+
 def test_a_batch_never_mixes_models(surge_instance) -> None:  # type: ignore[no-untyped-def]
     handle = serve.run(Models.bind(), name="batches", route_prefix=None)
 
@@ -194,3 +209,27 @@ def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads(surge_instance) -> 
                           capture_output=True, text=True, env=env, timeout=60).stdout
     assert "models" in text and "hot" in text and "m1" in text, text
     serve.delete("spread")
+
+
+@serve.deployment
+class Child:
+    def __call__(self) -> str:
+        return serve.get_multiplexed_model_id()
+
+
+@serve.deployment
+class Parent:
+    def __init__(self, child: Any) -> None:
+        self.child = child
+
+    async def __call__(self) -> list[str]:
+        inherited = await self.child.remote()  # nested calls inherit no model id
+        chosen = await self.child.options(multiplexed_model_id="kid").remote()
+        return [serve.get_multiplexed_model_id(), inherited, chosen]
+
+
+def test_nested_handle_calls_inherit_no_model_id(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    handle = serve.run(Parent.bind(Child.bind()), name="nested", route_prefix=None)
+    assert handle.options(multiplexed_model_id="top").remote().result(timeout_s=30) == [
+        "top", "", "kid"]
+    serve.delete("nested")

@@ -170,3 +170,39 @@ def test_a_restarted_controller_adopts_the_running_store(store_dir: str,
         assert {a["key"] for a in seen.values()} == {first["key"]}
         assert sorted(seen) == sorted(handle.info.remote().result()["holders"][first["key"]])
     eventually(lambda: os.listdir(store_dir) == [], 10, what="the adopted store stopped too")
+
+
+@serve.deployment(num_replicas=1)
+class Adapters:
+    """@serve.multiplexed loading from the store: one model held at a time."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.hits: list[tuple[str, bool]] = []
+
+    @serve.multiplexed(max_num_models_per_replica=1)
+    async def get_model(self, model_id: str) -> Any:
+        loaded = await weights.load_async(model_id, f"{self.directory}/{model_id}.safetensors")
+        self.hits.append((model_id, loaded.info.hit))
+        return loaded
+
+    async def __call__(self) -> float:
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        return float(model["w"][0])
+
+    def loads(self) -> list[tuple[str, bool]]:
+        return list(self.hits)
+
+
+def test_a_multiplexed_model_evicted_and_loaded_again_comes_from_the_store(
+        store_dir: str, tmp_path: Path) -> None:
+    for index, name in enumerate(("a", "b")):
+        save_file({"w": np.full(1 << 12, index, dtype=np.float32)},
+                  str(tmp_path / f"{name}.safetensors"))
+    with running_instance({"weight_store": {"directory": store_dir}}):
+        handle = serve.run(Adapters.bind(str(tmp_path)), name="adapters", route_prefix=None)
+        for model, value in (("a", 0.0), ("b", 1.0), ("a", 0.0)):  # "a" is evicted by "b"
+            assert handle.options(multiplexed_model_id=model).remote().result(
+                timeout_s=30) == value
+        assert handle.loads.remote().result(timeout_s=10) == [
+            ("a", False), ("b", False), ("a", True)]  # the second "a": nothing read again

@@ -44,6 +44,16 @@ VERIFIED: dict[str, tuple[str, set[str]]] = {
     "ray_serve_http_request_latency_ms": (
         "histogram", {"method", "route", "application", "status_code"}),
     "ray_serve_num_ongoing_http_requests": ("gauge", {"node_id", "node_ip_address"}),
+    # the same class, protocol GRPC (route: the application; method: the RPC's path)
+    "ray_serve_num_grpc_requests_total": (
+        "counter", {"route", "method", "application", "status_code"}),
+    "ray_serve_num_grpc_error_requests_total": (
+        "counter", {"route", "error_code", "method", "application"}),
+    "ray_serve_num_deployment_grpc_error_requests_total": (
+        "counter", {"deployment", "error_code", "method", "route", "application"}),
+    "ray_serve_grpc_request_latency_ms": (
+        "histogram", {"method", "route", "application", "status_code"}),
+    "ray_serve_num_ongoing_grpc_requests": ("gauge", {"node_id", "node_ip_address"}),
     # replica.py, ReplicaMetricsManager (ray.serve.metrics: + deployment/replica/app)
     "ray_serve_deployment_request_counter_total": ("counter", REPLICA | {"route"}),
     "ray_serve_deployment_error_counter_total": (
@@ -72,6 +82,8 @@ FULL = MetricsSnapshot(
     http={("shop", "Model", "/shop", "GET", 200): histogram(3),
           ("shop", "Model", "/shop", "GET", 500): histogram(9),
           ("shop", "Other", "/shop", "GET", 200): histogram(1)},
+    grpc={("shop", "Model", "/shop.Model/Predict", "OK"): histogram(2),
+          ("shop", "Model", "/shop.Model/Predict", "INTERNAL"): histogram(4)},
     processing={("shop", "Model", "r1", "/shop"): histogram(2, 5)},
     errors={("shop", "Model", "r1", "/shop"): 1},
     exceptions={("shop", "Model", "r1", "/shop", "KeyError"): 1},
@@ -79,7 +91,8 @@ FULL = MetricsSnapshot(
     replica_starts={("shop", "Model"): 1}, replica_started={("shop", "Model", "r1"): 1},
     target_replicas={("shop", "Model"): 2}, queued={("shop", "Model"): 3},
     ongoing={("shop", "Model"): 4}, offered={("shop", "Model"): 10},
-    proxies={"proxy-0": {"ongoing_http_requests": 2}, "proxy-1": {"ongoing_http_requests": 1}},
+    proxies={"proxy-0": {"ongoing_http_requests": 2, "ongoing_grpc_requests": 1},
+             "proxy-1": {"ongoing_http_requests": 1}},
     proxy_nodes={"proxy-0": ("local", "127.0.0.1"), "proxy-1": ("local", "127.0.0.1")})
 
 

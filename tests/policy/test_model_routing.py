@@ -8,7 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surge.policy.model_routing import NO_REPLICA, choose_for_model
+from surge.policy.model_routing import FREE_SLOT, NO_REPLICA, ModelHeat, choose_for_model
 
 CAPACITY = 4
 
@@ -61,3 +61,28 @@ def test_requests_stay_on_holders_with_room() -> None:
     picks = {choose_for_model([1, 0, 0, 1], CAPACITY, [True, False, False, True],
                               [2, 0, 0, 2], max_copies=0, rng=rng) for _ in range(200)}
     assert picks == {0, 3}
+
+
+def test_a_new_model_goes_where_it_evicts_the_least_requested_model() -> None:
+    rng = random.Random(3)
+    # all full of models; replica 1's coldest model is asked for least
+    choice = choose_for_model([0, 0, 0], CAPACITY, [False] * 3, [3, 3, 3], 0, rng,
+                              coldest=[5.0, 0.5, 2.0])
+    assert choice == 1
+    # a free model slot beats any eviction
+    choice = choose_for_model([0, 0, 0], CAPACITY, [False] * 3, [3, 2, 3], 0, rng,
+                              coldest=[5.0, FREE_SLOT, 0.1])
+    assert choice == 1
+
+
+def test_model_heat_halves_and_stays_bounded() -> None:
+    heat = ModelHeat(half_life_s=10.0, limit=4)
+    for _ in range(4):
+        heat.hit("a", 0.0)
+    heat.hit("b", 0.0)
+    assert heat.value("a", 10.0) == 2.0
+    assert heat.coldest(["a", "b"], 10.0) == 0.5
+    assert heat.coldest([], 10.0) == 0.0
+    for model in "cdef":
+        heat.hit(model, 10.0)
+    assert len(heat) <= 4 and heat.value("a", 10.0) == 2.0  # the coldest were forgotten

@@ -68,6 +68,7 @@ class Wire:
         self.acks: list[tuple[Exchange, int]] = []
         self.records: list[Exchange] = []
         self.settled: list[Exchange] = []
+        self.sends: list[tuple[Exchange, Message]] = []  # frames for the replica
         self.rejections: list[tuple[str, str, str]] = []
         self.closed = False
         self.paused = False  # reading, as the transport was last told
@@ -94,6 +95,8 @@ class Wire:
             core.out.clear()
         self.acks += core.acks
         core.acks.clear()
+        self.sends += core.sends
+        core.sends.clear()
         self.records += core.records
         core.records.clear()
         self.settled += core.settled
@@ -102,7 +105,7 @@ class Wire:
         core.rejections.clear()
         if core.state is Conn.CLOSED:
             self.closed = True
-        self.paused = core.reading_paused
+        self.paused = core.reading_paused or core.upload_paused
         while self.held and not self.paused and not self.closed:
             core.receive_data(self.held.pop(0))
             self.collect()

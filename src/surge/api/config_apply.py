@@ -32,6 +32,7 @@ from surge.config import AppSpec, AutoscalingConfig
 from surge.errors import ConfigError, DeployFailedError, users_traceback
 from surge.model import ApplicationStatus, ApplicationStatusOverview
 from surge.observability.config import LEVEL_ENV, LoggingConfig
+from surge.transport.grpc_methods import check_servicer_functions
 
 log = logging.getLogger("surge")
 
@@ -292,11 +293,13 @@ def apply_config(config: ServeConfig, *, start: bool,
     """Deploy the file's applications (starting surge if `start`, `detached` if asked) and
     delete the others; with `wait`, until they run and the others are gone."""
     specs = build_specs(config)
+    check_servicer_functions(config.grpc_options.grpc_servicer_functions)
     ray_address = config.ray_address or (
         caller_ray_address() if config.backend == "ray" else None)
     logging_config = config.logging or LoggingConfig()
     level = logging_config.log_level or os.environ.get(LEVEL_ENV) or config.log_level
     options = StartOptions(http=config.http_options,
+                           grpc=config.grpc_options,
                            backend=BackendChoice(config.backend, ray_address),
                            logging=dataclasses.replace(logging_config, log_level=level))
     instance = connect_or_start(options, start=start, detached=detached)

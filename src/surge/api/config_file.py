@@ -30,6 +30,7 @@ from surge.config import (
     HTTPOptions,
     build_deployment_config,
     from_mapping,
+    gRPCOptions,
 )
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
@@ -39,8 +40,9 @@ __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "par
 
 KeyPath = tuple[str | int, ...]
 
-TOP_KEYS = ("proxy_location", "http_options", "applications", "logging_config", "backend")
-TOP_RAY_ONLY = ("grpc_options", "target_capacity", "controller_options", "tracing_config")
+TOP_KEYS = ("proxy_location", "http_options", "grpc_options", "applications", "logging_config",
+            "backend")
+TOP_RAY_ONLY = ("target_capacity", "controller_options", "tracing_config")
 HTTP_KEYS = tuple(f.name for f in dataclasses.fields(HTTPOptions) if f.name != "location")
 HTTP_RAY_ONLY = ("ssl_keyfile_password", "middlewares", "num_cpus")
 LOGGING_KEYS = tuple(f.name for f in dataclasses.fields(LoggingConfig))
@@ -100,6 +102,7 @@ class ServeConfig:
     source: str
     http_options: HTTPOptions
     backend: str = "local"
+    grpc_options: gRPCOptions = field(default_factory=gRPCOptions)
     log_level: str | None = None
     applications: tuple[AppConfig, ...] = ()
     ray_address: str | None = None  # not a key of the file: `surge run --address` sets it
@@ -220,6 +223,7 @@ def parse_config(data: Any, *, source: str = "<config>",
         raise ConfigError("\n".join(check.errors))
     used = check.keys(top, (), TOP_KEYS, TOP_RAY_ONLY, " yet")
     http = _http_options(check, used)
+    grpc = _grpc_options(check, used.get("grpc_options"))
     backend = used.get("backend", "local")
     if backend not in BACKENDS:
         check.error(("backend",), f"backend {backend!r} is not available; use one of "
@@ -229,7 +233,8 @@ def parse_config(data: Any, *, source: str = "<config>",
     apps = _applications(check, used.get("applications"))
     if check.errors:
         raise ConfigError("\n".join(check.errors))
-    return ServeConfig(source=source, http_options=http, backend=str(backend),
+    return ServeConfig(source=source, http_options=http, grpc_options=grpc,
+                       backend=str(backend),
                        log_level=log_level, applications=apps, logging=logging,
                        warnings=tuple(check.warnings), lines=dict(lines or {}), raw=top)
 
@@ -257,6 +262,19 @@ def _http_options(check: _Checker, used: Mapping[str, Any]) -> HTTPOptions:
         key = where.removeprefix("http_options.").split("/")[0]
         check.error((*path, key) if key in options else path, message)
     return http
+
+
+def _grpc_options(check: _Checker, value: Any) -> gRPCOptions:
+    """Ray's gRPCOptions; its servicer functions are imported when it is applied."""
+    path: KeyPath = ("grpc_options",)
+    data = check.mapping(value, path)
+    if not data:
+        return gRPCOptions()
+    try:
+        return from_mapping(gRPCOptions, dict(data), "grpc_options")
+    except ConfigError as exc:
+        check.error(_blame(path, data, str(exc)), _strip(str(exc), "grpc_options"))
+        return gRPCOptions()
 
 
 def _logging(check: _Checker, value: Any) -> LoggingConfig | None:

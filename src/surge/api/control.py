@@ -12,7 +12,7 @@ from surge.api.auth import resolve_auth
 from surge.api.deployment import Application, build_app_spec
 from surge.api.instance import StartOptions, connect_or_start, current, disconnect, user_sys_path
 from surge.backends.choice import BackendChoice, caller_ray_address
-from surge.config import AuthConfig, HTTPOptions, from_mapping
+from surge.config import AuthConfig, HTTPOptions, from_mapping, gRPCOptions
 from surge.config.weights import WeightStoreOptions
 from surge.errors import (
     ControllerUnavailableError,
@@ -25,6 +25,7 @@ from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
 from surge.router.runtime import current_runtime
 from surge.transport.blocking_rpc import blocking_call
+from surge.transport.grpc_methods import check_servicer_functions
 
 __all__ = ["delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start",
            "status"]
@@ -40,6 +41,7 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
           dashboard_host: str | None = None, dashboard_port: int | None = None,
           backend: str = "local", ray_address: str | None = None,
           weight_store: WeightStoreOptions | Mapping[str, Any] | bool | None = None,
+          grpc_options: gRPCOptions | Mapping[str, Any] | None = None,
           **_ray_only: Any) -> None:
     """Start surge on this machine, or connect to the instance already running.
 
@@ -58,13 +60,16 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     deploy and exit, the applications keep serving; `surge shutdown` or serve.shutdown()
     stops it. Otherwise an instance this call starts stops when this process exits.
 
-    Ray's other arguments (grpc_options, tracing_config, controller_options, ...) land
-    in `_ray_only`: accepted, named in a warning when set, and not used.
+    `grpc_options` (Ray's `gRPCOptions`, or a dict of its fields) serves gRPC beside HTTP
+    on every proxy (docs/grpc.md); its servicer functions must import here.
+
+    Ray's other arguments (tracing_config, controller_options, ...) land in `_ray_only`:
+    accepted, named in a warning when set, and not used.
     """
     for key in sorted(k for k, v in _ray_only.items() if v is not None):
-        why = " (surge has no gRPC ingress yet)" if key == "grpc_options" else ""
         log.warning("serve.start(%s=...) is Ray Serve's; surge accepts it and does not use "
-                    "it%s", key, why)
+                    "it", key)
+    grpc = grpc_options_from(grpc_options)
     dashboard = DashboardOptions.from_env()
     if dashboard_host is not None or dashboard_port is not None:
         dashboard = DashboardOptions(host=dashboard_host or dashboard.host,
@@ -75,8 +80,20 @@ def start(*, http_options: HTTPOptions | Mapping[str, Any] | None = None,
     connect_or_start(StartOptions(http=_http_options(http_options, proxy_location),
                                   backend=choice, logging=LoggingConfig.from_any(logging_config),
                                   dashboard=dashboard,
-                                  weights=WeightStoreOptions.from_any(weight_store)),
+                                  weights=WeightStoreOptions.from_any(weight_store),
+                                  grpc=grpc),
                      detached=detached)
+
+
+def grpc_options_from(options: gRPCOptions | Mapping[str, Any] | None) -> gRPCOptions:
+    """Ray's gRPCOptions, checked: each servicer function imports and declares methods
+    (ConfigError with Ray's message otherwise)."""
+    if options is None:
+        return gRPCOptions()
+    if not isinstance(options, gRPCOptions):
+        options = from_mapping(gRPCOptions, dict(options), "grpc_options")
+    check_servicer_functions(options.grpc_servicer_functions)
+    return options
 
 
 def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
@@ -101,7 +118,8 @@ def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str 
         **_ray_only: Any) -> DeploymentHandle:
     """Deploy an application and wait until it runs; returns a handle to its ingress.
 
-    `auth` (surge's addition) makes its HTTP route require a bearer token, e.g.
+    `auth` (surge's addition) makes its HTTP route (and its gRPC calls, as `authorization:
+    Bearer <token>` metadata) require a bearer token, e.g.
     `auth={"tokens_env": "APP_TOKENS"}` or `AuthConfig(tokens=[...])`; handles are not
     affected (they are for trusted code).
     """

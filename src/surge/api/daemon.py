@@ -49,7 +49,8 @@ def start_detached(address: str, options: StartOptions) -> dict[str, Any]:
     """Start a detached instance on `address` and return its ready details (address,
     http_address, daemon_pid, log); the daemon runs in a session of its own, so neither
     the caller's exit nor its terminal's Ctrl-C stops it."""
-    spec = DaemonSpec(address=address, http=options.http, backend=options.backend.name,
+    spec = DaemonSpec(address=address, http=options.http, grpc=options.grpc,
+                      backend=options.backend.name,
                       ray_address=options.backend.ray_address, logging=options.logging,
                       dashboard=options.dashboard, weights=options.weights,
                       sys_path=user_sys_path())
@@ -73,8 +74,8 @@ def main() -> int:
     set_title("surge:daemon")
     try:
         spec = read_spec(DaemonSpec)
-        options = StartOptions(http=spec.http, backend=BackendChoice(spec.backend,
-                                                                     spec.ray_address),
+        options = StartOptions(http=spec.http, grpc=spec.grpc,
+                               backend=BackendChoice(spec.backend, spec.ray_address),
                                logging=spec.logging, dashboard=spec.dashboard,
                                weights=spec.weights)
         supervisor = Supervisor(spec.address, options, sys_path=spec.sys_path, detached=True)

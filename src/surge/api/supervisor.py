@@ -27,7 +27,7 @@ from typing import Any
 
 from surge.backends.choice import BackendChoice
 from surge.clock import SYSTEM
-from surge.config import HTTPOptions
+from surge.config import HTTPOptions, gRPCOptions
 from surge.config.weights import WeightStoreOptions
 from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
@@ -52,6 +52,7 @@ class StartOptions:
     """How a new instance is started (serve.start's arguments, the YAML config's)."""
 
     http: HTTPOptions = field(default_factory=HTTPOptions)
+    grpc: gRPCOptions = field(default_factory=gRPCOptions)
     backend: BackendChoice = field(default_factory=BackendChoice)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     dashboard: DashboardOptions = field(default_factory=DashboardOptions.from_env)
@@ -90,7 +91,8 @@ class Supervisor:
     def spec(self, address: str, recover: bool) -> ControllerProcessSpec:
         options = self.options
         return ControllerProcessSpec(
-            address=address, http=options.http, backend=options.backend.name,
+            address=address, http=options.http, grpc=options.grpc,
+            backend=options.backend.name,
             ray_address=options.backend.ray_address, token=self.token,
             state_dir=self.state_dir, recover=recover,
             lifetime=Lifetime(supervisor_pid=os.getpid(), parent_pid=os.getpid(),

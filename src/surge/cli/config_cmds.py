@@ -16,7 +16,8 @@ from typing import Any
 from surge.errors import ConfigError
 
 __all__ = ["add_parsers", "build_command", "config_command", "deploy_command", "grpc_flags",
-           "instance_address_flag", "is_config_path", "lint_command", "run_config"]
+           "grpc_options_of", "instance_address_flag", "is_config_path", "lint_command",
+           "run_config"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -80,11 +81,27 @@ def instance_address_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def grpc_flags(parser: argparse.ArgumentParser) -> None:
-    """Ray's gRPC flags: accepted (surge has no gRPC ingress yet), hidden from --help."""
+    """Ray's gRPC flags (docs/grpc.md)."""
     parser.add_argument("--grpc-servicer-functions", action="append", default=[],
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--grpc-enable-reflection", "--grpc-disable-reflection",
-                        action="store_true", help=argparse.SUPPRESS)
+                        metavar="IMPORT_PATH",
+                        help="a gRPC add_*Servicer_to_server function to serve (repeatable); "
+                             "none: no gRPC server")
+    parser.add_argument("--grpc-enable-reflection", dest="grpc_enable_reflection",
+                        action="store_true", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-disable-reflection", dest="grpc_enable_reflection",
+                        action="store_false", help="do not serve gRPC server reflection")
+
+
+def grpc_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The gRPC flags as Ray's grpc_options (None: no servicer functions, no gRPC)."""
+    if not args.grpc_servicer_functions:
+        return None
+    options: dict[str, Any] = {"grpc_servicer_functions": list(args.grpc_servicer_functions)}
+    if getattr(args, "grpc_port", None) is not None:
+        options["port"] = args.grpc_port
+    if args.grpc_enable_reflection is not None:
+        options["enable_reflection"] = args.grpc_enable_reflection
+    return options
 
 
 def _runtime_env_flags(parser: argparse.ArgumentParser) -> None:
@@ -183,11 +200,14 @@ def build_command(args: argparse.Namespace) -> int:
 
     from surge.api.config_apply import build_config
 
-    if args.grpc_servicer_functions:
-        print("surge: warning: no gRPC ingress yet; grpc_options are not written",
-              file=sys.stderr)
     sys.path.insert(0, os.path.abspath(args.app_dir))
     data = build_config(list(args.import_paths))
+    grpc = grpc_options_of(args)
+    if grpc is not None:  # right after http_options, as Ray writes it
+        entries = list(data.items())
+        at = [key for key, _ in entries].index("http_options") + 1
+        entries.insert(at, ("grpc_options", {"port": 9000, **grpc}))
+        data = dict(entries)
     # As Ray's ServeDeploySchemaDumper writes it: a blank line between top-level keys.
     sections = [yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False,
                                width=80, indent=2) for key, value in data.items()]

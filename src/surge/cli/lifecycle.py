@@ -63,10 +63,11 @@ def start_command(args: argparse.Namespace) -> int:
         pass
     http = {k: v for k, v in (("host", args.http_host), ("port", args.http_port))
             if v is not None}
-    if args.grpc_port is not None or args.grpc_servicer_functions:
-        print("surge: warning: no gRPC ingress yet; the gRPC flags are ignored",
-              file=sys.stderr)
+    if args.grpc_port is not None and not args.grpc_servicer_functions:
+        print("surge: warning: --grpc-port without --grpc-servicer-functions starts no gRPC "
+              "server", file=sys.stderr)
     serve.start(detached=True, http_options=http or None, proxy_location=args.proxy_location,
+                grpc_options=config_cmds.grpc_options_of(args),
                 backend=args.backend or "local", ray_address=args.ray_address,
                 dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port)
     started = current()

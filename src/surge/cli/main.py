@@ -104,7 +104,7 @@ def _start_parser(commands: Any) -> None:
                                                 "(default 127.0.0.1)")
     start.add_argument("--dashboard-port", type=int,
                        help="dashboard port (default 52801; 0: any free port)")
-    start.add_argument("--grpc-port", type=int, help=argparse.SUPPRESS)
+    start.add_argument("--grpc-port", type=int, help="gRPC port (default 9000)")
     _config_cmds.grpc_flags(start)
 
 

@@ -52,7 +52,7 @@ from surge.config.http import (
 # Ray Serve's classes that surge provides only so that code using them loads: where Ray
 # takes one (serve.start(grpc_options=...), request_router_config=...) surge accepts it
 # with a warning and does not use it. docs/ray-compat.md (scripts/ray_compat.py) reads it.
-RAY_CLASSES_ACCEPTED: tuple[type, ...] = (RequestRouterConfig, gRPCOptions)
+RAY_CLASSES_ACCEPTED: tuple[type, ...] = (RequestRouterConfig,)
 
 __all__ = [
     "AUTO_MAX_REPLICAS",

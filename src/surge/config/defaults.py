@@ -31,6 +31,12 @@ DEFAULT_REQUEST_HEADER_TIMEOUT_S = 30.0
 # also a silence between reads, is 60 s); without it a truncated body held its
 # connection forever.
 DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0
+# A WebSocket message from a client above this closes the socket with 1009 (uvicorn's
+# ws_max_size, which Ray Serve's proxy runs with).
+DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# A WebSocket with no message, ping or pong either way for this long is closed with 1001:
+# a socket whose peer vanished without a FIN holds a replica slot until then.
+DEFAULT_WEBSOCKET_IDLE_TIMEOUT_S = 600.0
 # Open client connections per proxy worker; more are answered 503 and closed.
 DEFAULT_MAX_CONNECTIONS = 10_000
 # Ray/uvicorn's keep-alive; long enough for load balancers that reuse connections.

@@ -17,6 +17,8 @@ from surge.config.defaults import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_REQUEST_BODY_TIMEOUT_S,
     DEFAULT_REQUEST_HEADER_TIMEOUT_S,
+    DEFAULT_WEBSOCKET_IDLE_TIMEOUT_S,
+    DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES,
 )
 
 
@@ -54,6 +56,8 @@ class HTTPOptions:
     request_header_timeout_s: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S
     request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    websocket_max_message_bytes: int = DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES
+    websocket_idle_timeout_s: float = DEFAULT_WEBSOCKET_IDLE_TIMEOUT_S
     location: str = "EveryNode"
     proxy_workers: int | None = None  # None: default_proxy_workers()
     # TLS (Ray Serve's and uvicorn's names). A certificate turns the port into HTTPS only;
@@ -79,6 +83,8 @@ class HTTPOptions:
         _number("request_header_timeout_s", self.request_header_timeout_s, minimum=0.1)
         _number("request_body_timeout_s", self.request_body_timeout_s, minimum=0.1)
         _integer("max_connections", self.max_connections, minimum=1)
+        _integer("websocket_max_message_bytes", self.websocket_max_message_bytes, minimum=1)
+        _number("websocket_idle_timeout_s", self.websocket_idle_timeout_s, minimum=0.1)
         if self.proxy_workers is not None:
             _integer("proxy_workers", self.proxy_workers, minimum=1)
         _require(self.location in PROXY_LOCATIONS,
@@ -122,6 +128,8 @@ class gRPCOptions:
     grpc_servicer_functions: Sequence[str] = ()
     request_timeout_s: float | None = None
     enable_reflection: bool = True
+    # surge's: the standard grpc.health.v1.Health service (Check, Watch) at each proxy.
+    enable_health_service: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and not isinstance(self.port, bool)

@@ -200,7 +200,7 @@ class ControlApi:
     # -- proxies -----------------------------------------------------------------------
 
     async def rpc_proxy_spec(self, peer: Peer) -> ProxySpec:
-        h, state = self.state.http, self.state
+        h, g, state = self.state.http, self.state.grpc, self.state
         port = h.port
         if state.proxy_address:  # later workers join the port the first one bound
             port = int(state.proxy_address.rpartition(":")[2])
@@ -212,9 +212,16 @@ class ControlApi:
                          request_header_timeout_s=h.request_header_timeout_s,
                          max_connections=h.max_connections,
                          request_body_timeout_s=h.request_body_timeout_s,
+                         websocket_max_message_bytes=h.websocket_max_message_bytes,
+                         websocket_idle_timeout_s=h.websocket_idle_timeout_s,
                          ssl_certfile=h.ssl_certfile,
                          ssl_keyfile=h.ssl_keyfile, ssl_ca_certs=h.ssl_ca_certs,
-                         ssl_cert_reqs=str(h.ssl_cert_reqs))
+                         ssl_cert_reqs=str(h.ssl_cert_reqs),
+                         grpc_port=g.port,
+                         grpc_servicer_functions=tuple(g.grpc_servicer_functions),
+                         grpc_request_timeout_s=g.request_timeout_s,
+                         grpc_enable_reflection=g.enable_reflection,
+                         grpc_enable_health=g.enable_health_service)
 
     async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")

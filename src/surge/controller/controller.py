@@ -30,7 +30,7 @@ from typing import Any
 
 from surge.backends.base import Backend
 from surge.clock import SYSTEM, Clock
-from surge.config import HTTPOptions, default_proxy_workers
+from surge.config import HTTPOptions, default_proxy_workers, gRPCOptions
 from surge.controller.actions import FailReplica, KillProcess, StopProxy, StopReplica
 from surge.controller.api import ControlApi
 from surge.controller.autoscaler import Autoscaler, LoadTracker
@@ -62,11 +62,12 @@ def random_replica_id(deployment: str) -> str:
 class Controller:
     def __init__(self, address: str, http: HTTPOptions, backend: Backend,
                  checkpoint: Checkpoint | None = None, *, clock: Clock = SYSTEM,
-                 new_replica_id: Callable[[str], str] = random_replica_id) -> None:
+                 new_replica_id: Callable[[str], str] = random_replica_id,
+                 grpc: gRPCOptions | None = None) -> None:
         workers = http.proxy_workers
         self.state = ControllerState(address, http,
                                      workers if workers is not None else default_proxy_workers(),
-                                     head=backend.head)
+                                     head=backend.head, grpc=grpc or gRPCOptions())
         self.backend = backend
         self.clock = clock
         self.stopped = asyncio.Event()

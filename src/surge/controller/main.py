@@ -59,7 +59,8 @@ async def serve(spec: ControllerProcessSpec) -> int:
         announce(f"{ERROR} {exc}")
         server.close()
         return 1
-    controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir))
+    controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir),
+                            grpc=spec.grpc)
     holder.append(controller)
     if spec.lifetime.detached:
         controller.state.daemon_pid = spec.lifetime.supervisor_pid

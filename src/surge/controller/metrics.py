@@ -36,6 +36,9 @@ _number: Callable[[float], str] = floatToGoString  # Go's float format, as the c
 APP_DEP = ["application", "deployment"]
 HTTP = ["application", "deployment", "route", "method", "status_code"]
 HTTP_ERRORS = ["application", "route", "method", "error_code"]
+GRPC = ["application", "deployment", "method", "status_code"]
+GRPC_ERRORS = ["application", "method", "error_code"]
+DEPLOYMENT_GRPC_ERRORS = ["application", "deployment", "method", "error_code"]
 DEPLOYMENT_HTTP_ERRORS = ["application", "deployment", "route", "method", "error_code"]
 REPLICA_ROUTE = ["application", "deployment", "replica", "route"]
 REPLICA = ["application", "deployment", "replica"]
@@ -62,7 +65,10 @@ METRIC_NAMES = (
     "serve_replica_processing_queries", "serve_deployment_replica_healthy",
     "serve_deployment_replica_starts", "serve_deployment_queued_queries",
     "serve_num_ongoing_requests_at_replicas", "serve_num_router_requests",
-    "serve_autoscaling_target_replicas", "surge_completed_requests",
+    "serve_autoscaling_target_replicas", "serve_num_grpc_requests",
+    "serve_num_grpc_error_requests", "serve_num_deployment_grpc_error_requests",
+    "serve_grpc_request_latency_ms", "serve_num_ongoing_grpc_requests",
+    "surge_completed_requests",
     "surge_rejected_requests", "surge_replicas", "surge_target_replicas",
     "surge_autoscaling_decisions", "surge_proxy_connections",
     *(name for name, _ in SIGNALS.values()), "surge_autoscaling_signal",
@@ -117,6 +123,29 @@ def _http_families(s: MetricsSnapshot) -> Iterator[Metric]:
                              for p, g in s.proxies.items()})
     yield _gauge("surge_proxy_connections", "Open client connections per proxy worker.",
                  ["proxy"], {(p, ): g.get("connections", 0) for p, g in s.proxies.items()})
+
+
+def _grpc_families(s: MetricsSnapshot) -> Iterator[Metric]:
+    counts = {key: h.count for key, h in s.grpc.items()}
+    errors: dict[tuple[object, ...], float] = {}
+    deployment_errors: dict[tuple[object, ...], float] = {}
+    for (app, dep, method, code), count in counts.items():
+        if code != "OK":
+            errors[(app, method, code)] = errors.get((app, method, code), 0) + count
+            full = (app, dep, method, code)
+            deployment_errors[full] = deployment_errors.get(full, 0) + count
+    yield _counter("serve_num_grpc_requests", "gRPC calls answered by the proxies, by status "
+                   "(CANCELLED: the client went away).", GRPC, counts)
+    yield _counter("serve_num_grpc_error_requests", "gRPC calls that ended with a status "
+                   "other than OK.", GRPC_ERRORS, errors)
+    yield _counter("serve_num_deployment_grpc_error_requests", "gRPC calls that ended with "
+                   "a status other than OK, by deployment.", DEPLOYMENT_GRPC_ERRORS,
+                   deployment_errors)
+    yield _histogram("serve_grpc_request_latency_ms", "End-to-end latency of a gRPC call at "
+                     "the proxy, from its start to its status, in ms.", GRPC, s.grpc)
+    yield _gauge("serve_num_ongoing_grpc_requests", "gRPC calls a proxy worker holds now.",
+                 ["proxy"], {(p, ): g.get("ongoing_grpc_requests", 0)
+                             for p, g in s.proxies.items()})
 
 
 def _replica_families(s: MetricsSnapshot) -> Iterator[Metric]:
@@ -175,6 +204,7 @@ def _deployment_families(s: MetricsSnapshot) -> Iterator[Metric]:
 def surge_families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     """The families in surge's names (METRIC_NAMES)."""
     yield from _http_families(snapshot)
+    yield from _grpc_families(snapshot)
     yield from _replica_families(snapshot)
     yield from _deployment_families(snapshot)
 

@@ -23,7 +23,7 @@ from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.state import ControllerState
 from surge.controller.user_metrics import UserFamily, UserMetrics
 from surge.model import DeploymentId
-from surge.observability.recorder import Histogram, HttpKey, TelemetryReport
+from surge.observability.recorder import GrpcKey, Histogram, HttpKey, TelemetryReport
 from surge.policy.lifecycle import ReplicaState
 
 __all__ = ["HISTORY_S", "SAMPLE_INTERVAL_S", "MetricsSnapshot", "Observer"]
@@ -45,6 +45,7 @@ class MetricsSnapshot:
     """Everything /metrics shows, frozen at one instant (label tuples -> values)."""
 
     http: Mapping[HttpKey, Histogram] = field(default_factory=dict)
+    grpc: Mapping[GrpcKey, Histogram] = field(default_factory=dict)
     processing: Mapping[ReplicaKey, Histogram] = field(default_factory=dict)
     errors: Mapping[ReplicaKey, int] = field(default_factory=dict)
     exceptions: Mapping[ExceptionKey, int] = field(default_factory=dict)
@@ -67,6 +68,13 @@ class MetricsSnapshot:
     user: Mapping[str, UserFamily] = field(default_factory=dict)  # serve.metrics by name
 
 
+# A gRPC status as the timeline's HTTP status classes count it.
+GRPC_KINDS = {"OK": "2xx", "DEADLINE_EXCEEDED": "timeouts", "CANCELLED": "4xx",
+              "NOT_FOUND": "4xx", "INVALID_ARGUMENT": "4xx", "ALREADY_EXISTS": "4xx",
+              "PERMISSION_DENIED": "4xx", "FAILED_PRECONDITION": "4xx", "OUT_OF_RANGE": "4xx",
+              "UNAUTHENTICATED": "4xx"}
+
+
 def _merge(into: dict[Any, Histogram], key: Any, histogram: Histogram) -> None:
     current = into.get(key)
     if current is None:
@@ -86,6 +94,7 @@ class Observer:
         self.clock = clock
         self.url = ""  # the dashboard's base URL once its server listens
         self.http: dict[HttpKey, Histogram] = {}
+        self.grpc: dict[GrpcKey, Histogram] = {}
         self.processing: dict[ReplicaKey, Histogram] = {}
         self.errors: dict[ReplicaKey, int] = {}
         self.exceptions: dict[ExceptionKey, int] = {}
@@ -141,6 +150,14 @@ class Observer:
                 status = self._window_status.setdefault(did, {})
                 code = http_key[4]
                 kind = "timeouts" if code == 408 else f"{code // 100}xx"
+                status[kind] = status.get(kind, 0) + histogram.count
+        for grpc_key, histogram in report.grpc.items():
+            _merge(self.grpc, grpc_key, histogram)
+            if grpc_key[0]:  # on the dashboard's timeline beside HTTP
+                did = DeploymentId(grpc_key[0], grpc_key[1])
+                _merge(self._window_http, did, histogram)
+                status = self._window_status.setdefault(did, {})
+                kind = GRPC_KINDS.get(grpc_key[3], "5xx")
                 status[kind] = status.get(kind, 0) + histogram.count
         for route, histogram in report.processing.items():
             _merge(self.processing, (report.app, report.deployment, report.source, route),
@@ -300,7 +317,7 @@ class Observer:
             for name, value in decision.signals.items():
                 signals[(did.app, did.name, name)] = float(value)
         return MetricsSnapshot(
-            http=self.http, processing=self.processing, errors=self.errors,
+            http=self.http, grpc=self.grpc, processing=self.processing, errors=self.errors,
             exceptions=self.exceptions,
             replica_processing={(a, d, r): v for r, (a, d, v) in self.replica_gauges.items()},
             replica_healthy=healthy, replica_starts=dict(self.replica_starts),

@@ -127,6 +127,41 @@ def _http(s: MetricsSnapshot) -> Iterator[Metric]:
                  "HTTP proxy.", ["node_id", "node_ip_address"], ongoing)
 
 
+def _grpc(s: MetricsSnapshot) -> Iterator[Metric]:
+    """Ray's gRPC proxy metrics: `route` is the application, `method` the RPC's path."""
+    requests: dict[tuple[str, ...], float] = {}
+    errors: dict[tuple[str, ...], float] = {}
+    deployment_errors: dict[tuple[str, ...], float] = {}
+    latency: dict[tuple[str, ...], Histogram] = {}
+    for (app, dep, method, code), histogram in s.grpc.items():
+        key = (app, method, app, code)
+        _add(requests, key, histogram.count)
+        merged = latency.get(key)
+        if merged is None:
+            merged = latency[key] = Histogram()
+        merged.merge(histogram)
+        if code != "OK":
+            _add(errors, (app, code, method, app), histogram.count)
+            _add(deployment_errors, (app, dep, code, method, app), histogram.count)
+    yield _counter("serve_num_grpc_requests", "The number of gRPC requests processed.",
+                   ["application", "method", "route", "status_code"], requests)
+    yield _counter("serve_num_grpc_error_requests", "The number of errored gRPC responses.",
+                   ["application", "error_code", "method", "route"], errors)
+    yield _counter("serve_num_deployment_grpc_error_requests", "The number of errored gRPC "
+                   "responses returned by each deployment.",
+                   ["application", "deployment", "error_code", "method", "route"],
+                   deployment_errors)
+    yield _latency("serve_grpc_request_latency_ms", "The end-to-end latency of gRPC "
+                   "requests (measured from the Serve gRPC proxy).",
+                   ["application", "method", "route", "status_code"], latency)
+    ongoing: dict[tuple[str, ...], float] = {}
+    for proxy, gauges in s.proxies.items():
+        node = s.proxy_nodes.get(proxy, ("", ""))
+        _add(ongoing, node, gauges.get("ongoing_grpc_requests", 0))
+    yield _gauge("serve_num_ongoing_grpc_requests", "The number of ongoing requests in this "
+                 "gRPC proxy.", ["node_id", "node_ip_address"], ongoing)
+
+
 def _replicas(s: MetricsSnapshot) -> Iterator[Metric]:
     replica = ["application", "deployment", "replica"]
     succeeded = {key: h.count - s.errors.get(key, 0) for key, h in s.processing.items()}
@@ -168,6 +203,7 @@ def _routers(s: MetricsSnapshot) -> Iterator[Metric]:
 def ray_families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     """Ray Serve's metrics as Ray exports them (RAY_METRIC_NAMES)."""
     yield from _http(snapshot)
+    yield from _grpc(snapshot)
     yield from _replicas(snapshot)
     yield from _routers(snapshot)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from surge.backends.base import Placement
-from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions
+from surge.config import DeploymentConfig, DeploymentSpec, HTTPOptions, gRPCOptions
 from surge.model import (
     AccessTokens,
     ApplicationStatus,
@@ -190,6 +190,7 @@ class ControllerState:
     proxy_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     stopping: bool = False  # shutting down: start nothing
     daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
+    grpc: gRPCOptions = field(default_factory=gRPCOptions)  # what each proxy serves over gRPC
 
     def __repr__(self) -> str:
         return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "

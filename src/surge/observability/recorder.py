@@ -22,6 +22,7 @@ from surge.observability.user_metrics import UserReport
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
+    "GrpcKey",
     "Histogram",
     "HttpKey",
     "Recorder",
@@ -35,6 +36,8 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
 
 # (application, deployment, route, method, status code)
 HttpKey = tuple[str, str, str, str, int]
+# (application, deployment, method, grpc status name): a gRPC call at a proxy
+GrpcKey = tuple[str, str, str, str]
 # (application, deployment, reason)
 RejectionKey = tuple[str, str, str]
 
@@ -117,22 +120,24 @@ class TelemetryReport:
     gauges: Mapping[str, float] = field(default_factory=dict)
     user: UserReport = field(default_factory=dict)  # serve.metrics since the last report
     models: tuple[str, ...] = ()  # a multiplexed replica's models, held or loading
+    grpc: Mapping[GrpcKey, Histogram] = field(default_factory=dict)  # a proxy's gRPC calls
 
     @property
     def empty(self) -> bool:
         return not (self.http or self.processing or self.errors or self.rejections
-                    or self.user)
+                    or self.user or self.grpc)
 
 
 class Recorder:
     """One per process; every method is safe to call per request."""
 
-    __slots__ = ("_first", "app", "deployment", "errors", "exceptions", "http", "processing",
-                 "rejections", "role", "source")
+    __slots__ = ("_first", "app", "deployment", "errors", "exceptions", "grpc", "http",
+                 "processing", "rejections", "role", "source")
 
     def __init__(self, role: str, source: str, app: str = "", deployment: str = "") -> None:
         self.role, self.source, self.app, self.deployment = role, source, app, deployment
         self.http: dict[HttpKey, Histogram] = {}
+        self.grpc: dict[GrpcKey, Histogram] = {}
         self.processing: dict[str, Histogram] = {}
         self.errors: dict[str, int] = {}
         self.exceptions: dict[tuple[str, str], int] = {}
@@ -147,6 +152,12 @@ class Recorder:
         histogram = self.http.get(key)
         if histogram is None:
             histogram = self.http[key] = Histogram()
+        histogram.observe(latency_ms)
+
+    def grpc_request(self, key: GrpcKey, latency_ms: float) -> None:
+        histogram = self.grpc.get(key)
+        if histogram is None:
+            histogram = self.grpc[key] = Histogram()
         histogram.observe(latency_ms)
 
     def processed(self, route: str, latency_ms: float, ok: bool) -> None:
@@ -173,8 +184,8 @@ class Recorder:
         report = TelemetryReport(self.role, self.source, self.app, self.deployment,
                                  self._first, self.http, self.processing, self.errors,
                                  self.exceptions, self.rejections, dict(gauges or {}),
-                                 user or {})
+                                 user or {}, grpc=self.grpc)
         self.http, self.processing, self.errors, self.rejections = {}, {}, {}, {}
-        self.exceptions = {}
+        self.exceptions, self.grpc = {}, {}
         self._first = False
         return report

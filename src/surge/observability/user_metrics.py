@@ -60,7 +60,9 @@ RESERVED_NAMES = frozenset({
     "serve_replica_processing_queries", "serve_deployment_replica_healthy",
     "serve_deployment_replica_starts", "serve_deployment_queued_queries",
     "serve_num_ongoing_requests_at_replicas", "serve_num_router_requests",
-    "serve_autoscaling_target_replicas",
+    "serve_autoscaling_target_replicas", "serve_num_grpc_requests",
+    "serve_num_grpc_error_requests", "serve_num_deployment_grpc_error_requests",
+    "serve_grpc_request_latency_ms", "serve_num_ongoing_grpc_requests",
 })
 
 Labels = tuple[str, ...]  # tag values in MetricInfo.tag_keys order

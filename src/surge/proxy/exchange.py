@@ -14,7 +14,9 @@ Flow control: each body byte of a streamed response (`HttpStart(more=True)` and 
 `HttpBody` frames) that reaches the client's transport is acknowledged through the
 connection (`H1Connection.acknowledge`, performed as `Pending.consumed`): at once, or,
 while the transport has paused writing, when it resumes. A single-frame response never
-is. Nothing here performs I/O: decisions go to the connection's lists, and `deliver` and
+is. The other way, a streamed upload's body parts wait in the exchange's `Upstream`
+(proxy/upstream.py) until the replica grants room for them (`Credit`). Nothing here
+performs I/O: decisions go to the connection's lists, and `deliver` and
 `fail` (the Sink the router calls) then wake the shell to carry them out.
 """
 
@@ -33,7 +35,8 @@ from surge.policy.admission import retry_after_header
 from surge.proxy.h1_state import EXCHANGE, H1StateError, Phase, PhaseEvent
 from surge.proxy.head import TEXT, Answer, RequestHead
 from surge.proxy.responses import LAST_CHUNK, chunk, forbids_body, head, openai_error, simple
-from surge.transport.messages import Failure, HttpBody, HttpStart, Message
+from surge.proxy.upstream import Upstream
+from surge.transport.messages import Credit, Failure, HttpBody, HttpStart, Message
 
 if TYPE_CHECKING:
     from surge.proxy.h1 import H1Connection
@@ -45,7 +48,7 @@ JSON = b"application/json"
 log = logging.getLogger("surge.proxy")
 
 QUEUED, WAITING, STREAMING = Phase.QUEUED, Phase.WAITING, Phase.STREAMING
-DONE, DETACHED = Phase.DONE, Phase.DETACHED
+DONE, DETACHED, ABANDONED = Phase.DONE, Phase.DETACHED, Phase.ABANDONED
 _DISPATCH, _STREAM, _BODY, _END = (PhaseEvent.DISPATCH, PhaseEvent.STREAM, PhaseEvent.BODY,
                                    PhaseEvent.END)
 _CUT, _GONE, _DETACH = PhaseEvent.CUT, PhaseEvent.GONE, PhaseEvent.DETACH
@@ -56,7 +59,7 @@ class Exchange:
     """One request/response on a connection."""
 
     __slots__ = ("body", "buffer", "buffered", "conn", "head", "held", "keep_alive", "pending",
-                 "phase", "started", "status", "timer")
+                 "phase", "started", "status", "timer", "upstream")
 
     def __init__(self, conn: H1Connection, head: RequestHead, body: bytes, keep_alive: bool,
                  started: float) -> None:
@@ -72,6 +75,7 @@ class Exchange:
         self.held = 0  # streamed body bytes written while the transport was paused
         self.pending: Any = None  # the shell's: its Pending at the router
         self.timer: Any = None  # the shell's: its deadline
+        self.upstream: Upstream | None = None  # a streamed upload's parts yet to send
 
     def __repr__(self) -> str:
         head = self.head
@@ -107,7 +111,8 @@ class Exchange:
 
     def on_frame(self, message: Message) -> None:
         if self.phase is DETACHED:
-            self._dropped(message)
+            if not isinstance(message, Credit):  # room for an upload nobody sends: moot
+                self._dropped(message)
             return
         if isinstance(message, HttpStart):
             self._start(message)
@@ -120,6 +125,8 @@ class Exchange:
                 self.error(499, "Request cancelled.")
             else:
                 self.error(500, "Internal Server Error")
+        elif isinstance(message, Credit):
+            self.credit(message.amount)
         else:
             raise H1StateError(f"an HTTP exchange cannot take {type(message).__name__}")
 
@@ -207,6 +214,8 @@ class Exchange:
             if body and not (request.head_only or forbids_body(status)):
                 data += body
             conn = self.conn
+            if self.upstream is not None:
+                self._stop_upload()
             conn.records.append(self)
             if conn.exchanges[0] is self:
                 conn.out.append(data)
@@ -270,6 +279,46 @@ class Exchange:
         if final:
             self.conn.settled.append(self)
 
+    # -- the request's own stream: a streamed upload ---------------------------------------
+
+    def upload(self, body: bytes, more: bool) -> None:
+        """More of a streamed request body: to the replica as its window allows."""
+        upstream = self.upstream
+        phase = self.phase
+        if upstream is None or phase is DONE or phase is ABANDONED or phase is DETACHED:
+            return  # answered (or given up) already: the rest is read and dropped
+        upstream.push(HttpBody(id=0, body=body, more=more), len(body))
+        self.send_ready()
+
+    def refused(self, status: int, body: bytes) -> None:
+        """Its streamed body broke a limit (too large, stalled): answer `status` if nothing
+        went out yet (else cut the response), and stop the request at its replica."""
+        phase = self.phase
+        if phase is QUEUED or phase is WAITING:
+            self.respond(status, body)
+        elif phase is STREAMING:
+            self._cut()
+        else:
+            return
+        if phase is not QUEUED:
+            self.conn.cancels.append(self)
+
+    def credit(self, amount: int) -> None:
+        """The replica granted room for `amount` more of the request's stream."""
+        upstream = self.upstream
+        if upstream is not None and self.phase is not DONE:
+            upstream.credit(amount)
+            self.send_ready()
+
+    def send_ready(self) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        conn = self.conn
+        for frame in upstream.ready():
+            conn.sends.append((self, frame))
+        if conn.uploading is self:
+            conn.upload_paused = upstream.paused
+
     # -- output ----------------------------------------------------------------------------
 
     def _write(self, data: bytes, body: int = 0) -> None:
@@ -297,8 +346,17 @@ class Exchange:
                 self.conn.acknowledge(self, self.buffered)
                 self.buffered = 0
 
+    def _stop_upload(self) -> None:
+        """Answered before its upload ended: the rest is read and dropped."""
+        assert self.upstream is not None
+        self.upstream.drop()
+        if self.conn.uploading is self:
+            self.conn.upload_paused = False
+
     def _finish(self) -> None:
         conn = self.conn
+        if self.upstream is not None:
+            self._stop_upload()
         conn.records.append(self)
         if conn.exchanges[0] is self:
             conn.advance_line()

@@ -3,18 +3,28 @@
 `H1Connection` parses with httptools and owns the connection's state (`h1_state.Conn`)
 and its exchanges in request order. It never touches a socket, a loop or a router: what
 it decides waits in its lists for the shell (`proxy/http.py`) to carry out, in this
-order: `dispatch` (send to the route's router), `out` (bytes to write), `cancels`,
-`acks` (streamed body bytes written: `Pending.consumed`), `records` (metrics and access
-log; the deadline is disarmed unless the request runs on detached), `settled` (a
-detached request ended: disarm its deadline), `rejections` (counters); then close when
-`state` is CLOSED, and pause or resume reading as `reading_paused` says. `wake` tells
+order: `dispatch` (send to the route's router), `sends` (frames of a request's own
+stream for its replica: a streamed upload's parts, a WebSocket's messages), `out` (bytes
+to write), `cancels`, `acks` (streamed body bytes written: `Pending.consumed`),
+`records` (metrics and access log; the deadline is disarmed unless the request runs on
+detached), `settled` (a detached request ended: disarm its deadline), `rejections`
+(counters); then close when `state` is CLOSED, and pause or resume reading as
+`reading_paused` and `upload_paused` say. `wake` tells
 the shell there is something to do after a frame or failure the router delivered.
 
 Each request's head is read once, when its headers are in (`head.read_head`). Requests
 may be pipelined: at most MAX_PIPELINED are owed at a time; past that reading pauses,
 and any read in the same bytes wait (QUEUED) before going to their router. A request
 that cannot be read (malformed, too large, too slow) is answered and the connection
-closed; an Upgrade is served as plain HTTP and then closed; CONNECT is refused.
+closed; CONNECT is refused.
+
+A body larger than UPLOAD_STREAM_BYTES is not buffered: once that much is in, the
+request goes to its router with what came so far and the rest follows as it arrives
+(`Exchange.upload`), reading paused while the replica's window is shut
+(`upload_paused`); smaller bodies travel whole in the request's one frame. A WebSocket
+handshake to a route (`Upgrade: websocket`) makes the connection UPGRADED and its bytes
+frames for its `WsExchange` (proxy/ws_exchange.py); any other Upgrade is served as plain
+HTTP and then closed.
 """
 
 from __future__ import annotations
@@ -37,24 +47,33 @@ from surge.proxy.h1_state import (
 from surge.proxy.head import HeadFields, RequestHead, new_request_id, read_head
 from surge.proxy.responses import CONTINUE, simple
 from surge.proxy.site import Site
+from surge.proxy.upstream import Upstream
+from surge.proxy.websocket import is_websocket_upgrade
+from surge.proxy.ws_exchange import WsExchange
+from surge.transport.messages import Message
 
-__all__ = ["MAX_PIPELINED", "H1Connection"]
+__all__ = ["MAX_PIPELINED", "UPLOAD_STREAM_BYTES", "H1Connection"]
 
 # Requests one connection may have owed at once. Browsers do not pipeline and wrk's
 # pipelining scripts send a handful; 16 keeps one client from holding more than 16 of
 # a deployment's replica slots or queue places and bounds the responses held back
 # behind a slow first one, while a pipelining client still never waits on us.
 MAX_PIPELINED = 16
+# A body up to this size travels whole with its request (one frame, the fast path); a
+# larger one, or a chunked one that grows past it, streams to the app as it arrives, so
+# an upload costs the proxy this much and a window, not its size.
+UPLOAD_STREAM_BYTES = 256 * 1024
 
 IDLE, HEADERS, BODY, CLOSING, CLOSED = (Conn.IDLE, Conn.HEADERS, Conn.BODY, Conn.CLOSING,
                                         Conn.CLOSED)
+UPGRADED = Conn.UPGRADED
 _READING = (IDLE, HEADERS, BODY)
 DONE, QUEUED = Phase.DONE, Phase.QUEUED
 _DISPATCHED = EXCHANGE[QUEUED][PhaseEvent.DISPATCH]
 _BEGIN, _HEADERS_END, _END, _LAST = (ConnEvent.BEGIN, ConnEvent.HEADERS_END, ConnEvent.END,
                                      ConnEvent.LAST)
 _REFUSE, _DECLINE, _CLOSE = ConnEvent.REFUSE, ConnEvent.DECLINE, ConnEvent.CLOSE
-_IDLE_TIMEOUT, _LOST = ConnEvent.IDLE_TIMEOUT, ConnEvent.LOST
+_IDLE_TIMEOUT, _LOST, _UPGRADE = ConnEvent.IDLE_TIMEOUT, ConnEvent.LOST, ConnEvent.UPGRADE
 # surge_rejected_requests_total{reason} for requests refused before they reach a router.
 REFUSAL_REASONS = {400: "malformed", 408: "header_timeout", 413: "body_too_large",
                    431: "headers_too_large"}
@@ -76,8 +95,8 @@ class H1Connection:
     __slots__ = ("_max_body", "_max_header", "acks", "body", "body_at", "body_size", "cancels",
                  "dispatch", "exchanges", "fields", "head", "header_bytes", "headers", "holding",
                  "idle_since", "out", "parser", "reading_paused", "received_at", "records",
-                 "rejections", "settled", "site", "started_at", "state", "url", "wake",
-                 "writing_paused")
+                 "rejections", "sends", "settled", "site", "started_at", "state",
+                 "upload_paused", "uploading", "url", "wake", "writing_paused")
 
     def __init__(self, site: Site, wake: Callable[[], None] = _nothing) -> None:
         self.site = site
@@ -92,12 +111,15 @@ class H1Connection:
         self.cancels: list[Exchange] = []
         self.out: list[bytes] = []
         self.acks: list[tuple[Exchange, int]] = []
+        self.sends: list[tuple[Exchange, Message]] = []
         self.records: list[Exchange] = []
         self.settled: list[Exchange] = []
         self.rejections: list[tuple[str, str, str]] = []  # (app, deployment, reason)
         self.reading_paused = False  # wanted: MAX_PIPELINED responses are owed
         self.writing_paused = False  # the transport's buffer is full: acknowledgements wait
         self.holding: list[Exchange] = []  # exchanges with acknowledgements held back
+        self.uploading: Exchange | None = None  # its body (or WebSocket) streams to it
+        self.upload_paused = False  # wanted: its replica's window is shut
         # The request being read:
         self.fields = HeadFields()
         self.head = _NO_HEAD  # the last request's, once its headers are in
@@ -119,13 +141,19 @@ class H1Connection:
     # -- inputs from the shell -------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
-        if self.state is CLOSING or self.state is CLOSED:
+        state = self.state
+        if state is CLOSING or state is CLOSED:
             return  # no further request is read: whatever follows is not ours to parse
         self.received_at = self.site.now()  # one clock read for all it holds
+        if state is UPGRADED:
+            self._frames(data)
+            return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # on_message_complete decided: served as plain HTTP, or CONNECT refused
+        except httptools.HttpParserUpgrade as exc:
+            # on_message_complete decided: a WebSocket, plain HTTP, or CONNECT refused
+            if self.state is UPGRADED and len(data) > exc.args[0]:
+                self._frames(data[exc.args[0]:])
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, H1StateError):
                 raise exc.__context__ from None
@@ -164,9 +192,15 @@ class H1Connection:
             timeout = spec.request_header_timeout_s
             if now - self.started_at >= timeout:  # slowloris
                 self._refuse(408, f"Request headers not received within {timeout:g}s.".encode())
+        elif state is UPGRADED:
+            websocket = self.uploading
+            if isinstance(websocket, WsExchange):
+                websocket.idle(now, spec.websocket_idle_timeout_s)
         elif state is BODY:
             timeout = spec.request_body_timeout_s
-            if now - self.body_at >= timeout:  # truncated, or sent to hold the slot
+            if self.upload_paused:
+                self.body_at = now  # its app is slow, not its client: no 408 for that
+            elif now - self.body_at >= timeout:  # truncated, or sent to hold the slot
                 self._refuse(408, f"Request body stalled for {timeout:g}s.".encode(),
                              "body_timeout")
 
@@ -236,10 +270,16 @@ class H1Connection:
                               "bytes.".encode())
             raise _Stop
         if self.head.answer is None:  # else read and dropped
+            uploading = self.uploading
+            if uploading is not None:
+                uploading.upload(body, True)
+                return
             if self.body is None:
                 self.body = [body]
             else:
                 self.body.append(body)
+            if self.body_size > UPLOAD_STREAM_BYTES:
+                self._stream_upload()
 
     def on_message_complete(self) -> None:
         parser = self.parser
@@ -249,13 +289,62 @@ class H1Connection:
             if head.method == "CONNECT":
                 self._refuse(400, b"Protocol upgrades are not supported.")
                 return
+            key = is_websocket_upgrade(self.headers) if head.answer is None else None
+            if key is not None and head.method == "GET":
+                self._upgrade(key)
+                return
             # Served as plain HTTP (RFC 9110 7.8 lets a server ignore Upgrade), then
             # closed: whatever follows is not HTTP.
             keep_alive = False
         self.state = CONNECTION[self.state][_END if keep_alive else _LAST]
+        uploading = self.uploading
+        if uploading is not None:  # the last of a streamed body
+            self.uploading = None
+            self.upload_paused = False
+            uploading.keep_alive = keep_alive  # read in full: the connection may go on
+            uploading.upload(b"", False)
+            return
         parts = self.body
         body = b"" if parts is None else parts[0] if len(parts) == 1 else b"".join(parts)
-        exchange = Exchange(self, head, body, keep_alive, self.body_at)
+        self._enqueue(Exchange(self, head, body, keep_alive, self.body_at))
+
+    def _stream_upload(self) -> None:
+        """The body outgrew UPLOAD_STREAM_BYTES: the request goes now, the rest follows."""
+        parts = self.body
+        assert parts is not None
+        self.body = None
+        # Until its body is in, a response ends the connection: the rest is unread.
+        exchange = Exchange(self, self.head, b"".join(parts), False, self.body_at)
+        exchange.upstream = Upstream()
+        self.uploading = exchange
+        self.upload_paused = True  # until the replica that takes it grants a window
+        self._enqueue(exchange)
+
+    def _upgrade(self, key: bytes) -> None:
+        self.state = CONNECTION[self.state][_UPGRADE]
+        exchange = WsExchange(self, self.head, key, self.site.spec.websocket_max_message_bytes,
+                              self.body_at)
+        self.uploading = exchange
+        self.upload_paused = True  # until the app accepts
+        self._enqueue(exchange)
+
+    def _frames(self, data: bytes) -> None:
+        websocket = self.uploading
+        if isinstance(websocket, WsExchange):
+            websocket.data_received(data, self.received_at)
+
+    def close_now(self, exchange: Exchange) -> None:
+        """A WebSocket closed before its handshake finished: give it up, and the rest."""
+        try:
+            self.exchanges.remove(exchange)
+        except ValueError:
+            pass
+        exchange.gone()
+        self.state = CONNECTION[self.state][_CLOSE]
+        self._abandon()
+
+    def _enqueue(self, exchange: Exchange) -> None:
+        head = exchange.head
         exchanges = self.exchanges
         exchanges.append(exchange)
         owed = len(exchanges)
@@ -271,6 +360,14 @@ class H1Connection:
 
     def _refuse(self, status: int, body: bytes, reason: str = "") -> None:
         """Answer a request that cannot be read, then close: the stream cannot be trusted."""
+        uploading = self.uploading
+        if uploading is not None:  # its request went ahead: it is the one refused
+            self.uploading = None
+            self.upload_paused = False
+            self.state = CONNECTION[self.state][_REFUSE]
+            self.rejections.append(("", "", reason or REFUSAL_REASONS.get(status, str(status))))
+            uploading.refused(status, body)
+            return
         state = self.state
         request_id = (self.head.request_id if state is BODY and self.head is not None
                       else self.fields.request_id if state is HEADERS else None)

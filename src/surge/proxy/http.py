@@ -8,8 +8,10 @@ answered requests to `Proxy.record`. A client that goes away cancels its request
 through the router, unless it sent `x-request-disconnect-disabled: ?1`.
 
 Flow control, both ways: the core asks to pause reading while MAX_PIPELINED responses
-are owed, and while the transport has paused writing (its buffer is full) it holds the
-acknowledgements of streamed bytes, so replicas stop sending until the client reads.
+are owed or while a replica's window for a streamed upload or WebSocket is shut
+(`upload_paused`; their frames go out as `sends`), and while the transport has paused
+writing (its buffer is full) it holds the acknowledgements of streamed bytes, so
+replicas stop sending until the client reads.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.proxy.exchange import Exchange
 from surge.proxy.h1 import H1Connection
 from surge.proxy.h1_state import Conn, Phase
+from surge.proxy.ws_exchange import WsExchange
 from surge.router.replica_link import Pending
-from surge.transport.messages import HttpRequest
+from surge.transport.messages import HttpRequest, Message
 
 if TYPE_CHECKING:
     from surge.proxy.server import Proxy
@@ -90,6 +93,13 @@ class HttpConnection(asyncio.Protocol):
         self.core.check_time(now)
         self._act()
 
+    def going_away(self) -> None:
+        """The proxy stops: an open WebSocket is closed with 1001 rather than cut."""
+        websocket = self.core.uploading
+        if isinstance(websocket, WsExchange):
+            websocket.going_away("proxy shutting down")
+            self._act()
+
     # -- carrying out the core's decisions -------------------------------------------------
 
     def _act(self) -> None:
@@ -103,6 +113,8 @@ class HttpConnection(asyncio.Protocol):
             while True:
                 if core.dispatch:
                     self._dispatch_all(core.dispatch)
+                if core.sends:  # before records: a closed WebSocket's last word
+                    self._send_upstream(core.sends)
                 out = core.out
                 if out:
                     if self.transport is not None:
@@ -124,7 +136,8 @@ class HttpConnection(asyncio.Protocol):
                     records.clear()
                 if core.settled or core.rejections:
                     self._settle_and_count(core)
-                if core.state is CLOSED or core.reading_paused is not self._reading_paused:
+                if (core.state is CLOSED or core.upload_paused
+                        or core.reading_paused is not self._reading_paused):
                     self._flow(core)
                 if not self._again:
                     return
@@ -146,8 +159,18 @@ class HttpConnection(asyncio.Protocol):
         core.cancels.clear()
         # After the write above: the bytes a grant stands for are with the transport.
         for exchange, nbytes in core.acks:
-            exchange.pending.consumed(nbytes)
+            if exchange.pending is not None:
+                exchange.pending.consumed(nbytes)
         core.acks.clear()
+
+    def _send_upstream(self, sends: list[tuple[Exchange, Message]]) -> None:
+        """A request's own stream, to the replica that has it (it granted the room)."""
+        for exchange, frame in sends:
+            pending = exchange.pending
+            if pending is not None and pending.link is not None and not pending.cancelled:
+                frame.id = pending.message.id  # type: ignore[union-attr]
+                pending.link.send(frame)
+        sends.clear()
 
     def _disarm(self, exchange: Exchange) -> None:
         if exchange.phase is not DETACHED:  # a detached request's deadline still holds
@@ -172,12 +195,14 @@ class HttpConnection(asyncio.Protocol):
         if core.state is CLOSED:
             if not transport.is_closing():
                 transport.close()
-        elif core.reading_paused is not self._reading_paused:
-            self._reading_paused = core.reading_paused
-            if core.reading_paused:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
+        else:
+            paused = core.reading_paused or core.upload_paused
+            if paused is not self._reading_paused:
+                self._reading_paused = paused
+                if paused:
+                    transport.pause_reading()
+                else:
+                    transport.resume_reading()
 
     def _dispatch(self, exchange: Exchange) -> None:
         head = exchange.head
@@ -188,6 +213,11 @@ class HttpConnection(asyncio.Protocol):
                               self.client, route.prefix, head.request_id.decode(),
                               head.http_version, proxy.spec.root_path, head.raw_path,
                               proxy.site.scheme, head.model_id)
+        if exchange.upstream is not None:  # the rest of its body, or a WebSocket, follows
+            if isinstance(exchange, WsExchange):
+                request.upgrade = "websocket"
+            else:
+                request.more_body = True
         pending = exchange.pending = Pending(request, exchange)
         router = route.router
         try:

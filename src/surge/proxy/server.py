@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 from surge.clock import SYSTEM, Clock
 from surge.errors import ConfigError
@@ -57,6 +58,7 @@ class Proxy:
         shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s,
                        spec.request_body_timeout_s)
         self._sweep_interval = min(1.0, max(0.05, shortest / 4))
+        self.grpc: Any = None  # the GrpcIngress (proxy/grpc.py) when gRPC is served
         self.loop.call_later(self._sweep_interval, self._sweep)
 
     def _router_for(self, target: RouteTarget) -> Router:
@@ -101,10 +103,24 @@ class Proxy:
                          exchange.status, latency_ms, route=route, application=app,
                          deployment=deployment)
 
+    def record_grpc(self, labels: tuple[str, str, str], code: int, name: str,
+                    latency_ms: float, request_id: str) -> None:
+        """A gRPC call ended with status `code` (`name`): count it, maybe log it."""
+        access = self.access
+        app, deployment, method = labels
+        if self.metrics:
+            self.recorder.grpc_request((app, deployment, method, name), latency_ms)
+        if access.enabled and access.wanted(self.now()):
+            access.write(request_id, "gRPC", method, code, latency_ms, route=method,
+                         application=app, deployment=deployment, protocol="grpc",
+                         grpc_status=name)
+
     def telemetry(self) -> TelemetryReport:
         ongoing = sum(len(connection.core.exchanges) for connection in self.connections)
-        return self.recorder.drain({"ongoing_http_requests": ongoing,
-                                    "connections": len(self.connections)})
+        gauges = {"ongoing_http_requests": ongoing, "connections": len(self.connections)}
+        if self.grpc is not None:
+            gauges["ongoing_grpc_requests"] = self.grpc.ongoing
+        return self.recorder.drain(gauges)
 
     async def follow_routes(self) -> None:
         """Compile each route table as soon as it arrives.
@@ -120,6 +136,10 @@ class Proxy:
 
     async def drain(self) -> None:
         self.site.draining = True
+        if self.grpc is not None:
+            self.grpc.drained.set()
+        for connection in list(self.connections):
+            connection.going_away()  # WebSockets: 1001 now, not a cut at the deadline
         deadline = self.now() + DRAIN_TIMEOUT_S
         while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
             await asyncio.sleep(0.02)
@@ -159,6 +179,12 @@ async def serve(launch: ProxyProcessSpec) -> int:
     server = await loop.create_server(
         proxy.protocol, sock=sock, backlog=4096, ssl=tls,
         ssl_handshake_timeout=spec.request_header_timeout_s if tls is not None else None)
+    try:
+        grpc_server = await _serve_grpc(proxy, spec)
+    except ConfigError as exc:
+        server.close()
+        await runtime.call("proxy_failed", error=str(exc))
+        return 1
     follower = loop.create_task(proxy.follow_routes())
     if proxy.metrics:
         runtime.report_telemetry(proxy.telemetry)
@@ -171,8 +197,22 @@ async def serve(launch: ProxyProcessSpec) -> int:
     follower.cancel()
     server.close()
     await proxy.drain()
+    if grpc_server is not None:
+        await grpc_server.stop(DRAIN_TIMEOUT_S)
     runtime.close()
     return 0
+
+
+async def _serve_grpc(proxy: Proxy, spec: ProxySpec) -> Any:
+    """The gRPC server beside the HTTP one, when servicer functions are configured."""
+    if not spec.grpc_servicer_functions:
+        return None
+    from surge.proxy.grpc import start_grpc  # grpcio is imported only when it is used
+
+    started = await start_grpc(proxy, spec.host, spec.grpc_port, spec.grpc_servicer_functions,
+                               spec.grpc_request_timeout_s, spec.grpc_enable_reflection,
+                               spec.grpc_enable_health)
+    return None if started is None else started[0]
 
 
 def _advertised_host(host: str, node_ip: str | None) -> str:

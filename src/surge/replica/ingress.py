@@ -42,6 +42,8 @@ def ingress(app: Any = None) -> Any:
             raise ValueError(f"serve.ingress() called without an app argument requires "
                              f"{cls.__name__} to define `{BUILD_METHOD}`.")
         setattr(cls, INGRESS_ATTRIBUTE, _LATE if app is None else app)
+        if app is not None and not inspect.isfunction(app):
+            _resolve_annotations(app, cls)
         return cls
 
     return decorator
@@ -133,6 +135,25 @@ def _bind_class_routes(app: Any, cls: type, instance: Any) -> None:
         options = {name: getattr(route, name) for name in names if hasattr(route, name)}
         options["endpoint"] = types.MethodType(endpoint, instance)
         routes[index] = kind(**options)
+
+
+def _resolve_annotations(app: Any, cls: type) -> None:
+    """Annotations of the class's route methods as objects, not strings, while their
+    module's globals are at hand: the replica rebuilds these routes from a by-value
+    copy of the class (a `__main__` script's), whose functions keep only the globals
+    their code uses, so `ws: "WebSocket"` under `from __future__ import annotations`
+    would no longer resolve there and FastAPI would take it for a query parameter."""
+    import typing
+
+    prefixes = tuple(f"{base.__qualname__}." for base in cls.__mro__ if base is not object)
+    for _, _, route in _routes(app):
+        endpoint = getattr(route, "endpoint", None)
+        if not getattr(endpoint, "__qualname__", "").startswith(prefixes):
+            continue
+        try:
+            endpoint.__annotations__ = typing.get_type_hints(endpoint, include_extras=True)
+        except Exception:  # a name only the replica has: left as it is
+            pass
 
 
 def _routes(router: Any) -> Iterator[tuple[list[Any], int, Any]]:

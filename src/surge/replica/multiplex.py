@@ -9,7 +9,8 @@ costs Ray's users hit:
   behind one lock);
 - at most `max_num_models_per_replica` models held or loading; to make room the least
   recently used loaded model is unloaded (its `__del__` runs, awaited when async); a
-  load that has to wait for room waits for the first load in progress to finish;
+  load that has to wait for room (every slot loading) waits for a running load to
+  finish, then takes that model's place;
 - a failed load fails only the requests waiting for it, with the loader's error, and
   the next request for that model loads it again.
 Each cache registers itself here, so the replica tells its routers which models it holds
@@ -29,11 +30,11 @@ import collections
 import functools
 import inspect
 import logging
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+from surge.clock import SYSTEM
 from surge.replica.context import get_replica_context, request_context_var
 
 __all__ = ["ModelCache", "RoutingSettings", "get_multiplexed_model_id", "loaded_model_ids",
@@ -54,6 +55,7 @@ MATCHING_TIMEOUT_S = 1.0
 class RoutingSettings(NamedTuple):
     max_copies: int = 0  # 0: the router's default
     matching_timeout_s: float = MATCHING_TIMEOUT_S
+    capacity: int = -1  # models held at most (-1: no limit)
 
 
 def watch(callback: Callable[[], None]) -> None:
@@ -87,7 +89,8 @@ def multiplexed(func: Callable[..., Any] | None = None,
                          "replicas, at least 2).")
     if not isinstance(matching_timeout_s, int | float) or not matching_timeout_s >= 0:
         raise ValueError("matching_timeout_s must be a number of seconds >= 0.")
-    settings = RoutingSettings(max_replicas_per_model, float(matching_timeout_s))
+    settings = RoutingSettings(max_replicas_per_model, float(matching_timeout_s),
+                               max_num_models_per_replica)
 
     def decorator(loader: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         _check_loader(loader)
@@ -140,7 +143,8 @@ class ModelCache:
         self.capacity = capacity  # -1: unlimited
         self.settings = settings or RoutingSettings()
         self.models: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self.loading: dict[str, asyncio.Task[Any]] = {}
+        self.loading: dict[str, asyncio.Task[Any]] = {}  # waiting for room or loading
+        self.active: set[str] = set()  # their loader running
         self._metrics = _Metrics()
         _caches.add(self)
 
@@ -171,37 +175,42 @@ class ModelCache:
     async def _load(self, model_id: str) -> Any:
         try:
             await self._make_room(model_id)
+            self.active.add(model_id)
             self._metrics.loads.inc()
-            started = time.monotonic()
+            started = SYSTEM.monotonic()
             model = await self.loader(model_id)
         except BaseException as exc:
             log.error("failed to load model %r: %r", model_id, exc)
             self.loading.pop(model_id, None)
+            self.active.discard(model_id)
             _changed()
             raise
         self.loading.pop(model_id, None)
-        self._metrics.load_ms.observe((time.monotonic() - started) * 1000.0)
+        self.active.discard(model_id)
+        self._metrics.load_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self.models[model_id] = model
         self._metrics.held(self.models)
         _changed()
         return model
 
     async def _make_room(self, model_id: str) -> None:
-        """Until this load fits: unload LRU models, or wait for another load to finish."""
-        while self.capacity > 0 and len(self.models) + len(self.loading) > self.capacity:
+        """Until this load fits beside the held models and the loads running: unload the
+        LRU model, or wait for a running load to finish (loads waiting for room never
+        wait on each other)."""
+        while self.capacity > 0 and len(self.models) + len(self.active) >= self.capacity:
             if self.models:
                 await self.unload_lru()
                 continue
-            others = [t for m, t in self.loading.items() if m != model_id]
-            if not others:
+            running = [self.loading[m] for m in self.active if m in self.loading]
+            if not running:
                 return
-            await asyncio.wait(others, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
 
     async def unload_lru(self) -> None:
         model_id, model = self.models.popitem(last=False)
         _changed()
         self._metrics.unloads.inc()
-        started = time.monotonic()
+        started = SYSTEM.monotonic()
         destructor = getattr(model, "__del__", None)
         try:
             if destructor is not None:
@@ -213,7 +222,7 @@ class ModelCache:
             log.exception("unloading model %r raised", model_id)
         if destructor is not None:
             _disarm(model)
-        self._metrics.unload_ms.observe((time.monotonic() - started) * 1000.0)
+        self._metrics.unload_ms.observe((SYSTEM.monotonic() - started) * 1000.0)
         self._metrics.held(self.models, unloaded=model_id)
 
     async def shutdown(self) -> None:
@@ -266,8 +275,10 @@ def routing_settings() -> RoutingSettings:
     if not caches:
         return RoutingSettings()
     copies = [c.settings.max_copies for c in caches if c.settings.max_copies]
+    capacities = [c.capacity for c in caches]
     return RoutingSettings(min(copies) if copies else 0,
-                           min(c.settings.matching_timeout_s for c in caches))
+                           min(c.settings.matching_timeout_s for c in caches),
+                           -1 if -1 in capacities else sum(capacities))
 
 
 async def shutdown_all() -> None:

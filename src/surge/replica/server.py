@@ -3,8 +3,11 @@
 Each connection is one router. A request beyond `max_ongoing_requests`, or any request
 while draining, is answered `Rejected` at once so the router retries elsewhere. Each
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
-cancel it. A multiplexed replica sends its routers a `Models` frame whenever the models
-it holds or loads change (at most one per loop turn), and to each new router at once.
+cancel it. A request's own stream (a streamed upload's parts, a WebSocket's messages)
+reaches its task through an `Inbox` (replica/streams.py); WebSockets are served by
+replica/websocket.py. A multiplexed replica sends its routers a `Models` frame whenever
+the models it holds or loads change (at most one per loop turn), and to each new router
+at once.
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ from surge.observability.logs import request_id_var
 from surge.observability.recorder import Recorder
 from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
+from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
+from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.user_code import UserCode, asgi_scope
+from surge.replica.websocket import serve_websocket
 from surge.transport.connection import FramedProtocol
 from surge.transport.flow import SendWindow
+from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
 from surge.transport.messages import (
     Call,
@@ -33,6 +41,8 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcMessage,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
@@ -41,6 +51,8 @@ from surge.transport.messages import (
     Models,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["ReplicaServer"]
@@ -48,6 +60,8 @@ __all__ = ["ReplicaServer"]
 log = logging.getLogger("surge.replica")
 
 _INTERNAL_ERROR = b"Internal Server Error"
+# Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default: the request context's session_id.
+SESSION_HEADER = b"x-session-id"
 
 
 def _dumps(value: Any) -> bytes:
@@ -94,6 +108,7 @@ class ReplicaServer:
         self.idle = asyncio.Event()
         self.idle.set()
         self.connections: set[_Connection] = set()
+        self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
         self.models: Models | None = None  # the last Models frame sent, None: never
         self._models_due = False
         multiplex.watch(self._models_changed)
@@ -119,7 +134,7 @@ class ReplicaServer:
         self._models_due = False
         settings = multiplex.routing_settings()
         frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
-                       settings.matching_timeout_s)
+                       settings.matching_timeout_s, settings.capacity)
         if frame == self.models:
             return
         self.models = frame
@@ -163,6 +178,8 @@ class _Connection(FramedProtocol):
         # generator waiting for credit, if any.
         self.windows: dict[int, SendWindow] = {}
         self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
+        self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -176,12 +193,15 @@ class _Connection(FramedProtocol):
         if self.handshake is not None:
             self._handshake_step(self.handshake, message)
             return
-        if isinstance(message, HttpRequest | Call):
+        if isinstance(message, HttpRequest | Call | GrpcRequest):
             if not self.server.admit():
                 self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
                 return
             if isinstance(message, HttpRequest):
-                coro, route = self._http(message), message.route_prefix
+                coro, route = (serve_websocket(self, message) if message.upgrade
+                               else self._http(message)), message.route_prefix
+            elif isinstance(message, GrpcRequest):
+                coro, route = self._grpc(message), message.method
             else:
                 coro, route = self._call(message), message.method
             task = self._loop.create_task(coro)
@@ -196,7 +216,18 @@ class _Connection(FramedProtocol):
                     waiter = self.waiting.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+        elif isinstance(message, GrpcMessage):
+            stream = self.inputs.get(message.id)
+            if stream is not None:
+                stream.feed(message.body, message.more)
+        elif isinstance(message, HttpBody | WsData | WsClose):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.put(message)
         elif isinstance(message, Cancel):
+            inbox = self.inboxes.get(message.id)
+            if inbox is not None:
+                inbox.close()
             event = self.disconnects.get(message.id)
             if event is not None:
                 event.set()
@@ -243,6 +274,8 @@ class _Connection(FramedProtocol):
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.inputs.pop(request_id, None)
+        self.inboxes.pop(request_id, None)
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
             self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
@@ -256,7 +289,8 @@ class _Connection(FramedProtocol):
         rid = message.id
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
-            "", message.request_id, self.server.app, message.model_id))
+            "", message.request_id, self.server.app, message.model_id,
+            session_id=message.session_id))
         try:
             args, kwargs = pickle.loads(message.payload)
             result = await self.server.user.call(message.method, args, kwargs)
@@ -277,6 +311,24 @@ class _Connection(FramedProtocol):
             return False
         return True
 
+    async def _grpc(self, message: GrpcRequest) -> bool:
+        """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
+        rid = message.id
+        request_id_var.set(message.request_id)
+        context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
+        request = RequestContext(message.method, message.request_id, self.server.app,
+                                 message.model_id, client=message.client)
+        request.grpc_context = context
+        request_context_var.set(request)
+        stream = None
+        if message.streamed:
+            stream = self.inputs[rid] = gRPCInputStream(None, pull_sender(rid, self.send))
+        ok = await serve_call(message, self.server.user, self.server.grpc, context, stream,
+                              self.send, self._send_stream)
+        if not ok and self.server.metrics:
+            self.server.recorder.exception(message.method, "gRPCError")
+        return ok
+
     async def _http(self, message: HttpRequest) -> bool:
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
@@ -284,20 +336,24 @@ class _Connection(FramedProtocol):
         request_context_var.set(RequestContext(
             message.route_prefix, message.request_id, self.server.app,
             message.model_id, is_http_request=True,
-            client=message.client))
+            client=message.client, session_id=_header(message.headers, SESSION_HEADER)))
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)
         disconnected = self.disconnects[rid] = asyncio.Event()
         body_sent = False
 
-        async def receive() -> dict[str, Any]:
+        async def first_frame() -> MutableMapping[str, Any]:
             nonlocal body_sent
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": message.body, "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
+
+        receive: Receive = first_frame
+        if message.more_body:  # the body streams in after this frame
+            receive = upload_receiver(self, self.inboxes, message, disconnected)
 
         start: MutableMapping[str, Any] | None = None
         started = False
@@ -349,8 +405,12 @@ class _Connection(FramedProtocol):
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for inbox in self.inboxes.values():
+            inbox.close()
         self.waiting.clear()  # their tasks are cancelled below
         for event in self.disconnects.values():
             event.set()
+        for stream in self.inputs.values():
+            stream.cancel()
         for task in self.tasks.values():
             task.cancel()

@@ -163,6 +163,13 @@ class UserCode:
             await respond(result, scope, receive, send)
         return simple
 
+    async def handle_websocket(self, scope: dict[str, Any], receive: Receive,
+                               send: Send) -> None:
+        """Serve one WebSocket with the ingress app (replica/websocket.py checked it has one)."""
+        if self.lifespan is not None and self.lifespan.state:
+            scope["state"] = dict(self.lifespan.state)
+        await self.asgi_app(scope, receive, send)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -157,7 +157,7 @@ class _Request:
     """Everything needed to send one call, built on the caller's thread."""
 
     __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "request_id", "runtime",
-                 "stream")
+                 "session_id", "stream")
 
     def __init__(self, handle: DeploymentHandle, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
@@ -166,6 +166,7 @@ class _Request:
         self.method = handle.method_name
         self.stream = handle.stream
         self.model_id = handle.multiplexed_model_id
+        self.session_id = handle.session_id
         self.request_id = new_request_id()
         self.args = args
         self.kwargs = kwargs
@@ -180,7 +181,7 @@ class _Request:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
         pending = Pending(Call(id=0, method=self.method, payload=dumps((self.args, self.kwargs)),
                                stream=self.stream, model_id=self.model_id,
-                               request_id=self.request_id), sink)
+                               request_id=self.request_id, session_id=self.session_id), sink)
         if isinstance(sink, _StreamSink):
             sink.pending = pending
         try:
@@ -377,12 +378,14 @@ class DeploymentHandle:
     """A handle to a deployment (Ray Serve's `DeploymentHandle`)."""
 
     def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__",
-                 stream: bool = False, multiplexed_model_id: str = "") -> None:
+                 stream: bool = False, multiplexed_model_id: str = "",
+                 session_id: str = "") -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
         self.stream = stream
         self.multiplexed_model_id = multiplexed_model_id
+        self.session_id = session_id  # as Ray: the callee's request context says it
         self.deployment_id = DeploymentId(app_name, deployment_name)
 
     def __repr__(self) -> str:
@@ -390,13 +393,15 @@ class DeploymentHandle:
                 f"method={self.method_name!r}, stream={self.stream})")
 
     def options(self, *, method_name: str | None = None, stream: bool | None = None,
-                multiplexed_model_id: str | None = None, **_ray_only: Any) -> DeploymentHandle:
+                multiplexed_model_id: str | None = None, session_id: str | None = None,
+                **_ray_only: Any) -> DeploymentHandle:
         return DeploymentHandle(
             self.deployment_name, self.app_name,
             method_name=self.method_name if method_name is None else method_name,
             stream=self.stream if stream is None else stream,
             multiplexed_model_id=(self.multiplexed_model_id if multiplexed_model_id is None
-                                  else multiplexed_model_id))
+                                  else multiplexed_model_id),
+            session_id=self.session_id if session_id is None else session_id)
 
     def __getattr__(self, name: str) -> DeploymentHandle:
         if name.startswith("__"):  # Python's protocols; `_private` methods are callable
@@ -412,10 +417,10 @@ class DeploymentHandle:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name,
-                                  self.stream, self.multiplexed_model_id))
+                                  self.stream, self.multiplexed_model_id, self.session_id))
 
 
-def _rebuild_handle(name: str, app: str, method: str, stream: bool,
-                    model_id: str) -> DeploymentHandle:
+def _rebuild_handle(name: str, app: str, method: str, stream: bool, model_id: str,
+                    session_id: str = "") -> DeploymentHandle:
     return DeploymentHandle(name, app, method_name=method, stream=stream,
-                            multiplexed_model_id=model_id)
+                            multiplexed_model_id=model_id, session_id=session_id)

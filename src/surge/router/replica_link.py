@@ -23,14 +23,19 @@ from surge.transport.messages import (
     Credit,
     End,
     Failure,
+    GrpcEnd,
+    GrpcRequest,
     HttpBody,
     HttpRequest,
     HttpStart,
     Item,
     Message,
     Models,
+    Pull,
     Rejected,
     Result,
+    WsClose,
+    WsData,
 )
 
 __all__ = ["Pending", "ReplicaLink", "Sink"]
@@ -53,7 +58,7 @@ class Pending:
 
     __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
 
-    def __init__(self, message: HttpRequest | Call, sink: Sink) -> None:
+    def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
         self.sink = sink
         self.link: ReplicaLink | None = None
@@ -85,13 +90,15 @@ def stream_bytes(message: Message) -> int:
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
+    if isinstance(message, WsData):
+        return len(message.data)
     return 0
 
 
 def is_final(message: Message) -> bool:
     if isinstance(message, HttpStart | HttpBody):
         return not message.more
-    return isinstance(message, Result | End | Failure | Rejected)
+    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
 
 
 class ReplicaLink(FramedProtocol):
@@ -162,8 +169,12 @@ class ReplicaLink(FramedProtocol):
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
             self._on_final(self, pending, message)
+        elif isinstance(message, Pull):  # the replica asks for its client stream
+            if not pending.cancelled:
+                pending.sink.deliver(message)
         elif not pending.cancelled:
-            pending.delivered(stream_bytes(message))
+            if type(message) is not Credit:  # credit for the request's own stream: no charge
+                pending.delivered(stream_bytes(message))
             pending.sink.deliver(message)
 
     def closed(self, exc: Exception | None) -> None:

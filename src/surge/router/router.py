@@ -38,7 +38,7 @@ from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
-from surge.policy.model_routing import choose_for_model
+from surge.policy.model_routing import FREE_SLOT, ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.transport.handshake import HandshakeFailed
@@ -79,6 +79,14 @@ class _Slot:
     def models_held(self) -> int:
         held = self.link.model_set
         return len(held) + sum(1 for m in self.reserved if m not in held)
+
+    def coldest(self, heat: ModelHeat, now: float) -> float:
+        """What loading one more model here would evict (policy/model_routing.py)."""
+        models = self.link.models
+        held = self.link.model_set.union(self.reserved)
+        if models is None or models.capacity < 0 or len(held) < models.capacity:
+            return FREE_SLOT
+        return heat.coldest(held, now)
 
     def reserve(self, model: str) -> None:
         self.reserved[model] = self.reserved.get(model, 0) + 1
@@ -140,6 +148,7 @@ class Router:
         self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
         self._matching_timer: asyncio.TimerHandle | None = None
+        self._heat = ModelHeat()  # how often each model is asked for here
 
     def __repr__(self) -> str:
         return (f"<Router {self.deployment} replicas={len(self._routable)} "
@@ -261,6 +270,7 @@ class Router:
         self.arrived += 1
         model = pending.message.model_id
         if model:  # queued requests of other models must not hold it up: no FIFO check
+            self._heat.hit(model, self._now())
             index = self._choose_for_model(model, False)
             if index >= 0:
                 self._start_model(self._routable[index], pending, model)
@@ -336,10 +346,12 @@ class Router:
         if not slots:
             return NO_REPLICA
         max_copies, _ = self._settings()
+        now = self._now()
         return choose_for_model(self._loads, self._max_ongoing,
                                 [slot.holds(model) for slot in slots],
                                 [slot.models_held() for slot in slots], max_copies,
-                                self._rng, fallback)
+                                self._rng, fallback,
+                                [slot.coldest(self._heat, now) for slot in slots])
 
     def _start_model(self, slot: _Slot, pending: Pending, model: str) -> None:
         slot.reserve(model)

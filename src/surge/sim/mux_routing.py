@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from surge.policy.model_routing import NO_REPLICA, choose_for_model
+from surge.policy.model_routing import FREE_SLOT, NO_REPLICA, ModelHeat, choose_for_model
 from surge.sim.multiplexing import Multiplexing
 from surge.sim.mux_replica import MuxReplica, Request
 
@@ -80,6 +80,13 @@ class SurgeRouting:
                  rng: random.Random) -> None:
         self.host, self.mux, self.capacity, self.rng = host, mux, capacity, rng
         self.waiting: dict[int, deque[Request]] = {}
+        self.heat = ModelHeat()  # as the router keeps it
+        self.now = 0.0
+
+    def _coldest(self, replica: MuxReplica) -> float:
+        if not replica.capacity or replica.model_count() < replica.capacity:
+            return FREE_SLOT
+        return self.heat.coldest(replica.model_ids(), self.now)
 
     def _choose(self, request: Request) -> MuxReplica | None:
         replicas = self.host.replicas
@@ -87,10 +94,13 @@ class SurgeRouting:
         index = choose_for_model([r.in_flight for r in replicas], self.capacity,
                                  [r.holds(model) for r in replicas],
                                  [r.model_count() for r in replicas],
-                                 self.mux.max_replicas_per_model, self.rng, request.fallback)
+                                 self.mux.max_replicas_per_model, self.rng, request.fallback,
+                                 [self._coldest(r) for r in replicas])
         return None if index == NO_REPLICA else replicas[index]
 
     def submit(self, request: Request, now: float) -> None:
+        self.now = now
+        self.heat.hit(request.model, now)
         queue = self.waiting.get(request.model)
         if queue:
             self._drop_done(queue)
@@ -116,6 +126,7 @@ class SurgeRouting:
             queue.popleft()
 
     def wake(self, now: float) -> None:
+        self.now = now
         heads = []
         for model, queue in list(self.waiting.items()):
             self._drop_done(queue)

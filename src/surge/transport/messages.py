@@ -1,9 +1,16 @@
 """The messages that cross process boundaries, as typed msgspec structs.
 
-Data path: HttpRequest/Call/Cancel/Credit go to a replica; HttpStart/HttpBody/Result/Item/
-End/Failure/Rejected come back, and Models (a multiplexed replica's models, whenever they
-change) without being asked. Control path: Rpc/Reply/Push carry cloudpickled
-payloads between the controller and the other processes (never request bodies).
+Data path: HttpRequest/Call/GrpcRequest/GrpcMessage/Cancel/Credit go to a replica;
+HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back, and Models (a
+multiplexed replica's models, whenever they change) without being asked. A request's own
+stream follows it both ways under the same id: the rest of a streamed upload (HttpBody,
+`HttpRequest.more_body`), or a WebSocket's messages (WsData, then WsClose; WsAccept
+answers `HttpRequest.upgrade`), the sender of each spending credit the receiver grants
+(Credit, transport/flow.py). A gRPC call's request and response messages travel
+serialized, as the client sent them (a client stream as GrpcMessage frames the replica
+asks for with Pull): only the replica parses them. Control path: Rpc/Reply/Push carry
+cloudpickled payloads between the controller and the other processes (never request
+bodies).
 """
 
 from __future__ import annotations
@@ -16,21 +23,29 @@ __all__ = [
     "Credit",
     "End",
     "Failure",
+    "GrpcEnd",
+    "GrpcMessage",
+    "GrpcRequest",
     "HttpBody",
     "HttpRequest",
     "HttpStart",
     "Item",
     "Message",
     "Models",
+    "Pull",
     "Push",
     "Rejected",
     "Reply",
     "Result",
     "Rpc",
+    "WsAccept",
+    "WsClose",
+    "WsData",
 ]
 
 
-class HttpRequest(msgspec.Struct, tag=1, array_like=True):
+class HttpRequest(msgspec.Struct, tag=1, array_like=True, omit_defaults=True):
+    # omit_defaults: trailing fields at their defaults (the usual) are not encoded.
     id: int
     method: str
     path: str
@@ -45,6 +60,8 @@ class HttpRequest(msgspec.Struct, tag=1, array_like=True):
     raw_path: bytes = b""
     scheme: str = "http"  # "https" when the proxy serves TLS
     model_id: str = ""  # the serve_multiplexed_model_id header, read once by the proxy
+    more_body: bool = False  # the body goes on in HttpBody frames, sent against Credit
+    upgrade: str = ""  # "websocket": an upgrade the app may accept (WsAccept)
 
 
 class Call(msgspec.Struct, tag=2, array_like=True):
@@ -54,6 +71,7 @@ class Call(msgspec.Struct, tag=2, array_like=True):
     stream: bool = False
     model_id: str = ""
     request_id: str = ""
+    session_id: str = ""  # handle.options(session_id=...): the callee's request context
 
 
 class Cancel(msgspec.Struct, tag=3, array_like=True):
@@ -65,6 +83,29 @@ class Credit(msgspec.Struct, tag=4, array_like=True):
 
     id: int
     amount: int
+
+
+class GrpcRequest(msgspec.Struct, tag=5, array_like=True):
+    """A gRPC call: its first (or only) request message as the client serialized it."""
+
+    id: int
+    method: str  # "/package.Service/Method"
+    servicer: str  # the import path of the add_*Servicer_to_server that declared it
+    metadata: list[tuple[str, str]]  # the client's (grpc_methods.pack_metadata)
+    body: bytes  # the request message (empty for a client stream: GrpcMessage frames)
+    request_id: str
+    app: str
+    model_id: str = ""
+    client: str = ""  # the peer, as grpc names it ("ipv4:127.0.0.1:5555")
+    streamed: bool = False  # client streaming: the messages follow as GrpcMessage frames
+
+
+class GrpcMessage(msgspec.Struct, tag=6, array_like=True):
+    """One message of a client stream, sent only as the replica asked (`Pull`)."""
+
+    id: int
+    body: bytes
+    more: bool  # False: the client's stream ended (`body` is then empty)
 
 
 class HttpStart(msgspec.Struct, tag=10, array_like=True):
@@ -116,6 +157,50 @@ class Models(msgspec.Struct, tag=17, array_like=True):
     ids: list[str]
     max_copies: int = 0  # replicas one model may occupy (0: the router's default)
     matching_timeout_s: float = 1.0  # then a waiting request may go to any replica
+    capacity: int = -1  # models it holds at most (max_num_models_per_replica; -1: no limit)
+
+
+class GrpcEnd(msgspec.Struct, tag=18, array_like=True):
+    """A gRPC call's end: its status, trailing metadata, and a unary response's message."""
+
+    id: int
+    code: int  # grpc.StatusCode's number (0: OK)
+    details: str
+    trailers: list[tuple[str, str]]  # grpc_methods.pack_metadata
+    body: bytes = b""
+    has_body: bool = False  # a unary response (an empty message is a message too)
+
+
+class Pull(msgspec.Struct, tag=19, array_like=True):
+    """The replica may take `count` more messages of the call's client stream."""
+
+    id: int
+    count: int
+
+
+class WsAccept(msgspec.Struct, tag=23, array_like=True):
+    """The app accepted a WebSocket (`websocket.accept`): the proxy answers 101."""
+
+    id: int
+    subprotocol: str | None
+    headers: list[tuple[bytes, bytes]]
+
+
+class WsData(msgspec.Struct, tag=24, array_like=True):
+    """One whole WebSocket message, either way: text (UTF-8 in `data`) or binary."""
+
+    id: int
+    data: bytes
+    text: bool = False
+
+
+class WsClose(msgspec.Struct, tag=25, array_like=True):
+    """A WebSocket's end. From the replica (final): the app closed with `code`; from the
+    proxy: the client closed (or went away, 1006; or broke a limit, 1009 / 1001)."""
+
+    id: int
+    code: int
+    reason: str = ""
 
 
 class Rpc(msgspec.Struct, tag=20, array_like=True):
@@ -135,5 +220,6 @@ class Push(msgspec.Struct, tag=22, array_like=True):
     payload: bytes
 
 
-Message = (HttpRequest | Call | Cancel | Credit | HttpStart | HttpBody | Result | Item | End
-           | Failure | Rejected | Models | Rpc | Reply | Push)
+Message = (HttpRequest | Call | GrpcRequest | GrpcMessage | Cancel | Credit | HttpStart
+           | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Models
+           | WsAccept | WsData | WsClose | Rpc | Reply | Push)

@@ -1,0 +1,53 @@
+"""Handle options as Ray 2.60 has them: `session_id` reaches the callee's request context
+(and `x-session-id` an HTTP request's), and `handle._method` calls a `_`-prefixed method
+(Ray refuses neither; only dunder names are not methods to call)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from surge import serve
+from surge.serve.context import _get_serve_request_context
+from tests.e2e.conftest import Running, running_instance
+
+pytestmark = pytest.mark.e2e
+
+
+@serve.deployment
+class Sessions:
+    def __call__(self, request: Any) -> dict[str, str]:
+        return {"session_id": _get_serve_request_context().session_id}
+
+    def session(self) -> str:
+        return _get_serve_request_context().session_id
+
+    def _private(self) -> str:
+        return "private"
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[Running]:
+    with running_instance() as running:
+        serve.run(Sessions.bind(), name="sessions", route_prefix="/sessions")
+        yield running
+
+
+def test_session_id_reaches_the_request_context(instance: Running) -> None:
+    handle = serve.get_app_handle("sessions")
+    assert handle.session.remote().result(timeout_s=15) == ""
+    sticky = handle.options(session_id="user-42")
+    assert sticky.session.remote().result(timeout_s=15) == "user-42"
+    assert sticky.options(method_name="session").remote().result(timeout_s=15) == "user-42"
+    answer = httpx.get(f"{instance.url}/sessions", headers={"x-session-id": "s-7"}, timeout=15)
+    assert answer.json() == {"session_id": "s-7"}
+
+
+def test_an_underscore_method_is_callable_as_in_ray(instance: Running) -> None:
+    handle = serve.get_app_handle("sessions")
+    assert handle._private.remote().result(timeout_s=15) == "private"
+    with pytest.raises(AttributeError):
+        handle.__private_dunder__  # noqa: B018 - Python's protocols are not methods
