@@ -49,10 +49,20 @@ if [ -f "$VENV/.installed" ]; then
     exit 0
 fi
 
+# One build at a time (two checkouts' `make test` may ask at once): the second waits
+# for the first and then finds its marker.
+mkdir -p "$ROOT"
+exec 9>"$ROOT/.lock"
+flock 9
+if [ -f "$VENV/.installed" ]; then
+    touch "$VENV/.used"
+    link
+    exit 0
+fi
+
 echo "llm-env: building $VENV ($PINS, surge's dependencies and llm-test extra; ~6 min) ..."
 began=$(date +%s)
 rm -rf "$VENV"
-mkdir -p "$ROOT"
 if ! { python3 -m venv "$VENV" &&
        "$PY" -m pip install -q $PINS ".[llm-test]" &&
        "$PY" -m pip uninstall -q -y surge torchvision torchaudio torchcodec; }; then
