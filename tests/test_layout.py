@@ -21,7 +21,7 @@ ROOT = "surge"  # src/surge/__init__.py: the public API, a top-layer module
 
 # Top to bottom. A module may import from its own part and from any lower layer.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"cli", "serve", "api", ROOT}),
+    frozenset({"cli", "serve", "api", "llm", ROOT}),
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
     frozenset({"transport", "backends", "weights"}),
     frozenset({"policy"}),
@@ -278,7 +278,7 @@ def test_policy_functions_are_exported(module: Module) -> None:
 # -- the public API ---------------------------------------------------------------------
 
 PUBLIC = ["surge", "surge.serve", "surge.serve.config", "surge.serve.exceptions",
-          "surge.serve.handle", "surge.serve.metrics"]
+          "surge.serve.handle", "surge.serve.llm", "surge.serve.metrics"]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

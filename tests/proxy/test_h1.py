@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from surge.errors import (
@@ -328,6 +330,24 @@ def test_failures_become_statuses(failure: BaseException, status: int,
     assert all(response.headers[k] == v for k, v in extra.items())
     assert ("unavailable" in {r[2] for r in w.rejections}) is isinstance(
         failure, DeploymentUnavailableError)
+
+
+def test_errors_on_an_openai_path_have_openai_bodies_and_others_plain_text() -> None:
+    w = wire()
+    w.send(request("POST", "/app/v1/chat/completions") + request("POST", "/app/v2/chat"))
+    openai_path, other = w.waiting
+    full = BackPressureError(deployment="d", num_queued_requests=3, max_queued_requests=3,
+                             retry_after_s=1.0)
+    openai_path.fail(full)
+    other.fail(full)
+    first, second = w.responses()
+    assert (first.status, first.headers["content-type"]) == (503, "application/json")
+    error = json.loads(first.body)["error"]
+    assert (error["type"], error["code"], error["param"]) == ("server_error",
+                                                              "service_unavailable", None)
+    assert error["message"] == str(full) and first.headers["retry-after"] == "1"
+    assert second.headers["content-type"].startswith("text/plain")
+    assert second.body == str(full).encode()
 
 
 @pytest.mark.parametrize(("kind", "status"), [("cancelled", 499), ("user", 500)])

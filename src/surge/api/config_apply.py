@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +34,8 @@ from surge.model import ApplicationStatus, ApplicationStatusOverview
 from surge.observability.config import LEVEL_ENV, LoggingConfig
 from surge.transport.grpc_methods import check_servicer_functions
 
+log = logging.getLogger("surge")
+
 __all__ = [
     "application_with_overrides",
     "apply_config",
@@ -45,10 +48,22 @@ __all__ = [
 DEPLOY_TIMEOUT_S = 300.0
 
 
+# Ray's own builders that surge implements: a Ray config file naming them runs on surge's,
+# without importing Ray (whose LLM extras would pull vLLM's CUDA build).
+RAY_BUILDERS = {"ray.serve.llm": "surge.serve.llm"}
+_said: set[str] = set()
+
+
 def import_attribute(import_path: str, search: tuple[str, ...] = ()) -> Any:
     """`module:attr` or `module.attr`, importing from `search` and the cwd first."""
     separator = ":" if ":" in import_path else "."
     module_name, _, attr = import_path.rpartition(separator)
+    if module_name in RAY_BUILDERS:
+        module_name = RAY_BUILDERS[module_name]
+        if import_path not in _said:
+            _said.add(import_path)
+            log.info("import_path %s: using surge's %s:%s (Ray is not imported)",
+                     import_path, module_name, attr)
     for entry in reversed((*search, os.getcwd())):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -39,6 +39,15 @@ def add_parser(commands: Any) -> None:
                                         "number")
     traffic.add_argument("-H", "--header", action="append", metavar="'NAME: VALUE'",
                          help="request header (repeatable)")
+    llm = pulse.add_argument_group("LLM endpoints (OpenAI API, streamed)")
+    llm.add_argument("--preset", choices=("chat", "completions"),
+                     help="streamed /v1/chat/completions or /v1/completions requests; "
+                          "the report adds TTFT, ITL and tokens/s")
+    llm.add_argument("--model", help="the request's model (default: the server's only one)")
+    llm.add_argument("--prompt-words", metavar="LOW:HIGH",
+                     help="prompt length in words, uniform (default 16:64)")
+    llm.add_argument("--max-tokens", metavar="LOW:HIGH",
+                     help="max_tokens, uniform (default 16:64)")
     limits = pulse.add_argument_group("limits and measurement")
     limits.add_argument("--slo-ms", type=float, help="latency SLO for the p99 (default 100)")
     limits.add_argument("--timeout", type=float, metavar="S",
@@ -77,6 +86,14 @@ def _pulse_options(args: argparse.Namespace) -> Any:
                           else body.encode())
     if args.header:
         values["headers"] = tuple(parse_header(h) for h in args.header)
+    if args.preset or args.model or args.prompt_words or args.max_tokens:
+        from surge.loadtest.llm import LLMPreset
+
+        base = values["llm"].to_spec() if values.get("llm") is not None else {}
+        given = {"kind": args.preset, "model": args.model, "prompt_words": args.prompt_words,
+                 "max_tokens": args.max_tokens}
+        values["llm"] = LLMPreset.from_spec({**base, **{k: v for k, v in given.items()
+                                                       if v is not None}})
     flags = {"url": args.url, "arrivals": args.arrivals, "seed": args.seed,
              "method": args.method, "slo_ms": args.slo_ms, "timeout_s": args.timeout,
              "connections": args.connections, "max_time_s": args.max_time,

@@ -31,6 +31,7 @@ import httptools
 import numpy as np
 
 from surge.clock import Clock, SystemClock
+from surge.loadtest.llm import LLMPreset, StreamTracker
 from surge.loadtest.schedule import ARRIVALS, Schedule, arrival_times
 from surge.loadtest.stats import POINTS_PER_S, Record
 
@@ -85,6 +86,7 @@ class Plan:
     max_time_s: float | None = None  # bound on the whole run, draining included
     worker: int = 0
     workers: int = 1
+    llm: LLMPreset | None = None  # streamed OpenAI requests, a body per request
     target: Target = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +117,7 @@ def _transport(conn: _Connection) -> asyncio.Transport:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; `scheduled` >= 0 while a request is in flight."""
 
-    __slots__ = ("closed", "parser", "pool", "scheduled", "transport")
+    __slots__ = ("closed", "parser", "pool", "scheduled", "stream", "transport")
 
     def __init__(self, pool: PulseGenerator) -> None:
         self.pool = pool
@@ -123,6 +125,12 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.scheduled = -1.0
         self.closed = False  # connection_lost came: never write to it again
+        self.stream: StreamTracker | None = None  # the LLM preset's, per request
+
+    def on_body(self, body: bytes) -> None:
+        stream = self.stream
+        if stream is not None:
+            stream.feed(body, self.pool._now() - self.pool._t0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -147,6 +155,10 @@ class _Connection(asyncio.Protocol):
         done_point = int(now * POINTS_PER_S + _EPS)
         if 200 <= status < 300:
             pool.record.ok_at(sent_point, done_point, now - scheduled)
+            stream = self.stream
+            if stream is not None and stream.first >= 0:
+                pool.record.stream_at(sent_point, stream.first, now, stream.first - scheduled,
+                                      stream.itl(), stream.tokens)
         else:
             pool.record.error_at(str(status), sent_point, done_point)
         if not self.parser.should_keep_alive():
@@ -174,7 +186,7 @@ class PulseGenerator:
         self._t0 = 0.0
         self._timeout = plan.timeout_s
         self._head = plan.request_head()
-        self._templated = b"{seq}" in plan.body
+        self._templated = b"{seq}" in plan.body or plan.llm is not None
         self._request = self._render(0)
         self._seq = 0
         self._idle: list[_Connection] = []
@@ -321,8 +333,12 @@ class PulseGenerator:
     # -- requests ---------------------------------------------------------------------------
 
     def _render(self, seq: int) -> bytes:
-        body = self.plan.body.replace(b"{seq}", str(seq).encode()) if self._templated \
-            else self.plan.body
+        if self.plan.llm is not None:
+            body = self.plan.llm.body(seq + self.plan.worker * 1_000_000_000)
+        elif self._templated:
+            body = self.plan.body.replace(b"{seq}", str(seq).encode())
+        else:
+            body = self.plan.body
         if not body and self.plan.method.upper() == "GET":
             return self._head + b"\r\n"
         return self._head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -352,6 +368,8 @@ class PulseGenerator:
             return
         conn.scheduled = scheduled
         self._in_flight += 1
+        if self.plan.llm is not None:
+            conn.stream = StreamTracker()
         if self._templated:
             self._seq += 1
             request = self._render(self._seq)

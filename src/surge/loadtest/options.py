@@ -12,6 +12,12 @@ win), with the traffic under `schedule` in the format `surge simulate` shares:
     slo_ms: 100
     schedule: {baseline_rps: 100, peak_rps: 2000, baseline_s: 5, ramp_s: 0.5, hold_s: 20}
     # or steps: [{rps: 100, for_s: 5}, {to_rps: 2000, over_s: 0.5}, {rps: 2000, for_s: 20}]
+
+An `llm:` mapping (or `--preset chat|completions`) loads an OpenAI endpoint with
+streamed requests instead of one fixed body (surge.loadtest.llm):
+
+    url: http://127.0.0.1:8000            # /v1/chat/completions is added
+    llm: {kind: chat, model: tiny, prompt_words: [16, 64], max_tokens: [16, 64]}
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import yaml
 
 from surge.loadtest.generator import Plan
+from surge.loadtest.llm import LLMPreset
 from surge.loadtest.schedule import ARRIVALS, Schedule
 
 __all__ = ["DEFAULT_CONNECTIONS", "DEFAULT_SLO_MS", "DEFAULT_TIMEOUT_S", "PulseOptions",
@@ -42,7 +49,7 @@ DEFAULT_CONNECTIONS = 1024
 
 _SCENARIO_KEYS = ("url", "schedule", "method", "headers", "body", "arrivals", "seed",
                   "slo_ms", "timeout_s", "connections", "max_time_s", "workers",
-                  "surge_address")
+                  "surge_address", "llm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +67,20 @@ class PulseOptions:
     max_time_s: float | None = None
     workers: int = 1
     surge_address: str | None = None
+    llm: LLMPreset | None = None
 
     def __post_init__(self) -> None:
+        if self.llm is not None:  # an OpenAI endpoint: POST JSON to the preset's path
+            url = self.url.rstrip("/")
+            if url.endswith("/v1"):
+                url = url[:-3]
+            if not url.endswith(self.llm.path):
+                url += self.llm.path
+            object.__setattr__(self, "url", url)
+            object.__setattr__(self, "method", "POST")
+            if not any(name.lower() == "content-type" for name, _ in self.headers):
+                object.__setattr__(self, "headers",
+                                   (*self.headers, ("content-type", "application/json")))
         if self.arrivals not in ARRIVALS:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}")
         if not self.slo_ms > 0:
@@ -78,7 +97,7 @@ class PulseOptions:
                     headers=self.headers, body=self.body, arrivals=self.arrivals,
                     seed=self.seed, timeout_s=self.timeout_s,
                     connections=self.connections // self.workers, max_time_s=self.max_time_s,
-                    worker=worker, workers=self.workers)
+                    worker=worker, workers=self.workers, llm=self.llm)
 
     def describe(self) -> dict[str, Any]:
         """The run's parameters, as written into report.json."""
@@ -87,7 +106,8 @@ class PulseOptions:
                 "connections": self.connections, "max_time_s": self.max_time_s,
                 "workers": self.workers, "schedule": self.schedule.to_spec(),
                 "schedule_duration_s": self.schedule.duration_s,
-                "expected_requests": round(self.schedule.total)}
+                "expected_requests": round(self.schedule.total),
+                "llm": self.llm.to_spec() if self.llm is not None else None}
 
 
 def _headers(value: Any) -> tuple[tuple[str, str], ...]:
@@ -122,5 +142,10 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
             value = _headers(value)
         elif key == "body":
             value = str(value).encode()
+        elif key == "llm":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{path}: llm is a mapping (kind, model, prompt_words, "
+                                 "max_tokens, ignore_eos, seed)")
+            value = LLMPreset.from_spec(value)
         options[key] = value
     return options

@@ -1,7 +1,8 @@
 """The report of a pulse: report.json, a self-contained report.html, PNG plots, a table.
 
 `write_report(report, out_dir)` writes report.json, overview.png (four panels on one
-time axis), rate.png, status.png, latency.png, replicas.png and report.html, which
+time axis), rate.png, status.png, latency.png, replicas.png (and, for LLM streams,
+streams.png: TTFT and tokens/s, surge.loadtest.llm_report) and report.html, which
 embeds the PNGs (base64), so the one file can be mailed or attached to an incident.
 `summary_table` renders the post-mortem table as text; `compare_table` and
 `write_compare` put two or more runs side by side.
@@ -22,6 +23,8 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from surge.loadtest import llm_report
 
 __all__ = ["PLOTS", "compare_table", "load_report", "summary_table", "write_compare",
            "write_report"]
@@ -118,6 +121,7 @@ def _facts(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("replicas", _replicas_text(s)),
         ("unanswered", f"{s['unanswered']:,}"),
         ("generator", _generator_text(s)),
+        *llm_report.facts(s),
     ]
 
 
@@ -155,8 +159,9 @@ def compare_table(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> st
         rows.append((f"pulse {label}" if key != "sent" else "pulse requests sent",
                      [(_phase_column(r["summary"]["pulse"]) or _phase_column(r["summary"]))[key]
                       for r in reports]))
-    for index, (label, _) in enumerate(_facts(reports[0])):
-        rows.append((label, [_facts(r)[index][1] for r in reports]))
+    labels = list(dict.fromkeys(label for r in reports for label, _ in _facts(r)))
+    for label in labels:
+        rows.append((label, [dict(_facts(r)).get(label, "-") for r in reports]))
     width = max(len(label) for label, _ in rows) + 2
     col = max(22, *(len(n) + 2 for n in names))
     lines = [" " * width + "".join(f"{n:<{col}}" for n in names)]
@@ -283,6 +288,12 @@ def render_plots(report: dict[str, Any]) -> dict[str, bytes]:
         draw(ax, report)
         ax.set_xlabel("seconds since the start of the schedule (shaded: the pulse)")
         pngs[name] = _png(figure)
+    if report["summary"].get("llm"):
+        figure = Figure(figsize=(10, 3.6), layout="constrained")
+        ax = figure.subplots()
+        llm_report.plot_streams(ax, report)
+        ax.set_xlabel("seconds since the start of the schedule (shaded: the pulse)")
+        pngs["streams"] = _png(figure)
     return pngs
 
 
@@ -342,7 +353,7 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
     steps = "; ".join(f"{s['from_rps']:g}&rarr;{s['to_rps']:g}/s for {s['for_s']:g}s"
                       for s in run["schedule"])
     plots = "".join(f"<h2>{html.escape(name)}</h2>{_img(pngs[name], name)}"
-                    for name in PLOTS[1:])
+                    for name in (*PLOTS[1:], "streams") if name in pngs)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>surge pulse: {html.escape(run['url'])}</title>
 <style>{_CSS}</style></head><body>

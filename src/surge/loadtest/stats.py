@@ -10,6 +10,11 @@ the schedule), so tests drive it on a fake clock and assert exact counts:
   point: integer microseconds keeping 11 significant bits (< 0.1 % error), so records
   from several worker processes merge by adding counts.
 
+Streamed LLM responses (`--preset chat`) add, for 2xx: time to first token and
+inter-token latency histograms by scheduled point, output tokens per request, and output
+tokens spread evenly over the points between a stream's first token and its end (tokens/s
+over time).
+
 Every request ends in exactly one of ok, an error class ("503", any other status,
 "timeout", "connection", "overflow") or unanswered, so `sent == ok + sum(errors) +
 unanswered` holds by construction and `Record.check()` verifies it.
@@ -133,6 +138,11 @@ class Record:
         self.waited = 0  # requests that found every allowed connection busy
         self.connections_opened = 0
         self.connections_peak = 0
+        # Streams (LLM presets): TTFT and ITL by scheduled point, tokens over time.
+        self.ttft: list[Histogram] = []
+        self.itl: list[Histogram] = []
+        self.tokens: list[float] = []
+        self.tokens_per_request: Histogram = {}
 
     def __repr__(self) -> str:
         return (f"<Record points={self.points} sent={self.sent} ok={self.total_ok} "
@@ -176,6 +186,24 @@ class Record:
             us = (us >> shift) << shift
         histogram[us] = histogram.get(us, 0) + 1
         done[us] = done.get(us, 0) + 1
+
+    def stream_at(self, sent_point: int, first_s: float, done_s: float, ttft_s: float,
+                  itl_s: float | None, tokens: int) -> None:
+        """A 2xx stream's measures (after `ok_at`); times in seconds of the schedule."""
+        for histograms, value in ((self.ttft, ttft_s), (self.itl, itl_s)):
+            if value is None:
+                continue
+            if sent_point >= len(histograms):
+                histograms.extend({} for _ in range(sent_point + 1 - len(histograms)))
+            key = latency_key(value)
+            histograms[sent_point][key] = histograms[sent_point].get(key, 0) + 1
+        self.tokens_per_request[tokens] = self.tokens_per_request.get(tokens, 0) + 1
+        first, last = point_of(first_s), point_of(done_s)
+        if last >= len(self.tokens):
+            self.tokens.extend([0.0] * (last + 1 - len(self.tokens)))
+        share = tokens / (last - first + 1)
+        for point in range(first, last + 1):
+            self.tokens[point] += share
 
     def error_at(self, kind: str, sent_point: int, done_point: int) -> None:
         _add(self.errors.setdefault(kind, []), done_point)
@@ -254,6 +282,17 @@ class Record:
                 self.lag_max.extend([0.0] * (point + 1 - len(self.lag_max)))
             self.lag_max[point] = max(self.lag_max[point], lag)
         self.lag = merge_histograms([self.lag, other.lag])
+        for mine_s, theirs_s in ((self.ttft, other.ttft), (self.itl, other.itl)):
+            for point, histogram in enumerate(theirs_s):
+                if point >= len(mine_s):
+                    mine_s.extend({} for _ in range(point + 1 - len(mine_s)))
+                mine_s[point] = merge_histograms([mine_s[point], histogram])
+        for point, amount in enumerate(other.tokens):
+            if point >= len(self.tokens):
+                self.tokens.extend([0.0] * (point + 1 - len(self.tokens)))
+            self.tokens[point] += amount
+        self.tokens_per_request = merge_histograms([self.tokens_per_request,
+                                                    other.tokens_per_request])
         self.unanswered += other.unanswered
         self.waited += other.waited
         self.connections_opened += other.connections_opened
@@ -307,6 +346,16 @@ def series(record: Record,
         errors = {kind: _rate(counts, point) for kind, counts in sorted(record.errors.items())
                   if point < len(counts) and counts[point]}
         lag = record.lag_max[point] if point < len(record.lag_max) else 0.0
+        entry: dict[str, Any] = {}
+        if record.tokens_per_request:
+            ttft = record.ttft[point] if point < len(record.ttft) else {}
+            itl = record.itl[point] if point < len(record.itl) else {}
+            entry = {"ttft_p50_ms": _ms(percentile(ttft, 0.50)),
+                     "ttft_p99_ms": _ms(percentile(ttft, 0.99)),
+                     "itl_p50_ms": _ms(percentile(itl, 0.50)),
+                     "itl_p99_ms": _ms(percentile(itl, 0.99)),
+                     "tokens_per_s": round(record.tokens[point] * POINTS_PER_S, 1)
+                     if point < len(record.tokens) else 0.0}
         points.append({
             "t": round(point * BUCKET_S, 1),
             "offered": _rate(record.offered, point),
@@ -318,8 +367,30 @@ def series(record: Record,
             "replicas": sample.running if sample is not None else None,
             "target_replicas": sample.target if sample is not None else None,
             "lag_ms": round(lag * 1000, 3),
+            **entry,
         })
     return points
+
+
+def _stream_summary(record: Record) -> dict[str, Any] | None:
+    """TTFT, ITL and output tokens of the run's streams (None: no streams)."""
+    if not record.tokens_per_request:
+        return None
+    ttft, itl = merge_histograms(record.ttft), merge_histograms(record.itl)
+    counts = record.tokens_per_request
+    total = sum(tokens * n for tokens, n in counts.items())
+    active = [t for t in record.tokens if t > 0]
+    # per-request token counts are kept exactly: keys are counts, not microseconds
+    as_us = {tokens * 1000: n for tokens, n in counts.items()}
+    return {
+        "streams": sum(counts.values()), "output_tokens": total,
+        "ttft_p50_ms": _ms(percentile(ttft, 0.50)), "ttft_p90_ms": _ms(percentile(ttft, 0.90)),
+        "ttft_p99_ms": _ms(percentile(ttft, 0.99)), "itl_p50_ms": _ms(percentile(itl, 0.50)),
+        "itl_p99_ms": _ms(percentile(itl, 0.99)),
+        "output_tokens_p50": percentile(as_us, 0.50),
+        "tokens_per_s_mean": round(total / (len(active) * BUCKET_S), 1) if active else 0.0,
+        "tokens_per_s_peak": round(max(record.tokens, default=0.0) * POINTS_PER_S, 1),
+    }
 
 
 @dataclass(frozen=True)
@@ -448,4 +519,5 @@ def summarize(record: Record, schedule: Schedule, slo_ms: float,
         **_replica_summary(replicas, pulse_start),
         "duration_s": round(record.points * BUCKET_S, 1),
         "generator": _generator_summary(record),
+        "llm": _stream_summary(record),
     }

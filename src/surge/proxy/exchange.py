@@ -1,7 +1,8 @@
 """One exchange: a request on a connection and its response; the router's sink for it.
 
 Response frames become HTTP/1.1 bytes here, and failures status codes (503 + Retry-After
-for overload, 408 for a deadline, 500 for a dead replica, 499 for a cancel). Bytes go to
+for overload, 408 for a deadline, 500 for a dead replica, 499 for a cancel; with
+OpenAI's JSON error body on `/v1/...` paths). Bytes go to
 the connection's output at once when the exchange is first in line, else wait in its
 buffer until the responses before it are written: responses leave in request order.
 Every phase change goes through `h1_state.EXCHANGE`.
@@ -33,7 +34,7 @@ from surge.errors import (
 from surge.policy.admission import retry_after_header
 from surge.proxy.h1_state import EXCHANGE, H1StateError, Phase, PhaseEvent
 from surge.proxy.head import TEXT, Answer, RequestHead
-from surge.proxy.responses import LAST_CHUNK, chunk, forbids_body, head, simple
+from surge.proxy.responses import LAST_CHUNK, chunk, forbids_body, head, openai_error, simple
 from surge.proxy.upstream import Upstream
 from surge.transport.messages import Credit, Failure, HttpBody, HttpStart, Message
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from surge.proxy.h1 import H1Connection
 
 __all__ = ["Exchange"]
+
+JSON = b"application/json"
 
 log = logging.getLogger("surge.proxy")
 
@@ -119,9 +122,9 @@ class Exchange:
             if self.phase is STREAMING:  # the head is out; all we can do is cut the stream
                 self._cut()
             elif message.kind == "cancelled":
-                self.respond(499, b"Request cancelled.")
+                self.error(499, "Request cancelled.")
             else:
-                self.respond(500, b"Internal Server Error")
+                self.error(500, "Internal Server Error")
         elif isinstance(message, Credit):
             self.credit(message.amount)
         else:
@@ -134,25 +137,25 @@ class Exchange:
         elif phase is STREAMING:
             self._cut()
         elif isinstance(exc, BackPressureError):  # 503, or 429 by backpressure_config
-            self.respond(exc.status_code, str(exc).encode(),
-                         ((b"retry-after", retry_after_header(exc.retry_after_s).encode()),))
+            self.error(exc.status_code, str(exc),
+                       ((b"retry-after", retry_after_header(exc.retry_after_s).encode()),))
         elif isinstance(exc, DeploymentUnavailableError):
             app, deployment, _ = self.head.labels
             self.conn.rejections.append((app, deployment, "unavailable"))
-            self.respond(503, str(exc).encode(), ((b"retry-after", b"1"),))
+            self.error(503, str(exc), ((b"retry-after", b"1"),))
         elif isinstance(exc, ReplicaDiedError):
-            self.respond(500, f"{exc}; the request may or may not have run.".encode())
+            self.error(500, f"{exc}; the request may or may not have run.")
         elif isinstance(exc, RequestCancelledError):
-            self.respond(499, b"Request cancelled.")
+            self.error(499, "Request cancelled.")
         else:
             log.error("request %s failed: %r", self.head.request_id.decode(), exc)
-            self.respond(500, b"Internal Server Error")
+            self.error(500, "Internal Server Error")
 
     def timed_out(self, timeout_s: float) -> None:
         """Its deadline passed: stop it at the router; 408, or cut a stream."""
         phase = self.phase
         if phase is WAITING:
-            self.respond(408, f"Request timed out after {timeout_s:g}s.".encode())
+            self.error(408, f"Request timed out after {timeout_s:g}s.")
         elif phase is STREAMING:
             self._cut()
         else:
@@ -177,6 +180,17 @@ class Exchange:
         if answer.reason:
             self.conn.rejections.append(("", "", answer.reason))
         self.respond(answer.status, answer.body, answer.extra, answer.content_type)
+
+    def error(self, status: int, message: str,
+              extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """An error of the proxy's own: plain text, as Ray Serve's proxy, except on an
+        OpenAI API path (`/v1/...` under the route's prefix), whose clients expect
+        OpenAI's JSON error body."""
+        prefix = self.head.labels[2].rstrip("/")
+        if self.head.path.startswith(prefix + "/v1/"):
+            self.respond(status, openai_error(status, message), extra, JSON)
+        else:
+            self.respond(status, message.encode(), extra)
 
     def respond(self, status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = (),
                 content_type: bytes = TEXT) -> None:

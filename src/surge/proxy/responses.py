@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import http
+import json
 
-__all__ = ["CONTINUE", "LAST_CHUNK", "chunk", "forbids_body", "head", "simple"]
+__all__ = ["CONTINUE", "LAST_CHUNK", "chunk", "forbids_body", "head", "openai_error", "simple"]
 
 _STATUS_LINES = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus
@@ -72,3 +73,17 @@ def simple(status: int, body: bytes, request_id: bytes, keep_alive: bool,
 
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+# OpenAI's error `type` and `code` for the statuses the proxy answers itself.
+_OPENAI_ERRORS = {408: ("timeout_error", "request_timeout"),
+                  429: ("rate_limit_error", "rate_limit_exceeded"),
+                  499: ("invalid_request_error", "request_cancelled"),
+                  503: ("server_error", "service_unavailable")}
+
+
+def openai_error(status: int, message: str) -> bytes:
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+    kind, code = _OPENAI_ERRORS.get(status, ("server_error", "internal_error"))
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": code}}).encode()

@@ -5,10 +5,14 @@
   starts nothing; tests make its processes exit (`exit`) or land on nodes (`place`).
 * `FakePeer`: the controller's end of a control connection, in memory: it records
   pushes and calls, and answers calls from a table (`answers`).
+* `FakeLLMEngine`: a deterministic `surge.llm.engine.LLMEngine` (words are tokens), for
+  tests of the OpenAI layer without a model: `LLMConfig(llm_engine=
+  "surge.testing:FakeLLMEngine", ...)`.
 """
 
 from surge.testing.backend import FakeBackend, FakeProcess
 from surge.testing.clock import FakeClock
+from surge.testing.llm import FakeLLMEngine
 from surge.testing.peer import FakePeer
 
-__all__ = ["FakeBackend", "FakeClock", "FakePeer", "FakeProcess"]
+__all__ = ["FakeBackend", "FakeClock", "FakeLLMEngine", "FakePeer", "FakeProcess"]

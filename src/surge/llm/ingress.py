@@ -1,0 +1,102 @@
+"""`OpenAiIngress`: one OpenAI endpoint in front of several models' LLMServers.
+
+With more than one model in an app, a request's `model` field picks the LLMServer
+deployment (decoded alone with msgspec; `base:adapter` picks the base's), and the
+ingress streams that server's answer back: proxy → ingress replica → LLMServer replica
+→ engine, two hops, as Ray's default. The body crosses the second hop as bytes and the
+answer comes back as the bytes of its SSE parts; nothing is re-parsed on the way.
+(One model needs no ingress: its LLMServer is the app's ingress.) `GET /v1/models` lists
+every model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from surge.llm.asgi import (
+    JSON,
+    Head,
+    Receive,
+    Scope,
+    Send,
+    error_head,
+    read_body,
+    relative_path,
+)
+from surge.llm.protocol import OpenAIError, model_of
+from surge.llm.responses import encode
+from surge.llm.service import unknown_model
+from surge.replica.ingress import ingress
+
+__all__ = ["OpenAiIngress"]
+
+
+@ingress()
+class OpenAiIngress:
+    def __init__(self, llm_deployments: Mapping[str, Any], model_cards: Any = None,
+                 lora_paths: Any = None, **_extra: Any) -> None:
+        self.handles = dict(llm_deployments)  # model id -> LLMServer handle
+
+    def __repr__(self) -> str:
+        return f"<OpenAiIngress models={sorted(self.handles)}>"
+
+    async def __serve_build_asgi_app__(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        return self.asgi  # not __call__: Ray's ingress() refuses classes that define one
+
+    def handle_for(self, model: str | None) -> Any:
+        if model is None:
+            if len(self.handles) == 1:
+                return next(iter(self.handles.values()))
+            raise OpenAIError(400, "`model` is required: this endpoint serves "
+                                   f"{', '.join(sorted(self.handles))}", param="model")
+        handle = self.handles.get(model) or self.handles.get(model.partition(":")[0])
+        if handle is None:
+            raise unknown_model(model)
+        return handle
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = await read_body(receive)
+        method, path = scope["method"], relative_path(scope)
+        try:
+            if method == "GET" and path == "/v1/models":
+                await _send(send, (200, JSON, encode(await self._models())))
+                return
+            model = path[len("/v1/models/"):] if path.startswith("/v1/models/") \
+                else model_of(body)
+            handle = self.handle_for(model)
+        except OpenAIError as exc:
+            await _send(send, error_head(exc))
+            return
+        stream = handle.options(stream=True).openai_http.remote(method, path, body)
+        try:
+            head = await stream.__anext__()
+            await send({"type": "http.response.start", "status": head[0], "headers": head[1]})
+            if head[2] is not None:
+                await send({"type": "http.response.body", "body": head[2], "more_body": False})
+                return
+            async for part in stream:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            stream.cancel()  # the client went away: the LLMServer aborts its engine request
+            raise
+
+    async def _models(self) -> dict[str, Any]:
+        cards: list[Any] = []
+        for handle in self.handles.values():
+            stream = handle.options(stream=True).openai_http.remote("GET", "/v1/models", b"")
+            async for item in stream:
+                if isinstance(item, tuple) and item[2] is not None:
+                    import msgspec
+
+                    cards += msgspec.json.decode(item[2])["data"]
+        return {"object": "list", "data": cards}
+
+
+async def _send(send: Send, head: Head) -> None:
+    await send({"type": "http.response.start", "status": head[0], "headers": head[1]})
+    await send({"type": "http.response.body", "body": head[2] or b"", "more_body": False})

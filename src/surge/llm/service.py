@@ -1,0 +1,336 @@
+"""The OpenAI API over one engine, independent of how requests arrive.
+
+`prepare_chat`/`prepare_completion` do everything that may fail before the first byte
+(decode, checks, model selection, chat template, context length), so an error is an
+OpenAI error with its status rather than a broken stream; the `Run` they return then
+streams Server-Sent Events (`stream()`, one body part per engine step: the first part
+goes out as soon as the engine yields the first token) or builds the whole answer
+(`complete()`). A run that ends early, by a client disconnect (the task is cancelled)
+or by an error, aborts its engine request, so the engine stops spending tokens on it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+from surge.llm.config import LLMConfig
+from surge.llm.engine import (
+    AdapterError,
+    Delta,
+    EngineError,
+    EngineOverloaded,
+    LLMEngine,
+    ModelInfo,
+    Prompt,
+    PromptTooLong,
+    SamplingParams,
+)
+from surge.llm.metrics import LLMMetrics
+from surge.llm.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    OpenAIError,
+    decode,
+    sampling_params,
+)
+from surge.llm.responses import (
+    DONE,
+    Usage,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    embedding_response,
+    model_card,
+    sse,
+    usage_chunk,
+)
+
+__all__ = ["OpenAIService", "Run", "engine_error"]
+
+
+def engine_error(exc: BaseException) -> OpenAIError:
+    """The OpenAI error for what an engine raised."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, PromptTooLong):
+        return OpenAIError(400, str(exc), param="messages")
+    if isinstance(exc, EngineOverloaded):
+        return OpenAIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
+                           retry_after_s=exc.retry_after_s)
+    if isinstance(exc, AdapterError):
+        return OpenAIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ValueError):  # engines reject bad parameters with ValueError
+        return OpenAIError(400, str(exc))
+    return OpenAIError(500, f"The engine failed: {type(exc).__name__}: {exc}",
+                       type="server_error", code="internal_error")
+
+
+class OpenAIService:
+    def __init__(self, config: LLMConfig, engine: LLMEngine, info: ModelInfo,
+                 metrics: LLMMetrics | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.config = config
+        self.engine = engine
+        self.info = info
+        self.metrics = metrics
+        self.clock = clock
+        self.model_id = config.model_id
+        self.created = int(time.time())
+        self.adapters: set[str] = set()  # LoRA adapters loaded into the engine
+        self.aborted = 0  # engine requests aborted: client gone, or failed mid-way
+
+    def __repr__(self) -> str:
+        return f"<OpenAIService {self.model_id} adapters={sorted(self.adapters)}>"
+
+    # -- models -------------------------------------------------------------------------
+
+    def cards(self) -> list[dict[str, Any]]:
+        cards = [model_card(self.model_id, self.created, root=self.config.loading.source,
+                            max_model_len=self.info.max_model_len)]
+        cards += [model_card(f"{self.model_id}:{name}", self.created, parent=self.model_id,
+                             max_model_len=self.info.max_model_len)
+                  for name in sorted(self.adapters)]
+        return cards
+
+    def card(self, model_id: str) -> dict[str, Any]:
+        for card in self.cards():
+            if card["id"] == model_id:
+                return card
+        raise unknown_model(model_id)
+
+    async def adapter_for(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 else."""
+        if model is None or model == self.model_id:
+            return None
+        base, sep, adapter = model.partition(":")
+        lora = self.config.lora
+        if not sep or base != self.model_id or not adapter or lora is None:
+            raise unknown_model(model)
+        if adapter not in self.adapters:
+            path = _adapter_path(lora.dynamic_lora_loading_path, adapter)
+            try:
+                await self.engine.load_adapter(adapter, path)
+            except (AdapterError, NotImplementedError, FileNotFoundError) as exc:
+                raise OpenAIError(404, f"The adapter {model!r} could not be loaded: {exc}",
+                                  param="model", code="model_not_found") from None
+            self.adapters.add(adapter)
+        return adapter
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def prepare_chat(self, body: bytes | ChatCompletionRequest) -> Run:
+        started = self.clock()
+        request = body if isinstance(body, ChatCompletionRequest) else \
+            decode(body, ChatCompletionRequest)
+        self._generation_only()
+        adapter = await self.adapter_for(request.model)
+        try:
+            prompt = await self.engine.render_chat(
+                request.messages, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message, tools=request.tools,
+                chat_template_kwargs=request.chat_template_kwargs)
+        except Exception as exc:
+            raise engine_error(exc) from None
+        return self._run("chat", request, prompt, adapter, started)
+
+    async def prepare_completion(self, body: bytes | CompletionRequest) -> Run:
+        started = self.clock()
+        request = body if isinstance(body, CompletionRequest) else \
+            decode(body, CompletionRequest)
+        self._generation_only()
+        adapter = await self.adapter_for(request.model)
+        source = request.prompt
+        if isinstance(source, list) and source and isinstance(source[0], str | list):
+            if len(source) != 1:
+                raise OpenAIError(400, "several prompts in one request are not supported by "
+                                       "surge's OpenAI server yet: send one per request",
+                                  param="prompt")
+            source = source[0]
+        if isinstance(source, str):
+            prompt = Prompt(text=source, token_ids=tuple(await self.engine.tokenize(source)))
+        else:
+            prompt = Prompt(token_ids=tuple(int(t) for t in source))
+        return self._run("completion", request, prompt, adapter, started)
+
+    def _generation_only(self) -> None:
+        if self.info.is_pooling:
+            raise OpenAIError(400, f"The model {self.model_id!r} is an embedding model: it "
+                                   "serves /v1/embeddings only")
+
+    def _run(self, kind: str, request: ChatCompletionRequest | CompletionRequest,
+             prompt: Prompt, adapter: str | None, started: float) -> Run:
+        prompt_tokens = len(prompt.token_ids or ())
+        params = sampling_params(request, prompt_tokens, self.info.max_model_len)
+        return Run(self, kind, request, prompt, params, adapter, started)
+
+    async def embeddings(self, body: bytes | EmbeddingRequest) -> dict[str, Any]:
+        request = body if isinstance(body, EmbeddingRequest) else decode(body, EmbeddingRequest)
+        if request.model is not None and request.model != self.model_id:
+            raise unknown_model(request.model)
+        if not self.info.is_pooling:
+            raise OpenAIError(400, f"The model {self.model_id!r} does not support embeddings: "
+                                   "serve a pooling model (an embedding model) for them")
+        inputs = request.input
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        prompts = []
+        for item in inputs:
+            if isinstance(item, str):
+                prompts.append(Prompt(text=item, token_ids=tuple(await self.engine.tokenize(item))))
+            else:
+                prompts.append(Prompt(token_ids=tuple(item)))
+        tokens = sum(len(p.token_ids or ()) for p in prompts)
+        for prompt in prompts:
+            if len(prompt.token_ids or ()) > self.info.max_model_len:
+                raise OpenAIError(400, f"This model's maximum context length is "
+                                       f"{self.info.max_model_len} tokens; an input has "
+                                       f"{len(prompt.token_ids or ())}.", param="input")
+        try:
+            vectors = await self.engine.embed(prompts, _new_id("embd"))
+        except Exception as exc:
+            raise engine_error(exc) from None
+        if request.dimensions is not None:
+            vectors = [v[: request.dimensions] for v in vectors]
+        out: list[Any] = vectors
+        if request.encoding_format == "base64":
+            import base64
+            import struct
+
+            out = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+        return embedding_response(self.model_id, out, tokens)
+
+
+class Run:
+    """One prepared generation: stream it, or complete it (once)."""
+
+    __slots__ = ("adapter", "created", "include_usage", "kind", "model", "params", "prompt",
+                 "request", "request_id", "service", "started")
+
+    def __init__(self, service: OpenAIService, kind: str,
+                 request: ChatCompletionRequest | CompletionRequest, prompt: Prompt,
+                 params: SamplingParams, adapter: str | None, started: float) -> None:
+        self.service = service
+        self.kind = kind
+        self.request = request
+        self.prompt = prompt
+        self.params = params
+        self.adapter = adapter
+        self.started = started
+        self.created = int(time.time())
+        self.request_id = request.request_id or _new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.model = request.model or service.model_id
+        options = request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+
+    @property
+    def stream_requested(self) -> bool:
+        return bool(self.request.stream)
+
+    async def stream(self) -> AsyncGenerator[bytes, None]:
+        """The SSE body, one part per engine step; ends with `data: [DONE]`."""
+        rid, created, model, usage = self.request_id, self.created, self.model, Usage()
+        chat, include = self.kind == "chat", self.include_usage
+        roles_sent = not chat  # the first chat part carries each choice's role first
+        async with aclosing(self._deltas(usage)) as deltas:
+            async for delta in deltas:
+                part = b""
+                if not roles_sent:
+                    roles_sent = True
+                    part = self._role_chunks(include)
+                if delta.text or delta.finish_reason or not chat:
+                    chunk = chat_chunk(rid, created, model, delta.index,
+                                       {"content": delta.text}, delta.finish_reason,
+                                       include) if chat else \
+                        completion_chunk(rid, created, model, delta.index, delta.text,
+                                         delta.finish_reason, include)
+                    part += sse(chunk)
+                if part:
+                    yield part
+        tail = DONE
+        if include:
+            kind = "chat.completion.chunk" if chat else "text_completion"
+            tail = sse(usage_chunk(kind, rid, created, model, usage)) + DONE
+        yield tail
+
+    def _role_chunks(self, include: bool) -> bytes:
+        return b"".join(sse(chat_chunk(self.request_id, self.created, self.model, i,
+                                       {"role": "assistant", "content": ""}, None, include))
+                        for i in range(self.params.n))
+
+    async def complete(self) -> dict[str, Any]:
+        usage = Usage()
+        n = self.params.n
+        texts: list[list[str]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        async with aclosing(self._deltas(usage)) as deltas:
+            async for delta in deltas:
+                texts[delta.index].append(delta.text)
+                if delta.finish_reason:
+                    reasons[delta.index] = delta.finish_reason
+        build = chat_response if self.kind == "chat" else completion_response
+        return build(self.request_id, self.created, self.model, ["".join(t) for t in texts],
+                     reasons, usage)
+
+    async def _deltas(self, usage: Usage) -> AsyncGenerator[Delta, None]:
+        """The engine's deltas, counted into `usage` and the metrics; aborted if not done.
+
+        Metrics are recorded after a delta went on its way (its consumer asked for the
+        next one), and inter-token gaps at the end: never between a token and its send.
+        """
+        service = self.service
+        engine, metrics, clock = service.engine, service.metrics, service.clock
+        overhead = clock() - self.started
+        finished, first, last = False, True, 0.0
+        ttft: float | None = None
+        gaps: list[float] = []
+        try:
+            async for delta in engine.generate(self.prompt, self.params, self.request_id,
+                                               adapter=self.adapter):
+                now = clock()
+                count = len(delta.token_ids)
+                if first:
+                    first = False
+                    usage.prompt, usage.cached = delta.prompt_tokens, delta.cached_tokens
+                    ttft = now - self.started
+                elif count:
+                    gaps.append((now - last) / count)
+                last = now
+                usage.completion += count
+                yield delta
+                if ttft is not None and metrics is not None:
+                    metrics.overhead.observe(overhead)
+                    metrics.ttft.observe(ttft)
+                ttft = None
+            finished = True
+        except (EngineError, ValueError) as exc:
+            raise engine_error(exc) from None
+        finally:
+            if not finished:  # cancelled (client gone), or failed: free the engine's slot
+                service.aborted += 1
+                await engine.abort(self.request_id)
+            if metrics is not None:
+                for gap in gaps:
+                    metrics.itl.observe(gap)
+                metrics.request_done(usage.prompt, usage.completion, clock() - self.started)
+
+
+def unknown_model(model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{model}` does not exist.", param="model",
+                       code="model_not_found")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{os.urandom(16).hex()}"
+
+
+def _adapter_path(base: str | None, adapter: str) -> str:
+    if base is None:
+        return adapter
+    path = f"{base}/{adapter}"
+    return path.removeprefix("file://")

@@ -1,0 +1,137 @@
+"""`surge pulse --preset chat|completions`: streaming OpenAI requests, and what they tell.
+
+`LLMPreset` makes each request's body from its sequence number alone (a seeded draw of
+a prompt length in words and of `max_tokens`, both uniform over their ranges), so
+workers and reruns send the same requests. Bodies ask for `stream: true` with
+`stream_options.include_usage`, and `ignore_eos` (vLLM's) unless told not to, so output
+lengths are the drawn ones.
+
+`StreamTracker` follows one response's Server-Sent Events as the generator's parser
+hands over body bytes: the first event with content is the first token (TTFT counts
+from the request's scheduled time, like every latency of a pulse), the usage chunk
+gives the output tokens (else content events are counted), and the time from the first
+to the last content event over the tokens after the first is the request's
+inter-token latency (ITL, vLLM benchmarks' TPOT).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PRESETS", "LLMPreset", "StreamTracker", "parse_range"]
+
+PRESETS = ("chat", "completions")
+_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+          "surge", "serves", "models", "under", "sudden", "pulse", "of", "traffic", "from",
+          "many", "chat", "users", "asking", "short", "questions", "about", "code", "shoes",
+          "weather", "and", "travel", "plans")
+_CONTENT = re.compile(rb'"(?:content|text)":"(?:[^"\\]|\\.)')
+_USAGE = re.compile(rb'"completion_tokens":(\d+)')
+
+
+def parse_range(text: str | int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """`"16:64"`, `32`, or `[16, 64]` -> (low, high), 1 <= low <= high."""
+    if isinstance(text, int):
+        low = high = text
+    elif isinstance(text, list | tuple):
+        low, high = (int(v) for v in text)
+    else:
+        first, _, second = str(text).partition(":")
+        low, high = int(first), int(second or first)
+    if not 1 <= low <= high:
+        raise ValueError(f"a range is LOW:HIGH with 1 <= LOW <= HIGH, got {text!r}")
+    return low, high
+
+
+@dataclass(frozen=True, kw_only=True)
+class LLMPreset:
+    kind: str = "chat"
+    model: str | None = None
+    prompt_words: tuple[int, int] = (16, 64)
+    max_tokens: tuple[int, int] = (16, 64)
+    ignore_eos: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}")
+        object.__setattr__(self, "prompt_words", parse_range(self.prompt_words))
+        object.__setattr__(self, "max_tokens", parse_range(self.max_tokens))
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> LLMPreset:
+        known = {"kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed"}
+        unknown = set(spec) - known
+        if unknown:
+            raise ValueError(f"llm: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        return cls(**dict(spec))
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model,
+                "prompt_words": list(self.prompt_words), "max_tokens": list(self.max_tokens),
+                "ignore_eos": self.ignore_eos, "seed": self.seed}
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.kind == "chat" else "/v1/completions"
+
+    def body(self, seq: int) -> bytes:
+        rng = random.Random(self.seed * 1_000_003 + seq)
+        words = rng.randint(*self.prompt_words)
+        prompt = " ".join(rng.choice(_WORDS) for _ in range(words))
+        request: dict[str, Any] = {"max_tokens": rng.randint(*self.max_tokens),
+                                   "stream": True, "stream_options": {"include_usage": True}}
+        if self.model is not None:
+            request["model"] = self.model
+        if self.ignore_eos:
+            request["ignore_eos"] = True
+        if self.kind == "chat":
+            request["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            request["prompt"] = prompt
+        return json.dumps(request, separators=(",", ":")).encode()
+
+
+class StreamTracker:
+    """One streamed response: when its content events came, and its output tokens."""
+
+    __slots__ = ("events", "first", "last", "tail", "usage")
+
+    def __init__(self) -> None:
+        self.first = -1.0  # time of the first content event (schedule seconds)
+        self.last = -1.0
+        self.events = 0  # content events
+        self.usage = -1  # completion_tokens from the usage chunk, if it came
+        self.tail = b""  # the unfinished end of the last body part
+
+    def feed(self, data: bytes, now: float) -> None:
+        data = self.tail + data
+        cut = data.rfind(b"\n\n") + 2
+        complete, self.tail = data[:cut], data[cut:][-4096:]
+        if not complete:
+            return
+        found = len(_CONTENT.findall(complete))
+        if found:
+            if self.first < 0:
+                self.first = now
+            self.last = now
+            self.events += found
+        usage = _USAGE.search(complete)
+        if usage is not None:
+            self.usage = int(usage.group(1))
+
+    @property
+    def tokens(self) -> int:
+        return self.usage if self.usage >= 0 else self.events
+
+    def itl(self) -> float | None:
+        """Seconds per output token after the first (None with fewer than two)."""
+        tokens = self.tokens
+        if tokens < 2 or self.first < 0:
+            return None
+        return (self.last - self.first) / (tokens - 1)
