@@ -18,6 +18,7 @@ import pytest
 
 from surge import serve
 from surge.api.instance import current
+from tests.e2e.conftest import Running, running_instance
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
@@ -171,7 +172,14 @@ class Spread:
         return {"pid": self.pid, "loads": list(self.loads)}
 
 
-def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads(surge_instance) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads() -> None:
+    # One proxy worker: the copy bound is each router's (several routers racing to spread
+    # one model may each add a copy before they hear of the other's).
+    with running_instance(proxy_workers=1) as instance:
+        _sticks_and_spreads(instance)
+
+
+def _sticks_and_spreads(surge_instance: Running) -> None:
     serve.run(Spread.bind(), name="spread", route_prefix="/spread")
     url = f"{surge_instance.url}/spread"
 
