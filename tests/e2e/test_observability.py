@@ -107,6 +107,8 @@ def test_metrics_show_every_family_during_a_pulse(pulse: Pulse) -> None:
                 and total(samples, "serve_deployment_processing_latency_ms_count") >= ok + 3
                 and total(samples, "surge_completed_requests_total") >= ok + 3
                 and total(samples, "serve_deployment_error_counter_total") >= 3
+                and total(samples, "serve_num_http_error_requests_total",
+                          error_code="500") >= 3
                 and total(samples, "serve_deployment_replica_starts_total") >= 2
                 and total(samples, "serve_num_router_requests_total") >= answered)
 
