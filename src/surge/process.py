@@ -17,8 +17,26 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["die_with_parent", "open_pidfd", "pid_gone", "raise_fd_limit", "set_title",
-           "start_time", "watch_supervisor"]
+__all__ = ["at_exit", "die_with_parent", "open_pidfd", "pid_gone", "raise_fd_limit",
+           "run_exit_hooks", "set_title", "start_time", "watch_supervisor"]
+
+_exit_hooks: list[Callable[[], object]] = []
+
+
+def at_exit(hook: Callable[[], object]) -> None:
+    """Run `hook` when this surge process leaves through `os._exit` (replicas do, so that
+    no finalizer runs twice, which also skips `atexit`): e.g. stop an engine's own child
+    processes, which live in sessions of their own and would outlive the replica."""
+    _exit_hooks.append(hook)
+
+
+def run_exit_hooks() -> None:
+    while _exit_hooks:
+        hook = _exit_hooks.pop()
+        try:
+            hook()
+        except Exception as exc:  # leaving anyway: say so, run the others
+            print(f"surge: an exit hook failed: {exc!r}", file=sys.stderr)
 
 SUPERVISOR_POLL_S = 0.5  # only where pidfds are missing (old kernels)
 

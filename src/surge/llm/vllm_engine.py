@@ -32,6 +32,7 @@ from surge.llm.engine import (
     Prompt,
     SamplingParams,
 )
+from surge.process import at_exit
 
 __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "check_vllm_version"]
 
@@ -128,7 +129,10 @@ class VLLMEngine:
         factory = _stat_logger(self.load)
         self.llm = await asyncio.to_thread(_async_llm.AsyncLLM.from_engine_args, self.args,
                                            stat_loggers=[factory])
-        atexit.register(self.llm.shutdown)  # the engine-core process dies with the replica
+        # The engine-core process (a session of its own) must leave with the replica,
+        # which exits through os._exit (surge.process.at_exit) or, elsewhere, normally.
+        atexit.register(self.llm.shutdown)
+        at_exit(self.llm.shutdown)
         self.tokenizer = self.llm.get_tokenizer()
         if asyncio.iscoroutine(self.tokenizer):
             self.tokenizer = await self.tokenizer

@@ -60,6 +60,9 @@ def _child(spec_line: str, env: dict[str, str]) -> None:
 
         traceback.print_exc()
     finally:
+        from surge.process import run_exit_hooks
+
+        run_exit_hooks()  # e.g. an engine's processes (surge.llm); atexit would not run
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
