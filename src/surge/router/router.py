@@ -49,10 +49,11 @@ from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.launch import LOCAL_NODE
 from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
-from surge.policy.model_routing import FREE_SLOT, ModelHeat, choose_for_model
+from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.own_links import OwnLinks
 from surge.router.replica_link import Pending, ReplicaLink
+from surge.router.slots import Loads, Slot
 from surge.transport.handshake import HandshakeFailed
 from surge.transport.messages import Cancel, Message, Rejected
 from surge.transport.rpc import split_address
@@ -77,63 +78,6 @@ MODEL_SCAN_LIMIT = 64
 MATCHING_TIMEOUT_S = 1.0
 
 
-class _Slot:
-    __slots__ = ("info", "link", "reserved", "saturated")
-
-    def __init__(self, info: ReplicaInfo, link: ReplicaLink) -> None:
-        self.info = info
-        self.link = link
-        self.saturated = False
-        # Models this router sent requests for that have not ended: the replica holds or
-        # loads them before its Models frame can say so.
-        self.reserved: dict[str, int] = {}
-
-    def holds(self, model: str) -> bool:
-        return model in self.link.model_set or model in self.reserved
-
-    def models_held(self) -> int:
-        held = self.link.model_set
-        return len(held) + sum(1 for m in self.reserved if m not in held)
-
-    def coldest(self, heat: ModelHeat, now: float) -> float:
-        """What loading one more model here would evict (policy/model_routing.py)."""
-        models = self.link.models
-        held = self.link.model_set.union(self.reserved)
-        if models is None or models.capacity < 0 or len(held) < models.capacity:
-            return FREE_SLOT
-        return heat.coldest(held, now)
-
-    def reserve(self, model: str) -> None:
-        self.reserved[model] = self.reserved.get(model, 0) + 1
-
-    def release(self, model: str) -> None:
-        left = self.reserved.get(model, 0) - 1
-        if left > 0:
-            self.reserved[model] = left
-        else:
-            self.reserved.pop(model, None)
-
-
-class _Loads:
-    """In-flight counts as a lazy sequence, so picking two replicas costs O(1)."""
-
-    __slots__ = ("capacity", "own", "slots")
-
-    def __init__(self, slots: list[_Slot], capacity: int, own: OwnLinks) -> None:
-        self.slots = slots
-        self.capacity = capacity
-        self.own = own
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def __getitem__(self, index: int) -> int:
-        slot = self.slots[index]
-        if slot.saturated:
-            return self.capacity
-        return len(slot.link.in_flight) + self.own.load(slot.info.replica_id)
-
-
 class Router:
     def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
                  clock: Clock = SYSTEM, node_id: str = LOCAL_NODE) -> None:
@@ -149,12 +93,12 @@ class Router:
         self.own_links = OwnLinks(self._loop, self._own_link, self._dial_replica,
                              lambda replica_id: replica_id in self._by_id)
         self._loop_thread = threading.get_ident()
-        self._routable: list[_Slot] = []
-        self._by_id: dict[str, _Slot] = {}
+        self._routable: list[Slot] = []
+        self._by_id: dict[str, Slot] = {}
         self._queue: deque[Pending] = deque()
         self._max_ongoing = 1
         self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
-        self._loads = _Loads(self._routable, 1, self.own_links)
+        self._loads = Loads(self._routable, 1, self.own_links)
         self.replica_set: ReplicaSet | None = None
         # Set once a replica set arrived and the links it named have been tried.
         self.ready = asyncio.Event()
@@ -279,7 +223,7 @@ class Router:
             self._links.pop(info.replica_id, None)
             link.close()
             return
-        slot = _Slot(info, link)
+        slot = Slot(info, link)
         self._by_id[info.replica_id] = slot
         if info.node_id == self.node_id:
             self._routable.insert(self._local, slot)
@@ -288,7 +232,7 @@ class Router:
             self._routable.append(slot)
         self._drain()
 
-    def _remove_slot(self, slot: _Slot) -> None:
+    def _remove_slot(self, slot: Slot) -> None:
         index = self._routable.index(slot)
         del self._routable[index]
         if index < self._local:
@@ -468,7 +412,7 @@ class Router:
                                 self._rng, fallback,
                                 [slot.coldest(self._heat, now) for slot in slots])
 
-    def _start_model(self, slot: _Slot, pending: Pending, model: str) -> None:
+    def _start_model(self, slot: Slot, pending: Pending, model: str) -> None:
         slot.reserve(model)
         slot.link.start(pending)
 
@@ -548,7 +492,7 @@ class Router:
         else:
             self._loop.call_soon_threadsafe(function, *args)
 
-    def _unsaturate(self, slot: _Slot) -> None:
+    def _unsaturate(self, slot: Slot) -> None:
         with self.lock:
             slot.saturated = False
             self._drain()
