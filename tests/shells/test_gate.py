@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from surge.testing import FakeClock
 from surge.transport.gate import HandshakeGate
 from surge.transport.rpc import RpcPeer, connect_rpc
 
@@ -17,23 +18,42 @@ class Waiting:
     def __init__(self, name: str, log: list[str]) -> None:
         self.name, self.log, self.is_closed = name, log, False
 
+        self.hung_up = False
+
     def admitted(self) -> None:
         self.log.append(self.name)
+
+    def close(self) -> None:
+        self.hung_up = True
 
 
 def test_beyond_the_limit_connections_wait_in_order_and_closed_ones_are_skipped() -> None:
     gate, log = HandshakeGate(limit=2), []
     a, b, c, d, e = (Waiting(n, log) for n in "abcde")
     assert [gate.enter(x) for x in (a, b, c, d, e)] == [True, True, False, False, False]
-    d.is_closed = True
+    d.is_closed = e.is_closed = True
     gate.forget(e)  # closed while waiting
     gate.leave(a)
     assert log == ["c"]
-    gate.leave(b)  # d closed meanwhile: nobody else waits
+    gate.leave(b)  # d and e closed meanwhile: nobody else waits
     assert log == ["c"] and (gate.running, len(gate.waiting)) == (1, 0)
     assert (gate.admitted_total, gate.queued_total) == (3, 3)
     with pytest.raises(ValueError):
         HandshakeGate(limit=0)
+
+
+def test_a_connection_that_waited_past_its_clients_patience_is_closed_unread() -> None:
+    clock, log = FakeClock(), []
+    gate = HandshakeGate(limit=1, patience_s=25.0, clock=clock)
+    first, stale, fresh = (Waiting(n, log) for n in ("first", "stale", "fresh"))
+    assert gate.enter(first)
+    assert not gate.enter(stale)
+    clock.advance(20.0)
+    assert not gate.enter(fresh)
+    clock.advance(6.0)  # stale has waited 26 s, fresh 6 s
+    gate.leave(first)
+    assert log == ["fresh"] and stale.hung_up and not fresh.hung_up
+    assert (gate.expired_total, gate.admitted_total, gate.running) == (1, 2, 1)
 
 
 class Handler:

@@ -25,12 +25,14 @@ from surge.controller.actions import (
 )
 from surge.controller.plan import (
     HEALTH_CHECKS_PER_TICK_MIN,
+    MAX_CONNECTING,
     Observed,
     absorb_exits,
     health_budget,
     needs_reconcile,
     plan,
     settled,
+    start_room,
 )
 from surge.controller.state import ControllerState, ReplicaRecord
 from surge.model import DeploymentId, ReplicaInfo
@@ -237,3 +239,24 @@ def test_nodes_sharing_an_ip_get_distinct_ports() -> None:
               "proxy-0": Placement("head", "10.0.0.1")}
     assert [(a.proxy_id, a.port) for a in proxies(state, {"proxy-0"}, placed)
             if isinstance(a, StartProxy)] == [("proxy-node-n1", 8001), ("proxy-node-n2", 8002)]
+
+
+def test_a_herd_starts_in_waves_of_replicas_on_their_way_in() -> None:
+    # STARTING replicas with spec_sent False (no peer): still connecting.
+    state = state_with(target=MAX_CONNECTING + 500)
+    first = plan(state, Observed(), NOW)
+    assert first == [StartReplicas(DID, MAX_CONNECTING, f"0 of {MAX_CONNECTING + 500} live",
+                                   deferred=500)]
+    settled(state, first, NOW)  # starts were asked for: not settled, planned again
+    for index in range(MAX_CONNECTING):
+        state.add_replica(ReplicaRecord(f"r{index}", DID, 2, NOW))
+    assert start_room(state) == 0
+    assert plan(state, Observed(), NOW) == [
+        StartReplicas(DID, 0, f"{MAX_CONNECTING} of {MAX_CONNECTING + 500} live", deferred=500)]
+    for index in range(300):  # 300 of the first wave got in
+        state.spec_sent(state.replicas[f"r{index}"])
+    assert plan(state, Observed(), NOW) == [
+        StartReplicas(DID, 300, f"{MAX_CONNECTING} of {MAX_CONNECTING + 500} live",
+                      deferred=200)]
+    state.remove_replica("r400")  # one that exited before it got in makes room too
+    assert start_room(state) == 301

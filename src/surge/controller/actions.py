@@ -41,6 +41,7 @@ class StartReplicas:
     deployment: DeploymentId
     count: int
     reason: str
+    deferred: int = 0  # more wanted, held for a later wave (plan.start_room); count may be 0
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class ControlApi:
     async def rpc_replica_spec(self, peer: Peer, replica_id: str) -> ReplicaSpec:
         replica = self.state.replicas[replica_id]
         deployment = self.state.deployments[replica.deployment]
-        replica.spec_sent = True
+        self.state.spec_sent(replica)
         spec, config = deployment.spec, deployment.config
         return ReplicaSpec(replica_id=replica_id, deployment=deployment.id,
                            version=replica.version, target_blob=spec.target_blob,

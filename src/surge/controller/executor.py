@@ -34,7 +34,7 @@ from surge.controller.actions import (
     StopProxy,
     StopReplica,
 )
-from surge.controller.plan import NODE_PROXY_PREFIX
+from surge.controller.plan import MAX_CONNECTING, NODE_PROXY_PREFIX
 from surge.controller.publish import Publisher
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
@@ -98,6 +98,10 @@ class Executor:
     def _start_replicas(self, action: StartReplicas) -> None:
         record = self.state.deployments[action.deployment]
         now = self.clock.monotonic()
+        if action.deferred and action.count:
+            log.info("%s: starting %d replicas now, %d more once these are in (at most %d "
+                     "on their way in at once)", record.id, action.count, action.deferred,
+                     MAX_CONNECTING)
         for _ in range(action.count):
             replica_id = self.new_replica_id(record.id.name)
             launch = ReplicaLaunch(replica_id, record.id, record.config.resources,

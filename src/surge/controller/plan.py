@@ -4,7 +4,8 @@ Each tick the controller (1) asks the backend what exited and turns that into ac
 (`absorb_exits`), applies them, then (2) asks `plan` what to do next and applies that:
 
 * per deployment: policy.reconcile turns target, version and replicas into starts,
-  activations and drains (nothing while the deployment has failed to start), for the
+  activations and drains (nothing while the deployment has failed to start; starts in
+  waves of at most MAX_CONNECTING replicas on their way in, `start_room`), for the
   deployments that changed since they were last found settled (`needs_reconcile`: a
   replica of theirs appeared, left or moved, or their target, version, standby count,
   failures or spec changed; the controller marks them settled with `settled`);
@@ -55,9 +56,22 @@ from surge.policy import reconcile as policy
 from surge.policy.lifecycle import ReplicaState
 from surge.policy.placement import proxy_nodes, proxy_port
 
-__all__ = ["HEALTH_CHECKS_PER_TICK_MIN", "NODE_PROXY_PREFIX", "PROXY_PREFIX", "Observed",
-           "absorb_exits", "health_budget", "is_proxy", "needs_reconcile", "plan",
-           "reconcile_deployment", "reconcile_inputs", "settled"]
+__all__ = [
+    "HEALTH_CHECKS_PER_TICK_MIN",
+    "MAX_CONNECTING",
+    "NODE_PROXY_PREFIX",
+    "PROXY_PREFIX",
+    "Observed",
+    "absorb_exits",
+    "health_budget",
+    "is_proxy",
+    "needs_reconcile",
+    "plan",
+    "reconcile_deployment",
+    "reconcile_inputs",
+    "settled",
+    "start_room",
+]
 
 PROXY_PREFIX = "proxy-"
 NODE_PROXY_PREFIX = "proxy-node-"
@@ -67,6 +81,16 @@ NODE_PROXY_PREFIX = "proxy-node-"
 HEALTH_CHECKS_PER_TICK_MIN = 16
 HEALTH_BUDGET_FACTOR = 2.0
 TICK_S = 0.1  # policy.autoscale_step.TICK_S: the plan runs once per tick
+# Replicas started and not yet in (connected, proved, asked for their spec) at once. A
+# herd larger than this starts in waves: its control connections wait in the
+# controller's handshake queue (transport/gate.py) for less than a member's patience,
+# instead of all together, most of them timing out and being started again.
+MAX_CONNECTING = 1024
+
+
+def start_room(state: ControllerState) -> int:
+    """How many more replicas may start now (MAX_CONNECTING less those on their way in)."""
+    return max(0, MAX_CONNECTING - len(state.connecting))
 
 
 def is_proxy(process_id: str) -> bool:
@@ -96,11 +120,13 @@ def absorb_exits(state: ControllerState, exits: Iterable[Exit]) -> list[Action]:
 def plan(state: ControllerState, observed: Observed, now: float) -> list[Action]:
     actions: list[Action] = []
     stopping: set[str] = set()
+    room = start_room(state)
     for did, record in state.deployments.items():
         group = state.group(did)
         if needs_reconcile(state, record):
-            changes = reconcile_deployment(state, did, now)
+            changes = reconcile_deployment(state, did, now, room=room)
             stopping.update(a.replica_id for a in changes if isinstance(a, StopReplica))
+            room -= sum(a.count for a in changes if isinstance(a, StartReplicas))
             actions += changes
         if record.deleting and not group.members:
             actions.append(ForgetDeployment(did))
@@ -146,9 +172,11 @@ def settled(state: ControllerState, actions: Sequence[Action], now: float) -> No
 
 
 def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
-                         replicas: Sequence[ReplicaRecord] | None = None) -> list[Action]:
+                         replicas: Sequence[ReplicaRecord] | None = None,
+                         room: int | None = None) -> list[Action]:
     """Starts, activations and drains that bring the deployment to its target (no
-    starts while it backs off after a failed one)."""
+    starts while it backs off after a failed one; at most `room` starts, by default
+    `start_room`, the rest deferred to a later wave)."""
     record = state.deployments[did]
     if state.failed(did) or (replicas is None and _at_target(state, record)):
         return []
@@ -161,7 +189,9 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
                                    record.standby_wanted, rollout):
         if isinstance(action, policy.StartReplicas):
             if now >= record.start_not_before:
-                actions.append(StartReplicas(did, action.count, action.reason))
+                room = start_room(state) if room is None else room
+                count = min(action.count, room)
+                actions.append(StartReplicas(did, count, action.reason, action.count - count))
         else:
             actions.append(action)
     return actions

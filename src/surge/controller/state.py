@@ -208,6 +208,9 @@ class ControllerState:
     daemon_pid: int = 0  # a detached instance's supervising daemon (gone last at shutdown)
     grpc: gRPCOptions = field(default_factory=gRPCOptions)  # what each proxy serves over gRPC
     groups: dict[DeploymentId, ReplicaGroup] = field(default_factory=dict)  # by deployment
+    # Replicas started that have not asked for their spec yet: their control connection is
+    # still on its way in (plan.start_room bounds how many, so a herd comes in waves).
+    connecting: set[str] = field(default_factory=set)
     health: HealthSchedule = field(default_factory=HealthSchedule)
     changes: Changes = field(default_factory=Changes)  # replicas that came, went, moved
 
@@ -332,9 +335,17 @@ class ControllerState:
         self.replicas[replica.replica_id] = replica
         replica.group = self.group(replica.deployment)
         replica.group.add(replica)
+        if replica.state is ReplicaState.STARTING and not replica.spec_sent:
+            self.connecting.add(replica.replica_id)
+
+    def spec_sent(self, replica: ReplicaRecord) -> None:
+        """The replica asked for its spec: it is in (connected, proved, said hello)."""
+        replica.spec_sent = True
+        self.connecting.discard(replica.replica_id)
 
     def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
         replica = self.replicas.pop(replica_id, None)
+        self.connecting.discard(replica_id)
         if replica is not None and replica.group is not None:
             replica.group.remove(replica)
             if not replica.group.members and replica.deployment not in self.deployments:

@@ -26,7 +26,8 @@ from typing import Any
 __all__ = ["PRELOAD", "main"]
 
 # Imported once here, shared copy-on-write by every replica.
-PRELOAD = ("surge.replica.main", "surge.launch", "starlette.responses",
+# surge.serve too: the user's code, unpickled in the replica, imports it.
+PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "starlette.responses",
            "starlette.requests", "fastapi", "surge.weights.api")
 
 
