@@ -6,9 +6,11 @@ running totals (user metrics: controller/user_metrics.py). Routers' load
 reports already reach the autoscaler (`LoadTracker`); once a second `Observer.sample`
 adds the new 0.1 s samples into offered/completed/rejected totals, counts the
 autoscaler's new decisions, and appends one point per deployment to a timeline of
-the last `HISTORY_S` seconds (rates, p50/p99 latency, queue, replicas), which the
-dashboard polls. `snapshot()` freezes everything for the Prometheus text
-(controller/metrics.py). Nothing here is on the request path.
+the last `HISTORY_S` seconds (rates, p50/p99 latency, queue, replicas; for LLM
+deployments also TTFT, inter-token latency, tokens/s and the engine's gauges, from
+their serve.metrics: controller/llm_timeline.py), which the dashboard polls.
+`snapshot()` freezes everything for the Prometheus text (controller/metrics.py). Nothing
+here is on the request path.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from surge.clock import SYSTEM, Clock
 from surge.controller.autoscaler import Autoscaler, LoadTracker
+from surge.controller.llm_timeline import LLMTimeline
 from surge.controller.state import ControllerState
 from surge.controller.user_metrics import UserFamily, UserMetrics
 from surge.model import DeploymentId
@@ -99,6 +102,7 @@ class Observer:
         self.errors: dict[ReplicaKey, int] = {}
         self.exceptions: dict[ExceptionKey, int] = {}
         self.user = UserMetrics()
+        self.llm = LLMTimeline()
         self.rejections: dict[tuple[str, str, str], int] = {}
         self.replica_starts: dict[tuple[str, str], int] = {}
         self.replica_started: dict[str, tuple[str, str]] = {}  # id -> app, deployment
@@ -183,6 +187,7 @@ class Observer:
         point: dict[str, Any] = {"t": round(wall, 3), "deployments": {}}
         for did, record in list(self.state.deployments.items()):
             point["deployments"][str(did)] = self._deployment_point(did, record.target)
+        point["llm"] = self.llm.sample(self.user.families, now, SAMPLE_INTERVAL_S)
         self._fold_decisions(now, wall)
         self._prune(now)
         self._previous_latency = {did: self._latency_window(did) for did in

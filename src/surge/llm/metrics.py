@@ -11,6 +11,7 @@ cache) are sampled every `SAMPLE_S`.
 from __future__ import annotations
 
 from surge.llm.engine import EngineStats
+from surge.observability import llm_metrics as names
 from surge.replica.metrics import Counter, Gauge, Histogram
 
 __all__ = ["SAMPLE_S", "LLMMetrics"]
@@ -33,27 +34,27 @@ TAGS = ("model_name",)
 class LLMMetrics:
     def __init__(self, model_name: str) -> None:
         tags = {"model_name": model_name}
-        self.ttft = Histogram("vllm_time_to_first_token_seconds",
+        self.ttft = Histogram(names.TTFT,
                               "Time to first token, seconds.", TTFT_BUCKETS,
                               TAGS).set_default_tags(tags)
-        self.itl = Histogram("vllm_inter_token_latency_seconds",
+        self.itl = Histogram(names.ITL,
                              "Time between output tokens, seconds.", ITL_BUCKETS,
                              TAGS).set_default_tags(tags)
-        self.e2e = Histogram("vllm_e2e_request_latency_seconds",
+        self.e2e = Histogram(names.E2E,
                              "End-to-end request latency, seconds.", E2E_BUCKETS,
                              TAGS).set_default_tags(tags)
-        self.prompt_tokens = Counter("vllm_prompt_tokens", "Prompt tokens processed.",
+        self.prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens processed.",
                                      TAGS).set_default_tags(tags)
-        self.generation_tokens = Counter("vllm_generation_tokens", "Tokens generated.",
+        self.generation_tokens = Counter(names.GENERATION_TOKENS, "Tokens generated.",
                                          TAGS).set_default_tags(tags)
-        self.running = Gauge("vllm_num_requests_running", "Sequences being decoded.",
+        self.running = Gauge(names.RUNNING, "Sequences being decoded.",
                              TAGS).set_default_tags(tags)
-        self.waiting = Gauge("vllm_num_requests_waiting", "Sequences waiting to run.",
+        self.waiting = Gauge(names.WAITING, "Sequences waiting to run.",
                              TAGS).set_default_tags(tags)
-        self.kv_cache = Gauge("vllm_kv_cache_usage_perc", "KV-cache usage, 0..1.",
+        self.kv_cache = Gauge(names.KV_CACHE, "KV-cache usage, 0..1.",
                               TAGS).set_default_tags(tags)
         self.overhead = Histogram(
-            "surge_llm_replica_overhead_seconds",
+            names.OVERHEAD,
             "Time a request spends in surge's replica before the engine has it (decode, "
             "checks, chat template), seconds.", OVERHEAD_BUCKETS, TAGS).set_default_tags(tags)
 

@@ -8,7 +8,8 @@ const state = { samples: [], decisions: [], since: null, historyS: 600 };
 const COLORS = {
   offered: "#57606a", served: "#1a7f37", rejected: "#cf222e", errors: "#bc4c00",
   p50: "#0969da", p99: "#bf8700", running: "#1a7f37", target: "#1d2430",
-  starting: "#bf8700", standby: "#8c959f",
+  starting: "#bf8700", standby: "#8c959f", output: "#1a7f37", input: "#57606a",
+  waiting: "#cf222e", kv: "#8250df",
 };
 
 function esc(value) {
@@ -205,6 +206,72 @@ function renderCharts(status, now) {
     ? "<h2>Last " + (windowS() / 60) + " min</h2>" + blocks.join("") : "";
 }
 
+// -- LLM engines (points' "llm": deployments that record the LLM server's metrics) --------
+
+function llmKeys(samples) {
+  const keys = new Set();
+  for (const s of samples) for (const key of Object.keys(s.llm || {})) keys.add(key);
+  return [...keys].sort();
+}
+
+function latestLLM(key) {
+  for (let i = state.samples.length - 1; i >= 0; i--) {
+    const point = (state.samples[i].llm || {})[key];
+    if (point) return point;
+  }
+  return null;
+}
+
+function llmBlock(key, samples, t0, t1) {
+  const pts = (field) => samples.map((s) => {
+    const p = (s.llm || {})[key];
+    return [s.t, p ? p[field] : null];
+  });
+  const pair = (prefix) => [
+    { name: "p50", color: COLORS.p50, points: pts(`${prefix}_p50_ms`) },
+    { name: "p99", color: COLORS.p99, points: pts(`${prefix}_p99_ms`) }];
+  const decisions = state.decisions.filter((d) => d.deployment === key);
+  const p = latestLLM(key) || {};
+  return `<div class="deployment llm" data-llm="${esc(key)}"><h3>${esc(key)}</h3>` +
+    `<div class="summary">TTFT p50 <b class="ttft-p50">${fmt(p.ttft_p50_ms)} ms</b>, ` +
+    `p99 <b class="ttft-p99">${fmt(p.ttft_p99_ms)} ms</b> · ` +
+    `ITL p50 <b class="itl-p50">${fmt(p.itl_p50_ms)} ms</b>, ` +
+    `p99 <b class="itl-p99">${fmt(p.itl_p99_ms)} ms</b> · ` +
+    `output <b class="output-rate">${fmt(p.output_tokens_s)} tokens/s</b> · ` +
+    `input <b class="input-rate">${fmt(p.input_tokens_s)} tokens/s</b> · ` +
+    `running <b class="engine-running">${fmt(p.running, 0)}</b>, ` +
+    `waiting <b class="engine-waiting">${fmt(p.waiting, 0)}</b> · ` +
+    `KV cache <b class="kv-cache">${fmt(p.kv_cache_pct)} %</b> · ` +
+    `replica overhead p50 <b class="overhead-p50">${fmt(p.overhead_p50_ms)} ms</b>` +
+    `</div><div class="charts">` +
+    chart("Time to first token", "ms", pair("ttft"), t0, t1, decisions) +
+    chart("Inter-token latency", "ms", pair("itl"), t0, t1, decisions) +
+    chart("Tokens", "per second", [
+      { name: "output", color: COLORS.output, points: pts("output_tokens_s") },
+      { name: "input", color: COLORS.input, points: pts("input_tokens_s") },
+    ], t0, t1, decisions) +
+    chart("Engine", "sequences", [
+      { name: "running", color: COLORS.running, points: pts("running"), step: true },
+      { name: "waiting", color: COLORS.waiting, points: pts("waiting"), step: true },
+    ], t0, t1, decisions) +
+    chart("KV cache", "% used", [
+      { name: "used", color: COLORS.kv, points: pts("kv_cache_pct") },
+    ], t0, t1, decisions) +
+    chart("Replica overhead", "ms before the engine has the request", pair("overhead"),
+      t0, t1, decisions) +
+    "</div></div>";
+}
+
+function renderLLM(now) {
+  const t1 = now, t0 = now - windowS();
+  const samples = state.samples.filter((s) => s.t >= t0);
+  const keys = llmKeys(samples);
+  const section = document.getElementById("llm");
+  section.hidden = keys.length === 0;
+  section.innerHTML = keys.length ? "<h2>LLM engines, last " + (windowS() / 60) + " min</h2>" +
+    keys.map((key) => llmBlock(key, samples, t0, t1)).join("") : "";
+}
+
 // -- loop -----------------------------------------------------------------------------------
 
 let last = null;
@@ -216,6 +283,7 @@ function render() {
     `control ${status.control_address} · http ${status.http_address || "–"}`;
   renderDeployments(status);
   renderCharts(status, last.now);
+  renderLLM(last.now);
   renderDecisions(last.now - windowS());
   renderReplicas(status);
 }
