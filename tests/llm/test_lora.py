@@ -2,15 +2,16 @@
 cache (llm/lora_cloud.py), in process: LRU unload from the engine at the cap, an unload
 that waits for the adapter's running request, downloads once per node with atomic
 renames, retries, bounds, and errors that name the URL and the missing package. s3://
-against a real local S3 server: tests/llm/test_lora_s3.py; across replicas:
+and gs:// against real local servers: tests/llm/test_lora_cloud.py; across replicas:
 tests/llm/test_lora_routing.py."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from surge.llm.asgi import OpenAIApp
 from surge.llm.config import LLMConfig
 from surge.llm.engine import AdapterError
 from surge.llm.lora import Adapters, adapter_location
-from surge.llm.lora_cloud import NodeCache, store_for
+from surge.llm.lora_cloud import NodeCache
 from surge.llm.service import OpenAIService
 from surge.testing import FakeLLMEngine, FakeObjectStore
 from tests.llm.test_openai_layer import body, call
@@ -109,7 +110,7 @@ def objects(prefix: str) -> dict[tuple[str, str], bytes]:
             ("bucket", f"{prefix}-v2/other.json"): b"not this one"}
 
 
-def test_gs_adapters_download_once_per_node_and_atomically(tmp_path: Path) -> None:
+def test_downloads_are_once_per_node_and_atomic(tmp_path: Path) -> None:
     store = FakeObjectStore(objects("loras/shout"))
     url = "gs://bucket/loras/shout"
 
@@ -152,16 +153,32 @@ def test_the_node_cache_is_bounded(tmp_path: Path) -> None:
     assert not os.path.exists(a) and os.path.isdir(b) and os.path.isdir(c)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("google.cloud.storage") is not None,
-                    reason="google-cloud-storage is installed")
-def test_a_missing_client_names_the_url_and_the_package(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"gs://bucket/loras need the optional dependency "
-                                          r"'google-cloud-storage'.*pip install"):
-        store_for("gs://bucket/loras")
-    cfg = config("gs://bucket/loras")  # the server fails at start, not on a request
-    assert cfg.lora is not None
-    with pytest.raises(ConfigError, match="google-cloud-storage"):
-        Adapters("fake", cfg.lora, FakeLLMEngine(cfg))
+MISSING = """
+import sys
+sys.modules["google.cloud.storage"] = None  # as if not installed: importing it fails
+from surge.errors import ConfigError
+from surge.llm.config import LLMConfig
+from surge.llm.lora import Adapters
+from surge.testing import FakeLLMEngine
+cfg = LLMConfig(model_loading_config={"model_id": "fake"}, llm_engine="x:Y",
+                lora_config={"dynamic_lora_loading_path": "gs://bucket/loras"})
+try:
+    Adapters("fake", cfg.lora, FakeLLMEngine(cfg))
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_a_missing_client_fails_the_deploy_naming_the_url_and_package() -> None:
+    # In a process of its own, where the package cannot be imported (it is installed
+    # here for tests/llm/test_lora_cloud.py).
+    out = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             p for p in sys.path if p)})
+    assert out.returncode == 0, out.stderr
+    assert ("LoRA adapters from gs://bucket/loras need the optional dependency "
+            "'google-cloud-storage', which is not installed: pip install "
+            "google-cloud-storage") in out.stdout, out.stdout
 
 
 def test_azure_schemes_fail_the_deploy_saying_so() -> None:

@@ -8,8 +8,8 @@
 * `FakeLLMEngine`: a deterministic `surge.llm.engine.LLMEngine` (words are tokens), for
   tests of the OpenAI layer without a model: `LLMConfig(llm_engine=
   "surge.testing:FakeLLMEngine", ...)`.
-* `FakeObjectStore`: cloud object storage in memory, for LoRA adapters from `gs://` and
-  for downloads that fail on cue (s3:// is tested against a real local S3 server).
+* `FakeObjectStore`: cloud object storage in memory (`surge.llm.lora_cloud.ObjectStore`),
+  for LoRA adapter downloads that fail on cue.
 """
 
 from surge.testing.backend import FakeBackend, FakeProcess

@@ -1,8 +1,9 @@
 """`FakeObjectStore`: cloud object storage in memory (`surge.llm.lora_cloud.ObjectStore`).
 
 Objects are `{(bucket, key): bytes}`; `fail_times` makes the next downloads raise
-OSError (a flaky network), and `downloads` records each object fetched. For `gs://`,
-which has no local server here, and for failures a real server does not make on cue.
+OSError (a flaky network), and `downloads` records each object fetched: for the node
+cache's own tests (retries, bounds, eviction), failures a real server does not make on
+cue. The clouds' clients are tested against local servers (tests/llm/test_lora_cloud.py).
 """
 
 from __future__ import annotations
