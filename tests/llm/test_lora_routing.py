@@ -81,6 +81,8 @@ def test_adapters_spread_and_requests_follow_them(instance: Running, adapters: P
         assert sorted(Counter(placed.values()).values()) == [2, 2], placed
         for _ in range(3):
             assert {model: answered_by(client, model) for model in models} == placed
+            # A model card goes where the adapter is (the proxy reads the path's id).
+            assert all(client.models.retrieve(model).parent == "fake" for model in models)
         # Base-model requests carry no model id: any replica may serve them.
         base = client.chat.completions.create(
             model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=1)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from surge.policy.llm_models import decode_model, lora_model_id, resolve_model, split_lora_id
+from surge.policy.llm_models import (
+    decode_model,
+    lora_model_id,
+    path_model,
+    resolve_model,
+    split_lora_id,
+)
 
 ONE = {"tiny": "LLMServer:tiny"}
 TWO = {"tiny": "LLMServer:tiny", "big": "LLMServer:big"}
@@ -48,3 +54,14 @@ def test_lora_model_id_and_split() -> None:
     assert lora_model_id("big:shout", "tiny") == ""
     assert split_lora_id("tiny:a:b") == ("tiny", "a:b")
     assert split_lora_id("tiny") == ("tiny", "")
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/v1/models/tiny:shout", "tiny:shout"),
+    ("/lora/v1/models/tiny", "tiny"),      # under a route prefix
+    ("/v1/models/", None),
+    ("/v1/models", None),
+    ("/v1/chat/completions", None),
+])
+def test_path_model(path: str, expected: str | None) -> None:
+    assert path_model(path) == expected

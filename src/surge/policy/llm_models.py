@@ -6,7 +6,8 @@ multiplexing router sends it to a replica that already holds the adapter; a requ
 the base model itself carries no id and is balanced over every replica (each holds the
 base). `resolve_model` is that decision for a table of served base models (one entry for
 a one-model app, whose LLMServer is the ingress; several for a multi-model endpoint);
-`decode_model` reads only the `model` field of a JSON body, in microseconds.
+`decode_model` reads only the `model` field of a JSON body, in microseconds, and
+`path_model` the id of a `GET /v1/models/{id}`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = ["decode_model", "lora_model_id", "resolve_model", "split_lora_id"]
+__all__ = ["decode_model", "lora_model_id", "path_model", "resolve_model", "split_lora_id"]
+
+MODELS_PATH = "/v1/models/"
 
 D = TypeVar("D")
 
@@ -34,6 +37,12 @@ def decode_model(body: bytes) -> str | None:
         return _decoder.decode(body).model
     except msgspec.MsgspecError:
         return None
+
+
+def path_model(path: str) -> str | None:
+    """The id in a `.../v1/models/{id}` path (a model card: its holder answers it)."""
+    _, found, model = path.rpartition(MODELS_PATH)
+    return model or None if found else None
 
 
 def split_lora_id(model: str) -> tuple[str, str]:
