@@ -63,10 +63,12 @@ def tiny_model() -> Path:
 
 
 def tiny_adapters(directory: Path, base: Path) -> Path:
-    """A directory of LoRA adapters (Ray's dynamic_lora_loading_path): one, `shout`."""
+    """A directory of LoRA adapters (Ray's dynamic_lora_loading_path): `shout`, `hum` and
+    `sing` (three, for a replica that holds two)."""
     from surge.testing.tiny_llm import make_tiny_lora
 
-    make_tiny_lora(directory / "shout", base)
+    for seed, name in enumerate(("shout", "hum", "sing"), start=1):
+        make_tiny_lora(directory / name, base, seed=seed)
     return directory
 
 
@@ -197,3 +199,10 @@ def test_lora_adapter_loads_on_first_use(client: Any) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         say("tiny:whisper")
     assert missing.value.body["code"] == "model_not_found"
+    # Two adapters per replica (max_num_adapters_per_replica): a third unloads the least
+    # recently used one from vLLM (remove_lora); asked again, it loads again, the same.
+    hum = say("tiny:hum").choices[0].message.content
+    say("tiny:sing")
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny:hum", "tiny:sing"]
+    assert say("tiny:shout").choices[0].message.content == adapted.choices[0].message.content
+    assert say("tiny:hum").choices[0].message.content == hum

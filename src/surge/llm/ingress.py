@@ -1,7 +1,8 @@
 """`OpenAiIngress`: one OpenAI endpoint in front of several models' LLMServers.
 
 With more than one model in an app, a request's `model` field picks the LLMServer
-deployment (decoded alone with msgspec; `base:adapter` picks the base's), and the
+deployment (decoded alone with msgspec; `base:adapter` picks the base's, routed by
+adapter as a multiplexed model: policy/llm_models.py), and the
 ingress streams that server's answer back: proxy → ingress replica → LLMServer replica
 → engine, two hops, as Ray's default. The body crosses the second hop as bytes and the
 answer comes back as the bytes of its SSE parts; nothing is re-parsed on the way.
@@ -28,6 +29,7 @@ from surge.llm.asgi import (
 from surge.llm.protocol import OpenAIError, model_of
 from surge.llm.responses import encode
 from surge.llm.service import unknown_model
+from surge.policy.llm_models import resolve_model
 from surge.replica.ingress import ingress
 
 __all__ = ["OpenAiIngress"]
@@ -46,15 +48,15 @@ class OpenAiIngress:
         return self.asgi  # not __call__: Ray's ingress() refuses classes that define one
 
     def handle_for(self, model: str | None) -> Any:
-        if model is None:
-            if len(self.handles) == 1:
-                return next(iter(self.handles.values()))
-            raise OpenAIError(400, "`model` is required: this endpoint serves "
-                                   f"{', '.join(sorted(self.handles))}", param="model")
-        handle = self.handles.get(model) or self.handles.get(model.partition(":")[0])
+        """The handle of `model`'s server; for an adapter (`base:adapter`) with it as the
+        multiplexed model id, so it goes to a replica holding the adapter (as Ray's)."""
+        handle, model_id = resolve_model(model, self.handles)
         if handle is None:
+            if model is None:
+                raise OpenAIError(400, "`model` is required: this endpoint serves "
+                                       f"{', '.join(sorted(self.handles))}", param="model")
             raise unknown_model(model)
-        return handle
+        return handle.options(multiplexed_model_id=model_id) if model_id else handle
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

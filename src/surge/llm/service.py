@@ -29,6 +29,7 @@ from surge.llm.engine import (
     PromptTooLong,
     SamplingParams,
 )
+from surge.llm.lora import Adapters
 from surge.llm.metrics import LLMMetrics
 from surge.llm.protocol import (
     ChatCompletionRequest,
@@ -50,6 +51,7 @@ from surge.llm.responses import (
     sse,
     usage_chunk,
 )
+from surge.policy.llm_models import split_lora_id
 
 __all__ = ["OpenAIService", "Run", "engine_error"]
 
@@ -82,11 +84,18 @@ class OpenAIService:
         self.clock = clock
         self.model_id = config.model_id
         self.created = int(time.time())
-        self.adapters: set[str] = set()  # LoRA adapters loaded into the engine
+        # LoRA adapters loaded into the engine: a multiplexed model cache (llm/lora.py)
+        self.loras = Adapters(config.model_id, config.lora, engine) \
+            if config.lora is not None else None
         self.aborted = 0  # engine requests aborted: client gone, or failed mid-way
 
     def __repr__(self) -> str:
-        return f"<OpenAIService {self.model_id} adapters={sorted(self.adapters)}>"
+        return f"<OpenAIService {self.model_id} adapters={self.adapters}>"
+
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters loaded now."""
+        return self.loras.names() if self.loras is not None else []
 
     # -- models -------------------------------------------------------------------------
 
@@ -95,7 +104,7 @@ class OpenAIService:
                             max_model_len=self.info.max_model_len)]
         cards += [model_card(f"{self.model_id}:{name}", self.created, parent=self.model_id,
                              max_model_len=self.info.max_model_len)
-                  for name in sorted(self.adapters)]
+                  for name in self.adapters]
         return cards
 
     def card(self, model_id: str) -> dict[str, Any]:
@@ -105,21 +114,18 @@ class OpenAIService:
         raise unknown_model(model_id)
 
     async def adapter_for(self, model: str | None) -> str | None:
-        """The LoRA adapter a request's `model` names (None: the base model); 404 else."""
+        """The LoRA adapter a request's `model` names (None: the base model), loaded and
+        held for the request (`release` it); 404 else."""
         if model is None or model == self.model_id:
             return None
-        base, sep, adapter = model.partition(":")
-        lora = self.config.lora
-        if not sep or base != self.model_id or not adapter or lora is None:
+        base, adapter = split_lora_id(model)
+        if base != self.model_id or not adapter or self.loras is None:
             raise unknown_model(model)
-        if adapter not in self.adapters:
-            path = _adapter_path(lora.dynamic_lora_loading_path, adapter)
-            try:
-                await self.engine.load_adapter(adapter, path)
-            except (AdapterError, NotImplementedError, FileNotFoundError) as exc:
-                raise OpenAIError(404, f"The adapter {model!r} could not be loaded: {exc}",
-                                  param="model", code="model_not_found") from None
-            self.adapters.add(adapter)
+        try:
+            await self.loras.get(adapter)
+        except (AdapterError, NotImplementedError, FileNotFoundError) as exc:
+            raise OpenAIError(404, f"The adapter {model!r} could not be loaded: {exc}",
+                              param="model", code="model_not_found") from None
         return adapter
 
     # -- generation ---------------------------------------------------------------------
@@ -135,9 +141,12 @@ class OpenAIService:
                 request.messages, add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message, tools=request.tools,
                 chat_template_kwargs=request.chat_template_kwargs)
-        except Exception as exc:
-            raise engine_error(exc) from None
-        return self._run("chat", request, prompt, adapter, started)
+            return self._run("chat", request, prompt, adapter, started)
+        except BaseException as exc:
+            self.release(adapter)
+            if isinstance(exc, Exception):
+                raise engine_error(exc) from None
+            raise
 
     async def prepare_completion(self, body: bytes | CompletionRequest) -> Run:
         started = self.clock()
@@ -145,6 +154,14 @@ class OpenAIService:
             decode(body, CompletionRequest)
         self._generation_only()
         adapter = await self.adapter_for(request.model)
+        try:
+            return await self._prepare_completion(request, adapter, started)
+        except BaseException:
+            self.release(adapter)
+            raise
+
+    async def _prepare_completion(self, request: CompletionRequest, adapter: str | None,
+                                  started: float) -> Run:
         source = request.prompt
         if isinstance(source, list) and source and isinstance(source[0], str | list):
             if len(source) != 1:
@@ -157,6 +174,11 @@ class OpenAIService:
         else:
             prompt = Prompt(token_ids=tuple(int(t) for t in source))
         return self._run("completion", request, prompt, adapter, started)
+
+    def release(self, adapter: str | None) -> None:
+        """The request that held `adapter` (adapter_for) ended: it may be unloaded."""
+        if adapter is not None and self.loras is not None:
+            self.loras.release(adapter)
 
     def _generation_only(self) -> None:
         if self.info.is_pooling:
@@ -311,9 +333,12 @@ class Run:
         except (EngineError, ValueError) as exc:
             raise engine_error(exc) from None
         finally:
-            if not finished:  # cancelled (client gone), or failed: free the engine's slot
-                service.aborted += 1
-                await engine.abort(self.request_id)
+            try:
+                if not finished:  # cancelled (client gone), or failed: free its slot
+                    service.aborted += 1
+                    await engine.abort(self.request_id)
+            finally:
+                service.release(self.adapter)  # the adapter may be unloaded now
             if metrics is not None:
                 for gap in gaps:
                     metrics.itl.observe(gap)
@@ -327,10 +352,3 @@ def unknown_model(model: str) -> OpenAIError:
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}-{os.urandom(16).hex()}"
-
-
-def _adapter_path(base: str | None, adapter: str) -> str:
-    if base is None:
-        return adapter
-    path = f"{base}/{adapter}"
-    return path.removeprefix("file://")

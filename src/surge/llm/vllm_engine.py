@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import importlib
+import itertools
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
@@ -120,6 +121,7 @@ class VLLMEngine:
         self.tokenizer: Any = None
         self.load = _Load()
         self.adapters: dict[str, Any] = {}  # name -> LoRARequest
+        self._lora_ids = itertools.count(1)  # never reused: an unloaded id may linger
         self.info = ModelInfo(max_model_len=0)
 
     def __repr__(self) -> str:
@@ -223,7 +225,7 @@ class VLLMEngine:
     async def load_adapter(self, name: str, path: str) -> None:
         if self.config.engine_kwargs.get("enable_lora") is not True:
             raise AdapterError("LoRA is not enabled: set engine_kwargs.enable_lora: true")
-        request = _lora.LoRARequest(name, len(self.adapters) + 1, path)
+        request = _lora.LoRARequest(name, next(self._lora_ids), path)
         try:
             await self.llm.add_lora(request)
         except Exception as exc:
@@ -232,7 +234,7 @@ class VLLMEngine:
 
     async def unload_adapter(self, name: str) -> None:
         request = self.adapters.pop(name, None)
-        if request is not None:
+        if request is not None and self.llm is not None:
             await self.llm.remove_lora(request.lora_int_id)
 
     async def shutdown(self) -> None:

@@ -20,6 +20,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from surge.errors import BackPressureError, DeploymentUnavailableError
+from surge.policy.llm_models import decode_model, lora_model_id, path_model
 from surge.proxy.exchange import Exchange
 from surge.proxy.h1 import H1Connection
 from surge.proxy.h1_state import Conn, Phase
@@ -209,17 +210,24 @@ class HttpConnection(asyncio.Protocol):
         route = head.route
         assert route is not None  # only routed requests are dispatched
         proxy = self.proxy
+        router = route.router
+        model_id = head.model_id
+        lora_base = getattr(router, "lora_base", "")  # an LLM server with LoRA adapters
+        if lora_base and not model_id:
+            if exchange.body and exchange.upstream is None:
+                model_id = lora_model_id(decode_model(exchange.body), lora_base)
+            elif head.method == "GET":  # a model card: where the adapter is
+                model_id = lora_model_id(path_model(head.path), lora_base)
         request = HttpRequest(0, head.method, head.path, head.query, head.headers, exchange.body,
                               self.client, route.prefix, head.request_id.decode(),
                               head.http_version, proxy.spec.root_path, head.raw_path,
-                              proxy.site.scheme, head.model_id)
+                              proxy.site.scheme, model_id)
         if exchange.upstream is not None:  # the rest of its body, or a WebSocket, follows
             if isinstance(exchange, WsExchange):
                 request.upgrade = "websocket"
             else:
                 request.more_body = True
         pending = exchange.pending = Pending(request, exchange)
-        router = route.router
         try:
             router.submit(pending)
         except (BackPressureError, DeploymentUnavailableError) as exc:

@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 from surge.clock import SYSTEM
 from surge.replica.context import get_replica_context, request_context_var
 
-__all__ = ["ModelCache", "RoutingSettings", "get_multiplexed_model_id", "loaded_model_ids",
-           "multiplexed", "routing_settings", "shutdown_all", "watch"]
+__all__ = ["ModelCache", "RoutingSettings", "get_multiplexed_model_id", "has_caches",
+           "loaded_model_ids", "multiplexed", "routing_settings", "shutdown_all", "watch"]
 
 log = logging.getLogger("surge.replica")
 
@@ -56,6 +56,9 @@ class RoutingSettings(NamedTuple):
     max_copies: int = 0  # 0: the router's default
     matching_timeout_s: float = MATCHING_TIMEOUT_S
     capacity: int = -1  # models held at most (-1: no limit)
+    # An LLM server's model id: the proxy takes a request's model id from its JSON
+    # body's `model` when that names one of its LoRA adapters (policy/llm_models.py).
+    lora_base: str = ""
 
 
 def watch(callback: Callable[[], None]) -> None:
@@ -106,6 +109,7 @@ def multiplexed(func: Callable[..., Any] | None = None,
             owner: Any = args[0] if is_method else load
             cache = getattr(owner, WRAPPER_ATTRIBUTE, None)
             if cache is None:
+                _check_in_replica()
                 bound = functools.partial(loader, owner) if is_method else loader
                 cache = ModelCache(bound, max_num_models_per_replica, settings)
                 setattr(owner, WRAPPER_ATTRIBUTE, cache)
@@ -115,6 +119,14 @@ def multiplexed(func: Callable[..., Any] | None = None,
         return load
 
     return decorator(func) if callable(func) else decorator
+
+
+def _check_in_replica() -> None:
+    try:
+        get_replica_context()
+    except Exception:
+        raise RuntimeError("`@serve.multiplexed` can only be used within a deployment "
+                           "(failed to retrieve Serve replica context).") from None
 
 
 def _check_loader(func: Any) -> None:
@@ -130,16 +142,16 @@ def _check_loader(func: Any) -> None:
 
 
 class ModelCache:
-    """One replica's models for one loader: held (LRU order) and loading."""
+    """One replica's models for one loader: held (LRU order) and loading.
+
+    `unload` (surge-internal; LLM adapters use it) replaces the model's `__del__` on
+    eviction: it is awaited with the model's id and object."""
 
     def __init__(self, loader: Callable[[str], Awaitable[Any]], capacity: int,
-                 settings: RoutingSettings | None = None) -> None:
-        try:
-            get_replica_context()
-        except Exception:
-            raise RuntimeError("`@serve.multiplexed` can only be used within a deployment "
-                               "(failed to retrieve Serve replica context).") from None
+                 settings: RoutingSettings | None = None,
+                 unload: Callable[[str, Any], Awaitable[None]] | None = None) -> None:
         self.loader = loader
+        self.unload = unload
         self.capacity = capacity  # -1: unlimited
         self.settings = settings or RoutingSettings()
         self.models: collections.OrderedDict[str, Any] = collections.OrderedDict()
@@ -211,9 +223,11 @@ class ModelCache:
         _changed()
         self._metrics.unloads.inc()
         started = SYSTEM.monotonic()
-        destructor = getattr(model, "__del__", None)
+        destructor = None if self.unload is not None else getattr(model, "__del__", None)
         try:
-            if destructor is not None:
+            if self.unload is not None:
+                await self.unload(model_id, model)
+            elif destructor is not None:
                 if inspect.iscoroutinefunction(destructor):
                     await destructor()
                 else:
@@ -269,6 +283,12 @@ def loaded_model_ids() -> list[str]:
     return sorted({m for cache in list(_caches) for m in cache.model_ids()})
 
 
+def has_caches() -> bool:
+    """Whether this replica has a multiplexed loader (it tells its routers even before
+    the first model loads)."""
+    return bool(list(_caches))
+
+
 def routing_settings() -> RoutingSettings:
     """The affinity settings of this replica's loaders (the tightest, if several)."""
     caches = list(_caches)
@@ -278,7 +298,9 @@ def routing_settings() -> RoutingSettings:
     capacities = [c.capacity for c in caches]
     return RoutingSettings(min(copies) if copies else 0,
                            min(c.settings.matching_timeout_s for c in caches),
-                           -1 if -1 in capacities else sum(capacities))
+                           -1 if -1 in capacities else sum(capacities),
+                           next((c.settings.lora_base for c in caches
+                                 if c.settings.lora_base), ""))
 
 
 async def shutdown_all() -> None:

@@ -129,6 +129,8 @@ class ReplicaServer:
         self.models: Models | None = None  # the last Models frame sent, None: never
         self._models_due = False
         multiplex.watch(self._models_changed)
+        if multiplex.has_caches():  # made by the constructor: say so before any load
+            self._models_changed()
 
     def __repr__(self) -> str:
         return (f"<ReplicaServer {self.name} ongoing={self.ongoing}/{self.max_ongoing} "
@@ -151,7 +153,7 @@ class ReplicaServer:
         self._models_due = False
         settings = multiplex.routing_settings()
         frame = Models(0, multiplex.loaded_model_ids(), settings.max_copies,
-                       settings.matching_timeout_s, settings.capacity)
+                       settings.matching_timeout_s, settings.capacity, settings.lora_base)
         if frame == self.models:
             return
         self.models = frame

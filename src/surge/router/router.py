@@ -115,6 +115,9 @@ class Router:
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
         self._matching_timer: asyncio.TimerHandle | None = None
         self._heat = ModelHeat()  # how often each model is asked for here
+        # An LLM server's model id, once a replica's Models frame says so: the proxy
+        # routes `<lora_base>:<adapter>` bodies by adapter (policy/llm_models.py).
+        self.lora_base = ""
 
     def __repr__(self) -> str:
         with self.lock:
@@ -455,6 +458,8 @@ class Router:
                                                              self._matching_timed_out)
 
     def _on_models(self, link: ReplicaLink) -> None:
+        if link.models is not None and link.models.lora_base:
+            self.lora_base = link.models.lora_base
         if self._queue:
             self._drain()  # a replica took a model on: requests waiting for it may go
 

@@ -8,11 +8,15 @@
 * `FakeLLMEngine`: a deterministic `surge.llm.engine.LLMEngine` (words are tokens), for
   tests of the OpenAI layer without a model: `LLMConfig(llm_engine=
   "surge.testing:FakeLLMEngine", ...)`.
+* `FakeObjectStore`: cloud object storage in memory (`surge.llm.lora_cloud.ObjectStore`),
+  for LoRA adapter downloads that fail on cue.
 """
 
 from surge.testing.backend import FakeBackend, FakeProcess
 from surge.testing.clock import FakeClock
 from surge.testing.llm import FakeLLMEngine
+from surge.testing.objects import FakeObjectStore
 from surge.testing.peer import FakePeer
 
-__all__ = ["FakeBackend", "FakeClock", "FakeLLMEngine", "FakePeer", "FakeProcess"]
+__all__ = ["FakeBackend", "FakeClock", "FakeLLMEngine", "FakeObjectStore", "FakePeer",
+           "FakeProcess"]

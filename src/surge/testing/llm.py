@@ -7,7 +7,9 @@ one token per step every `token_delay_s`, up to `max_tokens` (finish "length"), 
 of `n` choices gets its own deltas. With `pooling: true` it is an embedding model:
 8-dimensional vectors computed from the token ids. Settings come from the LLMConfig's
 `engine_kwargs`: token_delay_s, max_model_len, max_num_seqs, eos_after, pooling,
-fail_start, fail_after (tokens, then an EngineError).
+fail_start, fail_after (tokens, then an EngineError), reveal_pid (an adapter's first
+word ends with `@<pid>`: which replica answered). `loads` and `unloads` record the
+adapters it was told to load and unload, in order.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class FakeLLMEngine:
         self.active: dict[str, int] = {}  # request id -> tokens (prompt + output) so far
         self.aborted: list[str] = []
         self.adapters: dict[str, str] = {}
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        self.reveal_pid = bool(kwargs.get("reveal_pid", False))
         self.started = False
 
     def __repr__(self) -> str:
@@ -104,6 +109,8 @@ class FakeLLMEngine:
                 self.active[request_id] += params.n
                 last = step == limit - 1
                 word = f"t{step}" if adapter is None else f"{adapter}{step}"
+                if adapter is not None and step == 0 and self.reveal_pid:
+                    word += f"@{os.getpid()}"
                 text = word if step == 0 else f" {word}"
                 reason = None
                 if any(stop in word for stop in params.stop):
@@ -151,9 +158,11 @@ class FakeLLMEngine:
         if not os.path.isdir(path):
             raise AdapterError(f"no adapter at {path}")
         self.adapters[name] = path
+        self.loads.append(name)
 
     async def unload_adapter(self, name: str) -> None:
         self.adapters.pop(name, None)
+        self.unloads.append(name)
 
     async def shutdown(self) -> None:
         self.started = False

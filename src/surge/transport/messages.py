@@ -158,6 +158,9 @@ class Models(msgspec.Struct, tag=17, array_like=True):
     max_copies: int = 0  # replicas one model may occupy (0: the router's default)
     matching_timeout_s: float = 1.0  # then a waiting request may go to any replica
     capacity: int = -1  # models it holds at most (max_num_models_per_replica; -1: no limit)
+    # An LLM server's model id: a request whose JSON body's `model` is
+    # `<lora_base>:<adapter>` carries that as its model id (the proxy reads the field).
+    lora_base: str = ""
 
 
 class GrpcEnd(msgspec.Struct, tag=18, array_like=True):
