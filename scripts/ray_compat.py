@@ -12,9 +12,10 @@ checked in (docs/ray-surface-X.Y.json), so the second half runs without Ray: it 
 surge and sorts each item into one of three answers, read from surge's own sources (its
 modules and signatures, `surge.api.deployment._IGNORED`, `surge.api.config_file`'s
 `*_RAY_ONLY`, `surge.config.RAY_ACTOR_OPTION_KEYS_ACCEPTED`,
-`surge.config.RAY_CLASSES_ACCEPTED`), never from a list kept here. Only the notes, one
-line each on a difference made on purpose, are kept here, and each must name an item that
-both sides still have. tests/test_ray_compat.py checks the table against the snapshot.
+`surge.config.RAY_CLASSES_ACCEPTED`, `RAY_FIELDS_ACCEPTED`), never from a list kept
+here. Only the notes, one line each on a difference made on purpose, are kept here, and
+each must name an item that both sides still have. tests/test_ray_compat.py checks the
+table against the snapshot.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ _SILENT_HANDLE = "no warning: DeploymentHandle.options' `**kwargs` takes it sile
 # sides (in Ray's surface, and implemented or accepted by surge), or the script fails.
 NOTES: dict[tuple[str, str], str] = {
     ("ray.serve.config", "RequestRouterConfig"):
-        "surge routes by power of two choices on in-flight counts; a custom router is unused",
+        "surge's own router (power of two choices; on the engine's queue where replicas "
+        "report routing stats, docs/llm.md); a custom router is unused",
     ("ray.serve.config", "gRPCOptions"): "bytes through: the request is parsed only in the "
                                          "replica; see docs/grpc.md",
     ("ray.serve:deployment", "max_queued_requests"): _QUEUE,
@@ -104,8 +106,8 @@ NOTES: dict[tuple[str, str], str] = {
     ("ray.serve.handle:DeploymentHandle.options", "request_serialization"): _SILENT_HANDLE,
     ("ray.serve.handle:DeploymentHandle.options", "response_serialization"): _SILENT_HANDLE,
     ("ray.serve.handle:DeploymentHandle.options", "session_id"):
-        "reaches the replica's request context (over HTTP: `x-session-id`); no session "
-        "routing, as Ray's default router",
+        "reaches the replica's request context (over HTTP: `x-session-id`); routes with "
+        "bounded affinity where replicas report routing stats (docs/llm.md)",
     ("ray.serve.config:AutoscalingConfig", "policy"):
         "default: surge's `proactive`; `{policy_function: ray_default}` is Ray's, exactly",
     ("ray.serve.config:AutoscalingPolicy", "policy_function"):
@@ -274,8 +276,13 @@ def known_fields(class_path: str) -> Known:
     cls = _surge_object(class_path)
     if cls is None:
         return Known()
+    from surge.config import RAY_FIELDS_ACCEPTED
+
     names = frozenset(f.name for f in dataclasses.fields(cls))
-    return Known(accepted=names) if _accepted_only(cls) else Known(names)
+    if _accepted_only(cls):
+        return Known(accepted=names)
+    unused = frozenset(RAY_FIELDS_ACCEPTED.get(cls, ()))
+    return Known(names - unused, unused)
 
 
 def known_config_keys(schema_path: str) -> Known:

@@ -468,6 +468,27 @@ def test_rays_config_classes_load_and_mean_what_they_say() -> None:
     assert RequestRouterConfig().request_routing_stats_period_s == 10.0
 
 
+def test_request_router_config_sets_the_routing_stats_period(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from surge.config import RequestRouterConfig
+
+    config = DeploymentConfig(name="d", request_router_config={  # type: ignore[arg-type]
+        "request_routing_stats_period_s": 0.5})
+    assert config.request_router_config == RequestRouterConfig(
+        request_routing_stats_period_s=0.5)
+    assert DeploymentConfig(name="d").request_router_config == RequestRouterConfig()
+    for bad in ({"request_routing_stats_period_s": 0}, {"request_routing_stats_timeout_s": -1},
+                {"request_routing_stats_period_s": "1"}, {"period": 1}):
+        with pytest.raises(ConfigError, match="request_router_config"):
+            DeploymentConfig(name="d", request_router_config=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="a dict or RequestRouterConfig"):
+        DeploymentConfig(name="d", request_router_config=3)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", "surge.config"):
+        DeploymentConfig(name="d", request_router_config=RequestRouterConfig(
+            request_router_class="my:Router"))
+    assert "request_router_class 'my:Router' is not used" in caplog.text
+
+
 def test_backpressure_config_takes_rays_values_only() -> None:
     from surge.config import BackpressureConfig
 

@@ -56,7 +56,11 @@ def test_each_answer_comes_from_surges_source() -> None:
     found = statuses(surface)
     assert found[("ray.serve", "run")] == compat.IMPLEMENTED
     assert found[("ray.serve", "zz_not_in_surge")] == compat.MISSING
-    assert found[("ray.serve.config", "RequestRouterConfig")] == compat.ACCEPTED  # marked
+    assert found[("ray.serve.config", "RequestRouterConfig")] == compat.IMPLEMENTED
+    # ... of which surge uses some fields (surge.config.RAY_FIELDS_ACCEPTED marks the rest)
+    router = "ray.serve.config:RequestRouterConfig"
+    assert found[(router, "request_routing_stats_period_s")] == compat.IMPLEMENTED
+    assert found[(router, "request_router_class")] == compat.ACCEPTED
     assert found[("ray.serve.metrics", "Counter")] == compat.IMPLEMENTED
     assert found[("ray.serve.metrics", "zz_not_in_surge")] == compat.MISSING
     assert found[("ray.serve:deployment", "placement_group_bundles")] == compat.ACCEPTED

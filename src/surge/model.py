@@ -240,6 +240,10 @@ class ReplicaSpec:
     max_ongoing_requests: int
     graceful_shutdown_timeout_s: float
     sys_path: tuple[str, ...] = ()
+    # request_router_config's: how often record_routing_stats (and
+    # record_autoscaling_stats) run in the replica, and how long one call may take.
+    routing_stats_period_s: float = 10.0
+    routing_stats_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,20 @@ applications: []
     assert config.grpc_options.request_timeout_s == 2.5
     with pytest.raises(ConfigError, match="grpc_options"):
         load_config(write(tmp_path, "grpc_options:\n  port: 9100\n  servicers: []\n"))
+
+
+def test_a_deployments_request_router_config_sets_its_routing_stats_period(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, "applications:\n- name: a\n  import_path: "
+                           "tests.config.apps.text_ml:app\n  deployments:\n"
+                           "  - name: Translator\n    request_router_config:\n"
+                           "      request_routing_stats_period_s: 0.5\n")
+    (spec,) = build_specs(load_config(path))
+    by_name = {d.config.name: d.config for d in spec.deployments}
+    assert by_name["Translator"].request_router_config.request_routing_stats_period_s == 0.5
+    bad = write(tmp_path, "applications:\n- name: a\n  import_path: "
+                          "tests.config.apps.text_ml:app\n  deployments:\n"
+                          "  - name: Translator\n    request_router_config:\n"
+                          "      period: 0.5\n")
+    with pytest.raises(ConfigError, match="period"):
+        load_config(bad)

@@ -297,6 +297,9 @@ def test_one_model_is_its_own_ingress_several_get_an_openai_ingress() -> None:
     assert one.deployment.func_or_class is LLMServer
     assert one.deployment.name == "LLMServer:fake"
     assert one.deployment.config.max_ongoing_requests == 32  # 2 x max_num_seqs (16)
+    router = one.deployment.config.request_router_config  # fresh engine signals
+    assert (router.request_routing_stats_period_s, router.request_routing_stats_timeout_s) \
+        == (0.25, 1.0)
     second = LLMConfig(model_loading_config={"model_id": "org/other.v2"}, llm_engine=FAKE)
     two = build_openai_app(LLMServingArgs(llm_configs=[config(), second]))
     assert two.deployment.func_or_class is OpenAiIngress
@@ -312,6 +315,39 @@ def test_deployment_config_and_overrides_merge_as_ray() -> None:
     deployment = app.deployment
     assert deployment.name == "x-m"
     assert deployment.config.max_ongoing_requests == 7
+    slow = build_llm_deployment(LLMConfig(
+        model_loading_config={"model_id": "m"}, llm_engine=FAKE, deployment_config={
+            "request_router_config": {"request_routing_stats_period_s": 2.0}}))
+    router = slow.deployment.config.request_router_config  # the user's period wins
+    assert (router.request_routing_stats_period_s, router.request_routing_stats_timeout_s) \
+        == (2.0, 1.0)
     assert merge_options({"a": {"b": 1, "c": 2}, "autoscaling_config": {}},
                          {"a": {"b": 3}, "num_replicas": 1}) == {"a": {"b": 3, "c": 2},
                                                                  "num_replicas": 1}
+
+
+def test_the_fake_engine_batches_at_max_num_seqs_and_tags_its_pid() -> None:
+    import os
+
+    from surge.llm.engine import Prompt, SamplingParams
+
+    async def go() -> None:
+        engine = FakeLLMEngine(config(max_num_seqs=1, batch=True, tag_pid=True,
+                                      token_delay_s=0.01))
+        await engine.start()
+
+        async def generate(rid: str) -> str:
+            deltas = engine.generate(Prompt(text="x", token_ids=(1,)),
+                                     SamplingParams(max_tokens=3), rid)
+            return "".join([d.text async for d in deltas])
+
+        tasks = [asyncio.create_task(generate(f"r{i}")) for i in range(3)]
+        await asyncio.sleep(0.015)
+        stats = engine.stats()
+        assert (stats.running, stats.waiting) == (1, 2)  # one runs, two wait their turn
+        texts = await asyncio.gather(*tasks)
+        pid = os.getpid()
+        assert texts == [f"p{pid}t0 p{pid}t1 p{pid}t2"] * 3
+        assert (engine.stats().running, engine.stats().waiting) == (0, 0)
+
+    asyncio.run(go())

@@ -361,3 +361,21 @@ def test_a_policy_that_cannot_be_built_is_a_failed_decision(user_module: Any) ->
     step = autoscaler.step(DEP, cfg, StepInputs(30.0, 0.0, 2, 2, inputs().samples))
     assert step.failed and step.target == 2
     assert "is not callable" in step.decision.reason
+
+
+def test_engine_tracker_keeps_the_latest_report_per_replica_and_forgets_the_silent() -> None:
+    from surge.controller.engine_load import FORGET_S, EngineTracker
+    from surge.policy.engine_load import EngineLoad, EngineReport
+
+    tracker, did = EngineTracker(), DeploymentId("app", "llm")
+    assert tracker.load(did, 0.0) is None
+    tracker.report(did, EngineReport("r1", 9, 1, 0.5, 0.25), now=10.0)
+    tracker.report(did, EngineReport("r1", 2, 4, 0.5, 0.25), now=10.2)  # replaces
+    tracker.report(did, EngineReport("r2", 0, 4, 0.3, 0.25), now=10.2)
+    assert tracker.load(did, 10.3) == EngineLoad(2, 2, 8, pytest.approx(0.4))
+    assert tracker.load(did, 11.0) is None  # stale, still remembered
+    assert tracker.load(did, 10.2 + FORGET_S + 1) is None
+    assert repr(tracker) == "<EngineTracker deployments=1>"
+    assert tracker._reports[did] == {}  # forgotten
+    tracker.drop(did)
+    assert repr(tracker) == "<EngineTracker deployments=0>"

@@ -314,6 +314,35 @@ def test_load_scales_up_at_once_and_down_after_the_delay_on_virtual_time() -> No
     run(main)
 
 
+def test_the_engines_waiting_sequences_scale_up_what_the_routers_load_does_not() -> None:
+    async def main() -> None:
+        from surge.policy.engine_load import EngineReport
+
+        h = Harness()
+        scaling = AutoscalingConfig(min_replicas=1, max_replicas=4, upscale_delay_s=0.0,
+                                    target_ongoing_requests=16)
+        await h.deploy(app(DeploymentConfig(name="Model", autoscaling_config=scaling)))
+        proxy = await h.watcher()
+        await h.tick()
+        replica = await h.ready("Model-1")
+        h.controller.on_push(proxy, "load", [LoadReport(DID, 1, 1, 0, 0, 12)])
+        await h.tick()  # 12 in flight of a target of 16: one replica is enough
+        assert h.state.deployments[DID].target == 1
+        # ... but the engine runs 6 of them (KV cache full) and 6 wait: two replicas
+        h.controller.on_push(replica, "engine_load", EngineReport("Model-1", 6, 6, 1.0, 0.25))
+        await h.tick()
+        assert h.state.deployments[DID].target == 2
+        decision = h.controller.autoscaler.last[DID]
+        assert decision.signals["engine_demand"] == pytest.approx(2.0)
+        # A report of a replica the controller does not know is dropped; once the last
+        # report is two periods old it no longer counts.
+        h.controller.on_push(replica, "engine_load", EngineReport("Gone-9", 99, 1, 1.0, 0.25))
+        await h.tick(0.5)
+        assert h.controller.engines.load(DID, h.clock.monotonic()) is None
+
+    run(main)
+
+
 def test_a_schedule_floor_raises_the_target_at_its_start_to_the_tick() -> None:
     async def main() -> None:
         clock = FakeClock(monotonic=1000.0)

@@ -28,6 +28,7 @@ from surge.config import (
     AutoscalingConfig,
     BackpressureConfig,
     HTTPOptions,
+    RequestRouterConfig,
     build_deployment_config,
     from_mapping,
     gRPCOptions,
@@ -60,13 +61,14 @@ DEPLOYMENT_KEYS = ("name", "num_replicas", "max_ongoing_requests", "max_queued_r
                    "health_check_period_s", "health_check_timeout_s",
                    "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
                    "backpressure_config", "max_constructor_retry_count",
-                   "rolling_update_percentage", "max_surge_percent")
+                   "rolling_update_percentage", "max_surge_percent", "request_router_config")
 DEPLOYMENT_RAY_ONLY = ("placement_group_bundles", "placement_group_strategy",
                        "placement_group_bundle_label_selector", "max_replicas_per_node",
-                       "logging_config", "request_router_config", "gang_scheduling_config",
+                       "logging_config", "gang_scheduling_config",
                        "deployment_actors", "version", "route_prefix")
 AUTOSCALING_KEYS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
 BACKPRESSURE_KEYS = tuple(f.name for f in dataclasses.fields(BackpressureConfig))
+ROUTER_KEYS = tuple(f.name for f in dataclasses.fields(RequestRouterConfig))
 # Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
 RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
            "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
@@ -423,6 +425,11 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
         backpressure = check.mapping(used["backpressure_config"], bp_path)
         used["backpressure_config"] = None if backpressure is None else check.keys(
             backpressure, bp_path, BACKPRESSURE_KEYS)
+    if used.get("request_router_config") is not None:
+        router_path = (*path, "request_router_config")
+        router = check.mapping(used["request_router_config"], router_path)
+        used["request_router_config"] = None if router is None else check.keys(
+            router, router_path, ROUTER_KEYS)
     try:
         build_deployment_config(name, used, "@")
     except ConfigError as exc:

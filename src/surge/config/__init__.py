@@ -50,9 +50,14 @@ from surge.config.http import (
 )
 
 # Ray Serve's classes that surge provides only so that code using them loads: where Ray
-# takes one (serve.start(grpc_options=...), request_router_config=...) surge accepts it
-# with a warning and does not use it. docs/ray-compat.md (scripts/ray_compat.py) reads it.
-RAY_CLASSES_ACCEPTED: tuple[type, ...] = (RequestRouterConfig,)
+# takes one surge accepts it with a warning and does not use it; and the fields of the
+# classes surge uses of which it uses only some. docs/ray-compat.md
+# (scripts/ray_compat.py) reads both.
+RAY_CLASSES_ACCEPTED: tuple[type, ...] = ()
+RAY_FIELDS_ACCEPTED: dict[type, tuple[str, ...]] = {
+    RequestRouterConfig: ("request_router_class", "request_router_kwargs",
+                          "initial_backoff_s", "backoff_multiplier", "max_backoff_s"),
+}
 
 __all__ = [
     "AUTO_MAX_REPLICAS",

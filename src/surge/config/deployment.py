@@ -43,9 +43,10 @@ RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
 
 @dataclass(frozen=True, kw_only=True)
 class RequestRouterConfig:
-    """Ray Serve's `RequestRouterConfig`, accepted so that code using it loads: surge
-    routes with its own router (power of two choices on in-flight counts) and warns
-    that a custom request_router_class is not used."""
+    """Ray Serve's `RequestRouterConfig`. surge routes with its own router (power of two
+    choices; on the engine's queue for replicas that report routing stats) and warns
+    that a custom request_router_class is not used; the routing-stats period and
+    timeout are honoured (replica/stats_hooks.py)."""
 
     request_router_class: Any = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
     request_router_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -54,6 +55,15 @@ class RequestRouterConfig:
     initial_backoff_s: float = 0.025
     backoff_multiplier: float = 2.0
     max_backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("request_routing_stats_period_s", "request_routing_stats_timeout_s"):
+            value = getattr(self, name)
+            _require(_is_number(value) and value > 0 and math.isfinite(value),
+                     f"request_router_config.{name} must be a number > 0, got {value!r}.")
+
+
+DEFAULT_REQUEST_ROUTER_CLASS = RequestRouterConfig.request_router_class
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +147,7 @@ class DeploymentConfig:
     graceful_shutdown_timeout_s: float = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
     graceful_shutdown_wait_loop_s: float = DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S
     backpressure_config: BackpressureConfig = field(default_factory=BackpressureConfig)
+    request_router_config: RequestRouterConfig = field(default_factory=RequestRouterConfig)
     max_constructor_retry_count: int = DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT
     # Rolling updates (policy/reconcile.py). None: surge's default, every replacement at
     # once and the old replicas serving until theirs run (no capacity dip).
@@ -165,6 +176,7 @@ class DeploymentConfig:
             object.__setattr__(self, "backpressure_config", BackpressureConfig())
         _require(isinstance(self.backpressure_config, BackpressureConfig),
                  "backpressure_config must be a dict or BackpressureConfig.")
+        self._check_router()
         _integer("max_constructor_retry_count", self.max_constructor_retry_count, minimum=1)
         rate = self.rolling_update_percentage
         _require(rate is None or (_is_number(rate) and 0 < rate <= 1),
@@ -172,6 +184,19 @@ class DeploymentConfig:
         _integer("max_surge_percent", self.max_surge_percent, minimum=0, allow_none=True)
         _require(self.max_surge_percent is None or self.max_surge_percent <= 100,
                  f"max_surge_percent must be in [0, 100], got {self.max_surge_percent!r}.")
+
+    def _check_router(self) -> None:
+        router = self.request_router_config
+        if isinstance(router, Mapping):
+            router = from_mapping(RequestRouterConfig, router, "request_router_config")
+        elif router is None:
+            router = RequestRouterConfig()
+        _require(isinstance(router, RequestRouterConfig),
+                 "request_router_config must be a dict or RequestRouterConfig.")
+        object.__setattr__(self, "request_router_config", router)
+        if router.request_router_class != DEFAULT_REQUEST_ROUTER_CLASS:
+            log.warning("deployment %r: request_router_class %r is not used; surge routes "
+                        "with its own router", self.name, router.request_router_class)
 
     @property
     def initial_replicas(self) -> int:

@@ -257,12 +257,15 @@ class ControlApi:
         deployment = self.state.deployments[replica.deployment]
         self.state.spec_sent(replica)
         spec, config = deployment.spec, deployment.config
+        router = config.request_router_config
         return ReplicaSpec(replica_id=replica_id, deployment=deployment.id,
                            version=replica.version, target_blob=spec.target_blob,
                            init_blob=spec.init_blob, user_config=config.user_config,
                            max_ongoing_requests=config.max_ongoing_requests,
                            graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
-                           sys_path=deployment.sys_path)
+                           sys_path=deployment.sys_path,
+                           routing_stats_period_s=router.request_routing_stats_period_s,
+                           routing_stats_timeout_s=router.request_routing_stats_timeout_s)
 
     async def rpc_replica_ready(self, peer: Peer, replica_id: str, address: str, pid: int,
                                 node_id: str = LOCAL_NODE, local_address: str = "") -> bool:

@@ -8,6 +8,7 @@ It is never on the request path. Its parts, each in its own module:
 * `ControlApi` (api.py): the RPCs drivers, proxies and replicas call;
 * `Publisher` (publish.py): route table and replica-set pushes to routers;
 * `Autoscaler` + `LoadTracker` (autoscaler.py): load reports -> policy.autoscale_step;
+* `EngineTracker` (engine_load.py): engines' `record_autoscaling_stats` -> the same step;
 * `Recovery` (recovery.py): checkpoints, and re-attachment after a restart;
 * `Observer` (observer.py): metrics and the dashboard's timeline.
 
@@ -37,6 +38,7 @@ from surge.controller.actions import FailReplica, KillProcess, StopProxy, StopRe
 from surge.controller.api import ControlApi
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.checkpoint import Checkpoint
+from surge.controller.engine_load import EngineTracker
 from surge.controller.executor import DRAIN_GRACE_S, Executor
 from surge.controller.observer import Observer
 from surge.controller.pace import LoopPace, TickSample
@@ -59,6 +61,7 @@ from surge.policy.autoscale_step import (
     urgent_decision_due,
 )
 from surge.policy.autoscaling import LoadSample
+from surge.policy.engine_load import EngineReport
 from surge.policy.lifecycle import ReplicaState
 
 __all__ = ["TICK_S", "Controller"]
@@ -94,6 +97,7 @@ class Controller:
         self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
         self._urgent_timer: asyncio.Handle | None = None
         self.load = LoadTracker(TICK_S)
+        self.engines = EngineTracker()  # the engines' own load reports (LLM replicas)
         self.autoscaler = Autoscaler()
         self.recovery = Recovery(checkpoint or Checkpoint(None), backend.deaths_visible_at_once)
         self.publisher = Publisher(self.state)
@@ -164,6 +168,10 @@ class Controller:
     def on_push(self, peer: Peer, topic: str, value: Any) -> None:
         if topic == "telemetry":
             self.observer.telemetry(value)
+        elif topic == "engine_load" and isinstance(value, EngineReport):
+            replica = self.state.replicas.get(value.replica_id)
+            if replica is not None:
+                self.engines.report(replica.deployment, value, self.clock.monotonic())
         elif topic in ("load", "load_urgent"):
             for report in value:
                 assert isinstance(report, LoadReport)
@@ -266,12 +274,14 @@ class Controller:
             now=now, second_of_day=self.clock.second_of_day(),
             running=self.state.count_running_current(record.id),
             target=record.target,
-            samples=samples, startup_lead_s=record.startup_lead_s))
+            samples=samples, startup_lead_s=record.startup_lead_s,
+            engine=self.engines.load(record.id, now)))
         record.standby_floor = step.standby_replicas
         record.target = step.target
 
     def _forgotten(self, did: DeploymentId, app: str | None) -> None:
         self.load.drop(did)
+        self.engines.drop(did)
         self.autoscaler.forget(did)
         if app is not None:
             self.recovery.deleted(self.state, app)

@@ -37,6 +37,11 @@ DEFAULT_MAX_NUM_SEQS = 256
 # Ray Serve LLM's health check defaults (ray/llm/_internal/serve/constants.py).
 HEALTH_CHECK_PERIOD_S = 10
 HEALTH_CHECK_TIMEOUT_S = 10
+# How often the replica reports its engine's queue to the routers and the controller
+# (request_router_config, where the user sets none): Ray's 10 s would route on a queue
+# long gone; reading the engine's stats costs microseconds.
+ROUTING_STATS_PERIOD_S = 0.25
+ROUTING_STATS_TIMEOUT_S = 1.0
 
 
 def engine_class(config: LLMConfig) -> type[LLMEngine]:
@@ -159,15 +164,20 @@ class _Server:
         if self.engine is not None:
             await self.engine.check_health()
 
+    def _fresh_stats(self) -> EngineStats:
+        if self.engine is not None:
+            self._stats = self.engine.stats()
+        return self._stats
+
     async def record_routing_stats(self) -> dict[str, Any]:
         """The engine's load (waiting, running, KV cache), for LLM-aware routing, and the
         requests aborted so far (their clients went away, or they failed mid-way)."""
         aborted = self.service.aborted if self.service is not None else 0
-        return {**self._stats.to_dict(), "aborted": aborted}
+        return {**self._fresh_stats().to_dict(), "aborted": aborted}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use."""
-        stats = self._stats
+        stats = self._fresh_stats()
         return {"engine_waiting": float(stats.waiting), "engine_running": float(stats.running),
                 "kv_cache_usage": stats.kv_cache_usage}
 
@@ -207,12 +217,16 @@ class _Server:
         lives unbounded in the engine and autoscaling never sees it. surge admits twice
         the engine's batch (a full batch plus as many waiting), so beyond that requests
         wait in the router's bounded queue or are answered 503 at once, and it targets
-        one full batch per replica.
+        one full batch per replica. Its engine reports its queue every
+        ROUTING_STATS_PERIOD_S (Ray: every 10 s).
         """
         seqs = int(llm_config.engine_kwargs.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
         return {"max_ongoing_requests": 2 * seqs,
                 "health_check_period_s": HEALTH_CHECK_PERIOD_S,
                 "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+                "request_router_config": {
+                    "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+                    "request_routing_stats_timeout_s": ROUTING_STATS_TIMEOUT_S},
                 "autoscaling_config": {"target_ongoing_requests": seqs}}
 
 

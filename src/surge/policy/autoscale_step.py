@@ -3,7 +3,8 @@
 The step, in order: the daily schedule's floors in force at the local time of day
 (policy.schedule) raise `min_replicas` and the standby count; the deployment's policy
 (policy.resolve: built-in or the user's) decides on the load samples with those floors
-applied; a policy that raises is itself a decision (kind POLICY_FAILED, the target
+applied (and, for engines that report their queues, the replicas those ask for:
+policy.engine_load); a policy that raises is itself a decision (kind POLICY_FAILED, the target
 stays), never an exception that stops a control loop.
 
 Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
@@ -25,6 +26,7 @@ from surge.policy.autoscaling import (
     PolicyState,
     ScalingInputs,
 )
+from surge.policy.engine_load import EngineLoad, engine_demand
 from surge.policy.resolve import Policy
 from surge.policy.schedule import floors_at, with_floors
 
@@ -53,6 +55,7 @@ class StepInputs:
     target: int
     samples: Sequence[LoadSample]  # oldest first; may end with the open bucket
     startup_lead_s: float = 1.0
+    engine: EngineLoad | None = None  # the engines' fresh reports (policy/engine_load.py)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
     floors = floors_at(config.schedule_windows, inputs.second_of_day, config.min_replicas,
                        config.standby_replicas)
     scaling = ScalingInputs(now=inputs.now, running=inputs.running, target=inputs.target,
-                            samples=inputs.samples, startup_lead_s=inputs.startup_lead_s)
+                            samples=inputs.samples, startup_lead_s=inputs.startup_lead_s,
+                            engine_demand=engine_demand(inputs.engine))
     try:
         decision = policy(scaling, with_floors(config, floors), state)
     except Exception as exc:  # a user policy must not stop the control loop

@@ -9,7 +9,8 @@ routers and replicas of one deployment saw) and return a `Decision`:
   by `target_ongoing_requests`, then Ray's wrapper: cold-start bypass, up/down scaling
   factors, wall-clock up/down delays, bounds.
 * `proactive` (surge's default) sizes for the *offered* arrival rate, rejected requests
-  included, projected over the replica start-up lead time along its measured slope.
+  included, projected over the replica start-up lead time along its measured slope
+  (and never below what the engines' own queues ask for, policy/engine_load.py).
   When demand outruns capacity it acts at once (no delay), growing at most
   `max_step_factor` times per decision; it scales down only after `downscale_delay_s`
   below a hysteresis band, never below `min_replicas`.
@@ -75,6 +76,7 @@ class ScalingInputs:
     target: int  # the current target (Ray's target_num_replicas)
     samples: Sequence[LoadSample]  # oldest first
     startup_lead_s: float = 1.0  # measured time from asking for a replica to it serving
+    engine_demand: float = 0.0  # replicas the engines' queues ask for (policy/engine_load)
 
 
 @dataclass(frozen=True)
@@ -349,9 +351,11 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
     per_replica = config.target_ongoing_requests / service  # requests/s at target load
-    demand = max(projected / per_replica, in_system / config.target_ongoing_requests)
+    demand = max(projected / per_replica, in_system / config.target_ongoing_requests,
+                 inputs.engine_demand)
     signals = {"rate": rate, "slope": slope, "projected_rate": projected,
-               "service_time_s": service, "demand_replicas": demand}
+               "service_time_s": service, "demand_replicas": demand,
+               "engine_demand": inputs.engine_demand}
     wanted = math.ceil(demand - 1e-9)
     base = max(inputs.target, inputs.running, 1)
     if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):

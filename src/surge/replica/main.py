@@ -32,6 +32,7 @@ from surge.observability.user_metrics import REGISTRY
 from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
+from surge.replica.stats_hooks import StatsHooks
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
 from surge.weights.client import set_store
@@ -57,6 +58,7 @@ class Replica:
         self.server: ReplicaServer | None = None
         self.user: UserCode | None = None
         self.spec: ReplicaSpec | None = None
+        self.hooks: StatsHooks | None = None
         self.runtime = RouterRuntime(
             launch.controller, "replica", hello={"replica_id": self.replica_id},
             rpc_methods={"check_health": self.check_health, "reconfigure": self.reconfigure,
@@ -145,6 +147,10 @@ class Replica:
             self.runtime.report_telemetry(self.telemetry)
         listeners, address, local_address = await self._listen()
         loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        self.hooks = StatsHooks(self.user, self.replica_id, self.spec.routing_stats_period_s,
+                                self.spec.routing_stats_timeout_s, self.server.broadcast,
+                                self._push_engine_load)
+        self.hooks.start()
         where = {"address": address, "local_address": local_address,
                  "node_id": self.launch.node_id}
         try:
@@ -165,6 +171,7 @@ class Replica:
             version=self.spec.version, gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             **where)
         await self.stop.wait()
+        self.hooks.stop()
         if not self.server.draining:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         _close(listeners, address, local_address)
@@ -172,6 +179,11 @@ class Replica:
         self.user.close()
         self.runtime.close()
         return 0
+
+    def _push_engine_load(self, report: Any) -> None:
+        peer = self.runtime.peer
+        if peer is not None and not peer.is_closed:
+            peer.push("engine_load", report)
 
     async def _listen(self) -> tuple[list[asyncio.Server], str, str]:
         """Where routers reach us: (listeners, address, local_address).

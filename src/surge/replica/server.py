@@ -9,7 +9,8 @@ Cancel ends it through its `Baton`. A request's own stream (a streamed upload's 
 WebSocket's messages) reaches its task through an `Inbox` (replica/streams.py);
 WebSockets are served by replica/websocket.py. A multiplexed replica sends its routers a
 `Models` frame whenever the models it holds or loads change (at most one per loop
-turn), and to each new router at once.
+turn), and to each new router at once; one whose class reports routing stats sends a
+`RoutingStats` frame every period the same way (replica/stats_hooks.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from surge.transport.messages import (
     Models,
     Rejected,
     Result,
+    RoutingStats,
     WsClose,
     WsData,
 )
@@ -127,6 +129,7 @@ class ReplicaServer:
             collections.deque(maxlen=WORKER_RECORDS_MAX))
         self.grpc = GrpcMethods()  # the servicers' methods, imported by the first gRPC call
         self.models: Models | None = None  # the last Models frame sent, None: never
+        self.routing_stats: RoutingStats | None = None  # the last RoutingStats sent
         self._models_due = False
         multiplex.watch(self._models_changed)
         if multiplex.has_caches():  # made by the constructor: say so before any load
@@ -157,8 +160,20 @@ class ReplicaServer:
         if frame == self.models:
             return
         self.models = frame
+        self.broadcast(frame)
+
+    def broadcast(self, frame: Models | RoutingStats) -> None:
+        """Send a frame that is no request's to every router (that proved the token)."""
+        if isinstance(frame, RoutingStats):
+            self.routing_stats = frame
         for connection in self.connections:
             if connection.handshake is None:
+                connection.send(frame)
+
+    def greet(self, connection: _Connection) -> None:
+        """What a new router is told at once: the models held, the latest routing stats."""
+        for frame in (self.models, self.routing_stats):
+            if frame is not None:
                 connection.send(frame)
 
     def admit(self) -> bool:
@@ -248,8 +263,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.server.connections.add(self)
         if self.handshake is not None:
             self.expect_token()
-        elif self.server.models is not None:
-            self.send(self.server.models)
+        else:
+            self.server.greet(self)
 
     def message_received(self, message: Message) -> None:
         if self.handshake is not None:
@@ -321,8 +336,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         if handshake.done:
             self.handshake = None
             self.token_accepted()
-            if self.server.models is not None:
-                self.send(self.server.models)
+            self.server.greet(self)
 
     async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
         """Send a non-final stream frame once the consumer's window allows it."""

@@ -39,6 +39,7 @@ from surge.transport.messages import (
     Pull,
     Rejected,
     Result,
+    RoutingStats,
     WsClose,
     WsData,
 )
@@ -123,6 +124,12 @@ class ReplicaLink(ThreadSafeProtocol):
         self.models: Models | None = None
         self.model_set: frozenset[str] = frozenset()
         self._on_models = on_models
+        # The replica's last RoutingStats (its engine's queue), when it came (loop time),
+        # and how many of this link's requests were in flight then.
+        self.stats: RoutingStats | None = None
+        self.stats_at = 0.0
+        self.in_flight_at_stats = 0
+        self.on_stats: Callable[[ReplicaLink], None] | None = None
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -179,6 +186,11 @@ class ReplicaLink(ThreadSafeProtocol):
                 self.models, self.model_set = message, frozenset(message.ids)
                 if self._on_models is not None:
                     self._on_models(self)
+            elif isinstance(message, RoutingStats):
+                self.stats, self.stats_at = message, self._loop.time()
+                self.in_flight_at_stats = len(self.in_flight)
+                if self.on_stats is not None:
+                    self.on_stats(self)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]

@@ -16,6 +16,11 @@ holder is full, up to the replicas' `max_copies` (default: half the replicas, at
 Waiting model requests do not hold up the rest: the queue is scanned (a bounded number
 of entries) for one that can go.
 
+Replicas that report their engine's queue (`record_routing_stats`: RoutingStats frames)
+are chosen on it instead of on this router's in-flight counts alone, and a request with
+a session id or a long shared prompt prefix prefers one replica, within a bound
+(router/engine_choice.py, policy/engine_routing.py).
+
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
 hosts use TCP keepalive (an idle link) and TCP_USER_TIMEOUT (a link with requests sent
@@ -51,6 +56,7 @@ from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
+from surge.router.engine_choice import choose_by_engine
 from surge.router.own_links import OwnLinks
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.router.slots import Loads, Slot
@@ -118,6 +124,7 @@ class Router:
         # An LLM server's model id, once a replica's Models frame says so: the proxy
         # routes `<lora_base>:<adapter>` bodies by adapter (policy/llm_models.py).
         self.lora_base = ""
+        self._by_engine = False  # a replica reports its engine's queue: route on it
 
     def __repr__(self) -> str:
         with self.lock:
@@ -157,6 +164,7 @@ class Router:
                 # then must not open a second link (and a second slot) to the same replica.
                 link = ReplicaLink(replica_id, self._on_final, self._on_lost,
                                    self._on_models, self.lock)
+                link.on_stats = self._on_stats
                 self._links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
@@ -312,7 +320,7 @@ class Router:
         elif self._queue:
             return False
         else:
-            index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+            index = self._pick(pending)
         if index < 0:
             return False
         slot = self._routable[index]
@@ -382,12 +390,23 @@ class Router:
                 if queue[0].message.model_id:
                     self._drain_models()
                     return
-                index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+                index = self._pick(queue[0])
                 if index < 0:
                     return
                 pending = queue.popleft()
                 if not pending.cancelled:
                     self._routable[index].link.start(pending)
+
+    def _pick(self, pending: Pending) -> int:
+        """Power of two choices on in-flight counts, or on the engines' queues with
+        affinity once a replica reports them (router/engine_choice.py)."""
+        if self._by_engine:
+            return choose_by_engine(self._loads, self._max_ongoing, self._rng, self._local,
+                                    pending.message, self._loop.time())
+        return choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+
+    def _on_stats(self, link: ReplicaLink) -> None:
+        self._by_engine = True
 
     # -- multiplexed models (policy/model_routing.py) ----------------------------------
 
@@ -433,7 +452,7 @@ class Router:
             if model:
                 index = self._choose_for_model(model, now - pending.queued_at >= timeout)
             else:
-                index = choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+                index = self._pick(pending)
             if index < 0:
                 kept.append(pending)
                 if not model:  # every replica is full: nothing else can go either

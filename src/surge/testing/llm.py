@@ -8,8 +8,10 @@ of `n` choices gets its own deltas. With `pooling: true` it is an embedding mode
 8-dimensional vectors computed from the token ids. Settings come from the LLMConfig's
 `engine_kwargs`: token_delay_s, max_model_len, max_num_seqs, eos_after, pooling,
 fail_start, fail_after (tokens, then an EngineError), reveal_pid (an adapter's first
-word ends with `@<pid>`: which replica answered). `loads` and `unloads` record the
-adapters it was told to load and unload, in order.
+word ends with `@<pid>`: which replica answered), batch (true: at most max_num_seqs
+sequences run at once, the rest wait their turn, as a real engine's scheduler), tag_pid
+(true: output words are `p<pid>t<step>`, so a test sees which replica's engine answered).
+`loads` and `unloads` record the adapters it was told to load and unload, in order.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class FakeLLMEngine:
         self.pooling = bool(kwargs.get("pooling", False))
         self.fail_start = bool(kwargs.get("fail_start", False))
         self.fail_after = kwargs.get("fail_after")
+        self.batch = bool(kwargs.get("batch", False))
+        self.tag = f"p{os.getpid()}t" if kwargs.get("tag_pid") else "t"
+        self._slots: asyncio.Semaphore | None = None
         self.active: dict[str, int] = {}  # request id -> tokens (prompt + output) so far
         self.aborted: list[str] = []
         self.adapters: dict[str, str] = {}
@@ -98,33 +103,46 @@ class FakeLLMEngine:
         limit = params.max_tokens or (self.max_model_len - prompt_tokens)
         if self.eos_after is not None and not params.ignore_eos:
             limit = min(limit, int(self.eos_after))
+        if self.batch and self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_num_seqs)
+        slots, held = self._slots if self.batch else None, False
         try:
-            for step in range(max(limit, 0)):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                else:
-                    await asyncio.sleep(0)
-                if self.fail_after is not None and step >= int(self.fail_after):
-                    raise EngineError("the fake engine was told to fail")
-                self.active[request_id] += params.n
-                last = step == limit - 1
-                word = f"t{step}" if adapter is None else f"{adapter}{step}"
-                if adapter is not None and step == 0 and self.reveal_pid:
-                    word += f"@{os.getpid()}"
-                text = word if step == 0 else f" {word}"
-                reason = None
-                if any(stop in word for stop in params.stop):
-                    text, reason = "", "stop"
-                elif last:
-                    stopped = self.eos_after is not None and limit == int(self.eos_after)
-                    reason = "stop" if stopped else "length"
-                for index in range(params.n):
-                    yield Delta(text, (_token(word),), reason, index,
-                                prompt_tokens if step == 0 else 0)
-                if reason is not None:
-                    return
+            if slots is not None:
+                await slots.acquire()
+                held = True
+            async for delta in self._steps(request_id, params, limit, adapter, prompt_tokens):
+                yield delta
         finally:
             self.active.pop(request_id, None)
+            if held and slots is not None:
+                slots.release()
+
+    async def _steps(self, request_id: str, params: SamplingParams, limit: int,
+                     adapter: str | None, prompt_tokens: int) -> AsyncIterator[Delta]:
+        for step in range(max(limit, 0)):
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            else:
+                await asyncio.sleep(0)
+            if self.fail_after is not None and step >= int(self.fail_after):
+                raise EngineError("the fake engine was told to fail")
+            self.active[request_id] += params.n
+            last = step == limit - 1
+            word = f"{self.tag}{step}" if adapter is None else f"{adapter}{step}"
+            if adapter is not None and step == 0 and self.reveal_pid:
+                word += f"@{os.getpid()}"
+            text = word if step == 0 else f" {word}"
+            reason = None
+            if any(stop in word for stop in params.stop):
+                text, reason = "", "stop"
+            elif last:
+                stopped = self.eos_after is not None and limit == int(self.eos_after)
+                reason = "stop" if stopped else "length"
+            for index in range(params.n):
+                yield Delta(text, (_token(word),), reason, index,
+                            prompt_tokens if step == 0 else 0)
+            if reason is not None:
+                return
 
     async def embed(self, inputs: Sequence[Prompt], request_id: str) -> list[list[float]]:
         if not self.pooling:

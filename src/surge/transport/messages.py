@@ -2,7 +2,8 @@
 
 Data path: HttpRequest/Call/GrpcRequest/GrpcMessage/Cancel/Credit go to a replica;
 HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back, and Models (a
-multiplexed replica's models, whenever they change) without being asked. A request's own
+multiplexed replica's models, whenever they change) and RoutingStats (its engine's queue,
+every routing-stats period) without being asked. A request's own
 stream follows it both ways under the same id: the rest of a streamed upload (HttpBody,
 `HttpRequest.more_body`), or a WebSocket's messages (WsData, then WsClose; WsAccept
 answers `HttpRequest.upgrade`), the sender of each spending credit the receiver grants
@@ -37,6 +38,7 @@ __all__ = [
     "Rejected",
     "Reply",
     "Result",
+    "RoutingStats",
     "Rpc",
     "WsAccept",
     "WsClose",
@@ -206,6 +208,17 @@ class WsClose(msgspec.Struct, tag=25, array_like=True):
     reason: str = ""
 
 
+class RoutingStats(msgspec.Struct, tag=26, array_like=True):
+    """A replica's `record_routing_stats` as routing reads it, sent to every router each
+    period (and on connect): its engine's queue (waiting + running sequences; -1: the
+    stats do not say) and KV-cache use. `id` is always 0, as Models'."""
+
+    id: int
+    queue: int
+    kv_cache_usage: float = -1.0
+    period_s: float = 10.0  # how often it comes: older than two periods, it is ignored
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -225,4 +238,4 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 Message = (HttpRequest | Call | GrpcRequest | GrpcMessage | Cancel | Credit | HttpStart
            | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Models
-           | WsAccept | WsData | WsClose | Rpc | Reply | Push)
+           | RoutingStats | WsAccept | WsData | WsClose | Rpc | Reply | Push)

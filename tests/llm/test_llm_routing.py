@@ -1,0 +1,133 @@
+"""LLM-aware routing in real surge processes, on the fake engine with a real queue.
+
+Two LLMServer replicas whose fake engines run one sequence at a time (`batch`: the rest
+wait, as a real scheduler's) and tag their words with their pid. Each replica reports
+its engine's queue every 0.25 s (RoutingStats frames); the proxy's router must send a
+request to the replica whose *engine* is idle even when the load on the other came
+through another router (the driver's handle) and the proxy's own in-flight counts are
+even. Requests with one session id go to one replica, and spill to the other once it
+holds more than the affinity slack.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from surge import serve
+from surge.errors import RequestCancelledError
+from surge.serve.llm import build_openai_app
+from tests.e2e.conftest import Running, running_instance
+from tests.eventually import eventually
+
+pytestmark = pytest.mark.e2e
+
+FAKE = "surge.testing:FakeLLMEngine"
+PID = re.compile(r"p(\d+)t\d")
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[tuple[Running, Any]]:
+    with running_instance() as running:
+        config = {"model_loading_config": {"model_id": "m"}, "llm_engine": FAKE,
+                  "engine_kwargs": {"max_model_len": 4096, "max_num_seqs": 1, "batch": True,
+                                    "tag_pid": True, "token_delay_s": 0.01},
+                  "deployment_config": {"num_replicas": 2, "max_ongoing_requests": 32}}
+        serve.run(build_openai_app({"llm_configs": [config]}), name="route",
+                  route_prefix="/")
+        handle = serve.get_deployment_handle("LLMServer:m", "route")
+        yield running, handle
+
+
+def chat(url: str, max_tokens: int = 2, session: str = "") -> tuple[int, float]:
+    """POST a chat completion; (the pid of the engine that answered, seconds taken)."""
+    headers = {"x-session-id": session} if session else {}
+    started = time.monotonic()
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers=headers, json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens})
+    assert answer.status_code == 200, answer.text
+    found = PID.search(answer.json()["choices"][0]["message"]["content"])
+    assert found is not None
+    return int(found.group(1)), time.monotonic() - started
+
+
+def pids(url: str) -> set[int]:
+    """Both replicas' pids (asked until two answered)."""
+    seen: set[int] = set()
+    eventually(lambda: seen.add(chat(url)[0]) or len(seen) == 2, 20,
+               what="both replicas to answer")
+    return seen
+
+
+def test_requests_go_to_the_replica_with_the_shorter_engine_queue(
+        instance: tuple[Running, Any]) -> None:
+    running, handle = instance
+    both = pids(running.url)
+    handle.record_routing_stats.remote().result(timeout_s=10)  # the handle's links open
+    time.sleep(0.6)  # and its router learns both engines' queues
+    # Three long generations through the driver's handle, one session: they stick to
+    # one replica (within the slack of 2), whose engine runs one and queues two; the
+    # proxy's router sent none of them.
+    pinned = handle.options(stream=True, session_id="pin")
+    body = {"model": "m", "messages": [{"role": "user", "content": "long"}],
+            "max_tokens": 300, "stream": True}
+    streams = [pinned.chat.remote(body) for _ in range(3)]
+    first: list[int] = []
+    done = threading.Event()
+
+    def drain(stream: Any) -> None:
+        try:
+            for part in stream:
+                found = PID.search(str(part))
+                if found is not None and len(first) < 3:
+                    first.append(int(found.group(1)))
+                if done.is_set():
+                    break
+        except RequestCancelledError:  # the test is done with it
+            pass
+
+    threads = [threading.Thread(target=drain, args=(s,), daemon=True) for s in streams]
+    for thread in threads:
+        thread.start()
+    try:
+        eventually(lambda: len(first) >= 1, 20, what="the pinned generations to start")
+        busy = first[0]
+        (idle,) = both - {busy}
+        time.sleep(0.6)  # two reports: every router knows the busy engine's queue
+        # Short requests through the proxy: each goes to the idle engine, not behind the
+        # busy one's queue (power of two choices on even in-flight counts would send
+        # half of them there, to wait seconds).
+        answers = [chat(running.url) for _ in range(8)]
+        assert [pid for pid, _ in answers] == [idle] * 8
+        assert max(seconds for _, seconds in answers) < 2.0
+    finally:
+        done.set()
+        for stream in streams:
+            stream.cancel()
+        for thread in threads:
+            thread.join(10)
+
+
+def test_a_session_sticks_to_one_replica_and_spills_when_it_is_loaded(
+        instance: tuple[Running, Any]) -> None:
+    running, _ = instance
+    pids(running.url)
+    time.sleep(0.6)  # the last test's queues are reported gone
+    homes = {chat(running.url, session="chat-7")[0] for _ in range(6)}
+    assert len(homes) == 1  # sequential requests of one session: one replica
+    (home,) = homes
+    # Ten at once with that session: the first few stay, the rest spill to the other
+    # replica once the home one holds more than the slack (2) beyond it.
+    with ThreadPoolExecutor(10) as pool:
+        spread = Counter(pool.map(lambda _: chat(running.url, 20, "chat-7")[0], range(10)))
+    assert len(spread) == 2, spread
+    assert spread[home] == max(spread.values()), spread

@@ -1,0 +1,150 @@
+"""The router's LLM-aware choice against fake replicas on loopback (tests/shells/test_router.py).
+
+Once a replica sends `RoutingStats` (its engine's queue), requests go to the replica with
+the shorter engine queue, counting what this router sent since the report; a stale
+report is ignored; a session id sticks to one replica until it is over the slack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from surge.router.engine_choice import request_key
+from surge.router.replica_link import Pending
+from surge.router.router import Router
+from surge.transport.messages import Call, GrpcRequest, HttpRequest, RoutingStats
+from tests.eventually import eventually_async
+from tests.shells.test_router import WAIT_S, FakeReplica, Sink, answer, routing, run
+
+
+def call(tag: str, session: str = "") -> Pending:
+    return Pending(Call(id=0, method="__call__", payload=tag.encode(), session_id=session),
+                   Sink())
+
+
+async def report(router: Router, replica: FakeReplica, queue: int,
+                 period_s: float = 10.0) -> None:
+    """The replica reports its engine's queue; returns once the router has it."""
+    frame = RoutingStats(0, queue, 0.5, period_s)
+    for connection in replica.connections:
+        connection.send(frame)
+    link = router._links[replica.name]
+    await eventually_async(lambda: link.stats == frame, WAIT_S,
+                           what=f"the router to learn {replica.name}'s queue")
+
+
+def test_requests_go_to_the_shorter_engine_queue() -> None:
+    async def main() -> None:
+        a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=50) as router:
+            await report(router, a, 20)  # busy with other routers' requests
+            await report(router, b, 0)
+            for i in range(10):
+                router.submit(call(str(i)))
+            # b's score grows with what this router sends it (0 + sent), a's is 20:
+            # every one of the ten goes to b, though a holds none of ours.
+            await b.wait_for(lambda r: len(r.held) == 10)
+            assert a.held == []
+            await report(router, b, 25)  # b's engine filled up meanwhile: a is shorter
+            router.submit(call("next"))
+            await a.wait_for(lambda r: len(r.held) == 1)
+            a.release()
+            b.release()
+
+    run(main)
+
+
+def test_a_stale_report_is_ignored() -> None:
+    async def main() -> None:
+        a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=50) as router:
+            await report(router, a, 30, period_s=0.01)  # stale after 0.07 s
+            await report(router, b, 0, period_s=10.0)
+            await asyncio.sleep(0.1)
+            for i in range(20):
+                router.submit(call(str(i)))
+            # a's report no longer counts: its score is the router's own in flight
+            await eventually_async(lambda: len(a.held) + len(b.held) == 20, WAIT_S)
+            assert len(a.held) >= 5
+            a.release()
+            b.release()
+
+    run(main)
+
+
+def test_the_capacity_rule_holds_whatever_the_queue_says() -> None:
+    async def main() -> None:
+        a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
+        async with routing(a, b, max_ongoing=3) as router:
+            await report(router, a, 0)
+            await report(router, b, 100)
+            pendings = [call(str(i)) for i in range(6)]
+            for pending in pendings:
+                router.submit(pending)
+            await eventually_async(lambda: (len(a.held), len(b.held)) == (3, 3), WAIT_S)
+            a.release()
+            b.release()
+            for pending in pendings:
+                await answer(pending)
+
+    run(main)
+
+
+def test_a_session_sticks_then_spills_when_its_replica_is_over_the_slack() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(name, hold=True) for name in "abc"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            for replica in replicas:
+                await report(router, replica, 0)
+            for i in range(3):
+                router.submit(call(str(i), session="chat-1"))
+            await eventually_async(lambda: sum(len(r.held) for r in replicas) == 3, WAIT_S)
+            holders = [r for r in replicas if r.held]
+            assert len(holders) == 1  # sticky: 0, 1, 2 are within the slack of 2
+            home = holders[0]
+            for i in range(3, 12):
+                router.submit(call(str(i), session="chat-1"))
+            await eventually_async(lambda: sum(len(r.held) for r in replicas) == 12, WAIT_S)
+            counts = Counter({r.name: len(r.held) for r in replicas})
+            assert counts[home.name] == max(counts.values()) < 12  # spilled, bounded
+            others = [r for r in replicas if r is not home]
+            assert all(r.held for r in others)
+            for replica in replicas:
+                replica.release()
+
+    run(main)
+
+
+def test_different_sessions_spread_and_each_finds_its_replica_again() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(name) for name in "abc"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            for replica in replicas:
+                await report(router, replica, 0)
+            homes: dict[str, set[bytes]] = {}
+            for round_ in range(3):
+                for s in range(12):
+                    pending = call(f"{round_}", session=f"s{s}")
+                    router.submit(pending)
+                    homes.setdefault(f"s{s}", set()).add((await answer(pending))[:1])
+            assert all(len(home) == 1 for home in homes.values())  # each session: one replica
+            assert len({next(iter(home)) for home in homes.values()}) == 3  # all are used
+
+    run(main)
+
+
+def test_request_keys() -> None:
+    def http(path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> HttpRequest:
+        return HttpRequest(0, "POST", path, b"", headers, body, "", "/", "r")
+
+    assert request_key(http("/v1/chat/completions", [(b"x-session-id", b"abc")], b"{}")) \
+        == b"s:abc"
+    long_body = b'{"messages": [{"role": "system", "content": "' + b"x" * 2000
+    assert request_key(http("/v1/chat/completions", [], long_body)) == \
+        b"p:" + long_body[:1024]
+    assert request_key(http("/v1/models", [], long_body)) == b""
+    assert request_key(Call(0, "m", b"", session_id="s-9")) == b"s:s-9"
+    assert request_key(Call(0, "m", b"")) == b""
+    grpc = GrpcRequest(0, "/pkg.S/M", "mod:add", [], b"", "r", "app")
+    assert request_key(grpc) == b""
