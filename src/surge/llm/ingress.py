@@ -35,6 +35,10 @@ __all__ = ["OpenAiIngress"]
 
 @ingress()
 class OpenAiIngress:
+    # The proxy routes chat, completions and embeddings by their `model` field straight
+    # to `llm_deployments[model]` (one hop); this replica answers what it does not read.
+    __surge_model_routes__ = "llm_deployments"
+
     def __init__(self, llm_deployments: Mapping[str, Any], model_cards: Any = None,
                  lora_paths: Any = None, **_extra: Any) -> None:
         self.handles = dict(llm_deployments)  # model id -> LLMServer handle
