@@ -2,11 +2,11 @@
 
 Bytes, timer ticks, writing pauses and the router's frames go into the sans-IO core;
 `_act` then carries out what it decided (see `proxy/h1.py` for the order): requests go
-to their route's router as `Pending`s with their deadline armed (an OpenAI app's
-chat, completions and embeddings to their model's deployment when the body names it:
-`_by_model`), cancels to the router,
-bytes to the transport, acknowledgements of streamed bytes to `Pending.consumed`,
-answered requests to `Proxy.record`. A client that goes away cancels its requests
+to their route's router as `Pending`s with their deadline armed (an OpenAI app's chat,
+completions and embeddings to their model's deployment's router when the body names
+the model: `_by_model`), cancels to the router, bytes to the transport,
+acknowledgements of streamed bytes to `Pending.consumed`, answered requests to
+`Proxy.record`. A client that goes away cancels its requests
 through the router, unless it sent `x-request-disconnect-disabled: ?1`.
 
 Flow control, both ways: the core asks to pause reading while MAX_PIPELINED responses
