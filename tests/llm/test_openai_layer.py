@@ -331,6 +331,18 @@ def test_the_app_spec_of_several_models_carries_their_deployments_for_the_proxy(
     assert build_app_spec(mixed, "m", "/").model_routes is None
 
 
+def test_a_ray_llm_config_file_with_overrides_keeps_the_model_routes() -> None:
+    from surge.api.config_apply import build_specs
+    from surge.api.config_file import parse_config
+
+    configs = [{"model_loading_config": {"model_id": m}, "llm_engine": FAKE} for m in "ab"]
+    [spec] = build_specs(parse_config({"applications": [{
+        "name": "llm", "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app",
+        "args": {"llm_configs": configs},
+        "deployments": [{"name": "OpenAiIngress", "num_replicas": 2}]}]}))
+    assert spec.model_routes == ModelRoutes((("a", "LLMServer:a"), ("b", "LLMServer:b")))
+
+
 def test_deployment_config_and_overrides_merge_as_ray() -> None:
     cfg = LLMConfig(model_loading_config={"model_id": "m"}, llm_engine=FAKE,
                     deployment_config={"num_replicas": 2, "max_ongoing_requests": 7})
