@@ -15,6 +15,7 @@ __all__ = [
     "DeploymentStatusOverview",
     "ImportedTarget",
     "LoadReport",
+    "ModelRoutes",
     "ProxySpec",
     "ProxyStatus",
     "ReplicaInfo",
@@ -124,11 +125,28 @@ class AccessTokens:
 
 
 @dataclass(frozen=True)
+class ModelRoutes:
+    """Which deployment serves each model of an OpenAI-compatible application.
+
+    Published with the application's route so the proxy reads a request body's `model`
+    field and sends it straight to that model's deployment (policy/openai_route.py), one
+    hop instead of two through the application's ingress deployment, which still takes
+    everything else (`GET /v1/models`, unknown models, bodies the proxy does not read).
+    """
+
+    models: tuple[tuple[str, str], ...]  # (model id, deployment name), sorted by model id
+
+    def __repr__(self) -> str:
+        return f"ModelRoutes({dict(self.models)})"
+
+
+@dataclass(frozen=True)
 class RouteTarget:
     app: str
     deployment: str
     route_prefix: str
     auth: AccessTokens | None = None  # None: the route is open to every client
+    models: ModelRoutes | None = None  # an OpenAI app: the proxy may route by `model`
 
 
 @dataclass(frozen=True)

@@ -184,25 +184,43 @@ def test_several_models_behind_one_endpoint(instance: Running,
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="c", messages=[{"role": "user",
                                                               "content": "x"}])
+    embedded = httpx.post(f"{base}/embeddings", timeout=10, json={"model": "a", "input": "x"})
+    assert embedded.status_code == 400  # from LLMServer:a itself: not a pooling model
+    assert embedded.json()["error"]["message"]
+    # The proxy read each body's model and sent it straight to that LLMServer: the
+    # ingress replica forwarded nothing (it answered /v1/models, the 400 and the 404).
+    ingress = serve.get_deployment_handle("OpenAiIngress", "two")
+    assert ingress.ingress_stats.remote().result() == {"forwarded": 0}
+    # A body over the bound streams through the proxy: the ingress forwards that one.
+    long = httpx.post(f"{base}/completions", timeout=10, json={
+        "model": "b", "prompt": "word " * 60_000, "max_tokens": 1})
+    assert long.status_code == 400 and "maximum context length" in long.text
+    assert ingress.ingress_stats.remote().result() == {"forwarded": 1}
     serve.delete("two")
 
 
-def test_disconnect_through_the_multi_model_ingress_aborts(instance: Running,
-                                                           request: pytest.FixtureRequest
-                                                           ) -> None:
+@pytest.mark.parametrize("path", ["one hop", "through the ingress"])
+def test_disconnect_in_a_several_model_app_aborts(instance: Running, path: str,
+                                                  request: pytest.FixtureRequest) -> None:
     serve.run(build_openai_app({"llm_configs": [fake("m1"), fake("m2", token_delay_s=0.5)]}),
               name="pair", route_prefix="/pair")
     request.addfinalizer(lambda: serve.delete("pair"))
     handle = serve.get_deployment_handle("LLMServer:m2", "pair")
+    ingress = serve.get_deployment_handle("OpenAiIngress", "pair")
+    # One word of 300 KB is one token to the fake engine, and a body the proxy streams
+    # instead of reading its model: the ingress takes it.
+    content = "x" * 300_000 if path == "through the ingress" else "x"
     with openai.OpenAI(base_url=f"{instance.url}/pair/v1", api_key="x",
                        max_retries=0) as client:
         stream = client.chat.completions.create(
-            model="m2", messages=[{"role": "user", "content": "x"}], max_tokens=20,
+            model="m2", messages=[{"role": "user", "content": content}], max_tokens=20,
             stream=True)
         next(iter(stream))
-        stream.close()  # through the ingress: its handle call is cancelled too
+        stream.close()  # the proxy cancels at the LLMServer, or the ingress its handle call
     eventually(lambda: handle.record_routing_stats.remote().result()["aborted"] == 1, 10,
-               what="the engine request behind the ingress to be aborted")
+               what="the engine request to be aborted")
+    forwarded = ingress.ingress_stats.remote().result()["forwarded"]
+    assert forwarded == (1 if path == "through the ingress" else 0)
 
 
 def test_the_proxy_answers_overload_with_an_openai_error_body(instance: Running,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from surge.api.deployment import build_app_spec, deployment
 from surge.errors import ConfigError
 from surge.llm.asgi import OpenAIApp
 from surge.llm.builders import build_llm_deployment, build_openai_app, merge_options
@@ -18,6 +19,7 @@ from surge.llm.ingress import OpenAiIngress
 from surge.llm.protocol import ChatCompletionRequest, OpenAIError, decode, model_of
 from surge.llm.server import LLMServer
 from surge.llm.service import OpenAIService
+from surge.model import ModelRoutes
 from surge.testing import FakeLLMEngine
 
 FAKE = "surge.testing:FakeLLMEngine"
@@ -305,6 +307,43 @@ def test_one_model_is_its_own_ingress_several_get_an_openai_ingress() -> None:
     assert two.deployment.func_or_class is OpenAiIngress
     names = sorted(a.deployment.name for a in two.kwargs["llm_deployments"].values())
     assert names == ["LLMServer:fake", "LLMServer:org--other_v2"]
+
+
+def test_the_app_spec_of_several_models_carries_their_deployments_for_the_proxy() -> None:
+    second = LLMConfig(model_loading_config={"model_id": "org/other.v2"}, llm_engine=FAKE)
+    spec = build_app_spec(build_openai_app(LLMServingArgs(llm_configs=[config(), second])),
+                          "llm", "/")
+    assert spec.ingress == "OpenAiIngress"
+    assert spec.model_routes == ModelRoutes((("fake", "LLMServer:fake"),
+                                             ("org/other.v2", "LLMServer:org--other_v2")))
+    assert build_app_spec(build_openai_app({"llm_configs": [config()]}), "one",
+                          "/").model_routes is None  # one model: its LLMServer is the ingress
+
+    class Custom(OpenAiIngress):  # may route otherwise: the proxy leaves it alone
+        pass
+
+    servers = {"fake": build_llm_deployment(config())}
+    custom = deployment(Custom, name="Custom").bind(llm_deployments=servers)
+    assert build_app_spec(custom, "c", "/").model_routes is None
+
+    class Handles:  # no serve.ingress: it cannot take HTTP requests straight from a proxy
+        def __init__(self, llm_config: Any) -> None: ...
+
+    plain = deployment(Handles).bind(llm_config=config())
+    mixed = deployment(OpenAiIngress).bind(llm_deployments={"fake": plain})
+    assert build_app_spec(mixed, "m", "/").model_routes is None
+
+
+def test_a_ray_llm_config_file_with_overrides_keeps_the_model_routes() -> None:
+    from surge.api.config_apply import build_specs
+    from surge.api.config_file import parse_config
+
+    configs = [{"model_loading_config": {"model_id": m}, "llm_engine": FAKE} for m in "ab"]
+    [spec] = build_specs(parse_config({"applications": [{
+        "name": "llm", "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app",
+        "args": {"llm_configs": configs},
+        "deployments": [{"name": "OpenAiIngress", "num_replicas": 2}]}]}))
+    assert spec.model_routes == ModelRoutes((("a", "LLMServer:a"), ("b", "LLMServer:b")))
 
 
 def test_deployment_config_and_overrides_merge_as_ray() -> None:

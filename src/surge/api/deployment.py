@@ -12,16 +12,19 @@ import hashlib
 import inspect
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
 
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
 from surge.errors import ConfigError
-from surge.model import AccessTokens, ImportedTarget
+from surge.model import AccessTokens, ImportedTarget, ModelRoutes
+from surge.replica.ingress import INGRESS_ATTRIBUTE
 from surge.router.handle import DeploymentHandle
 
-__all__ = ["Application", "Deployment", "build_app_spec", "deployment"]
+__all__ = ["MODEL_ROUTES_ATTRIBUTE", "Application", "Deployment", "build_app_spec",
+           "deployment"]
 
 log = logging.getLogger("surge")
 
@@ -39,6 +42,9 @@ _IGNORED = {"placement_group_bundles", "placement_group_strategy",
             "placement_group_bundle_label_selector", "max_replicas_per_node", "logging_config",
             "gang_scheduling_config", "deployment_actors"}
 _warned: set[str] = set()
+# Set on an ingress class (OpenAiIngress) to the name of its bind argument that maps model
+# ids to the applications serving them: the proxy then routes by the body's `model`.
+MODEL_ROUTES_ATTRIBUTE = "__surge_model_routes__"
 
 
 class Deployment:
@@ -227,8 +233,29 @@ def build_app_spec(app: Application, name: str, route_prefix: str | None,
         raise ConfigError(f"serve.run expects an Application, got {type(app).__name__}{hint}")
     builder = _Builder(name)
     ingress = builder.visit(app)
+    model_routes = _model_routes(app, builder)
     prefix = route_prefix if route_prefix is not None else None
     return AppSpec(name=name, route_prefix=prefix, ingress=ingress,
-                   deployments=tuple(builder.specs.values()), sys_path=sys_path, auth=auth)
+                   deployments=tuple(builder.specs.values()), sys_path=sys_path, auth=auth,
+                   model_routes=model_routes)
+
+
+def _model_routes(app: Application, builder: _Builder) -> ModelRoutes | None:
+    """The model -> deployment map an ingress class declares (MODEL_ROUTES_ATTRIBUTE).
+
+    Only the class that sets it, not a subclass (which may route otherwise), and only
+    when every model's deployment serves HTTP itself (a `serve.ingress` class, as
+    LLMServer): else everything keeps going through the ingress."""
+    cls = app.deployment.func_or_class
+    key = vars(cls).get(MODEL_ROUTES_ATTRIBUTE) if isinstance(cls, type) else None
+    servers = app.kwargs.get(key) if isinstance(key, str) else None
+    if not isinstance(servers, Mapping) or not servers:
+        return None
+    if not all(isinstance(model, str) and isinstance(server, Application)
+               and hasattr(server.deployment.func_or_class, INGRESS_ATTRIBUTE)
+               for model, server in servers.items()):
+        return None
+    return ModelRoutes(tuple(sorted((model, builder.visit(server))
+                                    for model, server in servers.items())))
 
 

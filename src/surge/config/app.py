@@ -8,7 +8,7 @@ from typing import Any
 
 from surge.config._check import _require
 from surge.config.deployment import DeploymentSpec
-from surge.model import AccessTokens
+from surge.model import AccessTokens, ModelRoutes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +56,9 @@ class AppSpec:
     # Declarative deploys (a config file, the REST API): the application's entry as
     # written, for `serve config` and Ray's REST API; None for serve.run (imperative).
     source_config: Mapping[str, Any] | None = None
+    # An OpenAI app (build_openai_app with an ingress): the deployment of each model, for
+    # the proxy to route by the body's `model` field (ModelRoutes); None for any other.
+    model_routes: ModelRoutes | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str), "application name must be a string.")

@@ -44,7 +44,8 @@ def deploy(state: ControllerState, app: AppSpec, wall: float) -> list[Reconfigur
             if did.name not in names and did in state.deployments:
                 _delete_deployment(state.deployments[did])
     state.apps[app.name] = AppRecord(app.name, app.route_prefix, app.ingress, tuple(names),
-                                     wall, auth=app.auth, source_config=app.source_config)
+                                     wall, auth=app.auth, source_config=app.source_config,
+                                     model_routes=app.model_routes)
     return actions
 
 

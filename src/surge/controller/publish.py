@@ -89,7 +89,8 @@ class Publisher:
                 f"dirty={len(self._dirty)} paused={self.paused}>")
 
     def routes(self) -> RouteTable:
-        return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth)
+        return RouteTable(tuple(RouteTarget(a.name, a.ingress, a.route_prefix, a.auth,
+                                            a.model_routes)
                                 for a in self.state.apps.values()
                                 if a.route_prefix is not None and a.ingress))
 

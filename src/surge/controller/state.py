@@ -35,6 +35,7 @@ from surge.model import (
     DeploymentId,
     DeploymentStatus,
     DeploymentStatusOverview,
+    ModelRoutes,
     ReplicaInfo,
 )
 from surge.policy.lifecycle import ALIVE, ReplicaState, transition
@@ -164,6 +165,7 @@ class AppRecord:
     # The last config for it failed to build (import error, bad args): DEPLOY_FAILED with
     # this message, while what it had keeps serving. Cleared by the next deploy.
     build_error: str = ""
+    model_routes: ModelRoutes | None = None  # published in its RouteTarget
     deleting: bool = False
     ever_running: bool = False  # set by the control loop: a later failure is UNHEALTHY
 

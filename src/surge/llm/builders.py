@@ -2,7 +2,8 @@
 
 `build_openai_app` with one model returns the model's LLMServer deployment as the app's
 ingress (one hop: proxy → LLMServer replica → engine); with several, an `OpenAiIngress`
-in front of one LLMServer deployment each (Ray's shape). Deployment options are merged
+in front of one LLMServer deployment each (Ray's shape), whose model map the proxy
+routes by (still one hop; see llm/ingress.py). Deployment options are merged
 as Ray merges them: surge's LLM defaults, then the config's `deployment_config`, then
 `override_serve_options`; a `num_replicas` drops the default autoscaling config.
 """

@@ -1,13 +1,16 @@
 """`OpenAiIngress`: one OpenAI endpoint in front of several models' LLMServers.
 
 With more than one model in an app, a request's `model` field picks the LLMServer
-deployment (decoded alone with msgspec; `base:adapter` picks the base's, routed by
-adapter as a multiplexed model: policy/llm_models.py), and the
-ingress streams that server's answer back: proxy → ingress replica → LLMServer replica
-→ engine, two hops, as Ray's default. The body crosses the second hop as bytes and the
-answer comes back as the bytes of its SSE parts; nothing is re-parsed on the way.
-(One model needs no ingress: its LLMServer is the app's ingress.) `GET /v1/models` lists
-every model.
+deployment. The proxy does that itself for chat, completions and embeddings whose body
+it holds (`__surge_model_routes__` names the map it gets; policy/openai_route.py), so
+those go proxy → LLMServer replica → engine, one hop. What reaches this replica: `GET
+/v1/models` (every model), `/v1/models/{id}`, unknown or omitted models (OpenAI's 404 or
+400), and bodies the proxy streamed. For those it decodes the `model` field alone
+(msgspec; `base:adapter` picks the base's, routed by adapter as a multiplexed model:
+policy/llm_models.py) and streams that server's answer back: two
+hops, as Ray's default. The body crosses the second hop as bytes and the answer comes
+back as the bytes of its SSE parts; nothing is re-parsed on the way. (One model needs no
+ingress: its LLMServer is the app's ingress.)
 """
 
 from __future__ import annotations
@@ -37,12 +40,22 @@ __all__ = ["OpenAiIngress"]
 
 @ingress()
 class OpenAiIngress:
+    # The proxy routes chat, completions and embeddings by their `model` field straight
+    # to `llm_deployments[model]` (one hop); this replica answers what it does not read.
+    __surge_model_routes__ = "llm_deployments"
+
     def __init__(self, llm_deployments: Mapping[str, Any], model_cards: Any = None,
                  lora_paths: Any = None, **_extra: Any) -> None:
         self.handles = dict(llm_deployments)  # model id -> LLMServer handle
+        self.forwarded = 0  # requests this replica passed on to an LLMServer
 
     def __repr__(self) -> str:
-        return f"<OpenAiIngress models={sorted(self.handles)}>"
+        return f"<OpenAiIngress models={sorted(self.handles)} forwarded={self.forwarded}>"
+
+    async def ingress_stats(self) -> dict[str, int]:
+        """What this replica did: with the proxy routing by model, `forwarded` counts only
+        what the proxy left to it (streamed or unreadable bodies, `/v1/models/{id}`)."""
+        return {"forwarded": self.forwarded}
 
     async def __serve_build_asgi_app__(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         return self.asgi  # not __call__: Ray's ingress() refuses classes that define one
@@ -73,6 +86,7 @@ class OpenAiIngress:
         except OpenAIError as exc:
             await _send(send, error_head(exc))
             return
+        self.forwarded += 1
         stream = handle.options(stream=True).openai_http.remote(method, path, body)
         try:
             head = await stream.__anext__()

@@ -17,7 +17,8 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = ["decode_model", "lora_model_id", "path_model", "resolve_model", "split_lora_id"]
+__all__ = ["MODEL_FIELD", "decode_model", "lora_model_id", "path_model", "resolve_model",
+           "split_lora_id"]
 
 MODELS_PATH = "/v1/models/"
 
@@ -28,13 +29,14 @@ class _Model(msgspec.Struct):
     model: str | None = None
 
 
-_decoder = msgspec.json.Decoder(_Model)
+# Decodes the `model` field alone (msgspec skips every other value without building it).
+MODEL_FIELD = msgspec.json.Decoder(_Model)
 
 
 def decode_model(body: bytes) -> str | None:
     """The body's `model` field, or None when it has none or is not a JSON object."""
     try:
-        return _decoder.decode(body).model
+        return MODEL_FIELD.decode(body).model
     except msgspec.MsgspecError:
         return None
 

@@ -2,9 +2,11 @@
 
 Bytes, timer ticks, writing pauses and the router's frames go into the sans-IO core;
 `_act` then carries out what it decided (see `proxy/h1.py` for the order): requests go
-to their route's router as `Pending`s with their deadline armed, cancels to the router,
-bytes to the transport, acknowledgements of streamed bytes to `Pending.consumed`,
-answered requests to `Proxy.record`. A client that goes away cancels its requests
+to their route's router as `Pending`s with their deadline armed (an OpenAI app's chat,
+completions and embeddings to their model's deployment's router when the body names
+the model: `_by_model`), cancels to the router, bytes to the transport,
+acknowledgements of streamed bytes to `Pending.consumed`, answered requests to
+`Proxy.record`. A client that goes away cancels its requests
 through the router, unless it sent `x-request-disconnect-disabled: ?1`.
 
 Flow control, both ways: the core asks to pause reading while MAX_PIPELINED responses
@@ -17,13 +19,14 @@ replicas stop sending until the client reads.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.policy.llm_models import decode_model, lora_model_id, path_model
 from surge.proxy.exchange import Exchange
 from surge.proxy.h1 import H1Connection
 from surge.proxy.h1_state import Conn, Phase
+from surge.proxy.routes import Route
 from surge.proxy.ws_exchange import WsExchange
 from surge.router.replica_link import Pending
 from surge.transport.messages import HttpRequest, Message
@@ -209,6 +212,8 @@ class HttpConnection(asyncio.Protocol):
         head = exchange.head
         route = head.route
         assert route is not None  # only routed requests are dispatched
+        if route.models is not None:
+            route = self._by_model(exchange, route)
         proxy = self.proxy
         router = route.router
         model_id = head.model_id
@@ -241,3 +246,17 @@ class HttpConnection(asyncio.Protocol):
         timeout = head.timeout
         if timeout is not None and exchange.phase is WAITING:
             exchange.timer = proxy.loop.call_later(timeout, self.timed_out, exchange, timeout)
+
+    def _by_model(self, exchange: Exchange, route: Route[Any]) -> Route[Any]:
+        """An OpenAI app's request goes straight to its model's deployment when the body
+        says which (policy/openai_route.py); its cancels and metrics follow it there."""
+        head = exchange.head
+        models = route.models
+        assert models is not None
+        chosen = models.route_for(head.method, head.path, exchange.body,
+                                  exchange.upstream is not None)
+        if chosen is None:
+            return route
+        head.route = chosen
+        head.labels = chosen.labels
+        return chosen

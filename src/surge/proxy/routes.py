@@ -6,17 +6,24 @@ that route needs: its router, its metric labels, its token digests. A lookup tri
 path itself, then each shorter prefix ending before a '/', then "/": the first hit is
 the longest matching prefix, as `RouteTable.match` says, without walking the table or
 building strings beyond the slices a lookup needs.
+
+An OpenAI app's route (its target carries `ModelRoutes`) also gets a `ModelRouting`: a
+Route per model deployment, which `route_for` picks from the request's body
+(policy/openai_route.py) so the request skips the app's ingress deployment. Any other
+route has `models = None`: its requests cost nothing more.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from surge.model import RouteTable, RouteTarget
+from surge.policy.openai_route import ModelTable, choose_deployment
 
-__all__ = ["CompiledRoutes", "Route", "compile_routes"]
+__all__ = ["CompiledRoutes", "ModelRouting", "Route", "compile_routes"]
 
 R = TypeVar("R")  # what the proxy sends a route's requests to (a Router; a fake in tests)
 
@@ -24,7 +31,7 @@ R = TypeVar("R")  # what the proxy sends a route's requests to (a Router; a fake
 class Route(Generic[R]):
     """One route_prefix and the constants of every request it takes."""
 
-    __slots__ = ("app", "deployment", "digests", "labels", "prefix", "router")
+    __slots__ = ("app", "deployment", "digests", "labels", "models", "prefix", "router")
 
     def __init__(self, target: RouteTarget, router: R) -> None:
         self.prefix = target.route_prefix
@@ -35,10 +42,31 @@ class Route(Generic[R]):
         self.labels = (target.app, target.deployment, target.route_prefix)
         # None: open to every client; else the SHA-256 digests of the accepted tokens
         self.digests = target.auth.digests if target.auth is not None else None
+        # An OpenAI app: the model deployments its requests may go to directly.
+        self.models: ModelRouting[R] | None = None
 
     def __repr__(self) -> str:
         auth = "open" if self.digests is None else f"{len(self.digests)} token(s)"
-        return f"<Route {self.prefix} -> {self.app}#{self.deployment} {auth}>"
+        models = "" if self.models is None else f" {self.models!r}"
+        return f"<Route {self.prefix} -> {self.app}#{self.deployment} {auth}{models}>"
+
+
+class ModelRouting(Generic[R]):
+    """An OpenAI app's model deployments, each as a Route of the app's prefix."""
+
+    __slots__ = ("routes", "table")
+
+    def __init__(self, table: ModelTable, routes: dict[str, Route[R]]) -> None:
+        self.table = table
+        self.routes = routes  # deployment name -> its Route
+
+    def __repr__(self) -> str:
+        return f"<ModelRouting {self.table.by_model}>"
+
+    def route_for(self, method: str, path: str, body: bytes, streamed: bool) -> Route[R] | None:
+        """The model deployment's route for this request; None: the app's ingress."""
+        deployment = choose_deployment(self.table, method, path, body, streamed).deployment
+        return None if deployment is None else self.routes[deployment]
 
 
 class CompiledRoutes(Generic[R]):
@@ -80,5 +108,18 @@ class CompiledRoutes(Generic[R]):
 
 def compile_routes(table: RouteTable,
                    router_for: Callable[[RouteTarget], R]) -> CompiledRoutes[R]:
-    """Compile `table`; `router_for` is called once per route (it makes routers exist)."""
-    return CompiledRoutes(table, [Route(t, router_for(t)) for t in table.targets])
+    """Compile `table`; `router_for` is called once per route and model deployment (it
+    makes routers exist)."""
+    return CompiledRoutes(table, [_route(t, router_for) for t in table.targets])
+
+
+def _route(target: RouteTarget, router_for: Callable[[RouteTarget], R]) -> Route[R]:
+    route = Route(target, router_for(target))
+    if target.models is not None:
+        routes = {}
+        for deployment in sorted({name for _, name in target.models.models}):
+            model_target = dataclasses.replace(target, deployment=deployment, models=None)
+            routes[deployment] = Route(model_target, router_for(model_target))
+        route.models = ModelRouting(ModelTable(target.route_prefix, target.models.models),
+                                    routes)
+    return route
