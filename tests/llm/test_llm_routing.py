@@ -131,3 +131,56 @@ def test_a_session_sticks_to_one_replica_and_spills_when_it_is_loaded(
         spread = Counter(pool.map(lambda _: chat(running.url, 20, "chat-7")[0], range(10)))
     assert len(spread) == 2, spread
     assert spread[home] == max(spread.values()), spread
+
+
+def test_when_every_engine_is_full_the_proxy_refuses_at_once_and_serves_again_after(
+        instance: tuple[Running, Any]) -> None:
+    running, _ = instance
+    # One replica whose engine runs one sequence and admits one (max_ongoing_requests),
+    # and no request may wait in the routers' queues (max_queued_requests 0).
+    config = {"model_loading_config": {"model_id": "f"}, "llm_engine": FAKE,
+              "engine_kwargs": {"max_model_len": 4096, "max_num_seqs": 1, "batch": True,
+                                "token_delay_s": 0.01},
+              "deployment_config": {"num_replicas": 1, "max_ongoing_requests": 1,
+                                    "max_queued_requests": 0}}
+    serve.run(build_openai_app({"llm_configs": [config]}), name="full", route_prefix="/full")
+    handle = serve.get_deployment_handle("LLMServer:f", "full")
+    url = f"{running.url}/full/v1/chat/completions"
+    short = {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    # The proxy's link to the replica is open (and hears its engine's reports).
+    eventually(lambda: httpx.post(url, json=short, timeout=30).status_code == 200, 20,
+               what="the proxy to serve the new app")
+    body = {"model": "f", "messages": [{"role": "user", "content": "long"}],
+            "max_tokens": 1500, "stream": True}
+    streams = [handle.options(stream=True).chat.remote(body)]
+    started = [threading.Event()]
+
+    def drain(stream: Any, started: threading.Event) -> None:
+        try:
+            for _ in stream:
+                started.set()
+        except RequestCancelledError:
+            pass
+
+    threads = [threading.Thread(target=drain, args=(s, e), daemon=True)
+               for s, e in zip(streams, started, strict=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        eventually(lambda: started[0].is_set(), 20, what="the generation to start")
+        time.sleep(0.6)  # two stats periods: the proxy's router hears the engine is full
+        # The engine holds its one: a request through the proxy, which has none in
+        # flight there, is refused at once with OpenAI's 503 body.
+        refused = httpx.post(url, json=short, timeout=30)
+        assert refused.status_code == 503, refused.text  # not served behind it
+        assert refused.json()["error"]["code"] == "service_unavailable"
+        assert float(refused.headers["retry-after"]) > 0
+    finally:
+        for stream in streams:
+            stream.cancel()
+        for thread in threads:
+            thread.join(10)
+    # The engine's queue drains: served again.
+    eventually(lambda: httpx.post(url, json=short, timeout=30).status_code == 200, 20,
+               what="the proxy to serve again")
+    serve.delete("full")

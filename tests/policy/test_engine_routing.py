@@ -44,13 +44,16 @@ def test_stale_after_is_two_periods_and_a_little() -> None:
 
 
 @pytest.mark.parametrize(("in_flight", "scores", "draws", "chosen", "why"), [
-    ([0, 0], [9, 1], (0, 0), 1, "the shorter engine queue wins, not the in-flight tie"),
-    ([0, 0], [1, 9], (1, 0), 0, "either order of the sample"),
+    ([0, 0], [3, 1], (0, 0), 1, "the shorter engine queue wins, not the in-flight tie"),
+    ([0, 0], [1, 3], (1, 0), 0, "either order of the sample"),
     ([1, 0], [3, 3], (0, 0), 1, "equal queues: fewer in flight"),
     ([0, 0], [2, 2], (0, 0), 0, "all equal: the first sampled"),
-    ([4, 0, 0], [0, 5, 9], (0, 0), 1, "the sample's winner is full: the other one"),
-    ([4, 4, 0, 0], [0, 0, 7, 3], (0, 0), 3, "both sampled full: the lowest with room"),
+    ([4, 0, 0], [0, 2, 3], (0, 0), 1, "the sample's winner is full: the other one"),
+    ([4, 4, 0, 0], [0, 0, 3, 2], (0, 0), 3, "both sampled full: the lowest with room"),
     ([4, 4], [0, 0], (0, 0), NO_REPLICA, "all full"),
+    ([0, 0, 0], [4, 1, 2], (0, 0), 1, "an engine holding capacity (other routers') is full"),
+    ([0, 0, 0], [9, 4, 2], (0, 0), 2, "both sampled engines full: the lowest with room"),
+    ([0, 0], [4, 7], (0, 0), NO_REPLICA, "every engine full: queue or refuse at once"),
 ])
 def test_choose_by_score(in_flight: list[int], scores: list[int], draws: tuple[int, int],
                          chosen: int, why: str) -> None:
@@ -60,13 +63,14 @@ def test_choose_by_score(in_flight: list[int], scores: list[int], draws: tuple[i
 @pytest.mark.parametrize(("in_flight", "chosen"), [([0], 0), ([4], NO_REPLICA), ([], -1)])
 def test_choose_by_score_with_one_or_none(in_flight: list[int], chosen: int) -> None:
     assert choose_by_score(in_flight, in_flight, 4, random.Random(0)) == chosen
+    assert choose_by_score([0], [4], 4, random.Random(0)) == NO_REPLICA  # its engine is full
 
 
 def test_local_replicas_first_then_any() -> None:
     # Replicas 0-1 are local; the remote one has the shortest queue but is not looked at.
-    assert choose_by_score([0, 0, 0], [5, 6, 0], 4, ScriptedRandom(0, 0), local=2) == 0
+    assert choose_by_score([0, 0, 0], [2, 3, 0], 4, ScriptedRandom(0, 0), local=2) == 0
     # Every local one full: the remote one.
-    assert choose_by_score([4, 4, 0], [0, 0, 9], 4, ScriptedRandom(0, 0, 0, 0), local=2) == 2
+    assert choose_by_score([4, 4, 0], [0, 0, 3], 4, ScriptedRandom(0, 0, 0, 0), local=2) == 2
 
 
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=8), st.data())
@@ -74,15 +78,15 @@ def test_never_a_full_replica(in_flight: list[int], data: st.DataObject) -> None
     scores = data.draw(st.lists(st.integers(0, 50), min_size=len(in_flight),
                                 max_size=len(in_flight)))
     index = choose_by_score(in_flight, scores, 6, random.Random(data.draw(st.integers())))
-    if all(load >= 6 for load in in_flight):
+    if all(load >= 6 or score >= 6 for load, score in zip(in_flight, scores, strict=True)):
         assert index == NO_REPLICA
     else:
-        assert in_flight[index] < 6
+        assert in_flight[index] < 6 and scores[index] < 6
 
 
 def test_load_spreads_by_queue() -> None:
     rng = random.Random(7)
-    picks = Counter(choose_by_score([0, 0, 0], [0, 10, 20], 4, rng) for _ in range(3000))
+    picks = Counter(choose_by_score([0, 0, 0], [0, 10, 20], 100, rng) for _ in range(3000))
     # Two of three replicas are sampled each time: the shortest queue wins whenever it
     # is sampled (2/3), the middle one otherwise, the longest never.
     assert picks[2] == 0
@@ -108,14 +112,15 @@ def test_rendezvous_is_stable_and_moves_only_the_departed_keys() -> None:
     ([0, 0, 0], [3, 0, 1], 0, 1, "over least + 2: it spills to the power-of-two choice"),
     ([0, 0], [30, 20], 0, 0, "the slack grows with the load: 20 + 50%"),
     ([0, 0], [31, 20], 0, 1, "past it: spills"),
-    ([4, 0], [0, 5], 0, 1, "the preferred replica is full: never sent there"),
-    ([0, 4], [0, 9], 0, 0, "the least loaded is taken among replicas with room"),
+    ([40, 0], [0, 5], 0, 1, "the preferred replica is full: never sent there"),
+    ([0, 40], [0, 9], 0, 0, "the least loaded is taken among replicas with room"),
+    ([0, 0], [40, 0], 0, 1, "the preferred replica's engine is full: spills"),
     ([0, 0], [9, 0], -1, 1, "no preference: plain choice"),
 ])
 def test_choose_with_affinity(in_flight: list[int], scores: list[int], preferred: int,
                               chosen: int, why: str) -> None:
     rng = ScriptedRandom(0, 0)
-    assert choose_with_affinity(in_flight, scores, 4, preferred, rng) == chosen, why
+    assert choose_with_affinity(in_flight, scores, 40, preferred, rng) == chosen, why
 
 
 def test_a_hot_key_spreads_once_its_replica_is_loaded() -> None:

@@ -79,6 +79,11 @@ class ForkServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def ready(self) -> bool:
+        """It imported what replicas share and forks on request."""
+        return self._ready
+
     def submit(self, process_id: str, spec: bytes, env: dict[str, str]) -> None:
         """Ask for a replica that becomes `spec` (its surge.launch line) with `env`; its
         pid (or why it failed) comes with a later `poll`."""

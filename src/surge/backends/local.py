@@ -128,15 +128,17 @@ class LocalBackend:
         # Unsupervised, members die with this process (their parent).
         self.lifetime = Lifetime(supervisor_pid=membership.supervisor_pid,
                                  parent_pid=os.getpid())
+        self.forkserver: ForkServer | None = None
+        if use_forkserver:
+            self.forkserver = ForkServer(self._env({}, ()))
         self.weights: NodeStore | None = None
         options = weights if weights is not None else WeightStoreOptions()
         if options.enabled:
             self.weights = NodeStore(options, os.path.join(self.socket_dir, "weights.sock"),
                                      self.lifetime, membership.logging, self._env({}, ()))
-            self.weights.start_or_adopt()
-        self.forkserver: ForkServer | None = None
-        if use_forkserver:
-            self.forkserver = ForkServer(self._env({}, ()))
+            # Its process starts once the fork server is ready (poll_exits): the two
+            # would otherwise share the CPU the first proxy and replica are waiting for.
+            self.weights.start_or_adopt(defer=self.forkserver is not None)
 
     def __repr__(self) -> str:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
@@ -216,6 +218,10 @@ class LocalBackend:
 
     def poll_exits(self) -> list[Exit]:
         if self.weights is not None:
+            forkserver = self.forkserver
+            if self.weights.pending and (forkserver is None or forkserver.ready
+                                         or not forkserver.alive or forkserver.broken):
+                self.weights.spawn_pending()
             self.weights.poll()
         exits, self._exits = self._exits, []
         for process_id, process in list(self.processes.items()):

@@ -10,9 +10,14 @@ the score is the router's own in-flight count, as plain power of two choices.
 
 `choose_by_score` keeps power-of-two-choices semantics on the score: two distinct
 replicas are sampled, the lower score wins (ties: fewer in flight), and the capacity
-rule is unchanged: a replica with `capacity` in flight (or saturated) is never chosen;
-when both samples are full, the lowest score with room is taken. Locality as in
-policy/routing.py: the first `local` replicas are tried first.
+rule holds on both counts: a replica with `capacity` in flight from this router (or
+saturated), or whose engine holds `capacity` by its score (every router's requests: it
+would refuse the next one), is never chosen; when both samples are full, the lowest
+score with room is taken. When every engine is full the choice is NO_REPLICA: the
+request waits in the router's bounded queue (its share of `max_queued_requests`) or is
+refused at once with 503/429 (policy/admission.py), instead of being sent to an engine
+that would only queue it. Locality as in policy/routing.py: the first `local` replicas
+are tried first.
 
 Affinity: a request with an affinity key (a session id, or a long prompt's first bytes)
 prefers the replica that rendezvous hashing of the key picks among the replicas (the
@@ -89,18 +94,23 @@ def _better(a: int, b: int, in_flight: Loads | Sequence[int],
     return a if key_a <= key_b else b
 
 
+def _room(in_flight: Loads | Sequence[int], scores: Loads | Sequence[int], capacity: int,
+          index: int) -> bool:
+    return in_flight[index] < capacity and scores[index] < capacity
+
+
 def _choose(in_flight: Loads | Sequence[int], scores: Loads | Sequence[int], capacity: int,
             rng: random.Random, n: int) -> int:
     if n == 0:
         return NO_REPLICA
     if n == 1:
-        return 0 if in_flight[0] < capacity else NO_REPLICA
+        return 0 if _room(in_flight, scores, capacity, 0) else NO_REPLICA
     first = rng.randrange(n)
     second = rng.randrange(n - 1)
     if second >= first:
         second += 1
     best = _better(first, second, in_flight, scores)
-    if in_flight[best] < capacity:
+    if _room(in_flight, scores, capacity, best):
         return best
     return _lowest_with_room(in_flight, scores, capacity, n)
 
@@ -109,7 +119,7 @@ def _lowest_with_room(in_flight: Loads | Sequence[int], scores: Loads | Sequence
                       capacity: int, n: int) -> int:
     best = NO_REPLICA
     for index in range(n):
-        if in_flight[index] < capacity and (
+        if _room(in_flight, scores, capacity, index) and (
                 best == NO_REPLICA or _better(best, index, in_flight, scores) == index):
             best = index
     return best
@@ -135,8 +145,8 @@ def choose_with_affinity(in_flight: Loads | Sequence[int], scores: Loads | Seque
     """`preferred` (the key's rendezvous replica) unless it is full or its score is over
     the least loaded replica's by more than the slack; then `choose_by_score`."""
     n = len(in_flight)
-    if 0 <= preferred < n and in_flight[preferred] < capacity:
-        least = min(scores[i] for i in range(n) if in_flight[i] < capacity)
+    if 0 <= preferred < n and _room(in_flight, scores, capacity, preferred):
+        least = min(scores[i] for i in range(n) if _room(in_flight, scores, capacity, i))
         if scores[preferred] <= least + max(slack_min, slack_ratio * least):
             return preferred
     return choose_by_score(in_flight, scores, capacity, rng, local)

@@ -14,6 +14,7 @@ whose pid is its only argument.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
@@ -25,8 +26,10 @@ from typing import Any
 
 __all__ = ["PRELOAD", "main"]
 
-# Imported once here, shared copy-on-write by every replica.
-# surge.serve too: the user's code, unpickled in the replica, imports it.
+# Imported once here, shared copy-on-write by every replica, before it says it is ready
+# (an import after a fork would touch the pages it shares with its children, and they
+# would become each one's own). surge.serve too: the user's code, unpickled in the
+# replica, imports it.
 PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "starlette.responses",
            "starlette.requests", "fastapi", "surge.weights.api")
 
@@ -119,12 +122,20 @@ def main() -> None:
     die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in PRELOAD:
-        if importlib.util.find_spec(module.split(".")[0]) is not None:
-            importlib.import_module(module)
+        _preload(module)
+    # What it imported stays out of the garbage collector's passes (in the template and
+    # in every replica), which would otherwise write to each object's header and copy
+    # the shared pages into every replica.
+    gc.freeze()
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     _send(out, {"ready": os.getpid()})
     serve(0, out)
+
+
+def _preload(module: str) -> None:
+    if importlib.util.find_spec(module.split(".")[0]) is not None:
+        importlib.import_module(module)
 
 
 if __name__ == "__main__":

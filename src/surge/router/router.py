@@ -407,6 +407,8 @@ class Router:
 
     def _on_stats(self, link: ReplicaLink) -> None:
         self._by_engine = True
+        if self._queue:  # an engine other routers filled may have room again
+            self._drain()
 
     # -- multiplexed models (policy/model_routing.py) ----------------------------------
 

@@ -5,8 +5,12 @@ state directory, which outlives a crashed controller): a store that answers is a
 (watched by pidfd). Otherwise it binds a fresh socket there itself and hands it to a new
 `python -m surge.weights` (its spec on stdin, the listening socket as an inherited
 descriptor), so replicas can connect the moment this returns: their connections wait in
-the backlog until the store accepts. `poll` restarts a store that died (its guardian has
-unlinked its files; at most MAX_RESTARTS in RESTART_WINDOW_S); `close` stops it.
+the backlog until the store accepts. With `defer`, the socket is bound at once but the
+process starts only at `spawn_pending` (the local backend calls it once its fork server
+is ready, so the store's start does not take the CPU the first proxy and replica need:
+a connection made meanwhile waits in the backlog). `poll` restarts a store that died
+(its guardian has unlinked its files; at most MAX_RESTARTS in RESTART_WINDOW_S);
+`close` stops it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class NodeStore:
         self.adopted: tuple[int, int | None] | None = None  # (pid, pidfd) of a found store
         self.restarts: collections.deque[float] = collections.deque()
         self.gave_up = False
+        self._pending: socket.socket | None = None  # bound, its process not started yet
 
     def __repr__(self) -> str:
         return f"<NodeStore {self.socket_path} pid={self.pid} alive={self.alive}>"
@@ -83,20 +88,36 @@ class NodeStore:
         return None if self.gave_up else self.socket_path
 
     @property
+    def pending(self) -> bool:
+        """Its socket is bound and its process is still to start (`spawn_pending`)."""
+        return self._pending is not None
+
+    @property
     def alive(self) -> bool:
+        if self._pending is not None:
+            return True  # it will be: connections wait in the backlog
         if self.process is not None:
             return self.process.poll() is None
         if self.adopted is not None:
             return not pid_gone(*self.adopted)
         return False
 
-    def start_or_adopt(self) -> None:
+    def start_or_adopt(self, defer: bool = False) -> None:
         found = self._answering()
         if found:
             self.adopted = (found, open_pidfd(found))
             log.info("weight store at %s (pid %d) adopted", self.socket_path, found)
             return
+        if defer:
+            self._pending = bind_store_socket(self.socket_path)
+            return
         self._start()
+
+    def spawn_pending(self) -> None:
+        """Start the process of a deferred store (nothing when none is pending)."""
+        listener, self._pending = self._pending, None
+        if listener is not None:
+            self._start(listener)
 
     def _answering(self) -> int:
         """The pid of a store answering at the socket, or 0."""
@@ -110,8 +131,8 @@ class NodeStore:
         finally:
             client.close()
 
-    def _start(self) -> None:
-        listener = bind_store_socket(self.socket_path)
+    def _start(self, listener: socket.socket | None = None) -> None:
+        listener = listener if listener is not None else bind_store_socket(self.socket_path)
         try:
             spec = WeightStoreProcessSpec(options=self.options, socket_path=self.socket_path,
                                           listen_fd=listener.fileno(), node_id=self.node_id,
@@ -152,6 +173,12 @@ class NodeStore:
 
     def close(self) -> None:
         """Stop the store (it unlinks its entries and its socket)."""
+        if self._pending is not None:  # never started: nothing but the socket to remove
+            self._pending.close()
+            self._pending = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+            return
         pid = self.pid
         if pid and self.alive:
             with contextlib.suppress(ProcessLookupError):
