@@ -73,19 +73,25 @@ def test_a_stale_report_is_ignored() -> None:
     run(main)
 
 
-def test_the_capacity_rule_holds_whatever_the_queue_says() -> None:
+def test_an_engine_full_by_its_report_takes_nothing_and_the_rest_wait_in_the_queue() -> None:
     async def main() -> None:
         a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
         async with routing(a, b, max_ongoing=3) as router:
             await report(router, a, 0)
-            await report(router, b, 100)
+            await report(router, b, 100)  # other routers filled b's engine
             pendings = [call(str(i)) for i in range(6)]
             for pending in pendings:
                 router.submit(pending)
-            await eventually_async(lambda: (len(a.held), len(b.held)) == (3, 3), WAIT_S)
+            # a takes its capacity of this router's requests; b, full, takes none
+            await eventually_async(lambda: (len(a.held), router.queued) == (3, 3), WAIT_S)
+            assert len(b.held) == 0
+            a.release()  # a's answers free its slots: the queue goes there
+            for pending in pendings[:3]:
+                await answer(pending)
+            await eventually_async(lambda: len(a.held) == 3 and router.queued == 0, WAIT_S)
+            assert len(b.held) == 0
             a.release()
-            b.release()
-            for pending in pendings:
+            for pending in pendings[3:]:
                 await answer(pending)
 
     run(main)
