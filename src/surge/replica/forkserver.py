@@ -24,14 +24,18 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["PRELOAD", "main"]
+__all__ = ["PRELOAD", "PRELOAD_LATER", "main"]
 
-# Imported once here, shared copy-on-write by every replica, before it says it is ready
-# (an import after a fork would touch the pages it shares with its children, and they
-# would become each one's own). surge.serve too: the user's code, unpickled in the
-# replica, imports it.
+# Imported once here, shared copy-on-write by every replica, before it says it is ready.
+# surge.serve too: the user's code, unpickled in the replica, imports it.
 PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "starlette.responses",
-           "starlette.requests", "fastapi", "surge.weights.api")
+           "starlette.requests", "fastapi")
+# Imported after it said it is ready, one at a time while no fork is asked for, then
+# frozen too: what only some replicas use (weights.load: numpy, ~0.25 s of CPU), so the
+# first replica does not wait for it. A replica forked before shares a little less with
+# the template (the import writes to pages they shared: +1.8 MiB of its own, measured
+# with bench/memory.py) and imports numpy itself if it loads weights.
+PRELOAD_LATER = ("surge.weights.api",)
 
 
 def _send(out: int, message: dict[str, Any]) -> None:
@@ -97,13 +101,17 @@ def _reap(out: int, children: dict[int, str]) -> None:
             _send(out, {"exited": process_id, "code": os.waitstatus_to_exitcode(status)})
 
 
-def serve(inp: int, out: int) -> None:
+def serve(inp: int, out: int, later: tuple[str, ...] = ()) -> None:
     children: dict[int, str] = {}
     buffer = b""
+    pending = list(later)
     while True:
         ready, _, _ = select.select([inp], [], [], 0.05)
         _reap(out, children)
         if not ready:
+            if pending:
+                _preload(pending.pop(0))
+                gc.freeze()
             continue
         data = os.read(inp, 65536)
         if not data:  # the controller is gone: so are we (children get SIGTERM)
@@ -130,7 +138,7 @@ def main() -> None:
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     _send(out, {"ready": os.getpid()})
-    serve(0, out)
+    serve(0, out, PRELOAD_LATER)
 
 
 def _preload(module: str) -> None:
