@@ -18,7 +18,7 @@ serve.metrics go out the same way, `ray_<name>`, with their tag keys as labels
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import (
@@ -92,74 +92,59 @@ def _add(into: dict[tuple[str, ...], float], key: tuple[str, ...], value: float)
     into[key] = into.get(key, 0) + value
 
 
+# One proxy call class: (application, deployment, method, route, status code), its
+# latency histogram, whether it failed.
+_Calls = Iterable[tuple[tuple[str, str, str, str, str], Histogram, bool]]
+
+
 def _http(s: MetricsSnapshot) -> Iterator[Metric]:
+    yield from _proxy("http", "HTTP", (
+        ((app, dep, method, route, str(code)), histogram, code >= 400)
+        for (app, dep, route, method, code), histogram in s.http.items()), s)
+
+
+def _grpc(s: MetricsSnapshot) -> Iterator[Metric]:
+    """Ray's gRPC proxy metrics: `route` is the application, `method` the RPC's path."""
+    yield from _proxy("grpc", "gRPC", (
+        ((app, dep, method, app, code), histogram, code != "OK")
+        for (app, dep, method, code), histogram in s.grpc.items()), s)
+
+
+def _proxy(kind: str, title: str, calls: _Calls, s: MetricsSnapshot) -> Iterator[Metric]:
+    """Ray's proxy families of one protocol (`kind` in their names, `title` in their help)."""
     # Ray's proxy counts per application, not per deployment: add deployments up.
     requests: dict[tuple[str, ...], float] = {}
     errors: dict[tuple[str, ...], float] = {}
     deployment_errors: dict[tuple[str, ...], float] = {}
     latency: dict[tuple[str, ...], Histogram] = {}
-    for (app, dep, route, method, code), histogram in s.http.items():
-        key = (app, method, route, str(code))
+    for (app, dep, method, route, code), histogram, failed in calls:
+        key = (app, method, route, code)
         _add(requests, key, histogram.count)
         merged = latency.get(key)
         if merged is None:
             merged = latency[key] = Histogram()
         merged.merge(histogram)
-        if code >= 400:
-            _add(errors, (app, str(code), method, route), histogram.count)
-            _add(deployment_errors, (app, dep, str(code), method, route), histogram.count)
-    yield _counter("serve_num_http_requests", "The number of HTTP requests processed.",
+        if failed:
+            _add(errors, (app, code, method, route), histogram.count)
+            _add(deployment_errors, (app, dep, code, method, route), histogram.count)
+    yield _counter(f"serve_num_{kind}_requests", f"The number of {title} requests processed.",
                    ["application", "method", "route", "status_code"], requests)
-    yield _counter("serve_num_http_error_requests", "The number of errored HTTP responses.",
+    yield _counter(f"serve_num_{kind}_error_requests",
+                   f"The number of errored {title} responses.",
                    ["application", "error_code", "method", "route"], errors)
-    yield _counter("serve_num_deployment_http_error_requests", "The number of errored HTTP "
-                   "responses returned by each deployment.",
+    yield _counter(f"serve_num_deployment_{kind}_error_requests", f"The number of errored "
+                   f"{title} responses returned by each deployment.",
                    ["application", "deployment", "error_code", "method", "route"],
                    deployment_errors)
-    yield _latency("serve_http_request_latency_ms", "The end-to-end latency of HTTP "
-                   "requests (measured from the Serve HTTP proxy).",
+    yield _latency(f"serve_{kind}_request_latency_ms", f"The end-to-end latency of {title} "
+                   f"requests (measured from the Serve {title} proxy).",
                    ["application", "method", "route", "status_code"], latency)
     ongoing: dict[tuple[str, ...], float] = {}
     for proxy, gauges in s.proxies.items():
         node = s.proxy_nodes.get(proxy, ("", ""))
-        _add(ongoing, node, gauges.get("ongoing_http_requests", 0))
-    yield _gauge("serve_num_ongoing_http_requests", "The number of ongoing requests in this "
-                 "HTTP proxy.", ["node_id", "node_ip_address"], ongoing)
-
-
-def _grpc(s: MetricsSnapshot) -> Iterator[Metric]:
-    """Ray's gRPC proxy metrics: `route` is the application, `method` the RPC's path."""
-    requests: dict[tuple[str, ...], float] = {}
-    errors: dict[tuple[str, ...], float] = {}
-    deployment_errors: dict[tuple[str, ...], float] = {}
-    latency: dict[tuple[str, ...], Histogram] = {}
-    for (app, dep, method, code), histogram in s.grpc.items():
-        key = (app, method, app, code)
-        _add(requests, key, histogram.count)
-        merged = latency.get(key)
-        if merged is None:
-            merged = latency[key] = Histogram()
-        merged.merge(histogram)
-        if code != "OK":
-            _add(errors, (app, code, method, app), histogram.count)
-            _add(deployment_errors, (app, dep, code, method, app), histogram.count)
-    yield _counter("serve_num_grpc_requests", "The number of gRPC requests processed.",
-                   ["application", "method", "route", "status_code"], requests)
-    yield _counter("serve_num_grpc_error_requests", "The number of errored gRPC responses.",
-                   ["application", "error_code", "method", "route"], errors)
-    yield _counter("serve_num_deployment_grpc_error_requests", "The number of errored gRPC "
-                   "responses returned by each deployment.",
-                   ["application", "deployment", "error_code", "method", "route"],
-                   deployment_errors)
-    yield _latency("serve_grpc_request_latency_ms", "The end-to-end latency of gRPC "
-                   "requests (measured from the Serve gRPC proxy).",
-                   ["application", "method", "route", "status_code"], latency)
-    ongoing: dict[tuple[str, ...], float] = {}
-    for proxy, gauges in s.proxies.items():
-        node = s.proxy_nodes.get(proxy, ("", ""))
-        _add(ongoing, node, gauges.get("ongoing_grpc_requests", 0))
-    yield _gauge("serve_num_ongoing_grpc_requests", "The number of ongoing requests in this "
-                 "gRPC proxy.", ["node_id", "node_ip_address"], ongoing)
+        _add(ongoing, node, gauges.get(f"ongoing_{kind}_requests", 0))
+    yield _gauge(f"serve_num_ongoing_{kind}_requests", "The number of ongoing requests in "
+                 f"this {title} proxy.", ["node_id", "node_ip_address"], ongoing)
 
 
 def _replicas(s: MetricsSnapshot) -> Iterator[Metric]:
