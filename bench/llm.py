@@ -48,7 +48,7 @@ sys.path[:] = [str(ROOT / "src"), str(ROOT)] + [
 from bench.common import cpu_seconds, free_port, process_tree  # noqa: E402
 from bench.llm_client import Result, chat_body, run_users  # noqa: E402
 
-MODEL_DIR = Path.home() / ".cache" / "surge-bench" / "tiny-llama-v1"
+MODEL_DIR = Path.home() / ".cache" / "surge-bench" / "tiny-llama-v2"
 MAX_TOKENS = 64
 MAX_NUM_SEQS = 32
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256,

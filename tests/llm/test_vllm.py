@@ -24,10 +24,10 @@ from tests.llm.serving import START_TIMEOUT_S, Served, serve_script
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-MODEL_CACHE = Path.home() / ".cache" / "surge-tests" / "tiny-llama-v1"
+MODEL_CACHE = Path.home() / ".cache" / "surge-tests" / "tiny-llama-v2"  # v2: 4,096 positions
 # The module's instance starts within a test's time (pytest-timeout counts fixtures).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(START_TIMEOUT_S + 120)]
-ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256,
+ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 2048,
                  "max_num_seqs": 16, "kv_cache_memory_bytes": 128 * 1024 * 1024,
                  "enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
 
@@ -141,8 +141,8 @@ def test_errors(client: Any) -> None:
         client.chat.completions.create(model="tiny", messages=USER, top_p=2)
     assert bad.value.body["param"] == "top_p"
     with pytest.raises(openai.BadRequestError) as long:
-        client.chat.completions.create(model="tiny", messages=USER, max_tokens=1000)
-    assert "maximum context length is 256" in long.value.body["message"]
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=3000)
+    assert "maximum context length is 2048" in long.value.body["message"]
 
 
 def test_async_client_concurrent_streams(served: Served) -> None:
@@ -174,7 +174,10 @@ def test_disconnect_aborts_the_engine_request(client: Any, served: Served) -> No
         return dict(handle.record_routing_stats.remote().result(timeout_s=10))
 
     before = stats()["aborted"]
-    stream = client.chat.completions.create(model="tiny", messages=USER, max_tokens=230,
+    # 2,000 tokens take the engine ~18 s here: a client that a loaded machine leaves
+    # unscheduled for seconds (seen in CI: 230 tokens were all made before it read the
+    # first) still goes away mid-way.
+    stream = client.chat.completions.create(model="tiny", messages=USER, max_tokens=2000,
                                             stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()  # the client goes away after its first token

@@ -53,7 +53,7 @@ def make_tiny_llama(directory: str | Path, *, vocab_size: int = 512, seed: int =
     fast.save_pretrained(str(path))
     config = transformers.LlamaConfig(
         vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id, tie_word_embeddings=False, torch_dtype="float32")
     torch.manual_seed(seed)
