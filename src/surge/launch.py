@@ -30,6 +30,7 @@ from surge.config import HTTPOptions, gRPCOptions
 from surge.config.weights import WeightStoreOptions
 from surge.control_auth import user_dir
 from surge.errors import ConfigError, RayServeException
+from surge.model import LOCAL_NODE
 from surge.observability.config import DashboardOptions, LoggingConfig
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
     "start_process",
 ]
 
-LOCAL_NODE = "local"  # the node id of everything on the local backend
 # A process placed on a cluster with no controller for this long leaves: its driver is
 # gone for good (a restart takes ~1 s; the supervisor gives up after 5 in a minute).
 ORPHAN_TIMEOUT_S = 120.0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "LOCAL_NODE",
     "AccessTokens",
     "ApplicationStatus",
     "ApplicationStatusOverview",
@@ -26,6 +27,8 @@ __all__ = [
     "RouteTarget",
     "ServeStatus",
 ]
+
+LOCAL_NODE = "local"  # the node id of everything on the local backend
 
 
 @dataclass(frozen=True, order=True)

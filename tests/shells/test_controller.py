@@ -652,10 +652,11 @@ def test_without_surge_room_a_rolling_update_stops_an_old_replica_first() -> Non
         await h.tick()
         for replica_id in ("Model-1", "Model-2"):
             await h.ready(replica_id)
-        await h.deploy(app(config, code=b"v2"))
-        await h.tick()
+        await h.deploy(app(config, code=b"v2"))  # planned at once, not at the next tick
         assert h.states() == {"Model-1": "DRAINING", "Model-2": "RUNNING"}
         assert h.backend.started() == ["Model-1", "Model-2"]  # no room: nothing starts yet
+        await h.tick()  # the draining one left the live set (policy/reconcile.py): room
+        assert h.backend.started()[2:] == ["Model-3"]
         h.backend.exit("Model-1")
         await h.tick()
         assert h.backend.started()[2:] == ["Model-3"]  # one at a time (50% of 2)
@@ -718,8 +719,6 @@ def test_delete_during_a_rolling_update_drains_old_and_new_alike() -> None:
 def test_an_action_that_fails_does_not_cost_the_others(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         h = Harness()
-        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
-        await h.deploy(app(DeploymentConfig(name="Other"), name="other", route_prefix="/o"))
         broken = h.backend.start_replica
 
         def start(launch: Any) -> int:
@@ -728,8 +727,10 @@ def test_an_action_that_fails_does_not_cost_the_others(caplog: pytest.LogCapture
             return broken(launch)
 
         h.backend.start_replica = start  # type: ignore[method-assign]
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+        await h.deploy(app(DeploymentConfig(name="Other"), name="other", route_prefix="/o"))
         await h.tick()
-        assert h.backend.started() == ["Other-2"]  # Model-1 failed to start; Other did
+        assert h.backend.started() == ["Other-3"]  # Model-1 and -2 failed to start; Other did
         assert "the disk is full" in caplog.text
 
     run(main)

@@ -19,11 +19,11 @@ import os
 import queue
 import select
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from surge.backends.early_fork import spawn, take_early
 from surge.clock import SYSTEM
 
 __all__ = ["ForkEvents", "ForkServer", "ForkServerError"]
@@ -53,9 +53,7 @@ class ForkEvents:
 
 class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "surge.replica.forkserver", str(os.getpid())], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self.process = take_early(env) or spawn(env)
         assert self.process.stdout is not None and self.process.stdin is not None
         self._out = self.process.stdout.fileno()
         self._in = self.process.stdin.fileno()

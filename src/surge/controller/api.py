@@ -118,6 +118,7 @@ class ControlApi:
         await self.recovery.done.wait()
         self.deploy(app)
         self.recovery.deployed(self.state, app)
+        self.replan()  # its replicas start now, not at the next tick
         await self.notify()
 
     def deploy(self, app: AppSpec) -> None:
@@ -161,6 +162,7 @@ class ControlApi:
             return False
         self.recovery.deleted(self.state, name)  # a restart during the drain must not revive it
         self.publisher.push_routes()
+        self.replan()  # its replicas drain now, not at the next tick
         return await self._wait(lambda: name not in self.state.apps, timeout_s)
 
     async def rpc_status(self, peer: Peer) -> ServeStatus:

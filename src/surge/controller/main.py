@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import ipaddress
 import json
 import os
@@ -153,10 +154,13 @@ async def _start_proxies(controller: Controller, spec: ControllerProcessSpec,
     return 0
 
 
-def main(backend_factory: BackendFactory = spec_backend) -> int:
+def main(backend_factory: BackendFactory = spec_backend, spec_line: bytes | None = None
+         ) -> int:
+    """The controller process; `spec_line`: its spec's line, if its caller read it."""
     set_title("surge:controller")
     try:
-        spec = read_spec(ControllerProcessSpec)
+        spec = read_spec(ControllerProcessSpec,
+                         None if spec_line is None else io.BytesIO(spec_line))
     except ConfigError as exc:
         announce(f"{ERROR} {exc}")
         return 2

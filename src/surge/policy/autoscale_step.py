@@ -26,6 +26,7 @@ from surge.policy.autoscaling import (
     PolicyState,
     ScalingInputs,
 )
+from surge.policy.cadence import TICK_S, URGENT_DECISION_INTERVAL_S, URGENT_REPORT_DELAY_S
 from surge.policy.engine_load import EngineLoad, engine_demand
 from surge.policy.resolve import Policy
 from surge.policy.schedule import floors_at, with_floors
@@ -40,12 +41,6 @@ __all__ = [
     "urgent_decision_due",
 ]
 
-# The control loop's tick, and the length of one load sample.
-TICK_S = 0.1
-# A router whose queue starts to grow reports after this (the burst's first few ms).
-URGENT_REPORT_DELAY_S = 0.005
-# At most one out-of-tick decision per deployment in this interval.
-URGENT_DECISION_INTERVAL_S = 0.02
 
 @dataclass(frozen=True)
 class StepInputs:

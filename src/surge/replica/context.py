@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import RayServeException
-from surge.launch import LOCAL_NODE
+from surge.model import LOCAL_NODE
 
 __all__ = ["ReplicaContext", "ReplicaID", "RequestContext", "get_replica_context",
            "get_request_context", "request_context_var", "set_replica_context"]

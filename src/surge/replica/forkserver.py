@@ -27,14 +27,17 @@ from typing import Any
 __all__ = ["PRELOAD", "PRELOAD_LATER", "main"]
 
 # Imported once here, shared copy-on-write by every replica, before it says it is ready.
-# surge.serve too: the user's code, unpickled in the replica, imports it.
-PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "starlette.responses",
-           "starlette.requests", "fastapi")
+# surge.serve too (and the batch decorator it loads on first use): the user's code,
+# unpickled in the replica, imports it.
+PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "surge.replica.batching",
+           "starlette.responses", "starlette.requests", "fastapi")
 # Imported after it said it is ready, one at a time while no fork is asked for, then
 # frozen too: what only some replicas use (weights.load: numpy, ~0.25 s of CPU), so the
 # first replica does not wait for it. A replica forked before shares a little less with
 # the template (the import writes to pages they shared: +1.8 MiB of its own, measured
-# with bench/memory.py) and imports numpy itself if it loads weights.
+# with bench/memory.py) and imports numpy itself if it loads weights. Only what imports
+# quickly belongs here: a fork asked for during the import waits for its end (fastapi,
+# ~0.4 s, was tried here: the first replica came 0.3 s sooner, the second 0.4 s later).
 PRELOAD_LATER = ("surge.weights.api",)
 
 

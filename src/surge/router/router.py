@@ -51,8 +51,7 @@ from collections.abc import Callable
 from surge.clock import SYSTEM, Clock
 from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError, DeploymentUnavailableError
-from surge.launch import LOCAL_NODE
-from surge.model import DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
+from surge.model import LOCAL_NODE, DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica

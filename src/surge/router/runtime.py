@@ -18,10 +18,9 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
-from surge.launch import LOCAL_NODE
-from surge.model import DeploymentId, ReplicaSet, RouteTable
+from surge.model import LOCAL_NODE, DeploymentId, ReplicaSet, RouteTable
 from surge.observability.recorder import TelemetryReport
-from surge.policy.autoscale_step import TICK_S, URGENT_REPORT_DELAY_S
+from surge.policy.cadence import TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
 from surge.transport.rpc import HANDSHAKE_TIMEOUT_S, RpcPeer, connect_rpc
 

@@ -1,8 +1,11 @@
 """`from surge import serve`: Ray Serve's API, spelled as Ray spells it.
 
 This package only re-exports; the implementations live in surge.api, surge.router,
-surge.replica and surge.config.
+surge.replica and surge.config. `batch`, the multiplexing pair and `metrics` load on
+first use (PEP 562): a driver that uses none of them does not import them.
 """
+
+from typing import TYPE_CHECKING
 
 from surge.api.control import (
     delete,
@@ -14,13 +17,17 @@ from surge.api.control import (
     status,
 )
 from surge.api.deployment import Application, Deployment, deployment
+from surge.api.lazy_serve import serve_attribute as __getattr__  # noqa: F401 (PEP 562)
 from surge.config import AutoscalingConfig, HTTPOptions
-from surge.replica.batching import batch
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
-from surge.replica.multiplex import get_multiplexed_model_id, multiplexed
 from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
-from surge.serve import config, context, exceptions, handle, metrics, schema
+from surge.serve import config, context, exceptions, handle, schema
+
+if TYPE_CHECKING:
+    from surge.replica.batching import batch
+    from surge.replica.multiplex import get_multiplexed_model_id, multiplexed
+    from surge.serve import metrics
 
 __all__ = [
     "Application",
@@ -50,3 +57,4 @@ __all__ = [
     "start",
     "status",
 ]
+
