@@ -19,7 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
-from surge.api.supervisor import START_TIMEOUT_S, StartOptions, Supervisor, user_sys_path
+from surge.api.start_options import StartOptions, user_sys_path
+from surge.api.supervisor import START_TIMEOUT_S, Supervisor
 from surge.backends.choice import BackendChoice
 from surge.control_auth import user_dir
 from surge.errors import RayServeException

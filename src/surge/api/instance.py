@@ -20,13 +20,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from surge.api.supervisor import StartOptions, Supervisor, user_sys_path
+from surge.api.start_options import StartOptions, user_sys_path
 from surge.clock import SYSTEM
 from surge.config import DEFAULT_CONTROL_PORT
 from surge.errors import ControllerUnavailableError
 from surge.router.runtime import BackgroundLoop, RouterRuntime, set_runtime, set_runtime_factory
+
+if TYPE_CHECKING:
+    from surge.api.supervisor import Supervisor
 
 __all__ = ["Instance", "StartOptions", "connect_or_start", "control_address", "current",
            "disconnect", "user_sys_path"]
@@ -111,6 +114,8 @@ def connect_or_start(options: StartOptions | None = None, *, start: bool = True,
                          ready["log"])
                 _install_exit_hooks()
                 return _instance
+            from surge.api.supervisor import Supervisor  # only a process that starts one
+
             supervisor: Supervisor | None = None
             try:
                 supervisor = Supervisor(address, options)

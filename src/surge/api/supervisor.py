@@ -22,20 +22,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
-from surge.backends.choice import BackendChoice
+from surge.api.start_options import StartOptions, user_sys_path
 from surge.clock import SYSTEM
-from surge.config import HTTPOptions, gRPCOptions
-from surge.config.weights import WeightStoreOptions
 from surge.control_auth import TOKEN_ENV, new_token, publish, user_dir, withdraw
 from surge.controller.checkpoint import Checkpoint
 from surge.errors import RayServeException
 from surge.launch import ControllerProcessSpec, Lifetime, await_ready, encode, start_process
-from surge.observability.config import DashboardOptions, LoggingConfig
 
-__all__ = ["StartOptions", "Supervisor", "user_sys_path"]
+__all__ = ["START_TIMEOUT_S", "Supervisor"]
 
 log = logging.getLogger("surge")
 
@@ -45,18 +41,6 @@ RESTART_TIMEOUT_S = 20.0
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 RESTART_BACKOFF_S = 0.5
-
-
-@dataclass(frozen=True)
-class StartOptions:
-    """How a new instance is started (serve.start's arguments, the YAML config's)."""
-
-    http: HTTPOptions = field(default_factory=HTTPOptions)
-    grpc: gRPCOptions = field(default_factory=gRPCOptions)
-    backend: BackendChoice = field(default_factory=BackendChoice)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    dashboard: DashboardOptions = field(default_factory=DashboardOptions.from_env)
-    weights: WeightStoreOptions = field(default_factory=WeightStoreOptions)
 
 
 class Supervisor:
@@ -159,15 +143,3 @@ class Supervisor:
                 log.warning("stopping pid %d, left running by a controller that died", pid)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
-
-
-def user_sys_path() -> tuple[str, ...]:
-    """Where the user's modules live, so replicas can import them by reference."""
-    main = sys.modules.get("__main__")
-    entries = [os.getcwd()]
-    main_file = getattr(main, "__file__", None)
-    if main_file:
-        entries.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    entries += [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
-                and not p.startswith(sys.base_prefix)]
-    return tuple(dict.fromkeys(entries))

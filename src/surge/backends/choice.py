@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from surge.backends.base import Backend
-from surge.config.weights import WeightStoreOptions
 from surge.errors import ConfigError
-from surge.launch import Membership
+
+if TYPE_CHECKING:
+    from surge.backends.base import Backend
+    from surge.config.weights import WeightStoreOptions
+    from surge.launch import Membership
 
 __all__ = ["BACKENDS", "BackendChoice", "build_backend", "caller_ray_address"]
 

@@ -13,16 +13,18 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.clock import SYSTEM, Clock
 from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, ReplicaSet, RouteTable
-from surge.observability.recorder import TelemetryReport
 from surge.policy.cadence import TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
 from surge.transport.rpc import HANDSHAKE_TIMEOUT_S, RpcPeer, connect_rpc
+
+if TYPE_CHECKING:
+    from surge.observability.recorder import TelemetryReport
 
 __all__ = [
     "BackgroundLoop",
@@ -61,6 +63,10 @@ def telemetry_quiet(report: Any, sent: tuple[float, TelemetryReport] | None,
     """An idle report that repeats the last one `sent` (at, report) in all but time,
     within TELEMETRY_KEEPALIVE_S of it: skipped (it carries no counts, and its gauges
     and models are the ones sent, so nothing is lost)."""
+    # Imported here: only replicas and proxies report telemetry (they import it anyway);
+    # a driver's routers do not, and need not import the recorder.
+    from surge.observability.recorder import TelemetryReport
+
     if not isinstance(report, TelemetryReport) or sent is None:
         return False
     at, last = sent
