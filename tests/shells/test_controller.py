@@ -687,6 +687,27 @@ def test_shutdown_stops_the_proxies_first_then_drains_every_replica() -> None:
     run(main)
 
 
+def test_a_delete_during_shutdown_starts_no_replacements() -> None:
+    async def main() -> None:
+        h = Harness()  # replicas do not exit on their own: the shutdown stays draining
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
+        await h.deploy(app(DeploymentConfig(name="Other"), name="other", route_prefix="/o"))
+        for replica_id in h.backend.started():
+            await h.ready(replica_id)
+        shutdown = asyncio.ensure_future(h.controller.shutdown())
+        await turn()
+        assert set(h.states().values()) == {"DRAINING"}
+        before = h.backend.started()
+        await h.api.rpc_delete(FakePeer("driver"), name="other", timeout_s=0.0)
+        await turn()
+        assert h.backend.started() == before  # the plan does not replace the draining
+        for replica_id in before:
+            h.backend.exit(replica_id)
+        await shutdown
+
+    run(main)
+
+
 def test_delete_during_a_rolling_update_drains_old_and_new_alike() -> None:
     async def main() -> None:
         h = Harness()

@@ -9,7 +9,7 @@ import importlib
 import sys
 from typing import Any
 
-__all__ = ["serve_attribute"]
+__all__ = ["serve_attribute", "serve_names"]
 
 _LAZY = {"batch": "surge.replica.batching", "multiplexed": "surge.replica.multiplex",
          "get_multiplexed_model_id": "surge.replica.multiplex"}
@@ -25,3 +25,8 @@ def serve_attribute(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     setattr(sys.modules["surge.serve"], name, value)  # later lookups are plain reads
     return value
+
+
+def serve_names() -> list[str]:
+    """`surge.serve.__dir__`: what it holds, and what it loads on first use."""
+    return sorted({*vars(sys.modules["surge.serve"]), *_LAZY, "metrics"})

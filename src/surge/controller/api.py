@@ -116,9 +116,11 @@ class ControlApi:
         if self.state.stopping:
             raise ConfigError("the instance is shutting down")
         await self.recovery.done.wait()
+        if self.state.stopping:  # a shutdown began while recovery held this deploy
+            raise ConfigError("the instance is shutting down")
         self.deploy(app)
         self.recovery.deployed(self.state, app)
-        self.replan()  # its replicas start now, not at the next tick
+        self._replan_now()  # its replicas start now, not at the next tick
         await self.notify()
 
     def deploy(self, app: AppSpec) -> None:
@@ -138,6 +140,14 @@ class ControlApi:
         self.publisher.push_routes()
         for did in self.state.apps[app.name].ids():
             self.publisher.replica_set(did, force=True)
+
+    def _replan_now(self) -> None:
+        """The plan, now: the desired state changed and was accepted; a backend that fails
+        here is logged (the next tick plans again), not the caller's error."""
+        try:
+            self.replan()
+        except Exception:
+            log.exception("cannot act on the plan now; the next tick will")
 
     async def rpc_build_failed(self, peer: Peer, name: str, message: str,
                                source_config: dict[str, Any], route_prefix: str | None) -> None:
@@ -162,7 +172,7 @@ class ControlApi:
             return False
         self.recovery.deleted(self.state, name)  # a restart during the drain must not revive it
         self.publisher.push_routes()
-        self.replan()  # its replicas drain now, not at the next tick
+        self._replan_now()  # its replicas drain now, not at the next tick
         return await self._wait(lambda: name not in self.state.apps, timeout_s)
 
     async def rpc_status(self, peer: Peer) -> ServeStatus:

@@ -149,8 +149,11 @@ class Controller:
         self.replan()
 
     def replan(self) -> None:
-        """Take the backend's news and act on the plan now, without waiting for a tick."""
-        if self.recovery.active:
+        """Take the backend's news and act on the plan now, without waiting for a tick.
+
+        Not while recovering (recovery.due decides then) nor once stopping: shutdown
+        drains what runs, and a plan then would start replacements for the draining."""
+        if self.recovery.active or self.state.stopping:
             return
         self.executor.apply(absorb_exits(self.state, self.backend.poll_exits()))
         self._plan(self.clock.monotonic())

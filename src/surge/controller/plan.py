@@ -53,6 +53,7 @@ from surge.controller.state import (
 )
 from surge.model import DeploymentId
 from surge.policy import reconcile as policy
+from surge.policy.cadence import TICK_S  # the plan runs once per tick
 from surge.policy.lifecycle import ReplicaState
 from surge.policy.placement import proxy_nodes, proxy_port
 
@@ -80,7 +81,6 @@ NODE_PROXY_PREFIX = "proxy-node-"
 # half a period instead of hitting the controller in one tick.
 HEALTH_CHECKS_PER_TICK_MIN = 16
 HEALTH_BUDGET_FACTOR = 2.0
-TICK_S = 0.1  # policy.autoscale_step.TICK_S: the plan runs once per tick
 # Replicas started and not yet in (connected, proved, asked for their spec) at once. A
 # herd larger than this starts in waves: its control connections wait in the
 # controller's handshake queue (transport/gate.py) for less than a member's patience,

@@ -18,6 +18,7 @@ from surge.api.control import (
 )
 from surge.api.deployment import Application, Deployment, deployment
 from surge.api.lazy_serve import serve_attribute as __getattr__  # noqa: F401 (PEP 562)
+from surge.api.lazy_serve import serve_names as __dir__  # noqa: F401
 from surge.config import AutoscalingConfig, HTTPOptions
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
