@@ -23,7 +23,8 @@ _early: tuple[dict[str, str], subprocess.Popen[bytes]] | None = None
 
 
 def forkserver_env() -> dict[str, str]:
-    """The fork server's environment: this process's, without the control token."""
+    """This process's environment without the control token (a member's spec carries it):
+    the fork server's, and what the local backend gives every process it starts."""
     return {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
 
 

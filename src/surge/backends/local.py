@@ -33,9 +33,9 @@ from surge.backends.base import (
     ProxyLaunch,
     ReplicaLaunch,
 )
+from surge.backends.early_fork import forkserver_env
 from surge.backends.forking import ForkServer
 from surge.config.weights import WeightStoreOptions
-from surge.control_auth import TOKEN_ENV
 from surge.launch import Lifetime, Membership, Unix, encode, start_process
 from surge.process import open_pidfd, pid_gone
 from surge.weights.node import NodeStore
@@ -144,7 +144,7 @@ class LocalBackend:
         return f"<LocalBackend processes={len(self.processes)} gpus_free={self.gpus.free}>"
 
     def _env(self, extra: dict[str, str], sys_path: tuple[str, ...]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # the spec carries it
+        env = forkserver_env()  # without the control token: the spec carries it
         paths = [p for p in (*sys_path, env.get("PYTHONPATH", "")) if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

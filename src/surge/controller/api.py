@@ -142,7 +142,7 @@ class ControlApi:
             self.publisher.replica_set(did, force=True)
 
     def _replan_now(self) -> None:
-        """The plan, now: the desired state changed and was accepted; a backend that fails
+        """The plan, now (the caller's news must not wait a tick); a backend that fails
         here is logged (the next tick plans again), not the caller's error."""
         try:
             self.replan()
@@ -251,7 +251,7 @@ class ControlApi:
         self.executor.apply([ProxyReady(proxy_id, pid, address,
                                         peer.info.get("node_id", LOCAL_NODE))])
         self.proxy_ready.set()
-        self.replan()  # the other workers join the port it bound
+        self._replan_now()  # the other workers join the port it bound
 
     async def rpc_proxy_failed(self, peer: Peer, error: str) -> None:
         """A proxy cannot serve. Before any serves, the instance cannot start (main says
