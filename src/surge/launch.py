@@ -258,10 +258,15 @@ def start_process(argv: Sequence[str], spec: bytes, env: Mapping[str, str],
     """
     process = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE, bufsize=0,
                                close_fds=True, **options)
+    hand_spec(process, spec)
+    return process
+
+
+def hand_spec(process: subprocess.Popen[bytes], spec: bytes) -> None:
+    """Write a started process's spec on its (unbuffered) stdin and close it."""
     assert process.stdin is not None
     with contextlib.suppress(BrokenPipeError), process.stdin:
         process.stdin.write(spec)  # a few hundred bytes, below any pipe's buffer
-    return process
 
 
 def await_ready(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.backends.early_fork import spawn, take_early
+from surge.backends.early import FORKSERVER, spawn_forkserver, take_early
 from surge.clock import SYSTEM
 
 __all__ = ["ForkEvents", "ForkServer", "ForkServerError"]
@@ -53,7 +53,7 @@ class ForkEvents:
 
 class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = take_early(env) or spawn(env)
+        self.process = take_early(FORKSERVER, env) or spawn_forkserver(env)
         assert self.process.stdout is not None and self.process.stdin is not None
         self._out = self.process.stdout.fileno()
         self._in = self.process.stdin.fileno()

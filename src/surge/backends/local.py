@@ -33,10 +33,10 @@ from surge.backends.base import (
     ProxyLaunch,
     ReplicaLaunch,
 )
-from surge.backends.early_fork import forkserver_env
+from surge.backends.early import PROXY, forkserver_env, take_early
 from surge.backends.forking import ForkServer
 from surge.config.weights import WeightStoreOptions
-from surge.launch import Lifetime, Membership, Unix, encode, start_process
+from surge.launch import Lifetime, Membership, Unix, encode, hand_spec, start_process
 from surge.process import open_pidfd, pid_gone
 from surge.weights.node import NodeStore
 
@@ -169,13 +169,20 @@ class LocalBackend:
 
     def start_proxy(self, launch: ProxyLaunch) -> int:
         spec = encode(self.membership.proxy(launch.proxy_id, launch.port, self.lifetime))
-        return self._spawn(launch.proxy_id, "surge.proxy", spec, self._env({}, ()))
+        env = self._env({}, ())
+        early = take_early(PROXY, env)  # imported already, beside the controller
+        if early is None:
+            return self._spawn(launch.proxy_id, "surge.proxy", spec, env)
+        hand_spec(early, spec)
+        return self._track(launch.proxy_id, early)
 
     def _spawn(self, process_id: str, module: str, spec: bytes, env: dict[str, str]) -> int:
+        return self._track(process_id, start_process([sys.executable, "-m", module], spec, env))
+
+    def _track(self, process_id: str, process: subprocess.Popen[bytes]) -> int:
         previous = self.processes.get(process_id)
         if previous is not None and previous.poll() is not None:  # its exit, still unseen
             self._exits.append(Exit(process_id, previous.returncode))
-        process = start_process([sys.executable, "-m", module], spec, env)
         self.processes[process_id] = process
         return process.pid
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 from surge.clock import SYSTEM, Clock
 from surge.errors import ConfigError
-from surge.launch import ProxyProcessSpec, read_spec
+from surge.launch import MAX_SPEC_BYTES, ProxyProcessSpec, read_spec
 from surge.model import DeploymentId, ProxySpec, RouteTarget
 from surge.observability.config import LoggingConfig
 from surge.observability.logs import AccessLog, configure_logging
@@ -231,10 +232,13 @@ def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def main() -> int:
+def main(quiet_without_spec: bool = False) -> int:
     set_title("surge:proxy")
+    line = sys.stdin.buffer.readline(MAX_SPEC_BYTES)
+    if quiet_without_spec and not line.strip():
+        return 0
     try:
-        launch = read_spec(ProxyProcessSpec)
+        launch = read_spec(ProxyProcessSpec, io.BytesIO(line))
     except ConfigError as exc:
         print(f"surge:proxy: {exc}", file=sys.stderr)
         return 2

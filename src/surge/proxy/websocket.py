@@ -11,15 +11,14 @@ message, a `WsClose` when it closed (or broke a rule: a message over `max_messag
 ends with 1009, a protocol error with wsproto's 1002/1007), and leaves in `out` the
 bytes owed to the client (pongs, the close reply). `last_active` is when anything last
 moved either way: the idle limit reads it.
+
+wsproto (and h11 under it) is imported with the first WebSocket, not with the proxy:
+they are 40 ms of every proxy's start otherwise.
 """
 
 from __future__ import annotations
 
 import struct
-
-from wsproto.connection import Connection, ConnectionType
-from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
-from wsproto.utilities import generate_accept_token
 
 from surge.transport.messages import WsClose, WsData
 
@@ -52,6 +51,8 @@ def is_websocket_upgrade(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 def accept_head(key: bytes, subprotocol: str | None, headers: list[tuple[bytes, bytes]],
                 request_id: bytes) -> bytes:
     """The 101 that completes the handshake, with the app's extra headers."""
+    from wsproto.utilities import generate_accept_token
+
     lines = [b"HTTP/1.1 101 Switching Protocols", b"upgrade: websocket",
              b"connection: Upgrade", b"sec-websocket-accept: " + generate_accept_token(key),
              b"x-request-id: " + request_id]
@@ -88,6 +89,8 @@ class WsSession:
         self.key = key
         self.max_message = max_message
         self.last_active = now
+        from wsproto.connection import Connection, ConnectionType
+
         self._parser = Connection(ConnectionType.SERVER)
         self._parts: list[bytes] = []  # the message being received, fragment by fragment
         self._size = 0
@@ -101,6 +104,8 @@ class WsSession:
     def receive(self, data: bytes, now: float) -> list[WsData | WsClose]:
         if self.closed:
             return []
+        from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
+
         self.last_active = now
         parser = self._parser
         parser.receive_data(data)

@@ -39,6 +39,10 @@ PRELOAD = ("surge.serve", "surge.replica.main", "surge.launch", "surge.replica.b
 # quickly belongs here: a fork asked for during the import waits for its end (fastapi,
 # ~0.4 s, was tried here: the first replica came 0.3 s sooner, the second 0.4 s later).
 PRELOAD_LATER = ("surge.weights.api",)
+POLL_S = 0.05
+# ... and only after a second without a fork asked for: replicas come in bursts (a
+# deploy, a scale-up), and one asked for during the import waits for its end.
+LATER_AFTER_QUIET_POLLS = 20
 
 
 def _send(out: int, message: dict[str, Any]) -> None:
@@ -108,14 +112,17 @@ def serve(inp: int, out: int, later: tuple[str, ...] = ()) -> None:
     children: dict[int, str] = {}
     buffer = b""
     pending = list(later)
+    quiet = 0  # polls in a row without a request
     while True:
-        ready, _, _ = select.select([inp], [], [], 0.05)
+        ready, _, _ = select.select([inp], [], [], POLL_S)
         _reap(out, children)
         if not ready:
-            if pending:
+            quiet += 1
+            if pending and quiet >= LATER_AFTER_QUIET_POLLS:
                 _preload(pending.pop(0))
                 gc.freeze()
             continue
+        quiet = 0
         data = os.read(inp, 65536)
         if not data:  # the controller is gone: so are we (children get SIGTERM)
             return
