@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -13,6 +14,9 @@ from bench.scale.cluster import STEP_LOAD, Cluster, app_spec
 from bench.scale.procs import percentile
 
 __all__ = ["herd", "one_change", "pushes", "step", "until", "window"]
+
+
+HERD_PROGRESS_S = 10.0
 
 
 async def until(check: Any, timeout_s: float, poll_s: float = 0.05) -> bool:
@@ -42,8 +46,18 @@ async def herd(cluster: Cluster, timeout_s: float) -> dict[str, float]:
     started = time.monotonic()
     await cluster.call("deploy", app=app_spec(cluster.replicas))
 
+    said = [started]
+
     async def everyone() -> bool:
         connected, smallest, holding = await cluster.router_status()
+        if time.monotonic() - said[0] >= HERD_PROGRESS_S:  # a long herd says how it goes
+            said[0] = time.monotonic()
+            pushes = await cluster.routers_ask({"cmd": "pushes"}, "pushes")
+            count = sum(p["result"].get(t, [0])[0] for p in pushes
+                        for t in ("replica_set", "replica_set_delta"))
+            print(f"  herd at {said[0] - started:.0f} s: {connected} routers connected, "
+                  f"{holding} holding a set, the smallest {smallest} of {cluster.replicas}; "
+                  f"{count:,} replica-set pushes received", file=sys.stderr, flush=True)
         return (connected, holding, smallest) == (cluster.routers, cluster.routers,
                                                    cluster.replicas)
 

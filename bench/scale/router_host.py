@@ -5,11 +5,11 @@
 A fake router does what a proxy's router runtime (surge/router/runtime.py) does on the
 control path: it connects and proves the token, says hello as a proxy, watches the
 ingress deployment of every route the controller pushes, keeps the replica sets it is
-pushed, pushes a load report every 0.1 s when its counters changed (`load`), and one
-within 5 ms when its queue starts to grow (`load_urgent`), and its telemetry every
-second (a proxy's Recorder report, with the requests it "served"; idle, only every
-TELEMETRY_KEEPALIVE_S, as the runtime does). It opens no link
-to any replica.
+pushed, pushes a load report every 0.1 s (or the `load_interval` the controller pushes)
+when its counters changed (`load`), and one within 5 ms when its queue starts to grow
+(`load_urgent`), and its telemetry every second (a proxy's Recorder report, with the
+requests it "served"; idle, only every TELEMETRY_KEEPALIVE_S, as the runtime does). It
+opens no link to any replica.
 
 What it measures: the size of every push it gets (the frame's payload), and per
 replica id the first time it was in a router's set and the time it left it (kept per
@@ -48,13 +48,34 @@ LOAD_REPORT_INTERVAL_S = 0.1
 URGENT_REPORT_DELAY_S = 0.005
 
 
+# Replica-set pushes decoded once per host: the controller pickles one payload for all
+# of a deployment's watchers (transport.rpc.broadcast), so this host's routers get the
+# same bytes; a real router decodes its own, on its own machine. Without this, the
+# routers' unpickling on these 2 cores, not the controller, paced the 10,000 x 1,000 herd.
+_SHARED_TOPICS = ("replica_set", "replica_set_delta")
+_DECODED_KEPT = 8
+
+
 class MeasuringPeer(RpcPeer):
     """An RpcPeer that notes the size of each push before handling it."""
+
+    decoded: dict[bytes, Any] = {}  # payload -> value, the last few (one host, one loop)
 
     def message_received(self, message: Message) -> None:
         if isinstance(message, Push) and isinstance(self.handler, FakeRouter):
             self.handler.host.note_push(message.topic, len(message.payload))
         super().message_received(message)
+
+    def _value(self, message: Push) -> Any:
+        if message.topic not in _SHARED_TOPICS:
+            return super()._value(message)
+        decoded = MeasuringPeer.decoded
+        value = decoded.get(message.payload)
+        if value is None:
+            value = decoded[message.payload] = super()._value(message)
+            if len(decoded) > _DECODED_KEPT:
+                del decoded[next(iter(decoded))]
+        return value
 
 
 class Load:
@@ -71,6 +92,7 @@ class FakeRouter:
         self.ids: dict[DeploymentId, set[str]] = {}
         self.generation: dict[DeploymentId, int] = {}
         self.resyncs = 0
+        self.report_interval_s = LOAD_REPORT_INTERVAL_S  # or what the controller says
         self.load = Load()
         self.counts = [0, 0, 0]  # arrived, completed, rejected
         self.owed = 0.0
@@ -97,7 +119,7 @@ class FakeRouter:
 
     def report(self, topic: str = "load") -> None:
         if topic == "load":
-            self.host.loop.call_later(LOAD_REPORT_INTERVAL_S, self.report)
+            self.host.loop.call_later(self.report_interval_s, self.report)
         else:
             self.urgent = None
         self._advance()
@@ -157,7 +179,9 @@ class FakeRouter:
         raise ValueError(f"a router has no RPC method {method!r}")
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
-        if topic == "routes":
+        if topic == "load_interval":  # as the runtime: many routers report less often
+            self.report_interval_s = float(value)
+        elif topic == "routes":
             assert isinstance(value, RouteTable)
             for target in value.targets:
                 deployment = DeploymentId(target.app, target.deployment)

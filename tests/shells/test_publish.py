@@ -7,11 +7,11 @@ from collections.abc import Callable
 from surge.backends.base import LOCAL_PLACEMENT
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, HTTPOptions
 from surge.controller import desired
-from surge.controller.publish import DELTAS, Publisher
+from surge.controller.publish import DELTAS, PUSH_GAP_MAX_S, Publisher, push_gap
 from surge.controller.state import ControllerState, ReplicaRecord
 from surge.model import DeploymentId, ReplicaInfo, ReplicaSet, ReplicaSetDelta
 from surge.policy.lifecycle import ReplicaState
-from surge.testing import FakePeer
+from surge.testing import FakeClock, FakePeer
 
 DID = DeploymentId("app", "Model")
 
@@ -23,7 +23,7 @@ def setup() -> tuple[ControllerState, Publisher, list[Callable[[], None]]]:
     desired.deploy(state, AppSpec(name="app", route_prefix="/", ingress="Model",
                                   deployments=(spec,)), wall=0.0)
     flushes: list[Callable[[], None]] = []
-    return state, Publisher(state, schedule=flushes.append), flushes
+    return state, Publisher(state, schedule=lambda _, due: flushes.append(due)), flushes
 
 
 def ready(state: ControllerState, replica_id: str) -> None:
@@ -95,3 +95,65 @@ def test_nothing_is_pushed_while_paused_and_everything_after() -> None:
     publisher.replica_sets(force=True)
     flush(flushes)
     assert [r.replica_id for r in router.pushed("replica_set")[0].replicas] == ["a"]
+
+
+class SlowPeer(FakePeer):
+    """A watcher whose push takes `cost` seconds of the controller's (fake) time."""
+
+    def __init__(self, clock: FakeClock, cost: float) -> None:
+        super().__init__("proxy")
+        self.clock, self.cost = clock, cost
+
+    def push(self, topic: str, value: object) -> None:
+        self.clock.advance(self.cost)
+        super().push(topic, value)
+
+
+def test_flushes_are_paced_by_what_the_last_one_cost() -> None:
+    """A flush that took 30 ms: the next waits 60 ms, and a change meanwhile is pushed
+    then, with the others that came in between; a cheap flush goes at once."""
+    state, _, _ = setup()
+    clock = FakeClock()
+    asked: list[tuple[float, Callable[[], None]]] = []
+    publisher = Publisher(state, schedule=lambda delay, due: asked.append((delay, due)),
+                          clock=clock)
+    router = SlowPeer(clock, 0.030)
+    publisher.watch(router, DID)
+    ready(state, "a")
+    publisher.replica_set(DID)
+    delay, due = asked.pop()
+    assert delay == 0.0
+    due()
+    assert len(router.pushed("replica_set")) == 1
+    for name in ("b", "c"):
+        ready(state, name)
+        publisher.replica_set(DID)
+    assert [round(d, 6) for d, _ in asked] == [0.06]  # one flush asked for, 2 x 30 ms on
+    publisher.flush()  # the control loop's own flush at the end of a tick: too soon
+    assert len(router.pushed("replica_set")) == 1 and len(asked) == 1
+    clock.advance(0.06)
+    asked.pop()[1]()
+    sets: list[ReplicaSet] = router.pushed("replica_set")
+    assert [r.replica_id for r in sets[-1].replicas] == ["a", "b", "c"] and len(sets) == 2
+    router.cost = 0.0001
+    clock.advance(0.1)
+    ready(state, "d")
+    publisher.replica_set(DID)
+    assert asked[-1][0] == 0.0
+    assert push_gap(0.0001) == 0.0002 and push_gap(1.0) == PUSH_GAP_MAX_S
+
+
+def test_routers_are_told_a_longer_load_interval_once_and_new_ones_when_they_watch() -> None:
+    _, publisher, _ = setup()
+    first, second = FakePeer("proxy"), FakePeer("proxy")
+    publisher.watch(first, DID)
+    assert first.pushed("load_interval") == []  # the default: nothing to say
+    publisher.tell_load_interval(0.5)
+    publisher.tell_load_interval(0.5)  # unchanged: not again
+    assert first.pushed("load_interval") == [0.5]
+    publisher.watch(second, DID)
+    assert second.pushed("load_interval") == [0.5]
+    publisher.drop(first)
+    publisher.tell_load_interval(0.1)
+    assert first.pushed("load_interval") == [0.5] and second.pushed("load_interval") == [0.5, 0.1]
+    assert list(publisher.routers) == [second]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.policy.cadence import MAX_LOAD_REPORT_INTERVAL_S
 from surge.router.runtime import (
+    LOAD_REPORT_INTERVAL_S,
     TELEMETRY_INTERVAL_S,
     TELEMETRY_KEEPALIVE_S,
     RouterRuntime,
@@ -52,3 +54,18 @@ def test_a_change_of_models_is_not_quiet() -> None:
                                                models=("a", "b")), (0.0, last), 1.0)
     assert not telemetry_quiet(TelemetryReport("replica", "r1", "app", "Model",
                                                models=("a",)), None, 1.0)
+
+
+def test_a_router_reports_as_often_as_its_controller_says_within_bounds() -> None:
+    async def main() -> None:
+        runtime = RouterRuntime("127.0.0.1:1", "proxy", token="t", clock=FakeClock())
+        peer = FakePeer("controller")
+        assert runtime.report_interval_s == LOAD_REPORT_INTERVAL_S
+        runtime.on_push(peer, "load_interval", 0.5)  # type: ignore[arg-type]
+        assert runtime.report_interval_s == 0.5
+        runtime.on_push(peer, "load_interval", 3600.0)  # type: ignore[arg-type]
+        assert runtime.report_interval_s == MAX_LOAD_REPORT_INTERVAL_S
+        runtime.on_push(peer, "load_interval", 0.0)  # type: ignore[arg-type]
+        assert runtime.report_interval_s == LOAD_REPORT_INTERVAL_S
+
+    asyncio.run(main())

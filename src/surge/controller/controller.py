@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -61,6 +62,7 @@ from surge.policy.autoscale_step import (
     urgent_decision_due,
 )
 from surge.policy.autoscaling import LoadSample
+from surge.policy.cadence import load_report_interval_s
 from surge.policy.engine_load import EngineReport
 from surge.policy.lifecycle import ReplicaState
 
@@ -71,6 +73,8 @@ log = logging.getLogger("surge.controller")
 # At shutdown proxies go first (they finish what they hold while replicas still serve).
 PROXY_STOP_TIMEOUT_S = 6.0
 SHUTDOWN_POLL_S = 0.02
+# How often the routers' load-report interval is reviewed (policy/cadence.py).
+LOAD_INTERVAL_REVIEW_S = 1.0
 
 
 def random_replica_id(deployment: str) -> str:
@@ -96,11 +100,12 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
         self._urgent_timer: asyncio.Handle | None = None
+        self._load_interval_at = -math.inf  # when the routers' report interval was reviewed
         self.load = LoadTracker(TICK_S)
         self.engines = EngineTracker()  # the engines' own load reports (LLM replicas)
         self.autoscaler = Autoscaler()
         self.recovery = Recovery(checkpoint or Checkpoint(None), backend.deaths_visible_at_once)
-        self.publisher = Publisher(self.state)
+        self.publisher = Publisher(self.state, clock=clock)
         self.observer = Observer(self.state, self.load, self.autoscaler, clock)
         self.pace = LoopPace()
         self.executor = Executor(self.state, backend, self.publisher, clock, spawn=self.spawn,
@@ -245,6 +250,10 @@ class Controller:
         self._plan(now)
         state.note_running_apps()
         self.recovery.save_members(state, now)
+        if now - self._load_interval_at >= LOAD_INTERVAL_REVIEW_S:
+            self._load_interval_at = now
+            self.publisher.tell_load_interval(load_report_interval_s(
+                len(self.publisher.routers)))
         self.publisher.flush()
 
     def _observe(self) -> Observed:

@@ -14,6 +14,16 @@ pickled once for all of its watchers (transport.rpc.broadcast). Routers that say
 (model.ReplicaSetDelta): a push then costs what changed, not the size of the set.
 While a restarted controller re-attaches to its members, nothing is pushed (`paused`):
 routers keep serving from the sets the previous controller sent.
+
+Routers are also told how often to report their load (`load_interval`, pushed when
+it changes and to each new router; policy/cadence.py sets it from how many watch).
+
+Flushes are paced by what they cost (`push_gap`): the next one waits twice as long as
+the last took, at most 0.1 s. A push to 64 routers takes well under a millisecond and
+goes at once; during a herd of 10,000 replicas with 1,000 routers watching, each flush
+writes to every router, so without the pace the controller spent its time writing one
+or two replicas at a time to 1,000 sockets. Paced, each push carries what changed in
+the meantime, and pushing stays within a third of the controller's loop.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from surge.clock import SYSTEM, Clock
 from surge.controller.state import ControllerState, DeploymentRecord, Peer
 from surge.model import (
     DeploymentId,
@@ -32,16 +43,26 @@ from surge.model import (
     RouteTarget,
 )
 from surge.policy.admission import queue_share
+from surge.policy.cadence import TICK_S
 from surge.policy.lifecycle import ReplicaState
 from surge.transport.rpc import broadcast
 
-__all__ = ["DELTAS", "UNAVAILABLE_FAILED", "Publisher"]
+__all__ = ["DELTAS", "PUSH_GAP_MAX_S", "UNAVAILABLE_FAILED", "Publisher", "push_gap"]
 
 # What routers tell callers of a deployment that failed to start (no user text: the
 # traceback is for the operator, in status()).
 UNAVAILABLE_FAILED = "its replicas failed to start; serve.status() shows the error"
 # The hello key of a router that applies ReplicaSetDelta pushes.
 DELTAS = "replica_set_deltas"
+# The pace of flushes: the next waits PUSH_GAP_FACTOR x the last one's duration, at most
+# PUSH_GAP_MAX_S (a change reaches every router well within the 200 ms fan-out target).
+PUSH_GAP_FACTOR = 2.0
+PUSH_GAP_MAX_S = 0.1
+
+
+def push_gap(flush_s: float) -> float:
+    """How long after a flush that took `flush_s` the next may start."""
+    return min(PUSH_GAP_MAX_S, PUSH_GAP_FACTOR * flush_s)
 
 
 @dataclass(frozen=True)
@@ -62,19 +83,30 @@ class _Published:
     generation: int
 
 
-def _call_soon(callback: Callable[[], None]) -> None:
+Schedule = Callable[[float, Callable[[], None]], None]  # (delay s, callback)
+
+
+def _call_later(delay: float, callback: Callable[[], None]) -> None:
     try:
-        asyncio.get_running_loop().call_soon(callback)
+        loop = asyncio.get_running_loop()
     except RuntimeError:  # no loop (a test driving the state by hand): now
         callback()
+        return
+    if delay > 0:
+        loop.call_later(delay, callback)
+    else:
+        loop.call_soon(callback)
 
 
 class Publisher:
-    def __init__(self, state: ControllerState,
-                 schedule: Callable[[Callable[[], None]], None] = _call_soon) -> None:
+    def __init__(self, state: ControllerState, schedule: Schedule = _call_later,
+                 clock: Clock = SYSTEM) -> None:
         self.state = state
+        self.clock = clock
         self.watchers: dict[DeploymentId, set[Peer]] = {}
         self.proxies: set[Peer] = set()
+        self.routers: dict[Peer, int] = {}  # a peer that watches -> how many deployments
+        self.load_interval_s = TICK_S  # what routers were told (policy/cadence.py)
         self.paused = False
         self.pushed_bytes = 0  # replica-set payload bytes sent (each watcher counted)
         self._schedule = schedule
@@ -82,7 +114,8 @@ class Publisher:
         self._fresh: dict[DeploymentId, set[Peer]] = {}  # watchers owed a whole set
         self._dirty: set[DeploymentId] = set()
         self._forced: set[DeploymentId] = set()
-        self._flush_pending = False
+        self._flush_pending = False  # a flush is scheduled
+        self._next_at = 0.0  # the pace: no flush before this (monotonic)
 
     def __repr__(self) -> str:
         return (f"<Publisher proxies={len(self.proxies)} watched={len(self.watchers)} "
@@ -104,13 +137,26 @@ class Publisher:
     def watch(self, peer: Peer, did: DeploymentId) -> None:
         """A router watches the deployment: it gets the whole set, the others a new
         share of the queue."""
-        self.watchers.setdefault(did, set()).add(peer)
+        watchers = self.watchers.setdefault(did, set())
+        if peer not in watchers:
+            watchers.add(peer)
+            watching = self.routers.get(peer, 0)
+            self.routers[peer] = watching + 1
+            if not watching and self.load_interval_s != TICK_S:
+                peer.push("load_interval", self.load_interval_s)
         self._fresh.setdefault(did, set()).add(peer)
         self._mark(did)
+
+    def tell_load_interval(self, interval_s: float) -> None:
+        """Routers report their load every `interval_s` from now (told if it changed)."""
+        if interval_s != self.load_interval_s:
+            self.load_interval_s = interval_s
+            broadcast(self.routers, "load_interval", interval_s)
 
     def drop(self, peer: Peer) -> None:
         """A connection closed: it watches nothing now (the others' shares grow)."""
         self.proxies.discard(peer)
+        self.routers.pop(peer, None)
         for did, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)
@@ -135,18 +181,35 @@ class Publisher:
 
     def _mark(self, did: DeploymentId) -> None:
         self._dirty.add(did)
+        self._ask_flush()
+
+    def _ask_flush(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            self._schedule(self.flush)
+            self._schedule(max(0.0, self._next_at - self.clock.monotonic()), self._due)
+
+    def _due(self) -> None:  # scheduled for when the pace allows (timers may run early)
+        self._flush_pending = False
+        self._flush(self.clock.monotonic())
 
     def flush(self) -> None:
-        """Push what changed since the last flush (nothing while paused)."""
-        self._flush_pending = False
+        """Push what changed since the last flush (nothing while paused); before the
+        pace allows, the flush is left to the one scheduled for then."""
+        started = self.clock.monotonic()
+        if started < self._next_at:
+            if self._dirty:
+                self._ask_flush()
+            return
+        self._flush(started)
+
+    def _flush(self, started: float) -> None:
         if self.paused or not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
         for did in sorted(dirty):
             self._publish(did)
+        ended = self.clock.monotonic()
+        self._next_at = ended + push_gap(ended - started)
 
     def _publish(self, did: DeploymentId) -> None:
         record = self.state.deployments.get(did)

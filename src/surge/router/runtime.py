@@ -19,7 +19,7 @@ from surge.clock import SYSTEM, Clock
 from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, ReplicaSet, RouteTable
-from surge.policy.cadence import TICK_S, URGENT_REPORT_DELAY_S
+from surge.policy.cadence import MAX_LOAD_REPORT_INTERVAL_S, TICK_S, URGENT_REPORT_DELAY_S
 from surge.router.router import Router
 from surge.transport.rpc import HANDSHAKE_TIMEOUT_S, RpcPeer, connect_rpc
 
@@ -44,8 +44,10 @@ RECONNECT_INTERVAL_S = 0.2  # a restarted controller is back in ~1 s
 MEMBER_CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S
 CONNECT_TIMEOUT_S = 5.0  # a driver's (connect_rpc's default)
 # How often routers report their load to the controller (only what changed is sent):
-# once per control-loop tick. An urgent report (a queue started to grow) goes after
-# URGENT_REPORT_DELAY_S instead, to gather the burst's first few ms.
+# once per control-loop tick, or less often when a controller with many routers says
+# so (`load_interval`, policy/cadence.py; a new controller starts from this). An urgent
+# report (a queue started to grow) goes after URGENT_REPORT_DELAY_S instead, to gather
+# the burst's first few ms.
 LOAD_REPORT_INTERVAL_S = TICK_S
 # How often proxies and replicas send their request metrics (counter deltas): Prometheus
 # scrapes every 10-15 s and the dashboard samples every second, so 1 s loses nothing.
@@ -93,6 +95,7 @@ class RouterRuntime:
         self.routes_received = asyncio.Event()
         self.rpc_methods = dict(rpc_methods or {})
         self.hello = dict(hello or {})
+        self.report_interval_s = LOAD_REPORT_INTERVAL_S  # the controller may ask for less
         self.peer: RpcPeer | None = None
         self.on_controller_lost: Callable[[], None] | None = None
         # While reconnecting: give up after this long (None: never), then call on_gave_up.
@@ -115,13 +118,14 @@ class RouterRuntime:
         # A driver is told at once that nothing answers; a member waits its turn.
         patience = CONNECT_TIMEOUT_S if self.role == "driver" else MEMBER_CONNECT_TIMEOUT_S
         peer = await connect_rpc(self.address, self, token=self.token, timeout=patience)
+        self.report_interval_s = LOAD_REPORT_INTERVAL_S  # until this controller says
         await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
         self.peer = peer
         self._telemetry_sent = None  # a new controller: the next report goes at once
         for deployment in self.routers:
             await peer.call("watch", deployment=deployment)
         if self._reporter is None:
-            self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
+            self._reporter = self.loop.call_later(self.report_interval_s, self._report_load)
 
     def _push_load(self, topic: str) -> None:
         """Send what changed in every router since its last report, if anything did."""
@@ -148,7 +152,7 @@ class RouterRuntime:
         for router in self.routers.values():
             router.reclaim_unread()
         self._push_load("load")
-        self._reporter = self.loop.call_later(LOAD_REPORT_INTERVAL_S, self._report_load)
+        self._reporter = self.loop.call_later(self.report_interval_s, self._report_load)
 
     def report_telemetry(self, source: Callable[[], Any]) -> None:
         """Push `source()` (a TelemetryReport of counter deltas) every second, and at close."""
@@ -211,6 +215,9 @@ class RouterRuntime:
             assert isinstance(value, RouteTable)
             self.routes = value
             self.routes_received.set()
+        elif topic == "load_interval":  # the controller has many routers (policy/cadence.py)
+            self.report_interval_s = min(MAX_LOAD_REPORT_INTERVAL_S,
+                                         max(LOAD_REPORT_INTERVAL_S, float(value)))
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         if self._closing:
