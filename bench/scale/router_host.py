@@ -36,6 +36,7 @@ from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, R
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.router.runtime import (
     MEMBER_CONNECT_TIMEOUT_S,
+    RECONNECT_INTERVAL_S,
     TELEMETRY_INTERVAL_S,
     telemetry_quiet,
 )
@@ -100,9 +101,17 @@ class FakeRouter:
         self.recorder = Recorder("proxy", self.router_id)
         self.sent: tuple[float, TelemetryReport] | None = None  # the last telemetry
         self.urgent: asyncio.TimerHandle | None = None
+        self.reporting = False  # its report timers run (from its first connection on)
+        self.connecting = False
 
     async def run(self) -> None:
+        """Connect and say hello; after a failure or a lost connection, again (as the
+        runtime reconnects), with a new watch of what the routes name."""
         host = self.host
+        self.connecting = True
+        self.watching.clear()
+        self.generation.clear()  # a new connection starts from whole sets
+        self.report_interval_s = LOAD_REPORT_INTERVAL_S
         try:
             self.peer = await connect_rpc(host.controller, self, token=host.token,
                                           peer_class=MeasuringPeer,
@@ -112,10 +121,21 @@ class FakeRouter:
                                  proxy_id=self.router_id, node_id="local", **deltas)
         except Exception as exc:
             emit("failed", id=self.router_id, t=time.monotonic(), why=repr(exc))
+            if self.peer is not None:
+                self.peer.close()
+            host.loop.call_later(RECONNECT_INTERVAL_S, self._again)
             return
-        loop = host.loop
-        loop.call_later(random.uniform(0, LOAD_REPORT_INTERVAL_S), self.report)
-        loop.call_later(random.uniform(0, TELEMETRY_INTERVAL_S), self.telemetry)
+        finally:
+            self.connecting = False
+        if not self.reporting:
+            self.reporting = True
+            loop = host.loop
+            loop.call_later(random.uniform(0, LOAD_REPORT_INTERVAL_S), self.report)
+            loop.call_later(random.uniform(0, TELEMETRY_INTERVAL_S), self.telemetry)
+
+    def _again(self) -> None:
+        if not self.connecting:  # one attempt at a time
+            self.host.loop.create_task(self.run())
 
     def report(self, topic: str = "load") -> None:
         if topic == "load":
@@ -212,6 +232,8 @@ class FakeRouter:
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         emit("disconnected", id=self.router_id, t=time.monotonic())
+        if peer is self.peer and not self.connecting:  # its current connection: again
+            self.host.loop.call_later(RECONNECT_INTERVAL_S, self._again)
 
 
 class Host:
