@@ -103,6 +103,7 @@ class FakeRouter:
         self.urgent: asyncio.TimerHandle | None = None
         self.reporting = False  # its report timers run (from its first connection on)
         self.connecting = False
+        self.retry: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         """Connect and say hello; after a failure or a lost connection, again (as the
@@ -112,18 +113,19 @@ class FakeRouter:
         self.watching.clear()
         self.generation.clear()  # a new connection starts from whole sets
         self.report_interval_s = LOAD_REPORT_INTERVAL_S
+        peer: RpcPeer | None = None
         try:
-            self.peer = await connect_rpc(host.controller, self, token=host.token,
-                                          peer_class=MeasuringPeer,
-                                          timeout=MEMBER_CONNECT_TIMEOUT_S)
+            peer = self.peer = await connect_rpc(host.controller, self, token=host.token,
+                                                 peer_class=MeasuringPeer,
+                                                 timeout=MEMBER_CONNECT_TIMEOUT_S)
             deltas = {"replica_set_deltas": True} if host.deltas else {}
-            await self.peer.call("hello", role="proxy", pid=os.getpid(),
-                                 proxy_id=self.router_id, node_id="local", **deltas)
+            await peer.call("hello", role="proxy", pid=os.getpid(),
+                            proxy_id=self.router_id, node_id="local", **deltas)
         except Exception as exc:
             emit("failed", id=self.router_id, t=time.monotonic(), why=repr(exc))
-            if self.peer is not None:
-                self.peer.close()
-            host.loop.call_later(RECONNECT_INTERVAL_S, self._again)
+            if peer is not None:
+                peer.close()
+            self._retry()
             return
         finally:
             self.connecting = False
@@ -133,8 +135,15 @@ class FakeRouter:
             loop.call_later(random.uniform(0, LOAD_REPORT_INTERVAL_S), self.report)
             loop.call_later(random.uniform(0, TELEMETRY_INTERVAL_S), self.telemetry)
 
+    def _retry(self) -> None:
+        """One reconnect at a time: a failed hello and its connection's close ask both."""
+        if self.retry is None and not self.connecting:
+            self.retry = self.host.loop.call_later(RECONNECT_INTERVAL_S, self._again)
+
     def _again(self) -> None:
-        if not self.connecting:  # one attempt at a time
+        self.retry = None
+        if not self.connecting:
+            self.connecting = True  # before the task runs: no second one meanwhile
             self.host.loop.create_task(self.run())
 
     def report(self, topic: str = "load") -> None:
@@ -232,8 +241,8 @@ class FakeRouter:
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         emit("disconnected", id=self.router_id, t=time.monotonic())
-        if peer is self.peer and not self.connecting:  # its current connection: again
-            self.host.loop.call_later(RECONNECT_INTERVAL_S, self._again)
+        if peer is self.peer:  # its current connection: again
+            self._retry()
 
 
 class Host:

@@ -9,8 +9,8 @@ their sum. Each then waits: the fork server for requests, the proxy for its spec
 stdin (the spec names the controller's bound address, known only later).
 
 The local backend takes each over (`take_early`) when it starts one with the same
-environment; one that is not taken (another environment, HTTP disabled later) is
-stopped, and `stop_untaken` stops the rest when the controller exits.
+environment; one found with another environment is stopped then, and
+`stop_untaken` stops any not taken when the controller exits.
 """
 
 from __future__ import annotations

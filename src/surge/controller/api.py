@@ -108,7 +108,8 @@ class ControlApi:
                 "daemon_pid": state.daemon_pid}
 
     async def rpc_watch(self, peer: Peer, deployment: DeploymentId) -> None:
-        self.publisher.watch(peer, deployment)
+        if not peer.is_closed:  # one handled after its close would be watched forever
+            self.publisher.watch(peer, deployment)
 
     # -- drivers and the CLI ---------------------------------------------------------
 
