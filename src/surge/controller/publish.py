@@ -106,7 +106,7 @@ class Publisher:
         self.clock = clock
         self.watchers: dict[DeploymentId, set[Peer]] = {}
         self.proxies: set[Peer] = set()
-        self.routers: dict[Peer, int] = {}  # a peer that watches -> how many deployments
+        self.routers: set[Peer] = set()  # the peers that watch something
         self.load_interval_s = TICK_S  # what routers were told (policy/cadence.py)
         self.paused = False
         self.pushed_bytes = 0  # replica-set payload bytes sent (each watcher counted)
@@ -139,11 +139,10 @@ class Publisher:
         """A router watches the deployment: it gets the whole set, the others a new
         share of the queue."""
         watchers = self.watchers.setdefault(did, set())
-        if peer not in watchers:
-            watchers.add(peer)
-            watching = self.routers.get(peer, 0)
-            self.routers[peer] = watching + 1
-            if not watching and self.load_interval_s != TICK_S:
+        watchers.add(peer)
+        if peer not in self.routers:
+            self.routers.add(peer)
+            if self.load_interval_s != TICK_S:
                 peer.push("load_interval", self.load_interval_s)
         self._fresh.setdefault(did, set()).add(peer)
         self._mark(did)
@@ -157,7 +156,7 @@ class Publisher:
     def drop(self, peer: Peer) -> None:
         """A connection closed: it watches nothing now (the others' shares grow)."""
         self.proxies.discard(peer)
-        self.routers.pop(peer, None)
+        self.routers.discard(peer)
         for did, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)
