@@ -7,6 +7,7 @@ created on first use (`ray[serve]==2.60.0`, a few minutes, cached in ~/.cache).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -138,26 +140,43 @@ class System:
 @contextmanager
 def start_system(name: str, argv: list[str], env: dict[str, str] | None = None,
                  timeout_s: float = 180.0) -> Iterator[System]:
-    """Run `argv` (prints `READY url [k=v ...]` when serving); stop its process group after."""
+    """Run `argv` (prints `READY url [k=v ...]` when serving); stop its process group after.
+
+    A process of Ray's virtualenv starts a Ray instance of its own (RAY_ADDRESS=local):
+    without it `ray.init()` joins the cluster named in /tmp/ray/ray_current_cluster,
+    which a cluster killed earlier leaves behind, and waits for its dead GCS for ever.
+    One that does not say READY within `timeout_s` is stopped (its readline ends)."""
+    extra = dict(env or {})
+    if argv[0] == str(RAY_VENV / "bin" / "python"):
+        extra.setdefault("RAY_ADDRESS", "local")
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True, env={**os.environ, **(env or {})},
+                               text=True, env={**os.environ, **extra},
                                start_new_session=True, cwd=ROOT)
     assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
+    watchdog = threading.Timer(timeout_s, _kill_group, (process.pid,))
+    watchdog.start()
     line = ""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line or line.startswith("READY"):
-            break
+    try:
+        while True:
+            line = process.stdout.readline()
+            if not line or line.startswith("READY"):
+                break
+    finally:
+        watchdog.cancel()
     if not line.startswith("READY"):
         _stop(process)
-        raise RuntimeError(f"{name} did not start: {line!r}")
+        raise RuntimeError(f"{name} did not start within {timeout_s:.0f} s: {line!r}")
     parts = line.split()
     info = dict(p.split("=", 1) for p in parts[2:])
     try:
         yield System(name, process, parts[1], info)
     finally:
         _stop(process)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

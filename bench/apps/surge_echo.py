@@ -45,6 +45,7 @@ def main() -> None:
     if tls:
         http["ssl_certfile"], http["ssl_keyfile"] = tls.split(":", 1)
     backend: dict[str, Any] = {}
+    cluster = None
     if os.environ.get("SURGE_BENCH_RAY") == "1":
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # 127.0.0.1, before Ray loads
         from ray.cluster_utils import Cluster
@@ -57,7 +58,13 @@ def main() -> None:
     serve.run(Echo.options(**options).bind(), name="echo", route_prefix="/echo")
     scheme = "https" if tls else "http"
     print(f"READY {scheme}://127.0.0.1:{port}/echo?value=x", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    def stop(*_: Any) -> None:
+        if cluster is not None:  # its nodes, not only their processes' group
+            cluster.shutdown()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     while True:
         time.sleep(3600)
 
