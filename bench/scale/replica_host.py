@@ -5,9 +5,12 @@
 A fake replica does what a real one (surge/replica/main.py) says on the control path:
 it connects and proves the token (transport.rpc.connect_rpc, as the router runtime
 does), says hello as a replica, fetches its spec, "builds" for `startup_s`, reports
-ready with a Unix address, answers check_health / reconfigure / drain / stats, and
+ready with a Unix address (as a class without a check_health of its own, so its
+telemetry stands for most health checks), answers check_health / reconfigure / drain /
+stats, and
 pushes its telemetry (surge.observability.Recorder's report, as an idle replica's:
-every TELEMETRY_KEEPALIVE_S, as the runtime does). Its data path is not there: nobody
+every TELEMETRY_KEEPALIVE_S, checked every second or the `telemetry_interval` pushed,
+as the runtime does). Its data path is not there: nobody
 routes requests to it.
 
 The backend (bench/scale/backend.py) connects to `socket` and asks for starts, TERMs
@@ -31,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from bench.scale.wire import emit, next_command, read_commands
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.policy.cadence import TELEMETRY_INTERVAL_S
 from surge.router.runtime import (
     MEMBER_CONNECT_TIMEOUT_S,
-    TELEMETRY_INTERVAL_S,
     telemetry_quiet,
 )
 from surge.transport.rpc import RpcPeer, connect_rpc
@@ -50,6 +53,7 @@ class FakeReplica:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.sent: tuple[float, TelemetryReport] | None = None  # the last telemetry
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S  # or what the controller says
 
     async def run(self) -> None:
         host = self.host
@@ -64,7 +68,7 @@ class FakeReplica:
             wanted = await self.peer.call(
                 "replica_ready", replica_id=self.replica_id, pid=os.getpid(),
                 address=f"unix:{host.directory}/{self.replica_id}.sock", node_id="local",
-                local_address="")
+                local_address="", own_health_check=False)  # as a class without one
         except Exception as exc:
             emit("failed", id=self.replica_id, t=time.monotonic(), why=repr(exc))
             self.end(1)
@@ -73,7 +77,7 @@ class FakeReplica:
             self.end(1)
             return
         self.ready = True
-        self.timer = host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
+        self.timer = host.loop.call_later(self.telemetry_interval_s, self.telemetry)
 
     def telemetry(self) -> None:
         if self.ended or self.peer is None:
@@ -82,7 +86,7 @@ class FakeReplica:
         if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
             self.peer.push("telemetry", report)
             self.sent = (now, report)
-        self.timer = self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
+        self.timer = self.host.loop.call_later(self.telemetry_interval_s, self.telemetry)
 
     def end(self, code: int) -> None:
         if self.ended:
@@ -111,7 +115,8 @@ class FakeReplica:
         raise ValueError(f"replica has no RPC method {method!r}")
 
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
-        pass
+        if topic == "telemetry_interval":  # as the runtime: many members report less often
+            self.telemetry_interval_s = float(value)
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         self.end(1 if not self.ended else 0)

@@ -7,8 +7,9 @@ control path: it connects and proves the token, says hello as a proxy, watches t
 ingress deployment of every route the controller pushes, keeps the replica sets it is
 pushed, pushes a load report every 0.1 s (or the `load_interval` the controller pushes)
 when its counters changed (`load`), and one within 5 ms when its queue starts to grow
-(`load_urgent`), and its telemetry every second (a proxy's Recorder report, with the
-requests it "served"; idle, only every TELEMETRY_KEEPALIVE_S, as the runtime does). It
+(`load_urgent`), and its telemetry every second or the `telemetry_interval` pushed (a
+proxy's Recorder report, with the requests it "served"; idle, only every
+TELEMETRY_KEEPALIVE_S, as the runtime does). It
 opens no link to any replica.
 
 What it measures: the size of every push it gets (the frame's payload), and per
@@ -34,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from bench.scale.wire import emit, next_command, read_commands
 from surge.model import DeploymentId, LoadReport, ReplicaSet, ReplicaSetDelta, RouteTable
 from surge.observability.recorder import Recorder, TelemetryReport
+from surge.policy.cadence import TELEMETRY_INTERVAL_S
 from surge.router.runtime import (
     MEMBER_CONNECT_TIMEOUT_S,
     RECONNECT_INTERVAL_S,
-    TELEMETRY_INTERVAL_S,
     telemetry_quiet,
 )
 from surge.transport.messages import Message, Push
@@ -94,6 +95,7 @@ class FakeRouter:
         self.generation: dict[DeploymentId, int] = {}
         self.resyncs = 0
         self.report_interval_s = LOAD_REPORT_INTERVAL_S  # or what the controller says
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S  # likewise
         self.load = Load()
         self.counts = [0, 0, 0]  # arrived, completed, rejected
         self.owed = 0.0
@@ -113,6 +115,7 @@ class FakeRouter:
         self.watching.clear()
         self.generation.clear()  # a new connection starts from whole sets
         self.report_interval_s = LOAD_REPORT_INTERVAL_S
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S
         peer: RpcPeer | None = None
         try:
             peer = self.peer = await connect_rpc(host.controller, self, token=host.token,
@@ -183,16 +186,16 @@ class FakeRouter:
                                            5.0)
 
     def telemetry(self) -> None:
+        self.host.loop.call_later(self.telemetry_interval_s, self.telemetry)
         peer = self.peer
         if peer is None or peer.is_closed:
-            return
+            return  # drained once connected again, as the runtime
         report = self.recorder.drain({"ongoing_http_requests": self.load.in_flight,
                                       "connections": 8})
         now = time.monotonic()
         if not telemetry_quiet(report, self.sent, now):  # as surge.router.runtime
             peer.push("telemetry", report)
             self.sent = (now, report)
-        self.host.loop.call_later(TELEMETRY_INTERVAL_S, self.telemetry)
 
     def set_load(self, load: Load) -> None:
         started_queueing = load.queued > 0 and self.load.queued == 0
@@ -210,6 +213,8 @@ class FakeRouter:
     def on_push(self, peer: RpcPeer, topic: str, value: Any) -> None:
         if topic == "load_interval":  # as the runtime: many routers report less often
             self.report_interval_s = float(value)
+        elif topic == "telemetry_interval":  # and many members send telemetry less often
+            self.telemetry_interval_s = float(value)
         elif topic == "routes":
             assert isinstance(value, RouteTable)
             for target in value.targets:

@@ -29,6 +29,7 @@ from surge.controller.publish import UNAVAILABLE_FAILED
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.errors import ConfigError
 from surge.model import ApplicationStatus, DeploymentId, LoadReport, ReplicaSet, RouteTable
+from surge.observability.recorder import TelemetryReport
 from surge.policy.autoscaling import DecisionKind
 from surge.testing import FakeBackend, FakeClock, FakePeer
 
@@ -77,12 +78,13 @@ class Harness:
         self.controller.tick()
         await self.controller.settle()
 
-    async def ready(self, replica_id: str) -> FakePeer:
+    async def ready(self, replica_id: str, own_health_check: bool = True) -> FakePeer:
         """The replica process built its object and listens: it says so."""
         peer = self.peers[replica_id] = FakePeer("replica", replica_id=replica_id)
         pid = self.backend.processes[replica_id].pid
         wanted = await self.api.rpc_replica_ready(peer, replica_id=replica_id,
-                                                  address=f"unix:/s/{replica_id}.sock", pid=pid)
+                                                  address=f"unix:/s/{replica_id}.sock", pid=pid,
+                                                  own_health_check=own_health_check)
         assert wanted
         await turn()
         return peer
@@ -274,6 +276,76 @@ def test_three_failed_health_checks_replace_the_replica_on_the_period() -> None:
         h.backend.exit("Model-1", -9)
         await h.tick()
         assert h.backend.started() == ["Model-1", "Model-2"]
+
+    run(main)
+
+
+@pytest.mark.parametrize("own_health_check", [False, True])
+def test_telemetry_stands_for_the_default_health_check_only(own_health_check: bool) -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", health_check_period_s=2.0)))
+        await h.tick()
+        replica = await h.ready("Model-1", own_health_check=own_health_check)
+        report = TelemetryReport("replica", "Model-1", "app", "Model")
+        for step in range(95):  # 9.5 s, a report every 1.5 s: checks due at 2, 4, 6, 8 s
+            if step % 15 == 0:
+                h.controller.on_push(replica, "telemetry", report)
+            await h.tick()
+        # A class with its own check_health is called each period whatever it reports;
+        # without one, its fresh telemetry proves what the call would.
+        assert len(replica.called("check_health")) == (4 if own_health_check else 0)
+        called = len(replica.called("check_health"))
+        for _ in range(50):  # silent from 9 s: checks at 10 (heard 1 s ago), 12 and 14 s
+            await h.tick()
+        assert len(replica.called("check_health")) - called == (3 if own_health_check else 2)
+        assert h.states()["Model-1"] == "RUNNING"
+
+    run(main)
+
+
+def test_a_replica_that_stops_reporting_fails_its_calls_as_before() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", health_check_period_s=1.0,
+                                            health_check_timeout_s=0.5)))
+        await h.tick()
+        replica = await h.ready("Model-1", own_health_check=False)
+        await h.tick()
+        h.controller.on_push(replica, "telemetry", TelemetryReport("replica", "Model-1"))
+        replica.answers["check_health"] = TimeoutError()  # its loop hangs from now on
+        ticks = 1
+        while h.states()["Model-1"] == "RUNNING":
+            await h.tick()
+            ticks += 1
+        # The first check (1 s after ready) passes on the report heard 0.9 s before;
+        # the three after it are calls that time out.
+        assert len(replica.called("check_health")) == 3
+        assert round(ticks * TICK_S, 3) == 4.0
+        assert h.states()["Model-1"] == "FAILED"
+
+    run(main)
+
+
+def test_many_members_are_told_to_send_telemetry_less_often() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model")))
+        await h.tick()
+        replica = await h.ready("Model-1")
+        proxies = [FakePeer("proxy", proxy_id=f"proxy-{i}") for i in range(1000)]
+        for peer in proxies:
+            await h.api.rpc_hello(peer, role="proxy", pid=1)
+        await h.tick(1.0)  # reviewed once a second: 1,001 members, every 2 s
+        assert replica.pushed("telemetry_interval") == [2.0]
+        assert all(p.pushed("telemetry_interval") == [2.0] for p in proxies)
+        late = FakePeer("proxy", proxy_id="proxy-late")
+        await h.api.rpc_hello(late, role="proxy", pid=1)
+        assert late.pushed("telemetry_interval") == [2.0]  # told at once
+        for peer in proxies[:500]:
+            h.controller.publisher.drop(peer)
+        await h.tick(1.0)
+        assert late.pushed("telemetry_interval") == [2.0, 1.0]
 
     run(main)
 

@@ -157,3 +157,18 @@ def test_routers_are_told_a_longer_load_interval_once_and_new_ones_when_they_wat
     publisher.tell_load_interval(0.1)
     assert first.pushed("load_interval") == [0.5] and second.pushed("load_interval") == [0.5, 0.1]
     assert list(publisher.routers) == [second]
+
+
+def test_members_are_told_a_longer_telemetry_interval_and_new_ones_at_hello() -> None:
+    _, publisher, _ = setup()
+    first, second = FakePeer("replica"), FakePeer("proxy")
+    publisher.greet_member(first)
+    assert first.pushed("telemetry_interval") == []  # the default: nothing to say
+    publisher.tell_telemetry_interval(3.0, [first])
+    publisher.tell_telemetry_interval(3.0, [first])  # unchanged: not again
+    assert first.pushed("telemetry_interval") == [3.0]
+    publisher.greet_member(second)
+    assert second.pushed("telemetry_interval") == [3.0]
+    publisher.tell_telemetry_interval(1.0, [first, second])
+    assert second.pushed("telemetry_interval") == [3.0, 1.0]
+    assert publisher.telemetry_interval_s == 1.0

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 
 from surge.observability.recorder import Recorder, TelemetryReport
-from surge.policy.cadence import MAX_LOAD_REPORT_INTERVAL_S
-from surge.router.runtime import (
-    LOAD_REPORT_INTERVAL_S,
+from surge.policy.cadence import (
+    MAX_LOAD_REPORT_INTERVAL_S,
+    MAX_TELEMETRY_INTERVAL_S,
     TELEMETRY_INTERVAL_S,
     TELEMETRY_KEEPALIVE_S,
+)
+from surge.router.runtime import (
+    LOAD_REPORT_INTERVAL_S,
     RouterRuntime,
     telemetry_quiet,
 )
@@ -67,5 +70,32 @@ def test_a_router_reports_as_often_as_its_controller_says_within_bounds() -> Non
         assert runtime.report_interval_s == MAX_LOAD_REPORT_INTERVAL_S
         runtime.on_push(peer, "load_interval", 0.0)  # type: ignore[arg-type]
         assert runtime.report_interval_s == LOAD_REPORT_INTERVAL_S
+
+    asyncio.run(main())
+
+
+def test_a_member_sends_telemetry_as_often_as_its_controller_says_within_bounds() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        runtime = RouterRuntime("127.0.0.1:1", "replica", token="t", clock=FakeClock())
+        peer = FakePeer("controller")
+        runtime.peer = peer  # type: ignore[assignment]
+        recorder = Recorder("replica", "r1", "app", "Model")
+        runtime.on_push(peer, "telemetry_interval", 3.0)  # type: ignore[arg-type]
+        runtime.report_telemetry(lambda: recorder.drain({}))
+
+        def next_in() -> float:
+            timer = runtime._telemetry_timer
+            assert timer is not None
+            return round(timer.when() - loop.time())
+
+        assert next_in() == 3
+        runtime._push_telemetry()
+        assert next_in() == 3  # and after each report
+        runtime.on_push(peer, "telemetry_interval", 3600.0)  # type: ignore[arg-type]
+        assert runtime.telemetry_interval_s == MAX_TELEMETRY_INTERVAL_S
+        runtime.on_push(peer, "telemetry_interval", 0.0)  # type: ignore[arg-type]
+        assert runtime.telemetry_interval_s == TELEMETRY_INTERVAL_S
+        runtime.close()
 
     asyncio.run(main())

@@ -117,6 +117,7 @@ class AdoptReplica:
     version: int
     peer: Peer  # its control connection
     gpus: tuple[str, ...] = ()
+    own_health_check: bool = True  # its class defines check_health (ReplicaRecord)
 
 
 @dataclass(frozen=True)

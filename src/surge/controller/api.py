@@ -93,6 +93,8 @@ class ControlApi:
     async def rpc_hello(self, peer: Peer, role: str, pid: int, **info: Any) -> dict[str, Any]:
         peer.info = {"role": role, "pid": pid, **info}
         state, recovery = self.state, self.recovery
+        if role in ("proxy", "replica"):
+            self.publisher.greet_member(peer)
         if role == "proxy":
             self.publisher.add_proxy(peer)
             if "address" in info:  # it served for a previous controller
@@ -281,9 +283,11 @@ class ControlApi:
                            routing_stats_timeout_s=router.request_routing_stats_timeout_s)
 
     async def rpc_replica_ready(self, peer: Peer, replica_id: str, address: str, pid: int,
-                                node_id: str = LOCAL_NODE, local_address: str = "") -> bool:
+                                node_id: str = LOCAL_NODE, local_address: str = "",
+                                own_health_check: bool = True) -> bool:
         """False: this controller does not want the replica (it was started by one that
-        died since, or already stopped); the replica exits."""
+        died since, or already stopped); the replica exits. `own_health_check`: its
+        class defines check_health (else its telemetry may stand for the check)."""
         state = self.state
         replica = state.replicas.get(replica_id)
         if replica is None or replica.state is not ReplicaState.STARTING:
@@ -293,6 +297,7 @@ class ControlApi:
                                    local_address)
         replica.pid = replica.pid or pid  # the ray backend learns it only now
         replica.peer = peer
+        replica.own_health_check = own_health_check
         now = self.clock.monotonic()
         spare = (deployment.standby_wanted
                  and state.count_running_current(deployment.id) >= deployment.target)

@@ -62,7 +62,7 @@ from surge.policy.autoscale_step import (
     urgent_decision_due,
 )
 from surge.policy.autoscaling import LoadSample
-from surge.policy.cadence import load_report_interval_s
+from surge.policy.cadence import load_report_interval_s, telemetry_interval_s
 from surge.policy.engine_load import EngineReport
 from surge.policy.lifecycle import ReplicaState
 
@@ -73,8 +73,9 @@ log = logging.getLogger("surge.controller")
 # At shutdown proxies go first (they finish what they hold while replicas still serve).
 PROXY_STOP_TIMEOUT_S = 6.0
 SHUTDOWN_POLL_S = 0.02
-# How often the routers' load-report interval is reviewed (policy/cadence.py).
-LOAD_INTERVAL_REVIEW_S = 1.0
+# How often the routers' load-report and the members' telemetry intervals are reviewed
+# (policy/cadence.py).
+INTERVALS_REVIEW_S = 1.0
 
 
 def random_replica_id(deployment: str) -> str:
@@ -100,7 +101,7 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
         self._urgent_timer: asyncio.Handle | None = None
-        self._load_interval_at = -math.inf  # when the routers' report interval was reviewed
+        self._intervals_at = -math.inf  # when the report intervals were last reviewed
         self.load = LoadTracker(TICK_S)
         self.engines = EngineTracker()  # the engines' own load reports (LLM replicas)
         self.autoscaler = Autoscaler()
@@ -250,11 +251,20 @@ class Controller:
         self._plan(now)
         state.note_running_apps()
         self.recovery.save_members(state, now)
-        if now - self._load_interval_at >= LOAD_INTERVAL_REVIEW_S:
-            self._load_interval_at = now
-            self.publisher.tell_load_interval(load_report_interval_s(
-                len(self.publisher.routers)))
+        if now - self._intervals_at >= INTERVALS_REVIEW_S:
+            self._intervals_at = now
+            self._review_intervals()
         self.publisher.flush()
+
+    def _review_intervals(self) -> None:
+        """How often routers report their load and members their telemetry, from how
+        many there are (policy/cadence.py); told to them when it changes."""
+        publisher, replicas = self.publisher, self.state.replicas
+        publisher.tell_load_interval(load_report_interval_s(len(publisher.routers)))
+        interval = telemetry_interval_s(len(replicas) + len(publisher.proxies))
+        if interval != publisher.telemetry_interval_s:
+            members = [r.peer for r in replicas.values() if r.peer is not None]
+            publisher.tell_telemetry_interval(interval, [*publisher.proxies, *members])
 
     def _observe(self) -> Observed:
         """The backend's proxies (its replicas are known from the state) and placements."""

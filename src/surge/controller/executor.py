@@ -44,6 +44,7 @@ from surge.controller.state import (
     ReplicaRecord,
 )
 from surge.model import DeploymentId
+from surge.policy.cadence import heard_lately
 from surge.policy.lifecycle import ReplicaState
 
 __all__ = ["DRAIN_GRACE_S", "Executor"]
@@ -166,9 +167,14 @@ class Executor:
     def _check_health(self, action: CheckHealth) -> None:
         replica = self.state.replicas[action.replica_id]
         config = self.state.deployments[replica.deployment].config
+        now = self.clock.monotonic()
+        self.state.health.schedule(replica, now + config.health_check_period_s)
+        if not replica.own_health_check and heard_lately(
+                replica.heard_at, now, config.health_check_period_s,
+                self.publisher.telemetry_interval_s):
+            replica.health_failures = 0  # its telemetry proves what a call would
+            return
         replica.health_check_running = True
-        self.state.health.schedule(replica,
-                                   self.clock.monotonic() + config.health_check_period_s)
         self.spawn(self._health_check(replica, config.health_check_timeout_s))
 
     async def _health_check(self, replica: ReplicaRecord, timeout_s: float) -> None:
@@ -273,7 +279,8 @@ class Executor:
         self.state.add_replica(ReplicaRecord(
             info.replica_id, info.deployment, action.version, now, state=ReplicaState.RUNNING,
             pid=info.pid, info=info, peer=action.peer,
-            next_health_check=now + record.config.health_check_period_s))
+            next_health_check=now + record.config.health_check_period_s,
+            own_health_check=action.own_health_check))
         self.backend.adopt(info.replica_id, info.pid, list(action.gpus),
                            record.config.resources.num_gpus)
         log.info("re-attached replica %s of %s (pid %d)", info.replica_id, info.deployment,

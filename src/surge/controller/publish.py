@@ -30,7 +30,7 @@ the meantime, and flushes under 50 ms take at most a third of the controller's l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from surge.clock import SYSTEM, Clock
@@ -44,7 +44,7 @@ from surge.model import (
     RouteTarget,
 )
 from surge.policy.admission import queue_share
-from surge.policy.cadence import TICK_S
+from surge.policy.cadence import TELEMETRY_INTERVAL_S, TICK_S
 from surge.policy.lifecycle import ReplicaState
 from surge.transport.rpc import broadcast
 
@@ -108,6 +108,7 @@ class Publisher:
         self.proxies: set[Peer] = set()
         self.routers: set[Peer] = set()  # the peers that watch something
         self.load_interval_s = TICK_S  # what routers were told (policy/cadence.py)
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S  # what members were told
         self.paused = False
         self.pushed_bytes = 0  # replica-set payload bytes sent (each watcher counted)
         self._schedule = schedule
@@ -152,6 +153,17 @@ class Publisher:
         if interval_s != self.load_interval_s:
             self.load_interval_s = interval_s
             broadcast(self.routers, "load_interval", interval_s)
+
+    def tell_telemetry_interval(self, interval_s: float, members: Iterable[Peer]) -> None:
+        """Members send their telemetry every `interval_s` from now (told if it changed)."""
+        if interval_s != self.telemetry_interval_s:
+            self.telemetry_interval_s = interval_s
+            broadcast(members, "telemetry_interval", interval_s)
+
+    def greet_member(self, peer: Peer) -> None:
+        """A proxy or replica that just said hello: told the interval if not the default."""
+        if self.telemetry_interval_s != TELEMETRY_INTERVAL_S:
+            peer.push("telemetry_interval", self.telemetry_interval_s)
 
     def drop(self, peer: Peer) -> None:
         """A connection closed: it watches nothing now (the others' shares grow)."""

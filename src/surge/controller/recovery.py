@@ -116,7 +116,8 @@ class Recovery:
         where = ReplicaInfo(replica_id, did, info["address"], pid,
                             info.get("node_id", LOCAL_NODE), info.get("local_address", ""))
         gpus = tuple(g for g in str(info.get("gpus", "")).split(",") if g)
-        return [AdoptReplica(where, int(info["version"]), peer, gpus)]
+        return [AdoptReplica(where, int(info["version"]), peer, gpus,
+                             bool(info.get("own_health_check", True)))]
 
     # -- the end -----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ UNHEALTHY, before it DEPLOY_FAILED), is recorded by the control loop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -85,6 +86,11 @@ class ReplicaRecord:
     next_health_check: float = 0.0
     health_check_running: bool = False
     health_failures: int = 0
+    # Its class defines check_health (or it did not say): checked by a call. Otherwise
+    # its telemetry, heard at `heard_at`, stands for the check when recent enough
+    # (policy.cadence.heard_lately).
+    own_health_check: bool = True
+    heard_at: float = -math.inf
     stop_deadline: float | None = None  # killed if still alive after this
     reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
     spec_sent: bool = False  # it asked for its spec: the user's code ran (or runs) in it

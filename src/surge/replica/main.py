@@ -153,10 +153,12 @@ class Replica:
         self.hooks.start()
         where = {"address": address, "local_address": local_address,
                  "node_id": self.launch.node_id}
+        own_check = self.user.defines("check_health")  # else telemetry stands for it
         try:
             wanted = await self.runtime.call(
                 "replica_ready", replica_id=self.replica_id, pid=os.getpid(), address=address,
-                local_address=local_address, node_id=where["node_id"])
+                local_address=local_address, node_id=where["node_id"],
+                own_health_check=own_check)
         except (ConnectionError, ControllerUnavailableError):
             wanted = False
         if not wanted:  # the controller that asked for us died meanwhile, or stopped us
@@ -169,7 +171,7 @@ class Replica:
         self.runtime.hello.update(
             app=self.spec.deployment.app, deployment=self.spec.deployment.name,
             version=self.spec.version, gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            **where)
+            own_health_check=own_check, **where)
         await self.stop.wait()
         self.hooks.stop()
         if not self.server.draining:

@@ -90,6 +90,10 @@ class UserCode:
     def servable(self) -> Any:
         return self.target if self.is_function else self.instance
 
+    def defines(self, name: str) -> bool:
+        """Whether the user's class has a method `name` (a function deployment has none)."""
+        return not self.is_function and callable(getattr(self.instance, name, None))
+
     async def call_optional(self, name: str, *args: Any) -> bool:
         """Call `name` if the user defined it; False when they did not."""
         if self.is_function:

@@ -19,7 +19,14 @@ from surge.clock import SYSTEM, Clock
 from surge.control_auth import find_token
 from surge.errors import ControlAuthError, ControllerUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, ReplicaSet, RouteTable
-from surge.policy.cadence import MAX_LOAD_REPORT_INTERVAL_S, TICK_S, URGENT_REPORT_DELAY_S
+from surge.policy.cadence import (
+    MAX_LOAD_REPORT_INTERVAL_S,
+    MAX_TELEMETRY_INTERVAL_S,
+    TELEMETRY_INTERVAL_S,
+    TELEMETRY_KEEPALIVE_S,
+    TICK_S,
+    URGENT_REPORT_DELAY_S,
+)
 from surge.router.router import Router
 from surge.transport.rpc import HANDSHAKE_TIMEOUT_S, RpcPeer, connect_rpc
 
@@ -49,13 +56,11 @@ CONNECT_TIMEOUT_S = 5.0  # a driver's (connect_rpc's default)
 # report (a queue started to grow) goes after URGENT_REPORT_DELAY_S instead, to gather
 # the burst's first few ms.
 LOAD_REPORT_INTERVAL_S = TICK_S
-# How often proxies and replicas send their request metrics (counter deltas): Prometheus
-# scrapes every 10-15 s and the dashboard samples every second, so 1 s loses nothing.
-TELEMETRY_INTERVAL_S = 1.0
-# An idle process's report (no counts, the same gauges as the last one sent) is sent at
-# most this often: hundreds of idle replicas then cost the controller little. Below the
-# observer's STALE_GAUGE_S (10 s), after which it forgets a proxy's gauges.
-TELEMETRY_KEEPALIVE_S = 5.0
+# Proxies and replicas send their request metrics (counter deltas) every
+# TELEMETRY_INTERVAL_S (Prometheus scrapes every 10-15 s and the dashboard samples every
+# second, so 1 s loses nothing), or less often when a controller with many members says
+# so (`telemetry_interval`), an idle one only every TELEMETRY_KEEPALIVE_S
+# (policy/cadence.py: a replica's keepalive is also its default health check).
 
 RpcMethod = Callable[..., Awaitable[Any]]
 
@@ -96,6 +101,7 @@ class RouterRuntime:
         self.rpc_methods = dict(rpc_methods or {})
         self.hello = dict(hello or {})
         self.report_interval_s = LOAD_REPORT_INTERVAL_S  # the controller may ask for less
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S  # as may it for telemetry
         self.peer: RpcPeer | None = None
         self.on_controller_lost: Callable[[], None] | None = None
         # While reconnecting: give up after this long (None: never), then call on_gave_up.
@@ -119,6 +125,7 @@ class RouterRuntime:
         patience = CONNECT_TIMEOUT_S if self.role == "driver" else MEMBER_CONNECT_TIMEOUT_S
         peer = await connect_rpc(self.address, self, token=self.token, timeout=patience)
         self.report_interval_s = LOAD_REPORT_INTERVAL_S  # until this controller says
+        self.telemetry_interval_s = TELEMETRY_INTERVAL_S
         await peer.call("hello", role=self.role, pid=os.getpid(), **self.hello)
         self.peer = peer
         self._telemetry_sent = None  # a new controller: the next report goes at once
@@ -155,10 +162,11 @@ class RouterRuntime:
         self._reporter = self.loop.call_later(self.report_interval_s, self._report_load)
 
     def report_telemetry(self, source: Callable[[], Any]) -> None:
-        """Push `source()` (a TelemetryReport of counter deltas) every second, and at close."""
+        """Push `source()` (a TelemetryReport of counter deltas) every
+        `telemetry_interval_s`, and at close."""
         self._telemetry = source
         if self._telemetry_timer is None:
-            self._telemetry_timer = self.loop.call_later(TELEMETRY_INTERVAL_S,
+            self._telemetry_timer = self.loop.call_later(self.telemetry_interval_s,
                                                          self._push_telemetry)
 
     def _push_telemetry(self, again: bool = True) -> None:
@@ -173,7 +181,7 @@ class RouterRuntime:
             except Exception:
                 log.exception("%s: cannot send telemetry", self.role)
         if again and not self._closing:
-            self._telemetry_timer = self.loop.call_later(TELEMETRY_INTERVAL_S,
+            self._telemetry_timer = self.loop.call_later(self.telemetry_interval_s,
                                                          self._push_telemetry)
 
     def router(self, deployment: DeploymentId) -> Router:
@@ -218,6 +226,9 @@ class RouterRuntime:
         elif topic == "load_interval":  # the controller has many routers (policy/cadence.py)
             self.report_interval_s = min(MAX_LOAD_REPORT_INTERVAL_S,
                                          max(LOAD_REPORT_INTERVAL_S, float(value)))
+        elif topic == "telemetry_interval":  # ... or many members
+            self.telemetry_interval_s = min(MAX_TELEMETRY_INTERVAL_S,
+                                            max(TELEMETRY_INTERVAL_S, float(value)))
 
     def on_disconnect(self, peer: RpcPeer) -> None:
         if self._closing:
