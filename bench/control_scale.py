@@ -66,24 +66,34 @@ async def run_config(replicas: int, routers: int, args: argparse.Namespace) -> d
             return result
         await pushes(cluster)  # the herd's pushes are not counted below
         await asyncio.sleep(args.settle_s)
+        phase(replicas, routers, f"idle window ({args.window_s:.0f} s)")
         result.update({f"idle_{k}": v for k, v in (await window(cluster, args.window_s)).items()})
         # Slowly: the proactive policy must see no surge. It projects the rate's slope
         # over the start-up lead it measured (on a busy machine, up to ~1.5x the herd's
         # time): a ramp of 4x the herd keeps the projection near 0.6 * 1.4 of capacity.
         ramp_s = min(RAMP_MAX_S, max(RAMP_MIN_S, 4.0 * result["herd_s"]))
+        phase(replicas, routers, f"ramp to steady load ({ramp_s:.0f} s)")
         for i in range(1, RAMP_STEPS + 1):  # small steps: each is a short, steep slope
             await cluster.set_load(STEADY_LOAD * i / RAMP_STEPS, queued=0)
             await asyncio.sleep(ramp_s / RAMP_STEPS)
         await asyncio.sleep(args.settle_s)
+        phase(replicas, routers, f"load window ({args.window_s:.0f} s)")
         result.update({f"load_{k}": v for k, v in (await window(cluster, args.window_s)).items()})
         await pushes(cluster)
+        phase(replicas, routers, f"{args.changes} replica-set changes")
         result.update(await one_change(cluster, args.changes))
         result.update({f"change_{k}": v for k, v in (await pushes(cluster)).items()})
+        phase(replicas, routers, "load step")
         result.update(await step(cluster, args.herd_timeout_s))
         result.update({f"step_{k}": v for k, v in (await pushes(cluster)).items()})
     finally:
         await cluster.stop()
     return result
+
+
+def phase(replicas: int, routers: int, what: str) -> None:
+    """Progress of a long run, with the time (and a mark a profiler can wait for)."""
+    print(f"  {replicas}x{routers} {time.strftime('%H:%M:%S')}: {what}", flush=True)
 
 
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
