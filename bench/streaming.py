@@ -1,7 +1,7 @@
 """Token streams through one proxy: N concurrent SSE streams x K chunks, surge vs Ray Serve.
 
     python bench/streaming.py [--streams 1000] [--chunks 50] [--gap-ms 20] [--ramp-s 0.5]
-                              [--systems surge,ray] [--rounds 1]
+                              [--systems surge,ray] [--rounds 1] [--profile]
 
 Each system serves the same app (bench/apps/surge_stream.py, bench/apps/ray_stream.py):
 GET /stream?n=K&gap_ms=G answers a starlette `StreamingResponse` (text/event-stream) of K
@@ -487,6 +487,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the systems in turn this many times (fresh each time); "
                              "medians are reported")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample surge's proxy and replica with py-spy while the last "
+                             "round's streams run and print their top functions "
+                             "(bench/profile.py; with --chunks 250 they run ~5 s)")
     args = parser.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     for name in systems:
@@ -510,7 +514,16 @@ def main() -> None:
                     warm_up("127.0.0.1", port)
                     known = remember(system)
                     serving, everything = system.serving_pids(), system.pids()
+                    profiler = None
+                    if args.profile and name == "surge" and round_no == args.rounds:
+                        from bench.profile import Profiler
+
+                        profiler = Profiler({f"{cmdline(pid).split()[0]} #{pid}": pid
+                                             for pid in serving},
+                                            args.ramp_s + args.chunks * args.gap_ms / 1000)
                     r = measure("127.0.0.1", port, args, serving, everything)
+                    if profiler is not None:
+                        print(profiler.report(15), flush=True)
                     known.update(remember(system))
             except RuntimeError as exc:
                 print(f"   {name} FAILED: {exc}", flush=True)
