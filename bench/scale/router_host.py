@@ -116,6 +116,7 @@ class FakeRouter:
         self.generation.clear()  # a new connection starts from whole sets
         self.report_interval_s = LOAD_REPORT_INTERVAL_S
         self.telemetry_interval_s = TELEMETRY_INTERVAL_S
+        self.sent = None  # a new connection: the next report goes at once, as the runtime
         peer: RpcPeer | None = None
         try:
             peer = self.peer = await connect_rpc(host.controller, self, token=host.token,

@@ -3,6 +3,8 @@ from how many there are, and when a replica's telemetry stands for its health ch
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from surge.policy.cadence import (
@@ -76,4 +78,13 @@ def test_heard_lately(ago_s: float, period_s: float, interval_s: float, passes: 
                       why: str) -> None:
     now = 1000.0
     assert heard_lately(now - ago_s, now, period_s, interval_s) is passes, why
-    assert TELEMETRY_KEEPALIVE_S + 2 * TELEMETRY_INTERVAL_S == 7.0
+
+
+def test_a_keepalive_on_any_interval_is_heard_lately() -> None:
+    """An idle member reports at the first tick of its timer at or past the keepalive,
+    ceil(K / I) * I after the last; a report a tick late still passes (Ray's period)."""
+    for interval in (1.0, 2.0, 3.0, 4.0, MAX_TELEMETRY_INTERVAL_S):
+        gap = math.ceil(TELEMETRY_KEEPALIVE_S / interval) * interval
+        assert heard_lately(1000.0 - gap, 1000.0, 10.0, interval), interval
+        assert heard_lately(1000.0 - gap - interval, 1000.0, 10.0, interval) or \
+            gap + interval > 10.0, interval

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -332,20 +333,38 @@ def test_many_members_are_told_to_send_telemetry_less_often() -> None:
         h = Harness()
         await h.deploy(app(DeploymentConfig(name="Model")))
         await h.tick()
-        replica = await h.ready("Model-1")
+        building = FakePeer("replica", replica_id="Model-1")  # said hello, not ready yet
+        await h.api.rpc_hello(building, role="replica", pid=2, replica_id="Model-1")
         proxies = [FakePeer("proxy", proxy_id=f"proxy-{i}") for i in range(1000)]
         for peer in proxies:
             await h.api.rpc_hello(peer, role="proxy", pid=1)
         await h.tick(1.0)  # reviewed once a second: 1,001 members, every 2 s
-        assert replica.pushed("telemetry_interval") == [2.0]
+        assert building.pushed("telemetry_interval") == [2.0]
         assert all(p.pushed("telemetry_interval") == [2.0] for p in proxies)
         late = FakePeer("proxy", proxy_id="proxy-late")
         await h.api.rpc_hello(late, role="proxy", pid=1)
         assert late.pushed("telemetry_interval") == [2.0]  # told at once
         for peer in proxies[:500]:
-            h.controller.publisher.drop(peer)
+            h.controller.on_disconnect(peer)
         await h.tick(1.0)
         assert late.pushed("telemetry_interval") == [2.0, 1.0]
+        assert building.pushed("telemetry_interval") == [2.0, 1.0]
+
+    run(main)
+
+
+def test_only_the_replicas_own_connection_proves_it_alive() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model")))
+        await h.tick()
+        replica = await h.ready("Model-1", own_health_check=False)
+        record = h.state.replicas["Model-1"]
+        h.controller.on_push(FakePeer("proxy"), "telemetry",
+                             TelemetryReport("replica", "Model-1"))  # not its connection
+        assert record.heard_at == -math.inf
+        h.controller.on_push(replica, "telemetry", TelemetryReport("replica", "Model-1"))
+        assert record.heard_at == h.clock.monotonic()
 
     run(main)
 
@@ -583,10 +602,11 @@ async def restarted(tmp_path: Path) -> Harness:
     return h
 
 
-async def rejoin(h: Harness, replica_id: str, pid: int) -> FakePeer:
+async def rejoin(h: Harness, replica_id: str, pid: int, **info: Any) -> FakePeer:
     peer = FakePeer("replica", replica_id=replica_id)
     await h.api.rpc_hello(peer, role="replica", pid=pid, replica_id=replica_id, app="app",
-                          deployment="Model", version=1, address=f"unix:/s/{replica_id}.sock")
+                          deployment="Model", version=1, address=f"unix:/s/{replica_id}.sock",
+                          **info)
     await turn()
     return peer
 
@@ -611,6 +631,18 @@ def test_a_restarted_controller_adopts_every_member_and_starts_none(tmp_path: Pa
         assert h.states() == {"Model-1": "RUNNING", "Model-2": "RUNNING"}
         assert h.state.proxy_address == "127.0.0.1:8000"
         assert h.status() is ApplicationStatus.RUNNING
+
+    run(main)
+
+
+def test_a_readopted_replica_keeps_what_it_said_of_its_health_check(tmp_path: Path) -> None:
+    async def main() -> None:
+        _, pids = await first_controller(tmp_path)
+        h = await restarted(tmp_path)
+        await rejoin(h, "Model-1", pids["Model-1"], own_health_check=False)
+        await rejoin(h, "Model-2", pids["Model-2"])  # an older replica says nothing
+        assert not h.state.replicas["Model-1"].own_health_check
+        assert h.state.replicas["Model-2"].own_health_check  # called, as before
 
     run(main)
 

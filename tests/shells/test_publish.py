@@ -164,11 +164,13 @@ def test_members_are_told_a_longer_telemetry_interval_and_new_ones_at_hello() ->
     first, second = FakePeer("replica"), FakePeer("proxy")
     publisher.greet_member(first)
     assert first.pushed("telemetry_interval") == []  # the default: nothing to say
-    publisher.tell_telemetry_interval(3.0, [first])
-    publisher.tell_telemetry_interval(3.0, [first])  # unchanged: not again
+    publisher.tell_telemetry_interval(3.0)
+    publisher.tell_telemetry_interval(3.0)  # unchanged: not again
     assert first.pushed("telemetry_interval") == [3.0]
     publisher.greet_member(second)
     assert second.pushed("telemetry_interval") == [3.0]
-    publisher.tell_telemetry_interval(1.0, [first, second])
+    publisher.drop(first)
+    publisher.tell_telemetry_interval(1.0)
     assert second.pushed("telemetry_interval") == [3.0, 1.0]
-    assert publisher.telemetry_interval_s == 1.0
+    assert first.pushed("telemetry_interval") == [3.0]  # gone: not told
+    assert publisher.members == {second} and publisher.telemetry_interval_s == 1.0

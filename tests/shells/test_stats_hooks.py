@@ -1,4 +1,5 @@
-"""replica.stats_hooks: Ray's load hooks called in the replica, bounded, never fatal."""
+"""replica.stats_hooks (Ray's load hooks called in the replica, bounded, never fatal) and
+the optional methods a user class may define (`UserCode.defines`)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,24 @@ def test_failures_are_logged_once_and_never_stop_the_loop(
     assert len(warnings) == 1 and "engine gone" in warnings[0].getMessage()
     assert any("timed out after 0.05s" in r.getMessage() for r in caplog.records)
     assert frames == [RoutingStats(0, 8, 0.25, 0.01)]
+
+
+class _WithCheck:
+    def check_health(self) -> None: ...
+
+
+class _NotCallable:
+    check_health = 3
+
+
+def test_which_user_code_defines_its_own_health_check() -> None:
+    async def main() -> None:
+        answers = []
+        for target in (_WithCheck, _NotCallable, Plain, lambda request: request):
+            user = UserCode(target, (), {}, 1)
+            await user.construct()
+            answers.append(user.defines("check_health"))
+            assert await user.call_optional("check_health") is answers[-1]
+        assert answers == [True, False, False, False]
+
+    asyncio.run(main())

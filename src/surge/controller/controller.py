@@ -177,6 +177,9 @@ class Controller:
     def on_push(self, peer: Peer, topic: str, value: Any) -> None:
         if topic == "telemetry":
             self.observer.telemetry(value)
+            replica = self.state.replicas.get(getattr(value, "source", ""))
+            if replica is not None and replica.peer is peer:  # its loop is alive
+                replica.heard_at = self.clock.monotonic()  # (a default health check)
         elif topic == "engine_load" and isinstance(value, EngineReport):
             replica = self.state.replicas.get(value.replica_id)
             if replica is not None:
@@ -259,12 +262,9 @@ class Controller:
     def _review_intervals(self) -> None:
         """How often routers report their load and members their telemetry, from how
         many there are (policy/cadence.py); told to them when it changes."""
-        publisher, replicas = self.publisher, self.state.replicas
+        publisher = self.publisher
         publisher.tell_load_interval(load_report_interval_s(len(publisher.routers)))
-        interval = telemetry_interval_s(len(replicas) + len(publisher.proxies))
-        if interval != publisher.telemetry_interval_s:
-            members = [r.peer for r in replicas.values() if r.peer is not None]
-            publisher.tell_telemetry_interval(interval, [*publisher.proxies, *members])
+        publisher.tell_telemetry_interval(telemetry_interval_s(len(publisher.members)))
 
     def _observe(self) -> Observed:
         """The backend's proxies (its replicas are known from the state) and placements."""

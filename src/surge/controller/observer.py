@@ -138,9 +138,6 @@ class Observer:
             self.proxy_gauges[report.source] = (now, dict(report.gauges))
         elif report.role == "replica":
             self.replica_seen[report.source] = now
-            record = self.state.replicas.get(report.source)
-            if record is not None:
-                record.heard_at = now  # its loop is alive (a default health check)
             self.replica_gauges[report.source] = (report.app, report.deployment,
                                                   float(report.gauges.get("processing", 0)))
             if report.models or report.source in self.replica_models:

@@ -30,7 +30,7 @@ the meantime, and flushes under 50 ms take at most a third of the controller's l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.clock import SYSTEM, Clock
@@ -107,6 +107,7 @@ class Publisher:
         self.watchers: dict[DeploymentId, set[Peer]] = {}
         self.proxies: set[Peer] = set()
         self.routers: set[Peer] = set()  # the peers that watch something
+        self.members: set[Peer] = set()  # proxies and replicas (from their hello on)
         self.load_interval_s = TICK_S  # what routers were told (policy/cadence.py)
         self.telemetry_interval_s = TELEMETRY_INTERVAL_S  # what members were told
         self.paused = False
@@ -154,14 +155,16 @@ class Publisher:
             self.load_interval_s = interval_s
             broadcast(self.routers, "load_interval", interval_s)
 
-    def tell_telemetry_interval(self, interval_s: float, members: Iterable[Peer]) -> None:
+    def tell_telemetry_interval(self, interval_s: float) -> None:
         """Members send their telemetry every `interval_s` from now (told if it changed)."""
         if interval_s != self.telemetry_interval_s:
             self.telemetry_interval_s = interval_s
-            broadcast(members, "telemetry_interval", interval_s)
+            broadcast(self.members, "telemetry_interval", interval_s)
 
     def greet_member(self, peer: Peer) -> None:
-        """A proxy or replica that just said hello: told the interval if not the default."""
+        """A proxy or replica that just said hello (a replica still building included):
+        one of the members, told the interval if it is not the default."""
+        self.members.add(peer)
         if self.telemetry_interval_s != TELEMETRY_INTERVAL_S:
             peer.push("telemetry_interval", self.telemetry_interval_s)
 
@@ -169,6 +172,7 @@ class Publisher:
         """A connection closed: it watches nothing now (the others' shares grow)."""
         self.proxies.discard(peer)
         self.routers.discard(peer)
+        self.members.discard(peer)
         for did, watchers in self.watchers.items():
             if peer in watchers:
                 watchers.discard(peer)

@@ -95,13 +95,10 @@ class UserCode:
         return not self.is_function and callable(getattr(self.instance, name, None))
 
     async def call_optional(self, name: str, *args: Any) -> bool:
-        """Call `name` if the user defined it; False when they did not."""
-        if self.is_function:
+        """Call `name` if the user defined it (`defines`); False when they did not."""
+        if not self.defines(name):
             return False
-        method = getattr(self.instance, name, None)
-        if method is None:
-            return False
-        await self._invoke(method, args, {})
+        await self._invoke(getattr(self.instance, name), args, {})
         return True
 
     def method(self, name: str) -> Callable[..., Any]:
