@@ -49,6 +49,7 @@ test-llm:
 # builds it again, printing why it failed).
 test: lint ray-venv
 	sh scripts/ensure-chromium.sh
+	sh scripts/ensure-netns-tools.sh
 	@PIP_NO_COMPILE=1 nice -n 19 sh scripts/llm-env.sh > .llm-env.log 2>&1 & build=$$!; \
 	$(PY) -m pytest; rc=$$?; wait $$build || true; exit $$rc
 	$(MAKE) test-llm
