@@ -28,6 +28,7 @@ APPS = Path(__file__).resolve().parent / "apps"
 RAY_VERSION = "2.60.0"
 RAY_VENV = Path(os.environ.get("SURGE_BENCH_RAY_VENV",
                                Path.home() / ".cache" / "surge-bench" / f"ray-{RAY_VERSION}"))
+RAY_PYTHON = RAY_VENV / "bin" / "python"
 
 
 def free_port() -> int:
@@ -38,7 +39,7 @@ def free_port() -> int:
 
 def ray_python() -> str:
     """The Python of a virtualenv with Ray Serve 2.60, created if missing."""
-    python = RAY_VENV / "bin" / "python"
+    python = RAY_PYTHON
     check = f"import ray, sys; sys.exit(ray.__version__ != '{RAY_VERSION}')"
     probe = [str(python), "-c", check]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
@@ -147,7 +148,7 @@ def start_system(name: str, argv: list[str], env: dict[str, str] | None = None,
     which a cluster killed earlier leaves behind, and waits for its dead GCS for ever.
     One that does not say READY within `timeout_s` is stopped (its readline ends)."""
     extra = dict(env or {})
-    if argv[0] == str(RAY_VENV / "bin" / "python"):
+    if argv[0] == str(RAY_PYTHON):
         extra.setdefault("RAY_ADDRESS", "local")
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                text=True, env={**os.environ, **extra},

@@ -52,8 +52,7 @@ def telemetry_interval_s(members: int) -> float:
     return min(MAX_TELEMETRY_INTERVAL_S, seconds * TELEMETRY_INTERVAL_S)
 
 
-def heard_lately(heard_at: float, now: float, period_s: float,
-                 interval_s: float = TELEMETRY_INTERVAL_S) -> bool:
+def heard_lately(heard_at: float, now: float, period_s: float, interval_s: float) -> bool:
     """Whether a replica's telemetry, last heard at `heard_at`, passes its default health
     check due `now` (its class has no check_health of its own).
 
