@@ -17,8 +17,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["at_exit", "die_with_parent", "open_pidfd", "pid_gone", "raise_fd_limit",
-           "run_exit_hooks", "set_title", "start_time", "watch_supervisor"]
+__all__ = ["at_exit", "die_with_parent", "keep_freed_memory", "open_pidfd", "pid_gone",
+           "raise_fd_limit", "run_exit_hooks", "set_title", "start_time", "watch_supervisor"]
 
 _exit_hooks: list[Callable[[], object]] = []
 
@@ -78,6 +78,34 @@ def raise_fd_limit() -> int:
         return int(soft)
     except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
         return -1
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# A buffer up to this size comes from the heap (glibc's most), and freed heap memory up
+# to this much stays with the process.
+HEAP_BUFFER_BYTES = 32 * 1024 * 1024
+RETAINED_BYTES = 128 * 1024 * 1024
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc reuse freed memory for large buffers instead of returning it.
+
+    By default a buffer past 128 KiB is its own mapping and, at most a few of them
+    later, the heap's free top goes back to the kernel: every large message (a 10 MB
+    gRPC request and the five buffers it passes through) then costs a page fault per
+    4 KiB, measured at 13,000 faults and most of a replica's 42 ms of CPU per 10 MB
+    call. With buffers up to HEAP_BUFFER_BYTES on the heap and RETAINED_BYTES of free
+    heap kept, the same pages serve the next message; a process keeps that much of
+    its peak. False where this is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, HEAP_BUFFER_BYTES)
+                and mallopt(_M_TRIM_THRESHOLD, RETAINED_BYTES))
 
 
 def open_pidfd(pid: int) -> int | None:

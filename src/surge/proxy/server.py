@@ -25,7 +25,13 @@ from surge.model import DeploymentId, ProxySpec, RouteTarget
 from surge.observability.config import LoggingConfig
 from surge.observability.logs import AccessLog, configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
-from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
+from surge.process import (
+    die_with_parent,
+    keep_freed_memory,
+    raise_fd_limit,
+    set_title,
+    watch_supervisor,
+)
 from surge.proxy.exchange import Exchange
 from surge.proxy.http import HttpConnection
 from surge.proxy.site import Site
@@ -243,6 +249,7 @@ def main(quiet_without_spec: bool = False) -> int:
         print(f"surge:proxy: {exc}", file=sys.stderr)
         return 2
     raise_fd_limit()
+    keep_freed_memory()
     if not launch.lifetime.supervisor_pid:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

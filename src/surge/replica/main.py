@@ -29,7 +29,13 @@ from surge.model import ImportedTarget, ReplicaSpec
 from surge.observability.logs import configure_logging
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.observability.user_metrics import REGISTRY
-from surge.process import die_with_parent, raise_fd_limit, set_title, watch_supervisor
+from surge.process import (
+    die_with_parent,
+    keep_freed_memory,
+    raise_fd_limit,
+    set_title,
+    watch_supervisor,
+)
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.stats_hooks import StatsHooks
@@ -246,6 +252,7 @@ def main(launch: ReplicaProcessSpec) -> int:
     app, deployment = launch.app, launch.deployment
     set_title(f"surge:replica:{app}:{deployment}")
     raise_fd_limit()
+    keep_freed_memory()
     if not launch.lifetime.supervisor_pid:
         die_with_parent(launch.lifetime.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
