@@ -14,7 +14,7 @@ from surge.errors import (
     ReplicaDiedError,
     RequestCancelledError,
 )
-from surge.proxy.grpc import _field
+from surge.proxy.grpc_local import field as _field
 from surge.proxy.grpc_status import (
     MAX_DETAILS,
     Code,

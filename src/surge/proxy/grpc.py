@@ -1,21 +1,26 @@
 """gRPC ingress: Ray Serve's gRPC proxy on surge's data path, bytes through.
 
-The proxy process runs a grpc.aio server beside its HTTP server, on the same event loop,
-on `gRPCOptions.port` (every worker of a node binds it with SO_REUSEPORT). It has one
-handler of the right kind for every method of the servicers named in
+The proxy process serves gRPC beside its HTTP server, on the same event loop, on
+`gRPCOptions.port` (every worker of a node binds it with SO_REUSEPORT), with HTTP/2 of
+its own (proxy/h2.py, proxy/grpc_wire.py: no grpcio server, whose per-call costs were
+most of the proxy's CPU). It knows the methods of the servicers named in
 `grpc_servicer_functions` (learned by calling each with a recording server,
-transport/grpc_methods.py), with no deserializer and no serializer: a request's bytes go
-to the replica in a `GrpcRequest` frame and the response's bytes come back, so a message
-is parsed once, in the replica, the only process that needs the user's `_pb2`.
+transport/grpc_methods.py) by path and kind only: a request's bytes go to the replica in
+a `GrpcRequest` frame and the response's bytes come back, so a message is parsed once,
+in the replica, the only process that needs the user's `_pb2`.
 
 A call names its application in the `application` metadata (any name, or none, picks the
 only one) and reaches the deployment's method named like the RPC, through the app's
-ingress Router: the admission path, queue limits and backpressure of HTTP. Its deadline
-(the client's, capped by `request_timeout_s`) becomes the request's timeout, and a client
-that goes away cancels it at the replica. Client streams flow only as the replica pulls
-them (`Pull`); response streams are flow-controlled like HTTP's (transport/flow.py).
-Statuses are decided in proxy/grpc_status.py; `request_id` always comes back in the
-trailing metadata.
+ingress Router: the admission path, queue limits and backpressure of HTTP. Everything
+is decided when the call's headers (and, for a unary request, its message) are in,
+synchronously: the route, the refusals (NOT_FOUND, UNAUTHENTICATED, UNAVAILABLE while
+draining), the submission. Its deadline (the client's `grpc-timeout`, capped by
+`request_timeout_s`) becomes the request's timeout, and a client that resets the stream
+or goes away cancels it at the replica. Client streams flow only as the replica pulls
+them (`Pull`), the stream's HTTP/2 window given back message by message; response
+streams are flow-controlled like HTTP's (transport/flow.py): a message's bytes are
+acknowledged to the replica once the client's windows took them. Statuses are decided in
+proxy/grpc_status.py; `request_id` always comes back in the trailing metadata.
 """
 
 from __future__ import annotations
@@ -25,18 +30,22 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
-
-import grpc
-from grpc import aio
+from typing import TYPE_CHECKING
 
 from surge.errors import BackPressureError, ConfigError, DeploymentUnavailableError
-from surge.model import DeploymentId, ProxySpec, RouteTable, RouteTarget
+from surge.model import DeploymentId, RouteTable, RouteTarget
 from surge.policy.auth import check_bearer
+from surge.proxy.grpc_local import (
+    DRAINING,
+    HEALTH_WATCH,
+    NOT_SERVING,
+    REFLECTION,
+    SERVING,
+    LocalServices,
+    status_message,
+)
 from surge.proxy.grpc_status import (
     CODE_NAMES,
-    HEALTHZ,
-    LIST_APPLICATIONS,
     Code,
     Timeout,
     choose_app,
@@ -44,88 +53,522 @@ from surge.proxy.grpc_status import (
     status_of,
     truncate,
 )
+from surge.proxy.grpc_wire import (
+    RESPONSE_HEADERS,
+    MessageReader,
+    Metadata,
+    WireError,
+    frame_message,
+    http_error,
+    read_head,
+    trailers,
+)
+from surge.proxy.h2 import H2Connection, H2Error
+from surge.proxy.hpack import Header
 from surge.router.replica_link import Pending
 from surge.transport.grpc_methods import GrpcMethod, methods_of, pack_metadata, unpack_metadata
-from surge.transport.messages import (
-    Failure,
-    GrpcEnd,
-    GrpcMessage,
-    GrpcRequest,
-    Item,
-    Message,
-    Pull,
-)
+from surge.transport.messages import Failure, GrpcEnd, GrpcMessage, GrpcRequest, Item, Message, Pull
 
 if TYPE_CHECKING:
     from surge.proxy.server import Proxy
+    from surge.router.router import Router
 
-__all__ = ["GRPC_SERVER_OPTIONS", "GrpcIngress", "start_grpc"]
+__all__ = ["GrpcConnection", "GrpcIngress", "start_grpc"]
 
 log = logging.getLogger("surge.proxy")
 
 # Ray Serve's message size limit, both ways: 2 GiB - 1 (grpc's own default is 4 MiB in).
 MAX_MESSAGE_BYTES = 2**31 - 1
-GRPC_SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                       ("grpc.so_reuseport", 1)]
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
-DRAINING = "This node is being drained."
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
-SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3  # HealthCheckResponse.ServingStatus
+# Calls one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); a
+# router's queue limits bound what they cost further in.
+MAX_STREAMS = 1024
+NOT_FOUND_METHOD = "Method not found!"  # grpc's own details for an unknown method
 
 
 class _Call:
-    """One RPC in flight: the router's sink for it, and what its handler waits on."""
+    """One RPC: what its stream carried so far, and the router's sink for it."""
 
-    __slots__ = ("end", "items", "loop", "pending", "pull_waiter", "pulls", "router", "timer",
-                 "waiter")
+    __slots__ = ("body", "client_done", "conn", "end_sent", "ended", "headers_sent", "inbox",
+                 "labels", "local", "metadata", "method", "pending", "pulls", "queue",
+                 "reader", "request_id", "router", "started", "stream_id", "submitted",
+                 "target", "task", "timer", "unacked")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.items: deque[bytes] = deque()  # response stream messages not yet yielded
-        self.end: GrpcEnd | BaseException | None = None
-        self.waiter: asyncio.Future[None] | None = None
+    def __init__(self, conn: GrpcConnection, stream_id: int, started: float) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.started = started
+        self.request_id = ""
+        self.metadata: Metadata = ()
+        self.labels: tuple[str, str, str] | None = None  # counted under these when it ends
+        self.method: GrpcMethod | None = None
+        self.target: RouteTarget | None = None
+        self.local = ""  # the path of a local service's method
+        self.reader = MessageReader(MAX_MESSAGE_BYTES)
+        self.body: bytes | None = None  # a unary request's message
+        self.inbox: deque[bytes] = deque()  # client stream messages not yet pulled
+        self.client_done = False  # the client's stream ended
+        self.end_sent = False  # the replica was told so
         self.pulls = 0  # client stream messages the replica asked for, not yet sent
-        self.pull_waiter: asyncio.Future[None] | None = None
         self.pending: Pending | None = None
-        self.router: Any = None  # the Router it was submitted to
+        self.router: Router | None = None
+        self.submitted = False
         self.timer: asyncio.TimerHandle | None = None
+        self.headers_sent = False
+        self.unacked = 0  # response bytes written but not yet acknowledged to the replica
+        self.ended = False
+        self.queue: asyncio.Queue[bytes | None] | None = None  # reflection's requests
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        path = self.method.path if self.method is not None else self.local
+        return f"<_Call {self.stream_id} {path} ended={self.ended}>"
 
     def deliver(self, message: Message) -> None:
-        if isinstance(message, Item):
-            self.items.append(message.payload)
-        elif isinstance(message, Pull):
-            self.pulls += message.count
-            _wake(self.pull_waiter)
-            return
-        elif isinstance(message, GrpcEnd):
-            self.end = message
-        elif isinstance(message, Failure):
-            self.end = _failure(message)
-        else:
-            self.end = RuntimeError(f"a gRPC call cannot take {type(message).__name__}")
-        _wake(self.waiter)
+        self.conn.delivered(self, message)
 
     def fail(self, exc: BaseException) -> None:
-        if self.end is None:
-            self.end = exc
-        _wake(self.waiter)
-        _wake(self.pull_waiter)
-
-    async def next(self) -> bytes | None:
-        """The next response message, or None once the call ended."""
-        while not self.items:
-            if self.end is not None:
-                return None
-            self.waiter = self.loop.create_future()
-            await self.waiter
-        return self.items.popleft()
+        self.conn.failed(self, exc)
 
 
-def _wake(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
+class GrpcIngress:
+    """What every gRPC connection of the proxy shares: the methods, the apps, the limits."""
+
+    def __init__(self, proxy: Proxy, methods: Mapping[str, GrpcMethod],
+                 request_timeout_s: float | None, health: bool = False,
+                 reflection: bool = False) -> None:
+        self.proxy = proxy
+        self.loop = proxy.loop
+        self.request_timeout_s = request_timeout_s
+        self.methods = dict(methods)
+        self.max_header_bytes = proxy.spec.max_header_bytes
+        self.ongoing = 0  # calls submitted and not yet ended
+        self.connections: set[GrpcConnection] = set()
+        self.watchers: set[_Call] = set()  # Health/Watch streams told SERVING
+        self.local = LocalServices(lambda: self.apps(), {m.service for m in methods.values()},
+                                   lambda: self.proxy.site.draining, health, reflection)
+        self._apps: dict[str, RouteTarget] = {}
+        self._table: RouteTable | None = None
+        self._routers: dict[tuple[str, str], Router] = {}
+
+    def __repr__(self) -> str:
+        return (f"<GrpcIngress methods={len(self.methods)} apps={len(self._apps)} "
+                f"connections={len(self.connections)} ongoing={self.ongoing}>")
+
+    def protocol(self) -> GrpcConnection:
+        return GrpcConnection(self)
+
+    def apps(self) -> dict[str, RouteTarget]:
+        table = self.proxy.runtime.routes
+        if table is not self._table:
+            self._table = table
+            self._apps = {target.app: target for target in table.targets}
+        return self._apps
+
+    def router(self, target: RouteTarget) -> Router:
+        key = (target.app, target.deployment)
+        router = self._routers.get(key)
+        if router is None:
+            router = self._routers[key] = self.proxy.runtime.router(DeploymentId(*key))
+        return router
+
+    def drain(self) -> None:
+        """No new calls on any connection (GOAWAY); health watchers hear NOT_SERVING."""
+        for call in list(self.watchers):
+            call.conn.send_message(call, status_message(NOT_SERVING), ack=False)
+        self.watchers.clear()
+        for connection in list(self.connections):
+            connection.going_away()
+
+    def close(self) -> None:
+        for connection in list(self.connections):
+            connection.close()
+
+    def record(self, call: _Call, code: int) -> None:
+        if call.labels is None:
+            return
+        name = CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else str(code)
+        latency_ms = (self.proxy.now() - call.started) * 1000.0
+        self.proxy.record_grpc(call.labels, code, name, latency_ms, call.request_id)
+
+
+class GrpcConnection(asyncio.Protocol):
+    """The asyncio shell of one HTTP/2 connection, and the calls on it."""
+
+    __slots__ = ("_flush_scheduled", "calls", "h2", "holding", "ingress", "peer", "transport",
+                 "writing_paused")
+
+    def __init__(self, ingress: GrpcIngress) -> None:
+        self.ingress = ingress
+        self.h2 = H2Connection(self, MAX_STREAMS, ingress.max_header_bytes)
+        self.calls: dict[int, _Call] = {}
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""  # as grpc names it: "ipv4:127.0.0.1:5555"
+        self.writing_paused = False
+        self.holding: list[_Call] = []  # calls with acknowledgements held while paused
+        self._flush_scheduled = False
+
+    def __repr__(self) -> str:
+        return f"<GrpcConnection {self.peer} calls={len(self.calls)} {self.h2!r}>"
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else \
+                f"ipv4:{peer[0]}:{peer[1]}"
+        ingress = self.ingress
+        if len(ingress.connections) >= ingress.proxy.spec.max_connections:
+            self.h2.goaway()  # too many connections: this one serves nothing
+            self._flush()
+            transport.close()
+            return
+        ingress.connections.add(self)
+        if ingress.proxy.site.draining:
+            self.h2.goaway()
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.h2.receive(data)
+        except H2Error as exc:
+            log.debug("gRPC connection %s closed: %s", self.peer, exc)
+            self._flush()
+            self.close()
+            return
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ingress.connections.discard(self)
+        self.transport = None
+        for call in list(self.calls.values()):
+            self._abandon(call)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        holding, self.holding = self.holding, []
+        for call in holding:
+            self._acknowledge(call)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def going_away(self) -> None:
+        self.h2.goaway()
+        self._flush()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self.h2.out
+        if out:
+            if self.transport is not None:
+                self.transport.writelines(out)
+            out.clear()
+
+    def _flush_soon(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.ingress.loop.call_soon(self._flush)
+
+    # -- h2.Listener -----------------------------------------------------------------------
+
+    def headers(self, stream_id: int, headers: list[Header], size: int,
+                end_stream: bool) -> None:
+        """A call begins: decide where it goes, or answer it now."""
+        ingress = self.ingress
+        call = self.calls[stream_id] = _Call(self, stream_id, ingress.proxy.now())
+        head = read_head(headers)
+        if head.errors:
+            error = head.errors[0]
+            if error.code < 0:  # not gRPC at all: an HTTP status
+                self.calls.pop(stream_id)
+                self.h2.send_headers(stream_id, http_error(-error.code, str(error)), True)
+                return
+            self.end(call, error.code, str(error))
+            return
+        metadata = call.metadata = head.metadata
+        call.request_id = metadata_value(metadata, "request_id") or str(uuid.uuid4())
+        if size > ingress.max_header_bytes:
+            self.end(call, Code.RESOURCE_EXHAUSTED, f"request headers of {size} bytes exceed "
+                                                   f"the limit of {ingress.max_header_bytes}")
+            return
+        path = head.path
+        method = ingress.methods.get(path)
+        if method is None:
+            if ingress.local.serves(path):
+                call.local = path
+                if path == REFLECTION:
+                    call.queue = asyncio.Queue()
+                    call.task = ingress.loop.create_task(self._reflect(call))
+            else:
+                self.end(call, 12, NOT_FOUND_METHOD)  # UNIMPLEMENTED, as grpc says it
+            return
+        target, not_found = choose_app(metadata_value(metadata, "application"), ingress.apps())
+        if target is None:
+            call.labels = ("", "", path)
+            self.end(call, Code.NOT_FOUND, not_found)
+            return
+        call.labels = (target.app, target.deployment, path)
+        if target.auth is not None:  # the application's bearer tokens, as over HTTP
+            refusal = check_bearer([value.encode() for key, value in metadata
+                                    if key == "authorization" and isinstance(value, str)],
+                                   target.auth.digests)
+            if refusal is not None:
+                self.end(call, Code.UNAUTHENTICATED, refusal.message.decode())
+                return
+        if ingress.proxy.site.draining:
+            self.end(call, Code.UNAVAILABLE, DRAINING)
+            return
+        call.method, call.target = method, target
+        timeout, limit = head.timeout_s, ingress.request_timeout_s
+        if limit is not None:
+            timeout = limit if timeout is None else min(timeout, limit)
+        if timeout is not None:
+            call.timer = ingress.loop.call_later(timeout, self._timed_out, call, timeout)
+        if method.request_streaming:
+            self._submit(call, b"")
+        if end_stream:
+            self.data(stream_id, b"", True)
+
+    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is None or call.ended:
+            self.h2.consumed(stream_id, len(data))
+            return
+        try:
+            messages = call.reader.feed(data) if data else []
+            if end_stream and call.reader.partial:
+                raise WireError(Code.INTERNAL, "the client's stream ended inside a message")
+        except WireError as exc:
+            self.end(call, exc.code, str(exc))
+            return
+        streamed = call.method.request_streaming if call.method is not None else \
+            call.local == REFLECTION
+        if streamed:
+            if call.queue is not None:  # reflection takes every message at once
+                self.h2.consumed(stream_id, len(data))
+                for message in messages:
+                    call.queue.put_nowait(message)
+                if end_stream:
+                    call.queue.put_nowait(None)
+                return
+            call.inbox.extend(messages)  # their window comes back as the replica pulls
+            call.client_done = end_stream
+            self._pump(call)
+            return
+        self.h2.consumed(stream_id, len(data))
+        for message in messages:
+            if call.body is not None:
+                self.end(call, Code.INTERNAL, "a unary call sent more than one message")
+                return
+            call.body = message
+        if not end_stream:
+            return
+        if call.body is None:
+            self.end(call, Code.INTERNAL, "a unary call sent no message")
+        elif call.local:
+            self._answer_locally(call, call.body)
+        else:
+            self._submit(call, call.body)
+
+    def reset(self, stream_id: int, code: int) -> None:
+        """The client cancelled the call (or broke its stream's flow control)."""
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._abandon(call)
+
+    def drained(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None and call.unacked:
+            self._acknowledge(call)
+
+    # -- the call's way through the router -------------------------------------------------
+
+    def _submit(self, call: _Call, body: bytes) -> None:
+        method, target = call.method, call.target
+        assert method is not None and target is not None
+        metadata = call.metadata
+        request = GrpcRequest(0, method.path, method.servicer, pack_metadata(metadata), body,
+                              call.request_id, target.app,
+                              metadata_value(metadata, "multiplexed_model_id"), self.peer,
+                              method.request_streaming)
+        ingress = self.ingress
+        pending = call.pending = Pending(request, call)
+        router = call.router = ingress.router(target)
+        try:
+            router.submit(pending)
+        except (BackPressureError, DeploymentUnavailableError) as exc:
+            code, details = status_of(exc, call.request_id)
+            reason = "backpressure" if isinstance(exc, BackPressureError) else "unavailable"
+            ingress.proxy.recorder.rejected(target.app, target.deployment, reason)
+            self.end(call, code, details)
+            return
+        call.submitted = True
+        ingress.ongoing += 1
+
+    def delivered(self, call: _Call, message: Message) -> None:
+        """A frame of the call's answer, from its replica."""
+        if call.ended:
+            return
+        if isinstance(message, Item):
+            self.send_message(call, message.payload, ack=True)
+        elif isinstance(message, Pull):
+            call.pulls += message.count
+            self._pump(call)
+        elif isinstance(message, GrpcEnd):
+            if message.code == Code.OK:
+                if message.has_body:
+                    self.send_message(call, message.body, ack=False)
+                self.end(call, Code.OK, "", _trailers(call.request_id, message.trailers))
+            else:  # the user's method failed, or set its own code
+                self.end(call, message.code, truncate(message.details),
+                         _trailers(call.request_id, message.trailers))
+        elif isinstance(message, Failure):
+            self.failed(call, _failure(message))
+            return
+        else:
+            self.failed(call, RuntimeError(f"a gRPC call cannot take {type(message).__name__}"))
+            return
+        self._flush_soon()
+
+    def failed(self, call: _Call, exc: BaseException) -> None:
+        if not call.ended:
+            self.end(call, *status_of(exc, call.request_id))
+            self._flush_soon()
+
+    def _pump(self, call: _Call) -> None:
+        """Send the client's stream as the replica pulls it."""
+        pending = call.pending
+        link = pending.link if pending is not None else None
+        if link is None or pending is None or pending.cancelled:
+            return
+        request_id = pending.message.id
+        while call.pulls > 0:
+            if call.inbox:
+                body = call.inbox.popleft()
+                link.send(GrpcMessage(request_id, body, True))
+                self.h2.consumed(call.stream_id, len(body) + 5)
+            elif call.client_done and not call.end_sent:
+                call.end_sent = True
+                link.send(GrpcMessage(request_id, b"", False))
+            else:
+                return
+            call.pulls -= 1
+
+    def send_message(self, call: _Call, body: bytes, ack: bool) -> None:
+        """One response message; `ack`: tell the replica once the client took it."""
+        h2, stream_id = self.h2, call.stream_id
+        if not call.headers_sent:
+            call.headers_sent = True
+            h2.send_headers(stream_id, RESPONSE_HEADERS)
+        written = True
+        for part in frame_message(body):
+            written = h2.send_data(stream_id, part) and written
+        if ack:
+            call.unacked += len(body)
+            if written:
+                self._acknowledge(call)
+        self._flush_soon()
+
+    def _acknowledge(self, call: _Call) -> None:
+        if self.writing_paused:  # the socket's buffer is full: the replica waits
+            self.holding.append(call)
+            return
+        pending, unacked = call.pending, call.unacked
+        call.unacked = 0
+        if pending is not None and unacked:
+            pending.consumed(unacked)
+
+    def end(self, call: _Call, code: int, details: str, metadata: Metadata | None = None) -> None:
+        """The call's last word: its status and trailing metadata."""
+        if call.ended:
+            return
+        if metadata is None:
+            metadata = (("request_id", call.request_id),) if call.request_id else ()
+        block = trailers(code, details, metadata, trailers_only=not call.headers_sent)
+        self.h2.send_headers(call.stream_id, block, end_stream=True)
+        self._finish(call, code)
+
+    def _finish(self, call: _Call, code: int) -> None:
+        call.ended = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        # Its messages go now, not with a collection of the call's cycle with its Pending
+        # (a 10 MB request would wait for the garbage collector in every proxy).
+        call.pending = call.router = call.body = None
+        call.inbox.clear()
+        self.calls.pop(call.stream_id, None)
+        ingress = self.ingress
+        ingress.watchers.discard(call)
+        if call.task is not None:
+            call.task.cancel()
+        if call.submitted:
+            ingress.ongoing -= 1
+        ingress.record(call, code)
+
+    def _abandon(self, call: _Call) -> None:
+        """The client is gone: stop the call where it is."""
+        if call.ended:
+            return
+        self.h2.reset(call.stream_id, 8)  # CANCEL (a no-op once the client reset it)
+        self._cancel(call)
+        self._finish(call, Code.CANCELLED)
+
+    def _cancel(self, call: _Call) -> None:
+        if call.pending is not None and call.router is not None:
+            call.router.cancel(call.pending)
+
+    def _timed_out(self, call: _Call, timeout_s: float) -> None:
+        call.timer = None
+        if not call.ended:
+            self._cancel(call)
+            self.end(call, *status_of(Timeout(round(timeout_s, 3)), call.request_id))
+            self._flush()
+
+    # -- local services --------------------------------------------------------------------
+
+    def _answer_locally(self, call: _Call, body: bytes) -> None:
+        local = self.ingress.local
+        if call.local == HEALTH_WATCH:
+            status = local.serving(body)
+            self.send_message(call, status_message(status), ack=False)
+            if status == SERVING:
+                self.ingress.watchers.add(call)  # NOT_SERVING follows when draining
+            return  # the stream stays open until the client leaves
+        code, details, answer = local.unary[call.local](body)
+        if code == Code.OK:
+            self.send_message(call, answer, ack=False)
+        self.end(call, code, details)
+
+    async def _reflect(self, call: _Call) -> None:
+        queue = call.queue
+        assert queue is not None
+
+        async def requests() -> AsyncIterator[bytes]:
+            while (body := await queue.get()) is not None:
+                yield body
+
+        try:
+            async for response in self.ingress.local.reflect(requests()):
+                self.send_message(call, response, ack=False)
+            self.end(call, Code.OK, "")
+        except Exception as exc:
+            self.end(call, Code.INTERNAL, truncate(str(exc)))
+        self._flush()
+
+
+def _trailers(request_id: str, packed: list[tuple[str, str]]) -> Metadata:
+    """`request_id` first, then the user's trailers (a user's own request_id wins)."""
+    user = unpack_metadata(packed)
+    if any(key == "request_id" for key, _ in user):
+        return user
+    return (("request_id", request_id), *user)
 
 
 def _failure(message: Failure) -> BaseException:
@@ -136,317 +579,6 @@ def _failure(message: Failure) -> BaseException:
     return RuntimeError(message.message)
 
 
-class GrpcIngress(grpc.GenericRpcHandler):  # type: ignore[misc]
-    """The handlers of every method served, and the routing of each call."""
-
-    def __init__(self, proxy: Proxy, methods: Mapping[str, GrpcMethod],
-                 request_timeout_s: float | None, health: bool = False) -> None:
-        self.proxy = proxy
-        self.loop = proxy.loop
-        self.request_timeout_s = request_timeout_s
-        self.methods = dict(methods)
-        self.ongoing = 0  # calls submitted and not yet ended
-        self.drained = asyncio.Event()  # set when the proxy starts draining (Health/Watch)
-        self._apps: dict[str, RouteTarget] = {}
-        self._table: RouteTable | None = None
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {
-            path: self._handler(method) for path, method in self.methods.items()}
-        self._handlers[LIST_APPLICATIONS] = grpc.unary_unary_rpc_method_handler(
-            self._list_applications)
-        self._handlers[HEALTHZ] = grpc.unary_unary_rpc_method_handler(self._healthz)
-        if health:
-            self._handlers[HEALTH_CHECK] = grpc.unary_unary_rpc_method_handler(self._check)
-            self._handlers[HEALTH_WATCH] = grpc.unary_stream_rpc_method_handler(self._watch)
-
-    def __repr__(self) -> str:
-        return f"<GrpcIngress methods={len(self.methods)} apps={len(self._apps)}>"
-
-    def service(self, handler_call_details: Any) -> Any:
-        return self._handlers.get(handler_call_details.method)
-
-    def _handler(self, method: GrpcMethod) -> grpc.RpcMethodHandler:
-        if method.request_streaming and method.response_streaming:
-            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[bytes]:
-                async for item in self._stream(method, b"", requests, context):
-                    yield item
-            return grpc.stream_stream_rpc_method_handler(stream_stream)
-        if method.request_streaming:
-            async def stream_unary(requests: Any, context: Any) -> bytes:
-                return await self._unary(method, b"", requests, context)
-            return grpc.stream_unary_rpc_method_handler(stream_unary)
-        if method.response_streaming:
-            async def unary_stream(request: bytes, context: Any) -> AsyncIterator[bytes]:
-                async for item in self._stream(method, request, None, context):
-                    yield item
-            return grpc.unary_stream_rpc_method_handler(unary_stream)
-
-        async def unary_unary(request: bytes, context: Any) -> bytes:
-            return await self._unary(method, request, None, context)
-        return grpc.unary_unary_rpc_method_handler(unary_unary)
-
-    # -- RayServeAPIService ----------------------------------------------------------------
-
-    def apps(self) -> dict[str, RouteTarget]:
-        table = self.proxy.runtime.routes
-        if table is not self._table:
-            self._table = table
-            self._apps = {target.app: target for target in table.targets}
-        return self._apps
-
-    async def _list_applications(self, request: bytes, context: Any) -> bytes:
-        # ListApplicationsResponse: field 1, repeated string application_names.
-        return b"".join(_field(1, name.encode()) for name in self.apps())
-
-    async def _healthz(self, request: bytes, context: Any) -> bytes:
-        if self.proxy.site.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
-        return _field(1, b"success")  # HealthzResponse: field 1, string message
-
-    # -- grpc.health.v1.Health (opt-in) -----------------------------------------------------
-
-    def _serving(self, request: bytes) -> int | None:
-        """HealthCheckResponse's status for the service asked about (None: unknown)."""
-        service = _string_field(request)
-        if service and service not in self._services():
-            return None
-        return NOT_SERVING if self.proxy.site.draining else SERVING
-
-    def _services(self) -> set[str]:
-        return {method.service for method in self.methods.values()}
-
-    async def _check(self, request: bytes, context: Any) -> bytes:
-        status = self._serving(request)
-        if status is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
-        return bytes((0x08, status or 0))  # HealthCheckResponse: field 1, enum status
-
-    async def _watch(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
-        """The status now, and NOT_SERVING when the proxy starts draining; the stream
-        stays open until the client leaves."""
-        status = self._serving(request)
-        yield bytes((0x08, SERVICE_UNKNOWN if status is None else status))
-        if status == SERVING:
-            await self.drained.wait()
-            yield bytes((0x08, NOT_SERVING))
-        await self.loop.create_future()  # only the client's cancel ends it
-
-    # -- calls -----------------------------------------------------------------------------
-
-    async def _unary(self, method: GrpcMethod, body: bytes, requests: Any,
-                     context: Any) -> bytes:
-        call, request_id, labels = await self._begin(method, body, requests, context)
-        started = self.proxy.now()
-        code = Code.UNKNOWN
-        try:
-            pump = self._pump(call, requests) if requests is not None else None
-            try:
-                while call.end is None:
-                    call.waiter = self.loop.create_future()
-                    await call.waiter
-            finally:
-                if pump is not None:
-                    pump.cancel()
-            end = call.end
-            if isinstance(end, GrpcEnd) and end.code == Code.OK:
-                code = Code.OK
-                context.set_trailing_metadata(_trailers(request_id, end.trailers))
-                return end.body
-            code, details, trailers = self._status(end, request_id)
-        except asyncio.CancelledError:
-            code = Code.CANCELLED
-            raise
-        finally:
-            self._close(call, code, labels, started, request_id)
-        await context.abort(_STATUS[code], details, trailers)
-        raise AssertionError("unreachable")  # abort raises
-
-    async def _stream(self, method: GrpcMethod, body: bytes, requests: Any,
-                      context: Any) -> AsyncIterator[bytes]:
-        call, request_id, labels = await self._begin(method, body, requests, context)
-        started = self.proxy.now()
-        code = Code.UNKNOWN
-        try:
-            pump = self._pump(call, requests) if requests is not None else None
-            try:
-                while True:
-                    item = await call.next()
-                    if item is None:
-                        break
-                    yield item
-                    pending = call.pending
-                    if pending is not None:
-                        pending.consumed(len(item))  # grpc took it: the replica may send on
-            finally:
-                if pump is not None:
-                    pump.cancel()
-            end = call.end
-            if isinstance(end, GrpcEnd) and end.code == Code.OK:
-                code = Code.OK
-                context.set_trailing_metadata(_trailers(request_id, end.trailers))
-                return
-            code, details, trailers = self._status(end, request_id)
-        except (asyncio.CancelledError, GeneratorExit):
-            code = Code.CANCELLED
-            raise
-        finally:
-            self._close(call, code, labels, started, request_id)
-        await context.abort(_STATUS[code], details, trailers)
-
-    async def _begin(self, method: GrpcMethod, body: bytes, requests: Any,
-                     context: Any) -> tuple[_Call, str, tuple[str, str, str]]:
-        """Route and submit the call, or end it at once (NOT_FOUND, UNAVAILABLE, ...)."""
-        metadata = tuple(context.invocation_metadata() or ())
-        request_id = metadata_value(metadata, "request_id") or str(uuid.uuid4())
-        target, not_found = choose_app(metadata_value(metadata, "application"), self.apps())
-        if target is None:
-            self._count(("", "", method.path), Code.NOT_FOUND, 0.0, request_id)
-            await context.abort(grpc.StatusCode.NOT_FOUND, not_found,
-                                (("request_id", request_id),))
-        assert target is not None
-        labels = (target.app, target.deployment, method.path)
-        if target.auth is not None:  # the application's bearer tokens, as over HTTP
-            refusal = check_bearer([value.encode() for key, value in metadata
-                                    if key == "authorization" and isinstance(value, str)],
-                                   target.auth.digests)
-            if refusal is not None:
-                self._count(labels, Code.UNAUTHENTICATED, 0.0, request_id)
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal.message.decode(),
-                                    (("request_id", request_id),))
-        if self.proxy.site.draining:
-            self._count(labels, Code.UNAVAILABLE, 0.0, request_id)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING,
-                                (("request_id", request_id),))
-        call = _Call(self.loop)
-        request = GrpcRequest(0, method.path, method.servicer, pack_metadata(metadata), body,
-                              request_id,
-                              target.app, metadata_value(metadata, "multiplexed_model_id"),
-                              context.peer() or "", requests is not None)
-        pending = call.pending = Pending(request, call)
-        router = call.router = self.proxy.runtime.router(
-            DeploymentId(target.app, target.deployment))
-        try:
-            router.submit(pending)
-        except (BackPressureError, DeploymentUnavailableError) as exc:
-            code, details = status_of(exc, request_id)
-            reason = "backpressure" if isinstance(exc, BackPressureError) else "unavailable"
-            self.proxy.recorder.rejected(target.app, target.deployment, reason)
-            self._count(labels, code, 0.0, request_id)
-            await context.abort(_STATUS[code], details, (("request_id", request_id),))
-        self.ongoing += 1
-        timeout = self._timeout(context)
-        if timeout is not None:
-            call.timer = self.loop.call_later(timeout, self._timed_out, call, timeout)
-        return call, request_id, labels
-
-    def _timeout(self, context: Any) -> float | None:
-        remaining: float | None = context.time_remaining()
-        limit = self.request_timeout_s
-        if remaining is None:
-            return limit
-        return remaining if limit is None else min(remaining, limit)
-
-    def _timed_out(self, call: _Call, timeout_s: float) -> None:
-        call.timer = None
-        if call.end is None:
-            self._cancel(call)
-            call.fail(Timeout(round(timeout_s, 3)))
-
-    def _cancel(self, call: _Call) -> None:
-        pending = call.pending
-        if pending is not None and call.router is not None:
-            call.router.cancel(pending)
-
-    def _pump(self, call: _Call, requests: Any) -> asyncio.Task[None]:
-        """Send the client's stream as the replica pulls it."""
-        async def pump() -> None:
-            pending = call.pending
-            assert pending is not None
-            iterator = requests.__aiter__()
-            while True:
-                while call.pulls <= 0:
-                    if call.end is not None:
-                        return
-                    call.pull_waiter = self.loop.create_future()
-                    await call.pull_waiter
-                try:
-                    body = await iterator.__anext__()
-                except StopAsyncIteration:
-                    body = None
-                except Exception:  # the client's stream broke: its call ends with it
-                    return
-                link = pending.link
-                if link is None or pending.cancelled or call.end is not None:
-                    return
-                call.pulls -= 1
-                link.send(GrpcMessage(pending.message.id, body or b"", body is not None))
-                if body is None:
-                    return
-
-        return self.loop.create_task(pump())
-
-    def _status(self, end: GrpcEnd | BaseException | None,
-                request_id: str) -> tuple[int, str, tuple[tuple[str, str | bytes], ...]]:
-        if isinstance(end, GrpcEnd):  # the user's method failed, or set its own code
-            return end.code, truncate(end.details), _trailers(request_id, end.trailers)
-        code, details = status_of(end or RuntimeError("the call ended without an answer"),
-                                  request_id)
-        return code, details, (("request_id", request_id),)
-
-    def _close(self, call: _Call, code: int, labels: tuple[str, str, str], started: float,
-               request_id: str) -> None:
-        self.ongoing -= 1
-        if call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
-        if call.end is None:  # the client went away (or the handler failed): stop it
-            self._cancel(call)
-            call.end = RuntimeError("call closed")
-        self._count(labels, code, (self.proxy.now() - started) * 1000.0, request_id)
-
-    def _count(self, labels: tuple[str, str, str], code: int, latency_ms: float,
-               request_id: str) -> None:
-        name = CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else str(code)
-        self.proxy.record_grpc(labels, code, name, latency_ms, request_id)
-
-
-def _trailers(request_id: str,
-              packed: list[tuple[str, str]]) -> tuple[tuple[str, str | bytes], ...]:
-    """`request_id` first, then the user's trailers (a user's own request_id wins)."""
-    user = unpack_metadata(packed)
-    if any(key == "request_id" for key, _ in user):
-        return user
-    return (("request_id", request_id), *user)
-
-
-def _field(number: int, value: bytes) -> bytes:
-    """One length-delimited protobuf field (the two API responses need no _pb2)."""
-    size, length = bytearray(), len(value)
-    while True:
-        byte = length & 0x7F
-        length >>= 7
-        if length:
-            size.append(byte | 0x80)
-        else:
-            size.append(byte)
-            break
-    return bytes((number << 3 | 2,)) + bytes(size) + value
-
-
-def _string_field(message: bytes) -> str:
-    """Field 1 of a message whose only field is a string (HealthCheckRequest.service)."""
-    if len(message) < 2 or message[0] != 0x0A:
-        return ""
-    length, shift, index = 0, 0, 1
-    while index < len(message):
-        byte = message[index]
-        length |= (byte & 0x7F) << shift
-        index += 1
-        if not byte & 0x80:
-            break
-        shift += 7
-    return message[index:index + length].decode(errors="replace")
-
-
 def load_methods(functions: tuple[str, ...]) -> dict[str, GrpcMethod]:
     methods: dict[str, GrpcMethod] = {}
     for path in functions:
@@ -455,57 +587,32 @@ def load_methods(functions: tuple[str, ...]) -> dict[str, GrpcMethod]:
 
 
 async def start_grpc(proxy: Proxy, host: str, port: int, functions: tuple[str, ...],
-                     request_timeout_s: float | None,
-                     reflection: bool = False,
-                     health: bool = False) -> tuple[aio.Server, int] | None:
+                     request_timeout_s: float | None, reflection: bool = False,
+                     health: bool = False) -> tuple[asyncio.Server, GrpcIngress, int] | None:
     """Serve gRPC for `proxy` (None: no servicer functions, so no server, as Ray). With
-    the HTTP port's certificate (http_options.ssl_*), the gRPC port serves TLS only, with
-    the same client-certificate mode.
+    the HTTP port's certificate (http_options.ssl_*), the gRPC port serves TLS only
+    (ALPN h2), with the same client-certificate mode.
 
     Raises ConfigError when a servicer function cannot be used or the port is taken."""
     if not functions:
         return None
+    from surge.proxy.server import bind
+    from surge.proxy.tls import server_context
+
     methods = load_methods(functions)
-    ingress = GrpcIngress(proxy, methods, request_timeout_s, health)
-    server = aio.server(options=GRPC_SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((ingress,))
-    if reflection:
-        _enable_reflection(server, methods)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    ingress = GrpcIngress(proxy, methods, request_timeout_s, health, reflection)
+    spec = proxy.spec
+    tls = None
+    if spec.ssl_certfile is not None:
+        tls = server_context(spec)
+        tls.set_alpn_protocols(["h2"])
     try:
-        spec = proxy.spec
-        if spec.ssl_certfile is not None:
-            bound = server.add_secure_port(address, _credentials(spec))
-        else:
-            bound = server.add_insecure_port(address)
-    except (RuntimeError, OSError) as exc:
-        raise ConfigError(f"cannot listen for gRPC on {address}: {exc}") from None
-    await server.start()
+        sock = bind(host, port, reuse_port=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen for gRPC on {host}:{port}: "
+                          f"{exc.strerror or exc}") from None
+    server = await proxy.loop.create_server(
+        ingress.protocol, sock=sock, backlog=4096, ssl=tls,
+        ssl_handshake_timeout=spec.request_header_timeout_s if tls is not None else None)
     proxy.grpc = ingress
-    return server, bound
-
-
-def _credentials(spec: ProxySpec) -> Any:
-    def read(path: str | None) -> bytes | None:
-        if path is None:
-            return None
-        with open(path, "rb") as file:
-            return file.read()
-
-    key, chain = read(spec.ssl_keyfile or spec.ssl_certfile), read(spec.ssl_certfile)
-    return grpc.ssl_server_credentials(
-        [(key, chain)], root_certificates=read(spec.ssl_ca_certs),
-        require_client_auth=spec.ssl_cert_reqs == "required")
-
-
-def _enable_reflection(server: aio.Server, methods: Mapping[str, GrpcMethod]) -> None:
-    """grpc's server reflection for the user's services (needs grpcio-reflection)."""
-    try:
-        from grpc_reflection.v1alpha import reflection
-    except ImportError:
-        log.warning("gRPC reflection is on but grpcio-reflection is not installed; serving "
-                    "without it (pip install grpcio-reflection, or enable_reflection: false)")
-        return
-    names = sorted({method.service for method in methods.values()})
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-
+    return server, ingress, sock.getsockname()[1]

@@ -144,11 +144,12 @@ class Proxy:
     async def drain(self) -> None:
         self.site.draining = True
         if self.grpc is not None:
-            self.grpc.drained.set()
+            self.grpc.drain()
         for connection in list(self.connections):
             connection.going_away()  # WebSockets: 1001 now, not a cut at the deadline
         deadline = self.now() + DRAIN_TIMEOUT_S
-        while any(c.core.exchanges for c in self.connections) and self.now() < deadline:
+        while self.now() < deadline and (any(c.core.exchanges for c in self.connections)
+                                         or (self.grpc is not None and self.grpc.ongoing)):
             await asyncio.sleep(0.02)
 
 
@@ -177,7 +178,7 @@ async def serve(launch: ProxyProcessSpec) -> int:
         await runtime.call("proxy_failed", error=f"cannot serve TLS: {exc}")
         return 1
     try:
-        sock = _bind(spec.host, spec.port, spec.reuse_port)
+        sock = bind(spec.host, spec.port, spec.reuse_port)
     except OSError as exc:
         await runtime.call("proxy_failed", error=f"cannot listen on {spec.host}:{spec.port}: "
                                                  f"{exc.strerror or exc}")
@@ -205,7 +206,8 @@ async def serve(launch: ProxyProcessSpec) -> int:
     server.close()
     await proxy.drain()
     if grpc_server is not None:
-        await grpc_server.stop(DRAIN_TIMEOUT_S)
+        grpc_server.close()
+        proxy.grpc.close()
     runtime.close()
     return 0
 
@@ -214,7 +216,7 @@ async def _serve_grpc(proxy: Proxy, spec: ProxySpec) -> Any:
     """The gRPC server beside the HTTP one, when servicer functions are configured."""
     if not spec.grpc_servicer_functions:
         return None
-    from surge.proxy.grpc import start_grpc  # grpcio is imported only when it is used
+    from surge.proxy.grpc import start_grpc
 
     started = await start_grpc(proxy, spec.host, spec.grpc_port, spec.grpc_servicer_functions,
                                spec.grpc_request_timeout_s, spec.grpc_enable_reflection,
@@ -227,7 +229,7 @@ def _advertised_host(host: str, node_ip: str | None) -> str:
     return (node_ip or host) if host in ("0.0.0.0", "::", "") else host
 
 
-def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
