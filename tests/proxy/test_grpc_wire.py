@@ -3,6 +3,8 @@ refused), messages split from any cut of the stream, the trailers written."""
 
 from __future__ import annotations
 
+import zlib
+
 import hpack
 import pytest
 from hypothesis import given
@@ -36,7 +38,7 @@ def test_every_timeout_unit(value: bytes, seconds: float) -> None:
 @pytest.mark.parametrize(("extra", "code", "text"), [
     ([(b"grpc-timeout", b"1x")], 13, "malformed grpc-timeout"),
     ([(b"grpc-timeout", b"123456789S")], 13, "malformed grpc-timeout"),
-    ([(b"grpc-encoding", b"gzip")], 12, "grpc-encoding gzip"),
+    ([(b"grpc-encoding", b"snappy")], 12, "grpc-encoding snappy"),
 ])
 def test_a_head_grpc_cannot_serve_says_why(extra: list[tuple[bytes, bytes]], code: int,
                                            text: str) -> None:
@@ -78,10 +80,27 @@ def test_a_large_message_is_framed_apart_and_read_back() -> None:
     assert reader.feed(wire[70_000:]) == [body]
 
 
-def test_compressed_and_too_large_messages_are_refused() -> None:
-    with pytest.raises(WireError, match="compressed") as info:
+@pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
+def test_compressed_messages_are_inflated_within_the_limit(encoding: bytes) -> None:
+    bits = read_head([*BASE, (b"grpc-encoding", encoding)]).encoding
+    packer = zlib.compressobj(wbits=bits)
+    body = bytes(range(200)) * 5
+    packed = packer.compress(body) + packer.flush()
+    wire = b"\x01" + len(packed).to_bytes(4, "big") + packed
+    assert MessageReader(1000, bits).feed(wire[:7]) == []
+    reader = MessageReader(1000, bits)
+    assert reader.feed(wire) == [body]
+    with pytest.raises(WireError, match="inflating past the limit of 999") as info:
+        MessageReader(999, bits).feed(wire)  # a small message that inflates large: refused
+    assert info.value.code == 8
+
+
+def test_bad_compressed_and_too_large_messages_are_refused() -> None:
+    with pytest.raises(WireError, match="without a grpc-encoding") as info:
         MessageReader(100).feed(b"\x01\x00\x00\x00\x01x")
-    assert info.value.code == 12
+    assert info.value.code == 13
+    with pytest.raises(WireError, match="does not inflate"):
+        MessageReader(100, 31).feed(b"\x01\x00\x00\x00\x03abc")
     with pytest.raises(WireError, match="larger than the limit of 100") as info:
         MessageReader(100).feed(b"\x00\x00\x00\x00\x65")
     assert info.value.code == 8

@@ -194,8 +194,8 @@ class GrpcIngress:
 class GrpcConnection(asyncio.Protocol):
     """The asyncio shell of one HTTP/2 connection, and the calls on it."""
 
-    __slots__ = ("_flush_scheduled", "calls", "h2", "holding", "ingress", "peer", "transport",
-                 "writing_paused")
+    __slots__ = ("_flush_scheduled", "_preface_timer", "calls", "h2", "holding", "ingress",
+                 "peer", "transport", "writing_paused")
 
     def __init__(self, ingress: GrpcIngress) -> None:
         self.ingress = ingress
@@ -206,6 +206,7 @@ class GrpcConnection(asyncio.Protocol):
         self.writing_paused = False
         self.holding: list[_Call] = []  # calls with acknowledgements held while paused
         self._flush_scheduled = False
+        self._preface_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"<GrpcConnection {self.peer} calls={len(self.calls)} {self.h2!r}>"
@@ -227,11 +228,22 @@ class GrpcConnection(asyncio.Protocol):
         ingress.connections.add(self)
         if ingress.proxy.site.draining:
             self.h2.goaway()
+        # A client that never starts HTTP/2 is closed as slow headers are over HTTP/1.1.
+        self._preface_timer = ingress.loop.call_later(
+            ingress.proxy.spec.request_header_timeout_s, self._no_preface)
         self._flush()
+
+    def _no_preface(self) -> None:
+        self._preface_timer = None
+        log.debug("gRPC connection %s closed: no HTTP/2 preface in time", self.peer)
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         try:
             self.h2.receive(data)
+            if self._preface_timer is not None and self.h2.started:
+                self._preface_timer.cancel()
+                self._preface_timer = None
         except H2Error as exc:
             log.debug("gRPC connection %s closed: %s", self.peer, exc)
             self._flush()
@@ -242,6 +254,9 @@ class GrpcConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.ingress.connections.discard(self)
         self.transport = None
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
+            self._preface_timer = None
         for call in list(self.calls.values()):
             self._abandon(call)
 
@@ -292,6 +307,7 @@ class GrpcConnection(asyncio.Protocol):
             self.end(call, error.code, str(error))
             return
         metadata = call.metadata = head.metadata
+        call.reader.encoding = head.encoding
         call.request_id = metadata_value(metadata, "request_id") or str(uuid.uuid4())
         if size > ingress.max_header_bytes:
             self.end(call, Code.RESOURCE_EXHAUSTED, f"request headers of {size} bytes exceed "

@@ -2,13 +2,16 @@
 the response's header blocks written (the gRPC HTTP/2 protocol, PROTOCOL-HTTP2.md).
 
 A message on the wire is one byte (compressed or not), four of length, then the
-message. The ingress never compresses and takes no compressed message: a call naming a
-`grpc-encoding` other than identity is answered UNIMPLEMENTED, as grpc does.
+message. A client may compress its messages with gzip or deflate (grpc's own server
+takes both; the proxy inflates them, bounded by the message limit, so the replica still
+gets plain bytes); another `grpc-encoding` is answered UNIMPLEMENTED, as grpc does. The
+ingress answers uncompressed (identity), which every client takes.
 """
 
 from __future__ import annotations
 
 import base64
+import zlib
 from dataclasses import dataclass, field
 
 from surge.proxy.hpack import Header, literal
@@ -24,6 +27,8 @@ _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding"
 _UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6,
           ord("n"): 1e-9}
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
+# zlib's window bits for each grpc-encoding the proxy inflates (0: not compressed).
+ENCODINGS = {b"identity": 0, b"gzip": 31, b"deflate": 15}
 
 
 class WireError(ValueError):
@@ -39,6 +44,7 @@ class CallHead:
     path: str = ""
     metadata: Metadata = ()
     timeout_s: float | None = None
+    encoding: int = 0  # ENCODINGS' window bits of the client's compression
     errors: list[WireError] = field(default_factory=list)
 
 
@@ -62,9 +68,13 @@ def read_head(headers: list[Header]) -> CallHead:
                 content_type = value
             elif name == b"grpc-timeout":
                 head.timeout_s = _timeout(value, head)
-            elif name == b"grpc-encoding" and value != b"identity":
-                head.errors.append(WireError(12, f"grpc-encoding {value.decode('latin-1')} "
-                                                 "is not supported (identity only)"))
+            elif name == b"grpc-encoding":
+                bits = ENCODINGS.get(value)
+                if bits is None:
+                    head.errors.append(WireError(12, f"grpc-encoding {value.decode('latin-1')}"
+                                                     " is not supported (identity, gzip, "
+                                                     "deflate)"))
+                head.encoding = bits or 0
             continue
         key = name.decode("latin-1")
         if key.endswith("-bin"):
@@ -137,12 +147,15 @@ def _percent(text: str) -> bytes:
 
 
 class MessageReader:
-    """Splits a stream's data into messages of at most `limit` bytes."""
+    """Splits a stream's data into messages of at most `limit` bytes, inflating those the
+    client compressed with its `grpc-encoding` (`encoding`: ENCODINGS' window bits)."""
 
-    __slots__ = ("_chunks", "_got", "_head", "_need", "limit")
+    __slots__ = ("_chunks", "_compressed", "_got", "_head", "_need", "encoding", "limit")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, encoding: int = 0) -> None:
         self.limit = limit
+        self.encoding = encoding
+        self._compressed = False
         self._head = b""  # the prefix being read
         self._need = -1  # the message's bytes still to come (-1: reading a prefix)
         self._got = 0
@@ -154,8 +167,8 @@ class MessageReader:
         return bool(self._head) or self._need >= 0
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The messages `data` completes. Raises WireError for a compressed or too large
-        one."""
+        """The messages `data` completes. Raises WireError for one too large (before or
+        after inflating) or compressed without an encoding."""
         messages: list[bytes] = []
         view, pos, size = memoryview(data), 0, len(data)
         while pos < size:
@@ -169,23 +182,36 @@ class MessageReader:
                     if len(self._head) < 5:
                         break
                     head, self._head = self._head, b""
-                if head[0]:
-                    raise WireError(12, "compressed messages are not supported (identity "
-                                        "only)")
+                compressed = bool(head[0])
+                if compressed and not self.encoding:
+                    raise WireError(13, "a compressed message without a grpc-encoding")
                 length = int.from_bytes(head[1:5], "big")
                 if length > self.limit:
                     raise WireError(8, f"a message of {length} bytes is larger than the limit "
                                        f"of {self.limit}")
                 if size - pos >= length:  # the whole message is here
-                    messages.append(data[pos:pos + length])
+                    body = data[pos:pos + length]
+                    messages.append(self._inflate(body) if compressed else body)
                     pos += length
                     continue
                 self._need, self._got, self._chunks = length, 0, []
+                self._compressed = compressed
             take = min(self._need - self._got, size - pos)
             self._chunks.append(view[pos:pos + take])
             self._got += take
             pos += take
             if self._got == self._need:
-                messages.append(b"".join(self._chunks))
+                body = b"".join(self._chunks)
+                messages.append(self._inflate(body) if self._compressed else body)
                 self._need, self._chunks = -1, []
         return messages
+
+    def _inflate(self, body: bytes) -> bytes:
+        inflater = zlib.decompressobj(self.encoding)
+        try:
+            plain = inflater.decompress(body, self.limit + 1)
+        except zlib.error as exc:
+            raise WireError(13, f"a compressed message that does not inflate: {exc}") from None
+        if len(plain) > self.limit or inflater.unconsumed_tail:
+            raise WireError(8, f"a message inflating past the limit of {self.limit} bytes")
+        return plain

@@ -117,6 +117,11 @@ class H2Connection:
             (SETTINGS_MAX_HEADER_LIST_SIZE, max_header_list))),
             frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))]
 
+    @property
+    def started(self) -> bool:
+        """The client's connection preface is in."""
+        return self._preface
+
     def __repr__(self) -> str:
         return (f"<H2Connection streams={len(self.streams)} blocked={len(self.blocked)} "
                 f"last={self.last_stream_id}>")

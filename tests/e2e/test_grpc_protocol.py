@@ -1,0 +1,133 @@
+"""The gRPC port's own HTTP/2 with real clients: what grpc's server would refuse is
+refused the same way, a client breaking the protocol loses only its connection, a slow
+reader holds its replica back, and compressed calls are served."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from surge import serve
+from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
+from tests.e2e.procs import surge_processes
+
+pytestmark = pytest.mark.e2e
+
+ECHO = (("application", "proto"),)
+HEADER_TIMEOUT_S = 1.0
+
+
+@serve.deployment
+class Echo:
+    def Say(self, request: Any) -> Any:
+        return echo_pb2.EchoReply(text=request.text, blob=request.blob)
+
+    async def Many(self, request: Any) -> Any:
+        for index in range(request.count):
+            yield echo_pb2.EchoReply(text=request.text, index=index)
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[str]:
+    port = free_port()
+    options = {"grpc_options": {"port": port, "grpc_servicer_functions": [SERVICER]}}
+    with running_instance(start_options=options,
+                          request_header_timeout_s=HEADER_TIMEOUT_S) as running:
+        assert isinstance(running, Running)
+        serve.run(Echo.bind(), name="proto", route_prefix="/proto")
+        yield f"127.0.0.1:{port}"
+
+
+def say(target: str, text: str = "hi", **options: Any) -> Any:
+    with grpc.insecure_channel(target, **options) as channel:
+        return echo_pb2_grpc.EchoStub(channel).Say(echo_pb2.EchoRequest(text=text),
+                                                   metadata=ECHO, timeout=10)
+
+
+def test_an_unknown_method_is_unimplemented(target: str) -> None:
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary("/surgetest.Echo/Nope")(b"", timeout=10)
+    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert info.value.details() == "Method not found!"
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_a_compressed_call_is_served(target: str, compression: grpc.Compression) -> None:
+    with grpc.insecure_channel(target, compression=compression) as channel:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        reply = stub.Say(echo_pb2.EchoRequest(text="z", blob=b"a" * 100_000), metadata=ECHO,
+                         timeout=10)
+    assert reply.blob == b"a" * 100_000
+
+
+def test_http1_and_garbage_close_their_connection_and_serving_goes_on(target: str) -> None:
+    host, port = target.split(":")
+    for opening in (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", os.urandom(64)):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(opening)
+            assert _read_to_close(sock)[:0] == b""  # closed, not hung
+    assert say(target).text == "hi"
+
+
+def test_a_connection_that_never_speaks_is_closed_after_the_header_timeout(
+        target: str) -> None:
+    host, port = target.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        started = time.monotonic()
+        _read_to_close(sock)
+        assert time.monotonic() - started < HEADER_TIMEOUT_S + 5
+
+
+def test_a_protocol_error_is_goaway_for_that_connection_only(target: str) -> None:
+    host, port = target.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        sock.sendall(client.data_to_send())
+        # DATA on stream 0 is a connection error (RFC 9113 6.1).
+        sock.sendall(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")
+        events = client.receive_data(_read_to_close(sock))
+    goaway = next(e for e in events if isinstance(e, h2.events.ConnectionTerminated))
+    assert goaway.error_code == 1  # PROTOCOL_ERROR
+    assert say(target).text == "hi"
+
+
+def test_a_slow_reader_of_a_response_stream_holds_its_replica_back(target: str) -> None:
+    proxy = next(pid for pid, title in surge_processes(os.getpid()).items()
+                 if title.startswith("surge:proxy"))
+    text = "s" * 65_536
+    with grpc.insecure_channel(target) as channel:
+        stream = echo_pb2_grpc.EchoStub(channel).Many(
+            echo_pb2.EchoRequest(text=text, count=5_000), metadata=ECHO, timeout=30)
+        assert next(stream).index == 0
+        before = _rss(proxy)
+        time.sleep(3)  # 320 MB asked for; the client takes nothing while it sleeps
+        grown = _rss(proxy) - before
+        indexes = [reply.index for reply in stream]
+    assert indexes == list(range(1, 5_000))
+    assert grown < 48 * 1024 * 1024, f"the proxy grew {grown / 2**20:.0f} MiB"
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    received = b""
+    while data := sock.recv(65536):
+        received += data
+    return received
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
