@@ -28,7 +28,7 @@ class Recorder:
                 end_stream: bool) -> None:
         self.events.append(("headers", stream_id, dict(headers), end_stream))
 
-    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         self.events.append(("data", stream_id, bytes(data), end_stream))
 
     def reset(self, stream_id: int, code: int) -> None:
@@ -207,3 +207,14 @@ def test_the_preface_may_come_a_byte_at_a_time() -> None:
         server.receive(bytes((byte,)))
     server.receive(core.frame(core.SETTINGS, 0, 0))
     assert server.out[-1] == core.frame(core.SETTINGS, core.ACK, 0)
+
+
+def test_a_data_frame_reaches_the_listener_in_the_pieces_its_reads_bring() -> None:
+    pair = Pair()
+    pair.client.send_headers(1, REQUEST)
+    pair.to_server()
+    wire = core.frame(core.DATA, core.END_STREAM, 1, b"a" * 1000)
+    for start in (0, 5, 400, 999):  # a cut inside the frame header, then in the payload
+        pair.to_server(wire[start:{0: 5, 5: 400, 400: 999, 999: None}[start]])
+    pieces = [(len(e[2]), e[3]) for e in pair.recorder.events if e[0] == "data"]
+    assert pieces == [(391, False), (599, False), (10, True)]

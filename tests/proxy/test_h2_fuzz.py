@@ -26,7 +26,7 @@ class Answering:
         self.server.send_data(stream_id, b"x" * 70_000)
         self.server.send_headers(stream_id, b"\x00\x0bgrpc-status\x010", True)
 
-    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         assert self.server is not None
         self.server.consumed(stream_id, len(data))
 

@@ -351,7 +351,7 @@ class GrpcConnection(asyncio.Protocol):
         if end_stream:
             self.data(stream_id, b"", True)
 
-    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         call = self.calls.get(stream_id)
         if call is None or call.ended:
             self.h2.consumed(stream_id, len(data))

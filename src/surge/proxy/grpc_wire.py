@@ -166,7 +166,7 @@ class MessageReader:
         """A message has begun and not ended (the stream's end would cut it)."""
         return bool(self._head) or self._need >= 0
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
         """The messages `data` completes. Raises WireError for one too large (before or
         after inflating) or compressed without an encoding."""
         messages: list[bytes] = []
@@ -174,10 +174,10 @@ class MessageReader:
         while pos < size:
             if self._need < 0:
                 if not self._head and size - pos >= 5:  # the usual case: a whole prefix
-                    head, pos = data[pos:pos + 5], pos + 5
+                    head, pos = bytes(data[pos:pos + 5]), pos + 5
                 else:
                     take = 5 - len(self._head)
-                    self._head += data[pos:pos + take]
+                    self._head += bytes(data[pos:pos + take])
                     pos += take
                     if len(self._head) < 5:
                         break
@@ -190,7 +190,7 @@ class MessageReader:
                     raise WireError(8, f"a message of {length} bytes is larger than the limit "
                                        f"of {self.limit}")
                 if size - pos >= length:  # the whole message is here
-                    body = data[pos:pos + length]
+                    body = bytes(data[pos:pos + length])
                     messages.append(self._inflate(body) if compressed else body)
                     pos += length
                     continue

@@ -57,7 +57,7 @@ class H2Error(Exception):
 class Listener(Protocol):
     def headers(self, stream_id: int, headers: list[Header], size: int,
                 end_stream: bool) -> None: ...
-    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None: ...
+    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None: ...
     def reset(self, stream_id: int, code: int) -> None: ...
     def drained(self, stream_id: int) -> None: ...
 
@@ -69,7 +69,7 @@ class _Stream:
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.send_window = send_window
-        self.held: deque[bytes] = deque()  # data the peer's windows do not take yet
+        self.held: deque[bytes | memoryview] = deque()  # what the peer's windows do not take yet
         self.held_bytes = 0
         self.trailers: bytes | None = None  # a header block to end with, after `held`
         self.remote_closed = False
@@ -86,7 +86,8 @@ def _settings(*pairs: tuple[int, int]) -> bytes:
 
 
 class H2Connection:
-    __slots__ = ("_buffer", "_conn_unacked", "_continuing", "_decoder", "_end_stream",
+    __slots__ = ("_buffer", "_conn_unacked", "_continuing", "_data_end", "_data_left",
+                 "_data_stream", "_decoder", "_end_stream",
                  "_header_block", "_initial_window", "_max_header_list", "_preface", "blocked",
                  "goaway_sent", "last_stream_id", "listener", "max_streams", "out",
                  "peer_frame", "send_window", "streams")
@@ -108,9 +109,12 @@ class H2Connection:
         self._continuing = 0  # the stream whose header block CONTINUATIONs complete
         self._header_block = bytearray()
         self._end_stream = False  # the HEADERS frame being continued ended its stream
+        self._data_left = 0  # payload octets of the DATA frame being read still to come
+        self._data_stream = 0  # its stream (0: dropped)
+        self._data_end = False  # it ends its stream
         self._conn_unacked = 0
         self.goaway_sent = False
-        self.out: list[bytes] = [frame(SETTINGS, 0, 0, _settings(
+        self.out: list[bytes | memoryview] = [frame(SETTINGS, 0, 0, _settings(
             (SETTINGS_MAX_CONCURRENT_STREAMS, max_streams),
             (SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
             (SETTINGS_MAX_FRAME_SIZE, FRAME_SIZE),
@@ -129,40 +133,62 @@ class H2Connection:
     # -- receiving -------------------------------------------------------------------------
 
     def receive(self, data: bytes) -> None:
-        """Take the client's bytes. Raises H2Error on a connection error."""
-        buffer = self._buffer
-        buffer += data
+        """Take the client's bytes. Raises H2Error on a connection error.
+
+        A DATA frame's payload goes to the listener as it arrives, in the pieces the
+        reads bring (views of them: a large message is copied once, when its reader
+        joins it), not once the whole frame is in; other frames wait until whole."""
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
         if not self._preface:
-            if len(buffer) < len(PREFACE):
-                if not PREFACE.startswith(buffer):
+            if len(data) < len(PREFACE):
+                if not PREFACE.startswith(data):
                     self._fail(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                self._buffer += data
                 return
-            if not buffer.startswith(PREFACE):
+            if not data.startswith(PREFACE):
                 self._fail(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self._preface = True
-            del buffer[:len(PREFACE)]
-        pos, size = 0, len(buffer)
+            data = data[len(PREFACE):]
+        view, pos, size = memoryview(data), 0, len(data)
         try:
-            while size - pos >= 9:
-                length = int.from_bytes(buffer[pos:pos + 3], "big")
+            while pos < size:
+                if self._data_left:  # the rest of a DATA frame's payload
+                    take = min(self._data_left, size - pos)
+                    self._data_left -= take
+                    self._data_piece(view[pos:pos + take])
+                    pos += take
+                    continue
+                if size - pos < 9:
+                    break
+                length = int.from_bytes(data[pos:pos + 3], "big")
                 if length > FRAME_SIZE:
                     self._fail(FRAME_SIZE_ERROR, f"a frame of {length} octets > {FRAME_SIZE}")
+                kind, flags = data[pos + 3], data[pos + 4]
+                stream_id = int.from_bytes(data[pos + 5:pos + 9], "big") & MAX_WINDOW
+                if kind == DATA and not flags & PADDED:
+                    if self._continuing:
+                        self._fail(PROTOCOL_ERROR, "a header block was interrupted")
+                    pos += 9
+                    self._data_begin(flags, stream_id, length)
+                    continue
                 end = pos + 9 + length
                 if end > size:
                     break
-                kind, flags = buffer[pos + 3], buffer[pos + 4]
-                stream_id = int.from_bytes(buffer[pos + 5:pos + 9], "big") & MAX_WINDOW
-                payload = bytes(buffer[pos + 9:end])
+                payload = data[pos + 9:end]
                 pos = end
                 self._frame(kind, flags, stream_id, payload)
         finally:
-            del buffer[:pos]
+            if pos < size:
+                self._buffer += view[pos:]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuing and (kind != CONTINUATION or stream_id != self._continuing):
             self._fail(PROTOCOL_ERROR, "a header block was interrupted")
-        if kind == DATA:
-            self._data(flags, stream_id, payload)
+        if kind == DATA:  # a padded one, whole (the others stream: _data_begin)
+            self._padded_data(flags, stream_id, payload)
         elif kind == HEADERS:
             self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
@@ -192,30 +218,50 @@ class H2Connection:
             self._fail(PROTOCOL_ERROR, "a bad PRIORITY")
         # PRIORITY is advice this server does not take; unknown frame types are ignored.
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def _data_begin(self, flags: int, stream_id: int, length: int) -> None:
+        """A DATA frame's header: its payload's pieces follow (`_data_piece`)."""
         if not stream_id:
             self._fail(PROTOCOL_ERROR, "DATA on stream 0")
-        self._conn_unacked += len(payload)  # the connection's window comes back at once
-        if self._conn_unacked >= CONNECTION_WINDOW // 2:
-            self.out.append(frame(WINDOW_UPDATE, 0, 0, self._conn_unacked.to_bytes(4, "big")))
-            self._conn_unacked = 0
+        self._count_received(length)
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_stream_id:
                 self._fail(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # in flight when this side ended or reset the stream: dropped
-        if stream.remote_closed:
+            stream_id = 0  # in flight when this side ended or reset the stream: dropped
+        elif stream.remote_closed:
             self.reset(stream_id, STREAM_CLOSED)
             self.listener.reset(stream_id, STREAM_CLOSED)
-            return
-        data = _unpad(flags, payload) if flags & PADDED else payload
+            stream_id = 0
+        end = bool(flags & END_STREAM)
+        if stream is not None and stream_id and end:
+            stream.remote_closed = True
+        self._data_stream, self._data_end, self._data_left = stream_id, end, length
+        if not length and stream_id:
+            self.listener.data(stream_id, b"", end)
+
+    def _data_piece(self, piece: memoryview) -> None:
+        if self._data_stream:
+            self.listener.data(self._data_stream, piece, self._data_end and not self._data_left)
+
+    def _padded_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        data = _unpad(flags, payload)
         if data is None:
             self._fail(PROTOCOL_ERROR, "bad padding")
-        stream.unacked += len(payload) - len(data)  # padding is consumed at once
-        end = bool(flags & END_STREAM)
-        if end:
-            stream.remote_closed = True
-        self.listener.data(stream_id, data, end)
+        self._data_begin(flags, stream_id, len(data))
+        self._count_received(len(payload) - len(data))  # padding is consumed at once
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.unacked += len(payload) - len(data)
+        self._data_left = 0
+        if data and self._data_stream:
+            self.listener.data(self._data_stream, data, self._data_end)
+
+    def _count_received(self, size: int) -> None:
+        """The connection's window comes back at once (a stream's bounds what it holds)."""
+        self._conn_unacked += size
+        if self._conn_unacked >= CONNECTION_WINDOW // 2:
+            self.out.append(frame(WINDOW_UPDATE, 0, 0, self._conn_unacked.to_bytes(4, "big")))
+            self._conn_unacked = 0
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id or not stream_id & 1:
@@ -357,7 +403,8 @@ class H2Connection:
 
     def send_data(self, stream_id: int, data: bytes) -> bool:
         """Send `data` on the stream; True if all of it went out now (else it is held
-        until the peer's windows open, and `drained` follows)."""
+        until the peer's windows open, and `drained` follows). Large data is framed and
+        held as views of itself, never copied."""
         stream = self.streams.get(stream_id)
         if stream is None:
             return True
@@ -368,12 +415,12 @@ class H2Connection:
         sent = self._write_data(stream, data)
         if sent == len(data):
             return True
-        stream.held.append(data[sent:])
+        stream.held.append(memoryview(data)[sent:])
         stream.held_bytes += len(data) - sent
         self.blocked[stream_id] = None
         return False
 
-    def _write_data(self, stream: _Stream, data: bytes) -> int:
+    def _write_data(self, stream: _Stream, data: bytes | memoryview) -> int:
         """Write what the windows allow of `data`; the number of bytes written."""
         size = len(data)
         allowed = min(size, stream.send_window, self.send_window)
@@ -381,13 +428,17 @@ class H2Connection:
             return 0
         stream.send_window -= allowed
         self.send_window -= allowed
-        limit, out, stream_id = self.peer_frame, self.out, stream.id
-        header = frame(DATA, 0, stream_id)[3:]  # kind, flags, stream id
+        limit, out = self.peer_frame, self.out
+        header = frame(DATA, 0, stream.id)[3:]  # kind, flags, stream id
+        if allowed == size and size <= limit:
+            out.append(size.to_bytes(3, "big") + header)
+            out.append(data)
+            return size
         view = memoryview(data)
         for at in range(0, allowed, limit):
             chunk = view[at:min(at + limit, allowed)]
             out.append(len(chunk).to_bytes(3, "big") + header)
-            out.append(bytes(chunk) if len(chunk) < size else data)
+            out.append(chunk)
         return allowed
 
     def _flush(self, stream: _Stream) -> None:
@@ -397,7 +448,7 @@ class H2Connection:
             sent = self._write_data(stream, data)
             stream.held_bytes -= sent
             if sent < len(data):
-                held[0] = data[sent:]
+                held[0] = memoryview(data)[sent:]
                 self.blocked[stream.id] = None
                 return
             held.popleft()
