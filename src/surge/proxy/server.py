@@ -204,9 +204,10 @@ async def serve(launch: ProxyProcessSpec) -> int:
     await stop.wait()
     follower.cancel()
     server.close()
-    await proxy.drain()
     if grpc_server is not None:
-        grpc_server.close()
+        grpc_server.close()  # no new connections; those open hear GOAWAY in drain
+    await proxy.drain()
+    if proxy.grpc is not None:
         proxy.grpc.close()
     runtime.close()
     return 0
