@@ -47,5 +47,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def rss(pid: int) -> int:
+    """The process's resident memory, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def surge_processes(root: int) -> dict[int, str]:
     return {pid: title(pid) for pid in descendants(root) if title(pid).startswith("surge:")}

@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +22,7 @@ from starlette.responses import StreamingResponse
 
 from surge import serve
 from tests.e2e.conftest import Running, running_instance
-from tests.e2e.procs import surge_processes
+from tests.e2e.procs import rss, surge_processes
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
@@ -80,13 +79,6 @@ def instance() -> Iterator[Running]:
         serve.run(Big.bind(), name="big", route_prefix="/big")
         serve.run(ping.bind(), name="ping", route_prefix="/ping")
         yield running
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def serving_pids() -> dict[str, int]:

@@ -18,7 +18,7 @@ import pytest
 from surge import serve
 from tests.e2e.conftest import free_port, running_instance
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
-from tests.e2e.procs import surge_processes
+from tests.e2e.procs import alive, surge_processes
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
@@ -60,13 +60,4 @@ def test_a_stopping_proxy_finishes_its_calls_and_tells_watchers(target: str) -> 
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
         slow.join(timeout=20)
     assert [reply.text for reply in replies] == ["slept"]
-    eventually(lambda: not _alive(proxy), 10, what="the drained proxy to exit")
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    eventually(lambda: not alive(proxy), 10, what="the drained proxy to exit")

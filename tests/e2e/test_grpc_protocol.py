@@ -8,7 +8,6 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,7 +19,7 @@ import pytest
 from surge import serve
 from tests.e2e.conftest import Running, free_port, running_instance
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
-from tests.e2e.procs import surge_processes
+from tests.e2e.procs import rss, surge_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -111,9 +110,9 @@ def test_a_slow_reader_of_a_response_stream_holds_its_replica_back(target: str) 
         stream = echo_pb2_grpc.EchoStub(channel).Many(
             echo_pb2.EchoRequest(text=text, count=5_000), metadata=ECHO, timeout=30)
         assert next(stream).index == 0
-        before = _rss(proxy)
+        before = rss(proxy)
         time.sleep(3)  # 320 MB asked for; the client takes nothing while it sleeps
-        grown = _rss(proxy) - before
+        grown = rss(proxy) - before
         indexes = [reply.index for reply in stream]
     assert indexes == list(range(1, 5_000))
     assert grown < 48 * 1024 * 1024, f"the proxy grew {grown / 2**20:.0f} MiB"
@@ -124,10 +123,3 @@ def _read_to_close(sock: socket.socket) -> bytes:
     while data := sock.recv(65536):
         received += data
     return received
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")

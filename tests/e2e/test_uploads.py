@@ -22,8 +22,7 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import Running, running_instance
-from tests.e2e.procs import surge_processes
-from tests.e2e.test_flow_control import rss
+from tests.e2e.procs import rss, surge_processes
 
 pytestmark = pytest.mark.e2e
 
