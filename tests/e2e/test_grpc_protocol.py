@@ -29,12 +29,27 @@ HEADER_TIMEOUT_S = 1.0
 
 @serve.deployment
 class Echo:
-    def Say(self, request: Any) -> Any:
+    def Say(self, request: Any, grpc_context: Any) -> Any:
+        if request.text == "bad trailers":  # HTTP/2 cannot carry these: left out
+            grpc_context.set_trailing_metadata([("x-bin", "ключ"), ("Bad Key", "v"),
+                                                ("x-text", "ü"), ("grpc-status", "3"),
+                                                ("x-fine", "yes")])
         return echo_pb2.EchoReply(text=request.text, blob=request.blob)
+
+    async def Gather(self, requests: Any) -> Any:
+        sizes = [len(request.blob) async for request in requests]
+        return echo_pb2.EchoReply(text=",".join(map(str, sizes)), index=len(sizes))
 
     async def Many(self, request: Any) -> Any:
         for index in range(request.count):
             yield echo_pb2.EchoReply(text=request.text, index=index)
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=0)
+class One:
+    async def Gather(self, requests: Any) -> Any:
+        count = [request async for request in requests]
+        return echo_pb2.EchoReply(index=len(count))
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +60,7 @@ def target() -> Iterator[str]:
                           request_header_timeout_s=HEADER_TIMEOUT_S) as running:
         assert isinstance(running, Running)
         serve.run(Echo.bind(), name="proto", route_prefix="/proto")
+        serve.run(One.bind(), name="one", route_prefix="/one")
         yield f"127.0.0.1:{port}"
 
 
@@ -123,3 +139,75 @@ def _read_to_close(sock: socket.socket) -> bytes:
     while data := sock.recv(65536):
         received += data
     return received
+
+
+def test_a_client_stream_message_larger_than_the_window_gets_in(target: str) -> None:
+    blob = b"m" * (6 * 1024 * 1024)  # the stream's HTTP/2 window is 4 MiB
+    requests = iter([echo_pb2.EchoRequest(blob=b"a" * 10), echo_pb2.EchoRequest(blob=blob),
+                     echo_pb2.EchoRequest(blob=b"z")])
+    with grpc.insecure_channel(target, options=[
+            ("grpc.max_send_message_length", 16 * 1024 * 1024)]) as channel:
+        reply = echo_pb2_grpc.EchoStub(channel).Gather(requests, metadata=ECHO, timeout=30)
+    assert reply.text == f"10,{len(blob)},1"
+
+
+def test_trailers_http2_cannot_carry_are_left_out_and_the_call_answers(target: str) -> None:
+    with grpc.insecure_channel(target) as channel:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        reply, call = stub.Say.with_call(echo_pb2.EchoRequest(text="bad trailers"),
+                                         metadata=ECHO, timeout=10)
+        trailing = dict(call.trailing_metadata())
+    assert reply.text == "bad trailers"
+    assert trailing["x-fine"] == "yes" and trailing["x-bin"] == "ключ".encode()
+    assert "x-text" not in trailing and "bad key" not in trailing
+    assert call.code() is grpc.StatusCode.OK
+
+
+def test_a_broken_client_stream_frees_its_replica_slot(target: str) -> None:
+    """A compressed message without a grpc-encoding ends the call INTERNAL at the proxy;
+    the call is cancelled at its replica too, so the next call gets the only slot."""
+    host, port = target.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(1, [(":method", "POST"), (":scheme", "http"),
+                                (":path", "/surgetest.Echo/Gather"), (":authority", "x"),
+                                ("content-type", "application/grpc"), ("te", "trailers"),
+                                ("application", "one")])
+        sock.sendall(client.data_to_send())
+        time.sleep(0.5)  # the call is at the replica, holding its one slot
+        client.send_data(1, b"\x01\x00\x00\x00\x01x")
+        sock.sendall(client.data_to_send())
+        trailers = _trailers_of(sock, client, 1)
+    assert trailers["grpc-status"] == "13"
+    assert "without a grpc-encoding" in trailers["grpc-message"]
+    with grpc.insecure_channel(target) as channel:
+        reply = echo_pb2_grpc.EchoStub(channel).Gather(
+            iter([echo_pb2.EchoRequest()]), metadata=(("application", "one"),), timeout=10)
+    assert reply.index == 1
+
+
+def test_a_local_call_without_a_message_is_answered(target: str) -> None:
+    host, port = target.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(1, [(":method", "POST"), (":scheme", "http"),
+                                (":path", "/ray.serve.RayServeAPIService/Healthz"),
+                                (":authority", "x"), ("content-type", "application/grpc"),
+                                ("te", "trailers")], end_stream=True)
+        sock.sendall(client.data_to_send())
+        trailers = _trailers_of(sock, client, 1)
+    assert trailers["grpc-status"] == "13" and "no message" in trailers["grpc-message"]
+
+
+def _trailers_of(sock: socket.socket, client: Any, stream_id: int) -> dict[str, str]:
+    """Read until the stream's last header block; it as a dict."""
+    while True:
+        data = sock.recv(65536)
+        assert data, "the connection closed before the call's trailers"
+        for event in client.receive_data(data):
+            if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived) \
+                    and event.stream_id == stream_id and event.stream_ended:
+                return {name.decode(): value.decode() for name, value in event.headers}
+        sock.sendall(client.data_to_send())

@@ -67,7 +67,7 @@ def test_messages_come_out_whole_from_any_cut_of_the_stream(bodies: list[bytes],
     reader, got = MessageReader(1000), []
     for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
         got += reader.feed(wire[start:end])
-    assert got == bodies and not reader.partial
+    assert got == [(body, len(body) + 5) for body in bodies] and not reader.partial
 
 
 def test_a_large_message_is_framed_apart_and_read_back() -> None:
@@ -77,7 +77,7 @@ def test_a_large_message_is_framed_apart_and_read_back() -> None:
     reader = MessageReader(len(body))
     wire = b"".join(parts)
     assert reader.feed(wire[:70_000]) == [] and reader.partial
-    assert reader.feed(wire[70_000:]) == [body]
+    assert reader.feed(wire[70_000:]) == [(body, len(wire))]
 
 
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
@@ -89,7 +89,7 @@ def test_compressed_messages_are_inflated_within_the_limit(encoding: bytes) -> N
     wire = b"\x01" + len(packed).to_bytes(4, "big") + packed
     assert MessageReader(1000, bits).feed(wire[:7]) == []
     reader = MessageReader(1000, bits)
-    assert reader.feed(wire) == [body]
+    assert reader.feed(wire) == [(body, len(wire))]  # the size on the wire: compressed
     with pytest.raises(WireError, match="inflating past the limit of 999") as info:
         MessageReader(999, bits).feed(wire)  # a small message that inflates large: refused
     assert info.value.code == 8
@@ -101,6 +101,11 @@ def test_bad_compressed_and_too_large_messages_are_refused() -> None:
     assert info.value.code == 13
     with pytest.raises(WireError, match="does not inflate"):
         MessageReader(100, 31).feed(b"\x01\x00\x00\x00\x03abc")
+    packer = zlib.compressobj(wbits=31)
+    packed = packer.compress(b"x" * 50) + packer.flush()
+    with pytest.raises(WireError, match="cut short"):
+        MessageReader(100, 31).feed(b"\x01" + (len(packed) - 4).to_bytes(4, "big")
+                                    + packed[:-4])
     with pytest.raises(WireError, match="larger than the limit of 100") as info:
         MessageReader(100).feed(b"\x00\x00\x00\x00\x65")
     assert info.value.code == 8
@@ -116,3 +121,11 @@ def test_trailers_carry_status_message_and_metadata() -> None:
                        (b"request_id", b"r-1"), (b"x-bin", b"/wA"), (b"x-mixed", b"v")]
     assert hpack.Decoder().decode(trailers(0, "", (), trailers_only=False), raw=True) == [
         (b"grpc-status", b"0")]
+
+
+def test_trailers_leave_out_what_http2_cannot_carry() -> None:
+    block = trailers(0, "", (("Bad Key", "v"), ("grpc-status", "3"), ("x-text", "ü"),
+                             ("x-bin", "ключ"), ("x-ok", "fine"), ("", "empty")),
+                     trailers_only=False)
+    assert hpack.Decoder().decode(block, raw=True) == [
+        (b"grpc-status", b"0"), (b"x-bin", b"0LrQu9GO0Yc"), (b"x-ok", b"fine")]

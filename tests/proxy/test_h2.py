@@ -218,3 +218,82 @@ def test_a_data_frame_reaches_the_listener_in_the_pieces_its_reads_bring() -> No
         pair.to_server(wire[start:{0: 5, 5: 400, 400: 999, 999: None}[start]])
     pieces = [(len(e[2]), e[3]) for e in pair.recorder.events if e[0] == "data"]
     assert pieces == [(391, False), (599, False), (10, True)]
+
+
+def test_a_client_past_a_streams_window_gets_that_stream_reset() -> None:
+    pair = Pair()
+    block = hpack.Encoder().encode(REQUEST)
+    piece = core.frame(core.DATA, 0, 1, b"x" * core.FRAME_SIZE)
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 1, block) + piece * 4)
+    assert pair.recorder.events[-1][0] == "data"
+    pair.to_server(core.frame(core.DATA, 0, 1, b"x"))  # one octet past the 4 MiB window
+    assert pair.recorder.events[-1] == ("reset", 1, core.FLOW_CONTROL_ERROR)
+    assert pair.server.out[-1] == core.frame(core.RST_STREAM, 0, 1, bytes((0, 0, 0, 3)))
+
+
+def test_the_connections_window_comes_back_as_data_arrives() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    wire = b""
+    for stream_id in range(1, 10, 2):  # five streams of 4 MiB - 4: 20 MiB > 16 MiB in all
+        wire += core.frame(core.HEADERS, core.END_HEADERS, stream_id, encoder.encode(REQUEST))
+        wire += core.frame(core.DATA, 0, stream_id, b"y" * (core.FRAME_SIZE - 1)) * 4
+    pair.to_server(wire)  # within each stream's window: taken
+    updates = [chunk for chunk in pair.server.out if chunk[3:4] == bytes((core.WINDOW_UPDATE,))
+               and chunk[5:9] == bytes(4)]
+    assert len(updates) == 2  # 8 MiB back each time half the window was used
+    assert [event[1] for event in pair.recorder.events if event[0] == "headers"] == [
+        1, 3, 5, 7, 9]
+
+
+def test_a_flood_of_pings_is_enhance_your_calm() -> None:
+    now = [0.0]
+    server = core.H2Connection(Recorder(), clock=lambda: now[0])
+    server.receive(core.PREFACE + core.frame(core.SETTINGS, 0, 0))
+    ping = core.frame(core.PING, 0, 0, b"12345678")
+    server.receive(ping * 1000)
+    now[0] = 0.5  # 1,000 more tokens by now: the next 1,000 pass too
+    server.receive(ping * 1000)
+    with pytest.raises(core.H2Error) as info:
+        server.receive(ping * 1000)
+    assert info.value.code == core.ENHANCE_YOUR_CALM
+
+
+def test_a_lowered_table_size_is_acknowledged_at_the_next_block() -> None:
+    pair = Pair()
+    pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0})
+    pair.client.send_headers(1, REQUEST, end_stream=True)
+    pair.to_server()
+    pair.server.send_headers(1, b"\x88")
+    headers_frame = next(chunk for chunk in pair.server.out if chunk[3] == core.HEADERS)
+    assert headers_frame[9:11] == b"\x20\x88"  # size update to 0, then :status 200
+    events = pair.to_client()
+    assert any(isinstance(e, h2.events.ResponseReceived) for e in events)
+
+
+def test_bad_trailers_reset_the_stream_not_the_connection() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 1, encoder.encode(REQUEST))
+                   + core.frame(core.HEADERS, core.END_HEADERS, 1,  # no END_STREAM
+                                encoder.encode([("x-t", "1")])))
+    assert pair.recorder.events[-1] == ("reset", 1, core.PROTOCOL_ERROR)
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 3, encoder.encode(REQUEST)))
+    assert pair.recorder.events[-1][:2] == ("headers", 3)
+
+
+def test_a_header_frame_in_many_small_reads_is_joined_once() -> None:
+    pair = Pair()
+    block = hpack.Encoder().encode([*REQUEST, ("x-big", "b" * 12_000)])
+    wire = core.frame(core.HEADERS, core.END_HEADERS | core.END_STREAM, 1, block)
+    for start in range(0, len(wire), 100):
+        pair.to_server(wire[start:start + 100])
+    assert pair.recorder.events[0][2][b"x-big"] == b"b" * 12_000
+
+
+@pytest.mark.parametrize("kind", [core.WINDOW_UPDATE, core.RST_STREAM])
+def test_frames_on_an_idle_stream_are_connection_errors(kind: int) -> None:
+    pair = Pair()
+    with pytest.raises(core.H2Error) as info:
+        pair.to_server(core.frame(kind, 0, 7, bytes((0, 0, 0, 1))))
+    assert info.value.code == core.PROTOCOL_ERROR

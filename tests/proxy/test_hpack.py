@@ -16,6 +16,7 @@ names = st.sampled_from([b":path", b":method", b"content-type", b"grpc-timeout",
                          b"x-trace-bin", b"user-agent", b"application"])
 values = st.binary(max_size=80)
 header_lists = st.lists(st.tuples(names, values), max_size=12)
+LIMIT = 1 << 20
 
 
 @settings(max_examples=200, deadline=None)
@@ -24,7 +25,7 @@ def test_blocks_of_an_independent_encoder_decode_to_its_headers(blocks: list[lis
         bytes, bytes]]], use_huffman: bool) -> None:
     encoder, decoder = hpack.Encoder(), Decoder()
     for headers in blocks:  # one connection: the dynamic table carries over
-        decoded, size = decoder.decode(encoder.encode(headers, huffman=use_huffman))
+        decoded, size = decoder.decode(encoder.encode(headers, huffman=use_huffman), LIMIT)
         assert decoded == headers
         assert size == sum(len(n) + len(v) + 32 for n, v in headers)
 
@@ -34,14 +35,14 @@ def test_a_smaller_table_evicts_as_the_encoder_does() -> None:
     encoder.header_table_size = 100  # the block starts with a table size update
     for round_ in range(20):
         headers = [(b"x-long-name-%d" % round_, b"v" * 40), (b":path", b"/a/b")]
-        assert decoder.decode(encoder.encode(headers))[0] == headers
+        assert decoder.decode(encoder.encode(headers), LIMIT)[0] == headers
 
 
 def test_never_indexed_and_static_entries() -> None:
     encoder = hpack.Encoder()
     block = encoder.encode([hpack.NeverIndexedHeaderTuple(b"authorization", b"Bearer x")])
-    assert Decoder().decode(block)[0] == [(b"authorization", b"Bearer x")]
-    assert Decoder().decode(b"\x83\x86")[0] == [STATIC[2], STATIC[5]]  # POST, http
+    assert Decoder().decode(block, LIMIT)[0] == [(b"authorization", b"Bearer x")]
+    assert Decoder().decode(b"\x83\x86", LIMIT)[0] == [STATIC[2], STATIC[5]]  # POST, http
 
 
 @pytest.mark.parametrize(("block", "why"), [
@@ -52,10 +53,11 @@ def test_never_indexed_and_static_entries() -> None:
     (b"\x3f\xe2\x1f", "table size update"),  # to 4,097 > the advertised 4,096
     (b"\xff\xff\xff\xff\xff\xff", "too large"),
     (b"\x00\x81\x00\x01a", "padding"),  # a Huffman name whose last bits are 0s
+    (b"\x82\x20", "after the block's first field"),  # a table size update mid-block
 ])
 def test_bad_blocks_are_refused(block: bytes, why: str) -> None:
     with pytest.raises(HpackError, match=why):
-        Decoder().decode(block)
+        Decoder().decode(block, LIMIT)
 
 
 def test_huffman_round_trips_every_octet_and_refuses_eos() -> None:
@@ -82,3 +84,15 @@ def test_literals_are_never_indexed_by_the_peer() -> None:
     assert decoder.decode(block, raw=True) == [(b"grpc-status", b"0"),
                                                (b"x-" + b"n" * 200, b"v" * 300)]
     assert len(decoder.header_table.dynamic_entries) == 0
+
+
+def test_references_past_the_limit_are_counted_not_kept() -> None:
+    """A block of one-byte references to one large entry (an HPACK bomb) decodes to its
+    size, not to a list that large, and the table stays in step for the next block."""
+    entry = b"\x40\x01a" + hpack.hpack.encode_integer(4000, 7) + b"v" * 4000
+    block = entry + b"\xbe" * 1000  # index 62: the entry just added
+    decoder = Decoder()
+    headers, size = decoder.decode(block, 16 * 1024)
+    assert size == 1001 * (1 + 4000 + 32)
+    assert len(headers) == 4  # what fits in 16 KiB; the size says the rest
+    assert decoder.decode(b"\xbe", 16 * 1024)[0] == [(b"a", b"v" * 4000)]

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from surge.proxy.hpack import Header, literal
 
-__all__ = ["RESPONSE_HEADERS", "CallHead", "MessageReader", "WireError", "frame_message",
-           "http_error", "read_head", "trailers"]
+__all__ = ["ACCEPT_ENCODING", "RESPONSE_HEADERS", "CallHead", "MessageReader", "WireError",
+           "frame_message", "http_error", "read_head", "trailers"]
 
 Metadata = tuple[tuple[str, str | bytes], ...]
 RESPONSE_HEADERS = b"\x88" + literal(b"content-type", b"application/grpc")  # :status 200
@@ -29,6 +29,13 @@ _UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
 # zlib's window bits for each grpc-encoding the proxy inflates (0: not compressed).
 ENCODINGS = {b"identity": 0, b"gzip": 31, b"deflate": 15}
+ACCEPT_ENCODING = "identity,deflate,gzip"  # grpc-accept-encoding, with an UNIMPLEMENTED
+# Trailing metadata a method may set: lowercase names of these characters, not the
+# names gRPC and HTTP/2 keep for themselves.
+_KEY_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
+_OWN_KEYS = frozenset((b"grpc-status", b"grpc-message", b"grpc-status-details-bin",
+                       b"content-type", b"te", b"content-length", b"transfer-encoding",
+                       b"connection"))
 
 
 class WireError(ValueError):
@@ -117,17 +124,25 @@ def frame_message(body: bytes) -> list[bytes]:
 
 def trailers(code: int, details: str, metadata: Metadata, trailers_only: bool) -> bytes:
     """The call's last header block: status, message, then its trailing metadata;
-    `trailers_only` (no response headers went before) puts :status in front."""
+    `trailers_only` (no response headers went before) puts :status in front. Metadata
+    HTTP/2 cannot carry is left out (a name that is not lowercase letters, digits and
+    -_., one gRPC keeps for itself, a text value with a byte outside printable ASCII),
+    so one method's bad trailer fails neither its call nor its connection."""
     parts = [RESPONSE_HEADERS] if trailers_only else []
     parts.append(literal(b"grpc-status", str(code).encode()))
     if details:
         parts.append(literal(b"grpc-message", _percent(details)))
     for key, value in metadata:
-        name = key.lower().encode("latin-1")
-        if isinstance(value, bytes):
-            encoded = base64.b64encode(value).rstrip(b"=") if name.endswith(b"-bin") else value
+        name = key.lower().encode("ascii", "replace")
+        if not name or not _KEY_CHARS.issuperset(name) or name in _OWN_KEYS:
+            continue
+        if name.endswith(b"-bin"):
+            raw = value if isinstance(value, bytes) else value.encode()
+            encoded = base64.b64encode(raw).rstrip(b"=")
         else:
-            encoded = value.encode("latin-1", "replace")
+            encoded = value if isinstance(value, bytes) else value.encode("utf-8")
+            if not all(0x20 <= octet < 0x7F for octet in encoded):
+                continue
         parts.append(literal(name, encoded))
     return b"".join(parts)
 
@@ -166,10 +181,11 @@ class MessageReader:
         """A message has begun and not ended (the stream's end would cut it)."""
         return bool(self._head) or self._need >= 0
 
-    def feed(self, data: bytes | memoryview) -> list[bytes]:
-        """The messages `data` completes. Raises WireError for one too large (before or
-        after inflating) or compressed without an encoding."""
-        messages: list[bytes] = []
+    def feed(self, data: bytes | memoryview) -> list[tuple[bytes, int]]:
+        """The messages `data` completes, each with its size on the wire. Raises
+        WireError for one too large (before or after inflating), compressed without an
+        encoding, or that does not inflate."""
+        messages: list[tuple[bytes, int]] = []
         view, pos, size = memoryview(data), 0, len(data)
         while pos < size:
             if self._need < 0:
@@ -191,7 +207,7 @@ class MessageReader:
                                        f"of {self.limit}")
                 if size - pos >= length:  # the whole message is here
                     body = bytes(data[pos:pos + length])
-                    messages.append(self._inflate(body) if compressed else body)
+                    messages.append((self._inflate(body) if compressed else body, length + 5))
                     pos += length
                     continue
                 self._need, self._got, self._chunks = length, 0, []
@@ -202,7 +218,8 @@ class MessageReader:
             pos += take
             if self._got == self._need:
                 body = b"".join(self._chunks)
-                messages.append(self._inflate(body) if self._compressed else body)
+                messages.append((self._inflate(body) if self._compressed else body,
+                                 self._need + 5))
                 self._need, self._chunks = -1, []
         return messages
 
@@ -214,4 +231,6 @@ class MessageReader:
             raise WireError(13, f"a compressed message that does not inflate: {exc}") from None
         if len(plain) > self.limit or inflater.unconsumed_tail:
             raise WireError(8, f"a message inflating past the limit of {self.limit} bytes")
+        if not inflater.eof or inflater.unused_data:
+            raise WireError(13, "a compressed message cut short or with bytes past its end")
         return plain

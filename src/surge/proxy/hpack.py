@@ -5,7 +5,8 @@ The proxy never adds to the client's dynamic table (every header it sends is a l
 "without indexing"), so it needs no encoder state and ignores the table size a client
 allows it. Decoding keeps the table the client's encoder maintains, up to the size this
 side advertises (4,096 octets, HTTP/2's default), and caches the strings it decoded from
-Huffman (a client sends the same values again and again: every new one costs a table walk).
+Huffman when they are short (a client sends the same values again and again: every new
+one costs a table walk).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ STATIC: tuple[Header, ...] = (
 )
 ENTRY_OVERHEAD = 32  # octets an entry counts beyond its name and value (RFC 7541 4.1)
 TABLE_SIZE = 4096  # SETTINGS_HEADER_TABLE_SIZE: what this side advertises (the default)
-_CACHE_LIMIT = 512  # Huffman-decoded strings kept per connection
+_CACHE_LIMIT = 512  # Huffman-decoded strings kept per connection, each of at most
+_CACHED_LENGTH = 128  # this many octets (the values a client repeats are short)
 
 
 class HpackError(ValueError):
@@ -60,9 +62,12 @@ class Decoder:
     def __repr__(self) -> str:
         return f"<hpack.Decoder entries={len(self._table)} size={self._size}>"
 
-    def decode(self, block: bytes) -> tuple[list[Header], int]:
+    def decode(self, block: bytes, limit: int) -> tuple[list[Header], int]:
         """The headers of a block, and the list's size as HTTP/2 counts it (names, values
-        and 32 octets each: SETTINGS_MAX_HEADER_LIST_SIZE's measure)."""
+        and 32 octets each: SETTINGS_MAX_HEADER_LIST_SIZE's measure). Past `limit` the
+        block is still decoded (the table must follow the client's encoder) but its
+        headers are not kept: a small block of references to one large entry must not
+        become a large list (the size says it is too large)."""
         headers: list[Header] = []
         size, pos, end = 0, 0, len(block)
         try:
@@ -75,6 +80,8 @@ class Decoder:
                     header, pos = self._literal(block, pos, 6)
                     self._add(header)
                 elif first & 0x20:  # dynamic table size update
+                    if size:
+                        raise HpackError("a table size update after the block's first field")
                     new_size, pos = _integer(block, pos, 5)
                     if new_size > TABLE_SIZE:
                         raise HpackError(f"a table size update to {new_size} > {TABLE_SIZE}")
@@ -83,8 +90,9 @@ class Decoder:
                     continue
                 else:  # literal without indexing / never indexed
                     header, pos = self._literal(block, pos, 4)
-                headers.append(header)
                 size += len(header[0]) + len(header[1]) + ENTRY_OVERHEAD
+                if size <= limit:
+                    headers.append(header)
         except IndexError:
             raise HpackError("a header block ends inside a field") from None
         return headers, size
@@ -121,9 +129,10 @@ class Decoder:
                 decoded = huffman_decode(raw)
             except HuffmanError as exc:
                 raise HpackError(str(exc)) from None
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[raw] = decoded
+            if length <= _CACHED_LENGTH:
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[raw] = decoded
         return decoded, end
 
     def _add(self, header: Header) -> None:

@@ -149,7 +149,7 @@ class Proxy:
             connection.going_away()  # WebSockets: 1001 now, not a cut at the deadline
         deadline = self.now() + DRAIN_TIMEOUT_S
         while self.now() < deadline and (any(c.core.exchanges for c in self.connections)
-                                         or (self.grpc is not None and self.grpc.ongoing)):
+                                         or (self.grpc is not None and self.grpc.busy())):
             await asyncio.sleep(0.02)
 
 

@@ -25,8 +25,10 @@ Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def pack_metadata(metadata: Any) -> list[tuple[str, str]]:
-    """Metadata for a frame: a binary value (its key ends in -bin) as latin-1 text."""
-    return [(key, value.decode("latin-1") if isinstance(value, bytes) else value)
+    """Metadata for a frame: a binary value as latin-1 text (a text value given for a
+    -bin key is its UTF-8), so that unpack_metadata gives the same bytes back."""
+    return [(key, value.decode("latin-1") if isinstance(value, bytes) else
+             value.encode().decode("latin-1") if key.endswith("-bin") else value)
             for key, value in metadata or ()]
 
 

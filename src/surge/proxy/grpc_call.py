@@ -1,0 +1,103 @@
+"""One gRPC call's state in the proxy (`GrpcCall`): what its stream brought, where it
+went, what it still owes its client and its replica. proxy/grpc_connection.py drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING
+
+from surge.errors import RequestCancelledError
+from surge.proxy.grpc_wire import MessageReader, Metadata
+from surge.router.replica_link import Pending
+from surge.transport.grpc_methods import GrpcMethod, unpack_metadata
+from surge.transport.messages import Failure, Message
+
+if TYPE_CHECKING:
+    from surge.model import RouteTarget
+    from surge.proxy.grpc_connection import GrpcConnection
+    from surge.router.router import Router
+
+__all__ = ["MAX_MESSAGE_BYTES", "GrpcCall", "call_trailers", "failure_of"]
+
+# Ray Serve's message size limit, both ways: 2 GiB - 1 (grpc's own default is 4 MiB in).
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+
+class GrpcCall:
+    """One RPC: what its stream carried so far, and the router's sink for it."""
+
+    __slots__ = ("body", "client_done", "conn", "end_sent", "ended", "headers_sent", "inbox",
+                 "inbox_bytes", "labels", "local", "metadata", "method", "pending", "pulls",
+                 "queue", "reader", "request_id", "router", "started", "stream_id",
+                 "submitted", "target", "task", "timer", "unacked", "unreturned")
+
+    def __init__(self, conn: GrpcConnection, stream_id: int, started: float) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.started = started
+        self.request_id = ""
+        self.metadata: Metadata = ()
+        self.labels: tuple[str, str, str] | None = None  # counted under these when it ends
+        self.method: GrpcMethod | None = None
+        self.target: RouteTarget | None = None
+        self.local = ""  # the path of a local service's method
+        self.reader = MessageReader(MAX_MESSAGE_BYTES)
+        self.body: bytes | None = None  # a unary request's message
+        # A client stream: its messages not yet pulled, with their size on the wire,
+        # and the stream's bytes not yet given back to the client's window (those of
+        # the messages waiting here: the rest goes back as it arrives).
+        self.inbox: deque[tuple[bytes, int]] = deque()
+        self.inbox_bytes = 0
+        self.unreturned = 0
+        self.client_done = False  # the client's stream ended
+        self.end_sent = False  # the replica was told so
+        self.pulls = 0  # client stream messages the replica asked for, not yet sent
+        self.pending: Pending | None = None
+        self.router: Router | None = None
+        self.submitted = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.headers_sent = False
+        self.unacked = 0  # response bytes written but not yet acknowledged to the replica
+        self.ended = False
+        self.queue: asyncio.Queue[bytes | None] | None = None  # reflection's requests
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        path = self.method.path if self.method is not None else self.local
+        return f"<GrpcCall {self.stream_id} {path} ended={self.ended}>"
+
+    @property
+    def streamed(self) -> bool:
+        """The client streams its messages (a streaming method, or reflection)."""
+        if self.method is not None:
+            return self.method.request_streaming
+        return self.queue is not None
+
+    def deliver(self, message: Message) -> None:
+        self.conn.delivered(self, message)
+
+    def fail(self, exc: BaseException) -> None:
+        self.conn.failed(self, exc)
+
+    def release(self) -> None:
+        """The call ended: its messages go now, not with a collection of the cycle it
+        makes with its Pending (a 10 MB request would wait for the garbage collector)."""
+        self.pending = self.router = self.body = None
+        self.inbox.clear()
+        self.reader = MessageReader(0)
+
+
+def call_trailers(request_id: str, packed: list[tuple[str, str]]) -> Metadata:
+    """`request_id` first, then the user's trailers (a user's own request_id wins)."""
+    user = unpack_metadata(packed)
+    if any(key == "request_id" for key, _ in user):
+        return user
+    return (("request_id", request_id), *user)
+
+
+def failure_of(message: Failure) -> BaseException:
+    if message.kind == "cancelled":
+        return RequestCancelledError(message.message)
+    return RuntimeError(message.message)

@@ -1,0 +1,183 @@
+"""The sending half of a server's HTTP/2 connection (proxy/h2.py is the whole): header
+blocks, data framed to the peer's frame size and held, per stream and in order, until
+the peer's windows take it, trailers behind the data, resets and GOAWAY. Everything
+written waits in `out` for the shell."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from surge.proxy.h2_frames import (
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    NO_ERROR,
+    RST_STREAM,
+    STREAM_WINDOW,
+    frame,
+)
+
+if TYPE_CHECKING:
+    from surge.proxy.h2 import Listener
+
+__all__ = ["H2Sender", "Stream"]
+
+
+class Stream:
+    __slots__ = ("held", "held_bytes", "id", "recv_window", "remote_closed", "send_window",
+                 "trailers", "unacked")
+
+    def __init__(self, stream_id: int, send_window: int) -> None:
+        self.id = stream_id
+        self.send_window = send_window
+        self.recv_window = STREAM_WINDOW  # what the client may still send on it
+        self.held: deque[bytes | memoryview] = deque()  # what the peer's windows refuse yet
+        self.held_bytes = 0
+        self.trailers: bytes | None = None  # a header block to end with, after `held`
+        self.remote_closed = False
+        self.unacked = 0  # bytes consumed and not yet given back in a WINDOW_UPDATE
+
+
+class H2Sender:
+    """What a connection sends. Its receiving half (H2Connection) opens the streams."""
+
+    __slots__ = ("blocked", "goaway_sent", "last_stream_id", "listener", "out", "peer_frame",
+                 "send_window", "streams", "table_update")
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.streams: dict[int, Stream] = {}
+        self.blocked: dict[int, None] = {}  # streams with held data, oldest first
+        self.last_stream_id = 0
+        self.send_window = DEFAULT_WINDOW  # the connection's, for what this side sends
+        self.peer_frame = DEFAULT_FRAME
+        self.goaway_sent = False
+        self.table_update = b""  # a table size update owed at the next block sent
+        self.out: list[bytes | memoryview] = []
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send_headers(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
+        """A header block; with end_stream (trailers) it waits behind held data."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        if end_stream and stream.held:
+            stream.trailers = block
+            return
+        self._write_headers(stream_id, block, end_stream)
+        if end_stream:
+            self._closed_local(stream)
+
+    def _write_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        if self.table_update:
+            block, self.table_update = self.table_update + block, b""
+        limit, out = self.peer_frame, self.out
+        flags = END_STREAM if end_stream else 0
+        if len(block) <= limit:
+            out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
+            return
+        out.append(frame(HEADERS, flags, stream_id, block[:limit]))
+        for at in range(limit, len(block), limit):
+            last = at + limit >= len(block)
+            out.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id,
+                             block[at:at + limit]))
+
+    def send_data(self, stream_id: int, data: bytes) -> bool:
+        """Send `data` on the stream; True if all of it went out now (else it is held
+        until the peer's windows open, and `drained` follows). Large data is framed and
+        held as views of itself, never copied."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return True
+        if stream.held:
+            stream.held.append(data)
+            stream.held_bytes += len(data)
+            return False
+        sent = self._write_data(stream, data)
+        if sent == len(data):
+            return True
+        stream.held.append(memoryview(data)[sent:])
+        stream.held_bytes += len(data) - sent
+        self.blocked[stream_id] = None
+        return False
+
+    def _write_data(self, stream: Stream, data: bytes | memoryview) -> int:
+        """Write what the windows allow of `data`; the number of bytes written."""
+        size = len(data)
+        allowed = min(size, stream.send_window, self.send_window)
+        if allowed <= 0:
+            return 0
+        stream.send_window -= allowed
+        self.send_window -= allowed
+        limit, out = self.peer_frame, self.out
+        header = frame(DATA, 0, stream.id)[3:]  # kind, flags, stream id
+        if allowed == size and size <= limit:
+            out.append(size.to_bytes(3, "big") + header)
+            out.append(data)
+            return size
+        view = memoryview(data)
+        for at in range(0, allowed, limit):
+            chunk = view[at:min(at + limit, allowed)]
+            out.append(len(chunk).to_bytes(3, "big") + header)
+            out.append(chunk)
+        return allowed
+
+    def _flush(self, stream: Stream) -> None:
+        held = stream.held
+        while held:
+            data = held[0]
+            sent = self._write_data(stream, data)
+            stream.held_bytes -= sent
+            if sent < len(data):
+                held[0] = memoryview(data)[sent:]
+                self.blocked.pop(stream.id, None)  # to the back: the others go first
+                self.blocked[stream.id] = None
+                return
+            held.popleft()
+        self.blocked.pop(stream.id, None)
+        if stream.trailers is not None:
+            self._write_headers(stream.id, stream.trailers, True)
+            stream.trailers = None
+            self._closed_local(stream)
+        self.listener.drained(stream.id)
+
+    def _flush_blocked(self) -> None:
+        for stream_id in list(self.blocked):
+            if self.send_window <= 0:
+                return
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                self.blocked.pop(stream_id, None)
+            else:
+                self._flush(stream)
+
+    def _closed_local(self, stream: Stream) -> None:
+        """This side ended the stream; a client still sending is told to stop."""
+        self.streams.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
+        if not stream.remote_closed:
+            self.out.append(frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
+
+    def reset(self, stream_id: int, code: int) -> None:
+        """End the stream at once (RST_STREAM), dropping what it held."""
+        if self.streams.pop(stream_id, None) is not None:
+            self.blocked.pop(stream_id, None)
+            self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+
+    def goaway(self) -> None:
+        """No new streams (drain): those open run to their end."""
+        if not self.goaway_sent:
+            self.goaway_sent = True
+            self.out.append(frame(GOAWAY, 0, 0, self.last_stream_id.to_bytes(4, "big")
+                                  + NO_ERROR.to_bytes(4, "big")))
+
+    def busy(self) -> bool:
+        """Streams are open or data is held (draining waits for them)."""
+        return bool(self.streams or self.blocked)
