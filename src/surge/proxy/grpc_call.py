@@ -23,6 +23,7 @@ __all__ = ["MAX_MESSAGE_BYTES", "GrpcCall", "call_trailers", "failure_of"]
 
 # Ray Serve's message size limit, both ways: 2 GiB - 1 (grpc's own default is 4 MiB in).
 MAX_MESSAGE_BYTES = 2**31 - 1
+_DONE = MessageReader(0)  # an ended call's (it reads nothing more), for its parts to go
 
 
 class GrpcCall:
@@ -86,7 +87,8 @@ class GrpcCall:
         makes with its Pending (a 10 MB request would wait for the garbage collector)."""
         self.pending = self.router = self.body = None
         self.inbox.clear()
-        self.reader = MessageReader(0)
+        if self.reader.partial:
+            self.reader = _DONE
 
 
 def call_trailers(request_id: str, packed: list[tuple[str, str]]) -> Metadata:

@@ -11,6 +11,7 @@ ingress answers uncompressed (identity), which every client takes.
 from __future__ import annotations
 
 import base64
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -32,7 +33,8 @@ ENCODINGS = {b"identity": 0, b"gzip": 31, b"deflate": 15}
 ACCEPT_ENCODING = "identity,deflate,gzip"  # grpc-accept-encoding, with an UNIMPLEMENTED
 # Trailing metadata a method may set: lowercase names of these characters, not the
 # names gRPC and HTTP/2 keep for themselves.
-_KEY_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
+_KEY = re.compile(rb"[0-9a-z_.\-]+")
+_TEXT = re.compile(rb"[\x20-\x7e]*")
 _OWN_KEYS = frozenset((b"grpc-status", b"grpc-message", b"grpc-status-details-bin",
                        b"content-type", b"te", b"content-length", b"transfer-encoding",
                        b"connection"))
@@ -129,22 +131,41 @@ def trailers(code: int, details: str, metadata: Metadata, trailers_only: bool) -
     -_., one gRPC keeps for itself, a text value with a byte outside printable ASCII),
     so one method's bad trailer fails neither its call nor its connection."""
     parts = [RESPONSE_HEADERS] if trailers_only else []
-    parts.append(literal(b"grpc-status", str(code).encode()))
+    status = _STATUS.get(code)
+    if status is None:
+        status = literal(b"grpc-status", str(code).encode())
+    parts.append(status)
     if details:
         parts.append(literal(b"grpc-message", _percent(details)))
     for key, value in metadata:
-        name = key.lower().encode("ascii", "replace")
-        if not name or not _KEY_CHARS.issuperset(name) or name in _OWN_KEYS:
+        name = _names.get(key, b"")
+        if name == b"":
+            name = _name(key)
+        if name is None:
             continue
         if name.endswith(b"-bin"):
             raw = value if isinstance(value, bytes) else value.encode()
             encoded = base64.b64encode(raw).rstrip(b"=")
         else:
             encoded = value if isinstance(value, bytes) else value.encode("utf-8")
-            if not all(0x20 <= octet < 0x7F for octet in encoded):
+            if not _TEXT.fullmatch(encoded):
                 continue
         parts.append(literal(name, encoded))
     return b"".join(parts)
+
+
+_STATUS = {code: literal(b"grpc-status", str(code).encode()) for code in range(17)}
+_names: dict[str, bytes | None] = {}  # metadata keys seen, as sent (None: left out)
+
+
+def _name(key: str) -> bytes | None:
+    """A metadata key as sent, or None if HTTP/2 cannot carry it (remembered)."""
+    name = key.lower().encode("ascii", "replace")
+    kept = name if _KEY.fullmatch(name) and name not in _OWN_KEYS else None
+    if len(_names) >= 1024:
+        _names.clear()
+    _names[key] = kept
+    return kept
 
 
 def http_error(status: int, text: str) -> bytes:
