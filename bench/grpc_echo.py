@@ -1,8 +1,11 @@
 """gRPC echo: surge's gRPC ingress vs Ray Serve 2.60's gRPC proxy, in one run.
 
-    python bench/grpc_echo.py [--duration 5] [--clients 2] [--inflight 16] [--systems surge,ray]
+    python bench/grpc_echo.py [--duration 5] [--clients 2] [--inflight 16]
+                              [--systems raw,surge,ray]
 
-Each system serves bench/apps/grpc_echo_app.py (the same code; Ray's API). A grpcio
+Each system serves bench/apps/grpc_echo_app.py (the same code; Ray's API); `raw` is the
+anchor, grpcio's own asyncio server answering in its one process
+(bench/apps/grpc_raw_echo.py): what a Python gRPC server costs here at all. A grpcio
 client of `--clients` processes (uvloop, grpc.aio, `--inflight` calls in flight each)
 measures, per system:
 - unary echo of 100 B: calls/s, p50/p99, CPU µs per call of the serving processes
@@ -171,12 +174,14 @@ def big_unary(target: str, proto_dir: str, calls: int = 7) -> float:
 
 def measure(name: str, args: argparse.Namespace, proto_dir: str) -> dict[str, float]:
     http_port, grpc_port = free_port(), free_port()
-    python = sys.executable if name == "surge" else ray_python()
+    python = ray_python() if name == "ray" else sys.executable
     env = {"PYTHONPATH": os.pathsep.join([proto_dir, str(APPS.parent.parent / "src")])
            if name == "surge" else proto_dir, "SURGE_LOG_LEVEL": "WARNING"}
     if name == "surge":
         env["SURGE_ADDRESS"] = f"127.0.0.1:{free_port()}"
     argv = [python, str(APPS / "grpc_echo_app.py"), name, str(http_port), str(grpc_port)]
+    if name == "raw":
+        argv = [python, str(APPS / "grpc_raw_echo.py"), str(grpc_port)]
     print(f"== {name}", flush=True)
     with start_system(name, argv, env, timeout_s=240) as system:
         target = system.info["grpc"]
@@ -222,7 +227,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--inflight", type=int, default=16, help="calls in flight per client")
-    parser.add_argument("--systems", default="surge,ray")
+    parser.add_argument("--systems", default="raw,surge,ray")
     parser.add_argument("--profile", action="store_true",
                         help="sample surge's serving processes with py-spy during the unary run")
     args = parser.parse_args()
@@ -231,7 +236,7 @@ def main() -> None:
           "competes with the systems and the client)", flush=True)
     results = {name: measure(name, args, proto_dir) for name in args.systems.split(",") if name}
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    surge, ray = results.get("surge", {}), results.get("ray", {})
+    surge, ray, raw = results.get("surge", {}), results.get("ray", {}), results.get("raw", {})
     nan = float("nan")
     print()
     print("| system | unary calls/s | p50 ms | p99 ms | CPU µs/call | moderate p99 ms "
@@ -245,6 +250,9 @@ def main() -> None:
         print(f"surge/ray unary: {surge['rps'] / ray['rps']:.1f}x; stream: "
               f"{surge['stream_msgs_per_s'] / ray['stream_msgs_per_s']:.1f}x; 10 MB p50: "
               f"{surge['big_p50_ms'] / ray['big_p50_ms']:.2f} of Ray's")
+    if surge and raw:
+        print(f"surge/raw: unary {surge['rps'] / raw['rps']:.2f}x, moderate-load p99 "
+              f"{surge['moderate_p99_ms']:.2f} vs {raw['moderate_p99_ms']:.2f} ms")
     if surge.get("http_cpu_us_per_req"):
         print(f"surge gRPC CPU per call / HTTP CPU per request: "
               f"{surge['cpu_us_per_req'] / surge['http_cpu_us_per_req']:.2f}x")
@@ -256,6 +264,7 @@ def main() -> None:
         "stream_msgs_per_s": surge.get("stream_msgs_per_s", nan),
         "ray_stream_msgs_per_s": ray.get("stream_msgs_per_s", nan),
         "big_p50_ms": surge.get("big_p50_ms", nan), "ray_big_p50_ms": ray.get("big_p50_ms", nan),
+        "raw_rps": raw.get("rps", nan), "raw_p99_ms": raw.get("moderate_p99_ms", nan),
     }
     print("summary: " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
 
