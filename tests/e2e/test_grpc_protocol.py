@@ -20,6 +20,7 @@ from surge import serve
 from tests.e2e.conftest import Running, free_port, running_instance
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.e2e.procs import rss, surge_processes
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -181,10 +182,18 @@ def test_a_broken_client_stream_frees_its_replica_slot(target: str) -> None:
         trailers = _trailers_of(sock, client, 1)
     assert trailers["grpc-status"] == "13"
     assert "without a grpc-encoding" in trailers["grpc-message"]
-    with grpc.insecure_channel(target) as channel:
-        reply = echo_pb2_grpc.EchoStub(channel).Gather(
-            iter([echo_pb2.EchoRequest()]), metadata=(("application", "one"),), timeout=10)
-    assert reply.index == 1
+    def gathered() -> bool:  # the cancel reaches the replica a moment later
+        with grpc.insecure_channel(target) as channel:
+            try:
+                reply = echo_pb2_grpc.EchoStub(channel).Gather(
+                    iter([echo_pb2.EchoRequest()]), metadata=(("application", "one"),),
+                    timeout=10)
+            except grpc.RpcError as exc:
+                assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                return False
+        return bool(reply.index == 1)
+
+    eventually(gathered, 5, what="the only slot free again")
 
 
 def test_a_local_call_without_a_message_is_answered(target: str) -> None:

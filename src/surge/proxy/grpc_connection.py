@@ -42,7 +42,7 @@ from surge.proxy.grpc_wire import (
 )
 from surge.proxy.h2 import H2Connection, H2Error
 from surge.proxy.hpack import Header
-from surge.router.replica_link import Pending
+from surge.router.replica_link import Pending, is_final
 from surge.transport.grpc_methods import pack_metadata
 from surge.transport.messages import Failure, GrpcEnd, GrpcMessage, GrpcRequest, Item, Message, Pull
 
@@ -58,6 +58,7 @@ log = logging.getLogger("surge.proxy")
 MAX_STREAMS = 1024
 NOT_FOUND_METHOD = "Method not found!"  # grpc's own details for an unknown method
 UNIMPLEMENTED = 12
+_LINGERING = frozenset((HEALTH_WATCH, REFLECTION))  # local streams a drain does not wait for
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -151,10 +152,11 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
 
     def busy(self) -> bool:
-        """Calls are open (other than health watchers) or answers are still held."""
-        watchers = self.ingress.watchers
-        return self.h2.busy() and (bool(self.h2.blocked)
-                                   or any(call not in watchers for call in self.calls.values()))
+        """Calls are open or answers still held. A health watch or a reflection stream
+        does not count: it stays open as long as its client likes (a watch has heard
+        NOT_SERVING by then), and draining must not wait out its timeout for it."""
+        return self.h2.busy() and (bool(self.h2.blocked) or any(
+            call.local not in _LINGERING for call in self.calls.values()))
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -320,7 +322,8 @@ class GrpcConnection(asyncio.Protocol):
         except Exception as exc:  # one call's bad answer must not close the replica's link
             log.exception("gRPC call %s: its answer could not be sent", call.request_id)
             if not call.ended:
-                self.end(call, Code.INTERNAL, f"the answer could not be sent: {exc}")
+                self.end(call, Code.INTERNAL, f"the answer could not be sent: {exc}",
+                         settled=is_final(message))
         self._flush_soon()
 
     def _deliver(self, call: GrpcCall, message: Message) -> None:

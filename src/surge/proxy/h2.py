@@ -286,6 +286,9 @@ class H2Connection(H2Sender):
         stream = self.streams.get(stream_id) if self._data_stream else None
         if stream is not None:
             stream.recv_window -= padding
+            if stream.recv_window < 0:
+                self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+                return
             self.consumed(stream_id, padding)  # padding is consumed at once
         if data and self._data_stream:
             self.listener.data(self._data_stream, data, self._data_end)

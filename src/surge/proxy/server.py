@@ -203,6 +203,7 @@ async def serve(launch: ProxyProcessSpec) -> int:
     await runtime.call("proxy_ready", address=address, pid=os.getpid())
     # What startup made (modules, the user's servicers, the route table) stays: a full
     # collection then walks only what serving makes (gRPC echo: 8.5 ms -> 0.06 ms).
+    gc.collect()  # startup's garbage goes first: frozen, it would stay
     gc.freeze()
     runtime.hello["address"] = address  # a restarted controller adopts us
     await stop.wait()
