@@ -60,7 +60,6 @@ class GrpcIngress:
                                    lambda: self.proxy.site.draining, health, reflection)
         self._apps: dict[str, RouteTarget] = {}
         self._table: RouteTable | None = None
-        self._routers: dict[tuple[str, str], Router] = {}
 
     def __repr__(self) -> str:
         return (f"<GrpcIngress methods={len(self.methods)} apps={len(self._apps)} "
@@ -77,11 +76,7 @@ class GrpcIngress:
         return self._apps
 
     def router(self, target: RouteTarget) -> Router:
-        key = (target.app, target.deployment)
-        router = self._routers.get(key)
-        if router is None:
-            router = self._routers[key] = self.proxy.runtime.router(DeploymentId(*key))
-        return router
+        return self.proxy.runtime.router(DeploymentId(target.app, target.deployment))
 
     def drain(self) -> None:
         """No new calls on any connection (GOAWAY); health watchers hear NOT_SERVING."""

@@ -30,7 +30,7 @@ __all__ = ["H2Sender", "Stream"]
 
 
 class Stream:
-    __slots__ = ("held", "held_bytes", "id", "recv_window", "remote_closed", "send_window",
+    __slots__ = ("held", "id", "recv_window", "remote_closed", "send_window",
                  "trailers", "unacked")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
@@ -38,7 +38,6 @@ class Stream:
         self.send_window = send_window
         self.recv_window = STREAM_WINDOW  # what the client may still send on it
         self.held: deque[bytes | memoryview] = deque()  # what the peer's windows refuse yet
-        self.held_bytes = 0
         self.trailers: bytes | None = None  # a header block to end with, after `held`
         self.remote_closed = False
         self.unacked = 0  # bytes consumed and not yet given back in a WINDOW_UPDATE
@@ -98,13 +97,11 @@ class H2Sender:
             return True
         if stream.held:
             stream.held.append(data)
-            stream.held_bytes += len(data)
             return False
         sent = self._write_data(stream, data)
         if sent == len(data):
             return True
         stream.held.append(memoryview(data)[sent:])
-        stream.held_bytes += len(data) - sent
         self.blocked[stream_id] = None
         return False
 
@@ -134,7 +131,6 @@ class H2Sender:
         while held:
             data = held[0]
             sent = self._write_data(stream, data)
-            stream.held_bytes -= sent
             if sent < len(data):
                 held[0] = memoryview(data)[sent:]
                 self.blocked.pop(stream.id, None)  # to the back: the others go first
