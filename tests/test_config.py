@@ -10,6 +10,7 @@ import pytest
 
 from surge.config import (
     DEFAULT_MAX_ONGOING_REQUESTS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MAX_QUEUED_REQUESTS,
     QUEUE_SAFETY_LIMIT,
     AppSpec,
@@ -154,6 +155,16 @@ def test_explicit_queue_limit_is_used() -> None:
     assert DeploymentConfig(name="d", max_queued_requests=7).queue_limit == 7
 
 
+def test_the_queue_is_bounded_by_time_only_while_max_queued_requests_is_unset() -> None:
+    assert DeploymentConfig(name="d").queue_wait_limit_s == DEFAULT_MAX_QUEUE_WAIT_S == 0.1
+    assert DeploymentConfig(name="d", max_queue_wait_s=0.5).queue_wait_limit_s == 0.5
+    assert DeploymentConfig(name="d", max_queue_wait_s=None).queue_wait_limit_s is None
+    # an explicit max_queued_requests keeps Ray's count semantics
+    assert DeploymentConfig(name="d", max_queued_requests=7).queue_wait_limit_s is None
+    config = build_deployment_config("d", {"max_queue_wait_s": 0.25})
+    assert config.max_queue_wait_s == 0.25
+
+
 def test_initial_replicas() -> None:
     assert DeploymentConfig(name="d", num_replicas=4).initial_replicas == 4
     assert DeploymentConfig(name="d", num_replicas=0).initial_replicas == 0
@@ -174,6 +185,10 @@ def test_initial_replicas() -> None:
         ({"max_ongoing_requests": True}, "max_ongoing_requests"),
         ({"max_queued_requests": -2}, "max_queued_requests"),
         ({"max_queued_requests": "10"}, "max_queued_requests"),
+        ({"max_queue_wait_s": 0}, "max_queue_wait_s"),
+        ({"max_queue_wait_s": -1.0}, "max_queue_wait_s"),
+        ({"max_queue_wait_s": "0.1"}, "max_queue_wait_s"),
+        ({"max_queue_wait_s": float("nan")}, "max_queue_wait_s"),
         ({"health_check_period_s": -1}, "health_check_period_s"),
         ({"health_check_timeout_s": "30"}, "health_check_timeout_s"),
         ({"graceful_shutdown_timeout_s": -0.5}, "graceful_shutdown_timeout_s"),

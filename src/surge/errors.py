@@ -73,30 +73,35 @@ class BackPressureError(RayServeException):
         max_queued_requests: int,
         retry_after_s: float,
         status_code: int = 503,
+        reason: str = "",
     ) -> None:
         self.deployment = deployment
         self.num_queued_requests = num_queued_requests
         self.max_queued_requests = max_queued_requests
         self.retry_after_s = retry_after_s
         self.status_code = status_code  # the HTTP answer (backpressure_config: 503 or 429)
+        self.reason = reason  # why, when not the count (surge's wait bound)
+        why = f": {reason}" if reason else ""
         super().__init__(
             f"Request dropped due to backpressure for deployment {deployment!r} "
             f"(num_queued_requests={num_queued_requests}, "
-            f"max_queued_requests={max_queued_requests}); retry after {retry_after_s:.2f}s."
+            f"max_queued_requests={max_queued_requests}){why}; retry after "
+            f"{retry_after_s:.2f}s."
         )
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_backpressure, (self.deployment, self.num_queued_requests,
                                         self.max_queued_requests, self.retry_after_s,
-                                        self.status_code))
+                                        self.status_code, self.reason))
 
 
 def _rebuild_backpressure(
-    deployment: str, queued: int, limit: int, retry_after_s: float, status_code: int = 503
+    deployment: str, queued: int, limit: int, retry_after_s: float, status_code: int = 503,
+    reason: str = "",
 ) -> BackPressureError:
     return BackPressureError(deployment=deployment, num_queued_requests=queued,
                              max_queued_requests=limit, retry_after_s=retry_after_s,
-                             status_code=status_code)
+                             status_code=status_code, reason=reason)
 
 
 class DeploymentUnavailableError(RayServeException):

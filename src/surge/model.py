@@ -72,6 +72,9 @@ class ReplicaSet:
     # Counts the sets pushed for this deployment on one connection: a ReplicaSetDelta
     # applies to the set of its `base`.
     generation: int = 0
+    # The longest a request may wait in a router's queue (policy/admission.py); None:
+    # bounded by `queue_limit` alone (an explicit max_queued_requests).
+    max_queue_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class ReplicaSetDelta:
     unavailable: str = ""
     backpressure_status: int = 503
     retry_after_s: float | None = None
+    max_queue_wait_s: float | None = None
 
     def apply(self, current: ReplicaSet) -> ReplicaSet | None:
         """The set after this change (sorted by replica id, as whole sets are); None if
@@ -108,7 +112,7 @@ class ReplicaSetDelta:
         return ReplicaSet(self.deployment, tuple(kept[k] for k in sorted(kept)),
                           self.max_ongoing_requests, self.queue_limit, self.version,
                           self.unavailable, self.backpressure_status, self.retry_after_s,
-                          self.generation)
+                          self.generation, self.max_queue_wait_s)
 
 
 @dataclass(frozen=True, repr=False)

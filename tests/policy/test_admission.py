@@ -1,4 +1,5 @@
-"""admit / queue_share / retry_after: bounded queues whose rejections carry numbers."""
+"""admit / queue_share / retry_after / drain_rate: queues bounded by count or by time,
+whose rejections carry numbers."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from hypothesis import strategies as st
 from surge.policy.admission import (
     MAX_RETRY_AFTER_S,
     MIN_RETRY_AFTER_S,
+    SERVICE_TIME_WEIGHT,
     Rejection,
     admit,
+    drain_rate,
     queue_share,
     retry_after_header,
     retry_after_s,
+    smoothed,
 )
 
 
@@ -114,3 +118,73 @@ def test_retry_after_header_never_early(seconds: float) -> None:
     assert value >= seconds
     assert value - seconds < 1 or value == 1
 
+
+
+# -- bounded by time (max_queued_requests unset) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "service_s", "rate"),
+    [(10, 0.02, 500.0), (1, 0.5, 2.0), (0, 0.02, 0.0), (10, 0.0, 0.0), (-1, 1.0, 0.0)],
+)
+def test_drain_rate_is_littles_law(in_flight: int, service_s: float, rate: float) -> None:
+    assert drain_rate(in_flight, service_s) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize(
+    ("queued", "drain_per_s", "max_wait_s", "service_s", "admitted"),
+    [
+        (0, 500.0, 0.1, 0.02, True),     # waits 2 ms
+        (49, 500.0, 0.1, 0.02, True),    # the 50th waits exactly 100 ms
+        (50, 500.0, 0.1, 0.02, False),   # the 51st would wait 102 ms
+        (0, 2.0, 0.1, 0.5, True),        # a slow model: waiting one service time is fine
+        (1, 2.0, 0.1, 0.5, False),       # ... two is not
+        (5, 0.0, 0.1, 0.0, True),        # nothing known yet (cold start): count only
+        (10_000, 0.0, 0.1, 0.0, False),  # ... and the count still bounds it
+        (10_000, 500.0, None, 0.02, False),
+        (5_000, 500.0, None, 0.02, True),  # no wait bound: count only
+    ],
+)
+def test_admit_by_wait_table(queued: int, drain_per_s: float, max_wait_s: float | None,
+                             service_s: float, admitted: bool) -> None:
+    rejection = admit(queued, 10_000, drain_per_s, max_wait_s, service_s)
+    assert (rejection is None) is admitted
+
+
+def test_a_wait_rejection_says_why_and_when_to_come_back() -> None:
+    rejection = admit(50, 10_000, 500.0, 0.1, 0.02)
+    assert rejection is not None
+    assert rejection.retry_after_s == pytest.approx(0.1)  # 50 queued at 500/s
+    assert "would wait ~0.102s" in rejection.reason
+    assert "max_queue_wait_s (0.1s)" in rejection.reason
+
+
+@given(st.integers(min_value=0, max_value=10**5), st.floats(min_value=0.1, max_value=1e5),
+       st.floats(min_value=0.001, max_value=10.0), st.floats(min_value=0.0, max_value=10.0))
+def test_admitted_requests_wait_within_the_bound(queued: int, drain_per_s: float,
+                                                 max_wait_s: float, service_s: float) -> None:
+    rejection = admit(queued, 10**6, drain_per_s, max_wait_s, service_s)
+    wait = (queued + 1) / drain_per_s
+    if rejection is None:
+        assert wait <= max(max_wait_s, service_s)
+    else:
+        assert wait > max(max_wait_s, service_s)
+        assert MIN_RETRY_AFTER_S <= rejection.retry_after_s <= MAX_RETRY_AFTER_S
+
+
+@given(st.integers(min_value=0, max_value=10**5), st.floats(min_value=0.1, max_value=1e5),
+       st.floats(min_value=0.001, max_value=10.0))
+def test_admission_by_wait_is_monotone_in_queue_length(queued: int, drain_per_s: float,
+                                                       max_wait_s: float) -> None:
+    """Once a queue length is refused, every longer one is refused too."""
+    if admit(queued, 10**6, drain_per_s, max_wait_s) is not None:
+        assert admit(queued + 1, 10**6, drain_per_s, max_wait_s) is not None
+
+
+def test_smoothed_service_time() -> None:
+    assert smoothed(0.0, 0.03) == 0.03  # the first sample is taken whole
+    assert smoothed(0.02, 0.04) == pytest.approx(0.02 + SERVICE_TIME_WEIGHT * 0.02)
+    estimate = 0.02
+    for _ in range(100):  # a lasting change is followed
+        estimate = smoothed(estimate, 0.2)
+    assert estimate == pytest.approx(0.2, rel=0.01)

@@ -16,9 +16,10 @@ from surge.testing import FakeClock, FakePeer
 DID = DeploymentId("app", "Model")
 
 
-def setup() -> tuple[ControllerState, Publisher, list[Callable[[], None]]]:
+def setup(config: DeploymentConfig | None = None,
+          ) -> tuple[ControllerState, Publisher, list[Callable[[], None]]]:
     state = ControllerState("127.0.0.1:1", HTTPOptions(), 1, head=LOCAL_PLACEMENT)
-    spec = DeploymentSpec(config=DeploymentConfig(name="Model", max_queued_requests=12),
+    spec = DeploymentSpec(config=config or DeploymentConfig(name="Model", max_queued_requests=12),
                           target_blob=b"v", init_blob=b"")
     desired.deploy(state, AppSpec(name="app", route_prefix="/", ingress="Model",
                                   deployments=(spec,)), wall=0.0)
@@ -50,9 +51,26 @@ def test_a_herd_of_changes_is_one_push_per_watcher() -> None:
     sets: list[ReplicaSet] = router.pushed("replica_set")
     assert [[r.replica_id for r in s.replicas] for s in sets] == [["a", "b", "c"]]
     assert (sets[0].queue_limit, sets[0].generation) == (12, 1)
+    assert sets[0].max_queue_wait_s is None  # an explicit count: Ray's semantics
     publisher.replica_set(DID)
     flush(flushes)  # nothing changed: nothing pushed
     assert len(router.pushed("replica_set")) == 1
+
+
+def test_without_max_queued_requests_routers_are_told_the_wait_bound() -> None:
+    state, publisher, flushes = setup(DeploymentConfig(name="Model", max_queue_wait_s=0.25))
+    ready(state, "a")
+    router = FakePeer("proxy", **{DELTAS: True})
+    publisher.watch(router, DID)
+    flush(flushes)
+    first: ReplicaSet = router.pushed("replica_set")[0]
+    assert (first.max_queue_wait_s, first.queue_limit) == (0.25, 10_000)
+    ready(state, "b")
+    publisher.replica_set(DID)
+    flush(flushes)
+    delta: ReplicaSetDelta = router.pushed("replica_set_delta")[0]
+    applied = delta.apply(first)
+    assert applied is not None and applied.max_queue_wait_s == 0.25
 
 
 def test_routers_that_apply_deltas_get_what_changed_and_the_others_whole_sets() -> None:

@@ -165,18 +165,20 @@ async def answer(pending: Pending) -> bytes:
     return message.payload
 
 
-def replica_set(infos: list[ReplicaInfo], max_ongoing: int, queue_limit: int) -> ReplicaSet:
+def replica_set(infos: list[ReplicaInfo], max_ongoing: int, queue_limit: int,
+                max_queue_wait_s: float | None = None) -> ReplicaSet:
     return ReplicaSet(deployment=DEP, replicas=tuple(infos), max_ongoing_requests=max_ongoing,
-                      queue_limit=queue_limit)
+                      queue_limit=queue_limit, max_queue_wait_s=max_queue_wait_s)
 
 
 @asynccontextmanager
 async def routing(*replicas: FakeReplica, max_ongoing: int = 5, queue_limit: int = 100,
-                  clock: FakeClock | None = None) -> AsyncIterator[Router]:
+                  clock: FakeClock | None = None,
+                  max_queue_wait_s: float | None = None) -> AsyncIterator[Router]:
     infos = [await replica.start() for replica in replicas]
     router = Router(DEP, rng=random.Random(7), clock=clock or FakeClock(monotonic=0.0))
     try:
-        router.update(replica_set(infos, max_ongoing, queue_limit))
+        router.update(replica_set(infos, max_ongoing, queue_limit, max_queue_wait_s))
         await asyncio.wait_for(router.ready.wait(), WAIT_S)
         yield router
     finally:
@@ -268,6 +270,69 @@ def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
             assert info.value.retry_after_s == pytest.approx(2 / 3)
             assert router.rejected == 2
             assert replica.calls[:3] == [b"1", b"2", b"3"]  # the rejected one never went out
+
+    run(main)
+
+
+def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
+    async def main() -> None:
+        clock = FakeClock(monotonic=0.0)
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=2, queue_limit=100, clock=clock,
+                           max_queue_wait_s=0.1) as router:
+            # nothing measured yet (a cold start): the count alone bounds the queue
+            first = [request(str(i).encode()) for i in range(8)]
+            for pending in first:
+                router.submit(pending)
+            assert (router.in_flight, router.queued) == (2, 6)
+            for _ in range(4):  # each pair takes 50 ms of service
+                await replica.wait_for(lambda r: len(r.held) == 2)
+                clock.advance(0.05)
+                replica.release()
+            await gather(*(answer(p) for p in first))
+            assert "service=50.0ms max_wait=0.1" in repr(router)
+
+            # 2 in flight of 50 ms drain 40/s: the 4th queued waits 100 ms, the 5th 125 ms
+            running = [request(b"a"), request(b"b")]
+            queued = [request(str(i).encode()) for i in range(4)]
+            for pending in running + queued:
+                router.submit(pending)
+            over = request(b"over")
+            with pytest.raises(BackPressureError) as info:
+                router.submit(over)
+            error = info.value
+            assert (error.num_queued_requests, error.max_queued_requests) == (4, 100)
+            assert error.retry_after_s == pytest.approx(0.1)  # 4 queued at 40/s
+            assert "would wait ~0.125s" in str(error)
+            assert "max_queue_wait_s (0.1s)" in str(error)
+            assert (router.rejected, router.queued) == (1, 4)
+            assert not sink(over).done.done()
+            for _ in range(3):  # the rest still drain as before
+                await replica.wait_for(lambda r: len(r.held) == 2)
+                replica.release()
+            await gather(*(answer(p) for p in running + queued))
+            assert b"over" not in replica.calls
+
+    run(main)
+
+
+def test_a_slow_model_may_queue_one_service_time() -> None:
+    async def main() -> None:
+        clock = FakeClock(monotonic=0.0)
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1, queue_limit=100, clock=clock,
+                           max_queue_wait_s=0.1) as router:
+            warm = request(b"warm")
+            router.submit(warm)
+            await replica.wait_for(lambda r: len(r.held) == 1)
+            clock.advance(2.0)  # a 2 s model
+            replica.release()
+            await answer(warm)
+            router.submit(request(b"1"))
+            router.submit(request(b"2"))  # waits one service time: admitted
+            with pytest.raises(BackPressureError):
+                router.submit(request(b"3"))  # two: refused
+            assert router.queued == 1
 
     run(main)
 

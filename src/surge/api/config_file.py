@@ -61,7 +61,8 @@ DEPLOYMENT_KEYS = ("name", "num_replicas", "max_ongoing_requests", "max_queued_r
                    "health_check_period_s", "health_check_timeout_s",
                    "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
                    "backpressure_config", "max_constructor_retry_count",
-                   "rolling_update_percentage", "max_surge_percent", "request_router_config")
+                   "rolling_update_percentage", "max_surge_percent", "request_router_config",
+                   "max_queue_wait_s")
 DEPLOYMENT_RAY_ONLY = ("placement_group_bundles", "placement_group_strategy",
                        "placement_group_bundle_label_selector", "max_replicas_per_node",
                        "logging_config", "gang_scheduling_config",

@@ -36,7 +36,7 @@ _OPTION_KEYS = {
     "health_check_timeout_s", "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s",
     "route_prefix", "max_concurrent_queries", "backpressure_config",
     "max_constructor_retry_count", "rolling_update_percentage", "max_surge_percent",
-    "request_router_config",
+    "request_router_config", "max_queue_wait_s",
 }
 _IGNORED = {"placement_group_bundles", "placement_group_strategy",
             "placement_group_bundle_label_selector", "max_replicas_per_node", "logging_config",

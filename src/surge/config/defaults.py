@@ -9,6 +9,11 @@ DEFAULT_MAX_QUEUED_REQUESTS = -1
 # Requests one router may hold waiting for a replica when no limit is set: bounds memory
 # (a queued HTTP request costs ~1-2 KiB) while absorbing a burst of ~1 s at 10k/s.
 QUEUE_SAFETY_LIMIT = 10_000
+# With max_queued_requests unset, a request that would wait longer than this for a
+# replica is refused at once (503 + Retry-After) instead of queued: past ~100 ms of
+# queueing, interactive clients and latency SLOs are lost anyway, and a refusal lets the
+# client retry on the capacity the autoscaler is adding (surge-only; None: count only).
+DEFAULT_MAX_QUEUE_WAIT_S = 0.1
 # Ray Serve's health-check cadence and patience.
 DEFAULT_HEALTH_CHECK_PERIOD_S = 10.0
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 30.0

@@ -25,6 +25,7 @@ from surge.config.defaults import (
     DEFAULT_HEALTH_CHECK_TIMEOUT_S,
     DEFAULT_MAX_CONSTRUCTOR_RETRY_COUNT,
     DEFAULT_MAX_ONGOING_REQUESTS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
     DEFAULT_MAX_QUEUED_REQUESTS,
     QUEUE_SAFETY_LIMIT,
 )
@@ -139,6 +140,9 @@ class DeploymentConfig:
     num_replicas: int | None = None
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
+    # surge's: the longest a request may wait for a replica while max_queued_requests is
+    # unset (policy/admission.py); None bounds the queue by QUEUE_SAFETY_LIMIT alone.
+    max_queue_wait_s: float | None = DEFAULT_MAX_QUEUE_WAIT_S
     autoscaling_config: AutoscalingConfig | None = None
     user_config: Any = None
     resources: ReplicaResources = field(default_factory=ReplicaResources)
@@ -166,6 +170,10 @@ class DeploymentConfig:
                  and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
                  f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
                  f"{self.max_queued_requests!r}.")
+        _require(self.max_queue_wait_s is None
+                 or (_is_number(self.max_queue_wait_s) and self.max_queue_wait_s > 0),
+                 f"max_queue_wait_s must be a number of seconds > 0, or None to bound the "
+                 f"queue by count alone, got {self.max_queue_wait_s!r}.")
         for name in ("health_check_period_s", "health_check_timeout_s",
                      "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
             _number(name, getattr(self, name), minimum=0)
@@ -210,6 +218,12 @@ class DeploymentConfig:
         if self.max_queued_requests == -1:
             return QUEUE_SAFETY_LIMIT
         return self.max_queued_requests
+
+    @property
+    def queue_wait_limit_s(self) -> float | None:
+        """The wait bound routers apply: none when max_queued_requests is explicit (Ray's
+        count semantics)."""
+        return self.max_queue_wait_s if self.max_queued_requests == -1 else None
 
 
 def build_deployment_config(name: str, options: Mapping[str, Any],

@@ -75,6 +75,7 @@ class _Header:
     unavailable: str
     backpressure_status: int
     retry_after_s: float | None
+    max_queue_wait_s: float | None
 
 
 @dataclass
@@ -258,7 +259,8 @@ class Publisher:
         unavailable = UNAVAILABLE_FAILED if not running and self.state.failed(record.id) else ""
         return _Header(config.max_ongoing_requests, queue_share(config.queue_limit, watchers),
                        unavailable,
-                       backpressure.status_code, backpressure.retry_after_s)
+                       backpressure.status_code, backpressure.retry_after_s,
+                       config.queue_wait_limit_s)
 
     def _push_whole(self, did: DeploymentId, record: DeploymentRecord, published: _Published,
                     targets: set[Peer]) -> None:
@@ -268,7 +270,7 @@ class Publisher:
         replica_set = ReplicaSet(did, tuple(members[k] for k in sorted(members)),
                                  h.max_ongoing_requests, h.queue_limit, record.version,
                                  h.unavailable, h.backpressure_status, h.retry_after_s,
-                                 published.generation)
+                                 published.generation, h.max_queue_wait_s)
         self.pushed_bytes += broadcast(targets, "replica_set", replica_set) * len(targets)
 
     def _push_delta(self, did: DeploymentId, record: DeploymentRecord, last: _Published,
@@ -279,5 +281,6 @@ class Publisher:
                                 tuple(now.members[k] for k in added),
                                 tuple(sorted(last.members.keys() - now.members.keys())),
                                 h.max_ongoing_requests, h.queue_limit, record.version,
-                                h.unavailable, h.backpressure_status, h.retry_after_s)
+                                h.unavailable, h.backpressure_status, h.retry_after_s,
+                                h.max_queue_wait_s)
         self.pushed_bytes += broadcast(targets, "replica_set_delta", delta) * len(targets)

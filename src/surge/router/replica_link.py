@@ -63,7 +63,7 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sent_at", "sink")
 
     def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
@@ -72,6 +72,7 @@ class Pending:
         self.cancelled = False
         self.credits: Credits | None = None  # made with the stream's first frame
         self.queued_at = 0.0  # when the router queued it (monotonic), for the matching timeout
+        self.sent_at = 0.0  # when the router sent it to a replica: its service time's start
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its

@@ -2,8 +2,11 @@
 
 It keeps one link per replica and counts its own in-flight requests there. A request
 goes straight to a replica with room (power of two choices); otherwise it waits in a
-bounded FIFO queue (its share of `max_queued_requests`) and is sent when a response
-frees a slot. A full queue rejects at once with `BackPressureError`. A replica that
+bounded FIFO queue and is sent when a response frees a slot. The queue is bounded by
+its share of `max_queued_requests`, or, when that is unset, by time: a request that
+would wait longer than the deployment's `max_queue_wait_s` (estimated from this
+router's requests in flight and their measured service time, policy/admission.py) is
+not queued. Either way the refusal is at once, a `BackPressureError`. A replica that
 rejects (it is full because of other routers, or draining) counts as full until it
 answers again, and the request goes back to the head of the queue.
 
@@ -52,7 +55,7 @@ from surge.clock import SYSTEM, Clock
 from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
-from surge.policy.admission import admit
+from surge.policy.admission import admit, drain_rate, smoothed
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.engine_choice import choose_by_engine
@@ -103,6 +106,8 @@ class Router:
         self._queue: deque[Pending] = deque()
         self._max_ongoing = 1
         self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
+        self._max_queue_wait_s: float | None = None  # the wait bound, once a set says it
+        self._service_s = 0.0  # this router's requests' service time, smoothed (0: none yet)
         self._loads = Loads(self._routable, 1, self.own_links)
         self.replica_set: ReplicaSet | None = None
         # Set once a replica set arrived and the links it named have been tried.
@@ -130,7 +135,9 @@ class Router:
             return (f"<Router {self.deployment} replicas={len(self._routable)} "
                     f"queued={len(self._queue)}/{self._queue_limit} "
                     f"in_flight={self.in_flight} completed={self.completed} "
-                    f"rejected={self.rejected} own_links={len(self.own_links.links)}>")
+                    f"rejected={self.rejected} own_links={len(self.own_links.links)} "
+                    f"service={self._service_s * 1000:.1f}ms "
+                    f"max_wait={self._max_queue_wait_s}>")
 
     @property
     def in_flight(self) -> int:
@@ -152,6 +159,7 @@ class Router:
         self.replica_set = replica_set
         self._max_ongoing = replica_set.max_ongoing_requests
         self._queue_limit = replica_set.queue_limit
+        self._max_queue_wait_s = replica_set.max_queue_wait_s
         self._loads.capacity = self._max_ongoing
         wanted = {info.replica_id: info for info in replica_set.replicas}
         for replica_id in list(self._by_id):
@@ -328,8 +336,12 @@ class Router:
         link = slot.link
         if thread is not None:
             link = self.own_links.get(slot.info.replica_id, thread) or link
-        link.start(pending)
+        self._send(link, pending)
         return True
+
+    def _send(self, link: ReplicaLink, pending: Pending) -> None:
+        pending.sent_at = self._now()
+        link.start(pending)
 
     def submit(self, pending: Pending) -> None:
         """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
@@ -346,7 +358,13 @@ class Router:
         unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
-        rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
+        wait_s = self._max_queue_wait_s
+        if wait_s is None:  # bounded by count: Retry-After from the completions measured
+            rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
+        else:
+            rejection = admit(len(self._queue), self._queue_limit,
+                              drain_rate(self.in_flight, self._service_s), wait_s,
+                              self._service_s)
         if rejection is not None:
             self.rejected += 1
             current = self.replica_set
@@ -355,7 +373,8 @@ class Router:
                 deployment=str(self.deployment), num_queued_requests=rejection.queued,
                 max_queued_requests=rejection.limit,
                 retry_after_s=rejection.retry_after_s if fixed is None else fixed,
-                status_code=current.backpressure_status if current is not None else 503)
+                status_code=current.backpressure_status if current is not None else 503,
+                reason="" if wait_s is None else rejection.reason)
         self._queue.append(pending)
         if model:
             pending.queued_at = self._now()
@@ -394,7 +413,7 @@ class Router:
                     return
                 pending = queue.popleft()
                 if not pending.cancelled:
-                    self._routable[index].link.start(pending)
+                    self._send(self._routable[index].link, pending)
 
     def _pick(self, pending: Pending) -> int:
         """Power of two choices on in-flight counts, or on the engines' queues with
@@ -437,7 +456,7 @@ class Router:
 
     def _start_model(self, slot: Slot, pending: Pending, model: str) -> None:
         slot.reserve(model)
-        slot.link.start(pending)
+        self._send(slot.link, pending)
 
     def _drain_models(self) -> None:
         """Send what can go among the first MODEL_SCAN_LIMIT queued requests, in order."""
@@ -462,7 +481,7 @@ class Router:
             if model:
                 self._start_model(self._routable[index], pending, model)
             else:
-                self._routable[index].link.start(pending)
+                self._send(self._routable[index].link, pending)
         kept.extend(queue)
         self._queue = kept
 
@@ -503,6 +522,7 @@ class Router:
                 slot.saturated = False
             self.completed += 1
             self._completed_in_window += 1
+            self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
             if not pending.cancelled:
                 pending.sink.deliver(message)
         if slot is None and not link.in_flight:
