@@ -81,7 +81,10 @@ GROUPS = {"names": MODULES, "parameters": CALLABLES, "fields": CLASSES,
 IMPLEMENTED, ACCEPTED, MISSING = "implemented", "accepted, not used", "not in surge"
 STATUSES = (IMPLEMENTED, ACCEPTED, MISSING)
 
-_QUEUE = "one budget for the whole deployment, not one per caller"
+_QUEUE = ("one budget for the whole deployment, not one per caller; unset (-1): bounded "
+          "by time instead, a request that would wait longer than surge's "
+          "`max_queue_wait_s` (default 0.1 s) is refused at once (Ray queues without "
+          "bound; docs/using.md#queues-and-overload)")
 _RETRIES = "default 3 process starts, not Ray's 20"
 _ENV_VARS = "`env_vars` only; Ray's other runtime_env keys are accepted with a warning"
 _SILENT_RUN = "no warning: serve.run's `**kwargs` takes it silently"
