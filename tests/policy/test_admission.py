@@ -16,6 +16,7 @@ from surge.policy.admission import (
     Rejection,
     admit,
     drain_rate,
+    queue_room,
     queue_share,
     retry_after_header,
     retry_after_s,
@@ -165,10 +166,11 @@ def test_admitted_requests_wait_within_the_bound(queued: int, drain_per_s: float
                                                  max_wait_s: float, service_s: float) -> None:
     rejection = admit(queued, 10**6, drain_per_s, max_wait_s, service_s)
     wait = (queued + 1) / drain_per_s
+    budget = max(max_wait_s, service_s)
     if rejection is None:
-        assert wait <= max(max_wait_s, service_s)
+        assert wait <= budget * (1 + 1e-9)
     else:
-        assert wait > max(max_wait_s, service_s)
+        assert wait > budget * (1 - 1e-9)
         assert MIN_RETRY_AFTER_S <= rejection.retry_after_s <= MAX_RETRY_AFTER_S
 
 
@@ -179,6 +181,16 @@ def test_admission_by_wait_is_monotone_in_queue_length(queued: int, drain_per_s:
     """Once a queue length is refused, every longer one is refused too."""
     if admit(queued, 10**6, drain_per_s, max_wait_s) is not None:
         assert admit(queued + 1, 10**6, drain_per_s, max_wait_s) is not None
+
+
+@pytest.mark.parametrize(
+    ("drain_per_s", "max_wait_s", "service_s", "room"),
+    [(500.0, 0.1, 0.02, 50), (40.0, 0.1, 0.05, 4), (2.0, 0.1, 0.5, 1), (1.0, 0.1, 0.5, 0),
+     (0.0, 0.1, 0.02, None), (500.0, None, 0.02, None)],
+)
+def test_queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float,
+                    room: int | None) -> None:
+    assert queue_room(drain_per_s, max_wait_s, service_s) == room
 
 
 def test_smoothed_service_time() -> None:

@@ -111,13 +111,23 @@ def test_a_bounded_queue_fills_then_rejects_and_drains_after_the_schedule() -> N
     assert_conserved(sim)
 
 
+def test_the_queue_holds_what_drains_within_the_wait_bound() -> None:
+    """max_queued_requests unset: behind the one 1 s request the queue holds one (a
+    request may wait one service time); the rest are refused at once, none time out."""
+    run = simulate(scenario(service__service_time_ms=1000,
+                            traffic__schedule=[{"rps": 10, "for_s": 1}]))
+    s = run.summary
+    assert (s["sent"], s["ok"], s["errors"]["timeout"], s["errors"]["503"]) == (10, 2, 0, 8)
+
+
 def test_queued_requests_time_out() -> None:
     """One 1 s request holds the only slot; those sent behind it (every 100 ms) give up
     250 ms after they arrived. When the slot frees at 1.0 s the head of the queue is the
-    one sent at 0.8 s (FIFO): it is served in 1.2 s; the one sent at 0.9 s times out."""
+    one sent at 0.8 s (FIFO): it is served in 1.2 s; the one sent at 0.9 s times out.
+    (The queue bounded by count alone: by time, it would hold one.)"""
     run = simulate(scenario(service__service_time_ms=1000,
                             traffic__schedule=[{"rps": 10, "for_s": 1}],
-                            traffic__timeout_s=0.25))
+                            traffic__timeout_s=0.25, deployment__max_queue_wait_s=None))
     s = run.summary
     assert (s["sent"], s["ok"], s["errors"]["timeout"], s["errors"]["503"]) == (10, 2, 8, 0)
     # 1.0 s and 1.2 s, in the report's 11 significant bits of microseconds
@@ -129,7 +139,8 @@ def test_queued_requests_time_out() -> None:
 
 def test_requests_still_queued_when_the_run_stops_are_counted() -> None:
     sim = Simulation(scenario(service__service_time_ms=1000,
-                              traffic__schedule=[{"rps": 10, "for_s": 1}])).run(until_s=0.55)
+                              traffic__schedule=[{"rps": 10, "for_s": 1}],
+                              deployment__max_queue_wait_s=None)).run(until_s=0.55)
     b = books(sim)
     assert (b["arrived"], b["completed"], b["ongoing"], b["queued"]) == (6, 0, 1, 5)
     assert_conserved(sim)

@@ -25,14 +25,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Rejection", "admit", "drain_rate", "queue_share", "retry_after_header",
-           "retry_after_s", "smoothed"]
+__all__ = ["Rejection", "admit", "drain_rate", "queue_room", "queue_share",
+           "retry_after_header", "retry_after_s", "smoothed"]
 
 MIN_RETRY_AFTER_S = 0.1
 MAX_RETRY_AFTER_S = 10.0
 # Weight of each new service-time sample: ~20 completions (40 ms at 500 req/s) move the
 # estimate most of the way to a new level, one outlier moves it 5%.
 SERVICE_TIME_WEIGHT = 0.05
+# Float dust in budget x rate (0.1 s x 500/s must give 50, not 49).
+_DUST = 1e-9
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,16 @@ def drain_rate(in_flight: int, service_s: float) -> float:
     return in_flight / service_s
 
 
+def queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float = 0.0,
+               ) -> int | None:
+    """How many requests may wait at `drain_per_s` without the last one waiting longer
+    than `max_wait_s` or one service time, whichever is longer; None: no bound by time
+    (none asked for, or no rate known yet)."""
+    if max_wait_s is None or drain_per_s <= 0:
+        return None
+    return math.floor(max(max_wait_s, service_s) * drain_per_s + _DUST)
+
+
 def smoothed(previous: float, sample: float) -> float:
     """The service-time estimate after one more sample (the first sample is taken whole)."""
     if previous <= 0:
@@ -81,16 +93,15 @@ def admit(queued: int, limit: int, drain_per_s: float, max_wait_s: float | None 
         return Rejection(
             queued=queued, limit=limit, retry_after_s=retry_after_s(queued, drain_per_s),
             reason="queue full" if limit > 0 else "no queueing allowed and all replicas busy")
-    if max_wait_s is None or drain_per_s <= 0:
+    room = queue_room(drain_per_s, max_wait_s, service_s)
+    if room is None or queued < room:
         return None
     wait = (queued + 1) / drain_per_s
-    budget = max(max_wait_s, service_s)
-    if wait <= budget:
-        return None
     return Rejection(queued=queued, limit=limit,
                      retry_after_s=retry_after_s(queued, drain_per_s),
                      reason=f"it would wait ~{wait:.3f}s for a replica, over the "
-                            f"deployment's max_queue_wait_s ({budget:g}s)")
+                            f"deployment's max_queue_wait_s "
+                            f"({max(max_wait_s or 0.0, service_s):g}s)")
 
 
 def retry_after_header(seconds: float) -> str:

@@ -9,8 +9,10 @@ A fluid model with integer counts, so every request is accounted for exactly:
   replica), so a request waits only when all `routable x max_ongoing_requests` slots
   are busy. The routers' queues are one FIFO queue of cohorts (one per step) holding
   the sum of the routers' shares of `max_queued_requests` (policy.admission.
-  queue_share); past it, `admit` rejects (503). A cohort still queued `timeout_s`
-  after it arrived times out.
+  queue_share); past it, `admit` rejects (503). With `max_queued_requests` unset the
+  queue also holds no more than drains within `max_queue_wait_s` (or one mean service
+  time) at the current completion rate (policy.admission.queue_room), as the routers
+  estimate it. A cohort still queued `timeout_s` after it arrived times out.
 * In-flight requests complete at rate ongoing / mean service time (Little's law: a
   replica with all slots busy serves max_ongoing / mean per second), with the
   fractional part carried over, so capacity is exact at saturation. With batching,
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surge.policy.admission import admit, queue_share
+from surge.policy.admission import admit, queue_room, queue_share
 from surge.policy.autoscaling import LoadSample
 from surge.sim.scenario import Scenario
 
@@ -62,6 +64,7 @@ class Flow:
         self.max_ongoing = scenario.deployment.max_ongoing_requests
         routers = scenario.cluster.proxies
         self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
+        self.max_wait_s = scenario.deployment.queue_wait_limit_s
         batching = scenario.service.batching
         self.batch = (0 if batching is None
                       else min(batching.max_batch_size, self.max_ongoing))
@@ -204,8 +207,10 @@ class Flow:
         if not overflow:
             return
         admitted = 0
-        if admit(self.queued, self.queue_limit, self.drain_per_s) is None:
-            admitted = min(overflow, self.queue_limit - self.queued)
+        room = queue_room(self._rate(routable), self.max_wait_s, self.mean_s)
+        limit = self.queue_limit if room is None else min(self.queue_limit, room)
+        if admit(self.queued, limit, self.drain_per_s) is None:
+            admitted = min(overflow, limit - self.queued)
             queue = self.queue
             if queue and queue[-1].arrived == t:
                 queue[-1].count += admitted

@@ -73,7 +73,7 @@ ALIASES: dict[str, str] = {
     "policy": "deployment.autoscaling_config.policy.policy_function",
     "policy_kwargs": "deployment.autoscaling_config.policy.policy_kwargs",
     **{name: f"deployment.{name}" for name in ("num_replicas", "max_ongoing_requests",
-                                               "max_queued_requests")},
+                                               "max_queued_requests", "max_queue_wait_s")},
     **{name: f"cluster.{name}" for name in _CLUSTER},
     **{name: f"service.{name}" for name in _SERVICE},
     **{name: f"traffic.{name}" for name in ("arrivals", "timeout_s")},
