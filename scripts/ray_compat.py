@@ -121,6 +121,10 @@ NOTES: dict[tuple[str, str], str] = {
         "access lines sampled: at most 10/s per process unless `access_log_max_per_s: 0`",
     ("ray.serve.schema:ServeApplicationSchema", "runtime_env"): _ENV_VARS,
     ("ray.serve.schema:DeploymentSchema", "max_queued_requests"): _QUEUE,
+    ("ray.serve.schema:RayActorOptionsSchema", "num_cpus"):
+        "sizes the replica's thread pools as Ray sets `OMP_NUM_THREADS` (whole CPUs, at "
+        "least 1), OpenBLAS', MKL's and torch's too; env_vars win; LLMServer's engine "
+        "sizes its own (docs/using.md#thread-pools)",
     ("ray.serve.schema:RayActorOptionsSchema", "resources"):
         "used for placement on the Ray backend only",
     ("ray.serve.schema:RayActorOptionsSchema", "runtime_env"): _ENV_VARS,

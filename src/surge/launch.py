@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import subprocess
@@ -133,6 +134,8 @@ class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     # this node's weight store (surge.weights): its Unix socket, or (placed on a cluster)
     # the store of whichever node the replica lands on
     weight_store: str | NodeWeightStore | None = None
+    # ray_actor_options num_cpus: its thread pools' size (replica/threads.py)
+    num_cpus: float = 1.0
 
 
 class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
@@ -164,12 +167,14 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     metrics: bool = True
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
-                lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None
-                ) -> ReplicaProcessSpec:
+                lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None,
+                num_cpus: float = 1.0) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,
-                                  listen=listen, weight_store=weight_store)
+                                  listen=listen, weight_store=weight_store,
+                                  # JSON has no inf; both size the pools at 1 thread
+                                  num_cpus=num_cpus if math.isfinite(num_cpus) else 0.0)
 
     def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
         return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,

@@ -16,11 +16,11 @@ HEAD = "http_options: {request_timeout_s: 30}\napplications:\n- name: a\n  impor
 
 def lint(tmp_path: Path, deployment: str, *, head: str = HEAD,
          import_path: str = "tests.config.apps.text_ml:batched",
-         import_code: bool = True) -> list[Finding]:
+         import_code: bool = True, cores: int = 64) -> list[Finding]:
     path = tmp_path / "serve.yaml"
     path.write_text(f"{head}{import_path}\n  deployments:\n  - name: Batched\n"
                     f"    max_queued_requests: 100\n{deployment}")
-    return lint_config(load_config(path), import_code=import_code)
+    return lint_config(load_config(path), import_code=import_code, cores=cores)
 
 
 def rules(findings: list[Finding]) -> set[str]:
@@ -65,6 +65,44 @@ def test_each_deployment_rule(tmp_path: Path, deployment: str, rule: str, where:
     assert (finding.where, finding.line) == (where, line)
     assert str(finding).startswith(f"{RULES[rule][0]} {rule} {where}: ")
     assert "(fix: " in str(finding)
+
+
+@pytest.mark.parametrize(("deployment", "cores", "fires"), [
+    (GOOD, 4, False),  # 8 replicas x 1 CPU on 4 cores: 2x, the limit
+    (GOOD, 3, True),  # ... on 3: 2.7x
+    (GOOD + "    ray_actor_options: {num_cpus: 0.5}\n", 2, False),  # 4 CPUs on 2 cores
+    ("    max_ongoing_requests: 32\n    num_replicas: 3\n"
+     "    ray_actor_options: {num_cpus: 2}\n", 2, True),  # a fixed count counts too
+    ("    max_ongoing_requests: 32\n    num_replicas: 3\n"
+     "    ray_actor_options: {num_cpus: 0}\n", 1, False),
+])
+def test_num_cpus_far_beyond_the_cores(tmp_path: Path, deployment: str, cores: int,
+                                       fires: bool) -> None:
+    found = [f for f in lint(tmp_path, deployment, cores=cores) if f.rule == "SRG113"]
+    assert len(found) == int(fires), found
+    if fires:
+        (finding,) = found
+        assert finding.where == "a/Batched.ray_actor_options.num_cpus"
+        assert f"this node's {cores} cores" in finding.message
+        assert "lower max_replicas" in finding.fix
+
+
+def test_num_cpus_are_summed_over_every_deployment_of_every_app(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    app = ("- name: {name}\n  route_prefix: /{name}\n  import_path: m:app\n"
+           "  deployments:\n  - name: Model\n    num_replicas: 4\n"
+           "    ray_actor_options: {{num_cpus: {cpus}}}\n")
+    path.write_text("applications:\n" + app.format(name="a", cpus=1)
+                    + app.format(name="b", cpus=2))
+    config = load_config(path)
+    assert "SRG113" not in rules(lint_config(config, import_code=False, cores=6))
+    (finding,) = [f for f in lint_config(config, import_code=False, cores=5)
+                  if f.rule == "SRG113"]
+    assert finding.where == "b/Model.ray_actor_options.num_cpus"  # the largest share
+    assert finding.line == 15  # its ray_actor_options (num_cpus is on that line)
+    assert finding.message.startswith("the replicas' num_cpus add up to 12 at their most "
+                                      "(b/Model 4 x 2, a/Model 4 x 1), 2.4x this node's 5 "
+                                      "cores")
 
 
 def test_unbounded_queue_per_caller(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ WARNING: a default or a combination that hurts under a burst. INFO: worth knowin
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,10 @@ LEVELS = ("ERROR", "WARNING", "INFO")
 # keep-alive must outlast it or the balancer reuses a connection the proxy just closed.
 LOAD_BALANCER_IDLE_S = 60.0
 SLOW_UPSCALE_S = 10.0
+# Replicas' num_cpus beyond this many times the node's cores: each replica's thread pools
+# are num_cpus wide (replica/threads.py), and past the cores more replicas add latency,
+# not throughput; up to 2x leaves room for replicas that mostly wait (I/O, accelerators).
+OVERSUBSCRIBED = 2.0
 
 # rule id -> (level, one-line title): docs/configuration.md's table is made from this.
 RULES: dict[str, tuple[str, str]] = {
@@ -55,6 +60,7 @@ RULES: dict[str, tuple[str, str]] = {
     "SRG110": ("WARNING", "keep_alive_timeout_s shorter than a load balancer's idle timeout"),
     "SRG111": ("WARNING", "max_replicas below min_replicas of a schedule window"),
     "SRG112": ("INFO", "fixed num_replicas: no autoscaling under a burst"),
+    "SRG113": ("WARNING", "replicas' num_cpus add up to more than twice this node's cores"),
 }
 
 
@@ -113,15 +119,20 @@ class DeploymentView:
         return str(function or "proactive")
 
 
-def lint_config(config: ServeConfig, *, import_code: bool = True) -> list[Finding]:
+def lint_config(config: ServeConfig, *, import_code: bool = True,
+                cores: int | None = None) -> list[Finding]:
+    """The findings; `cores`: the node's (os.cpu_count() when None)."""
     findings = [_unimplemented(config, warning) for warning in config.warnings]
     findings += _top_level(config)
+    every: list[DeploymentView] = []
     for app in config.applications:
         views, problems = _views(config, app, import_code)
         findings += problems
+        every += views
         for view in views:
             for rule in DEPLOYMENT_RULES:
                 findings += rule(view, config)
+    findings += _oversubscribed(every, config, cores or os.cpu_count() or 1)
     return findings
 
 
@@ -350,6 +361,40 @@ def _fixed_replicas(view: DeploymentView, config: ServeConfig) -> list[Finding]:
                     "rejected, never absorbed",
                     "use autoscaling_config (min_replicas, max_replicas) or "
                     "num_replicas: auto", _line(view, config, "num_replicas"))]
+
+
+def _most_replicas(view: DeploymentView) -> int:
+    if view.autoscaling is not None:
+        return int(view.scaling("max_replicas"))
+    count = view.options.get("num_replicas", 1)
+    return count if isinstance(count, int) else 1
+
+
+def _num_cpus(view: DeploymentView) -> float:
+    actor = view.options.get("ray_actor_options") or {}
+    num_cpus = actor.get("num_cpus", 1.0) if isinstance(actor, Mapping) else 1.0
+    return float(num_cpus) if isinstance(num_cpus, int | float) else 1.0
+
+
+def _oversubscribed(views: list[DeploymentView], config: ServeConfig,
+                    cores: int) -> list[Finding]:
+    """The whole config's replicas at their most, against this node's cores."""
+    demand = sorted(((_most_replicas(v) * _num_cpus(v), v) for v in views),
+                    key=lambda pair: -pair[0])
+    total = sum(cpus for cpus, _ in demand)
+    if total <= OVERSUBSCRIBED * cores:
+        return []
+    top = demand[0][1]
+    parts = ", ".join(f"{v.app.name}/{v.name} {_most_replicas(v)} x {_num_cpus(v):g}"
+                      for cpus, v in demand[:3] if cpus > 0)
+    return [Finding(top.where("ray_actor_options.num_cpus"), "SRG113",
+                    f"the replicas' num_cpus add up to {total:g} at their most ({parts}), "
+                    f"{total / cores:.1f}x this node's {cores} cores: each replica's thread "
+                    "pools are num_cpus wide, and past the cores more replicas add latency, "
+                    "not throughput",
+                    f"keep the sum within {OVERSUBSCRIBED:g}x the cores: lower max_replicas "
+                    "(or num_replicas), or num_cpus; on a Ray cluster, count its nodes' "
+                    "cores instead", _line(top, config, "ray_actor_options", "num_cpus"))]
 
 
 DEPLOYMENT_RULES: tuple[Callable[[DeploymentView, ServeConfig], list[Finding]], ...] = (

@@ -159,7 +159,8 @@ class LocalBackend:
         store = self.weights.address if self.weights is not None else None
         spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
                                               launch.deployment.name, Unix(self.socket_dir),
-                                              self.lifetime, store))
+                                              self.lifetime, store,
+                                              launch.resources.num_cpus))
         env = self._env(extra, launch.sys_path)
         if self.forkserver is not None and not self.forkserver.broken:
             self.forkserver.submit(launch.replica_id, spec, env)

@@ -189,7 +189,7 @@ class RayBackend:
         self._check_fits(launch, {k: v for k, v in demand.items() if v > 0})
         spec = self.membership.replica(launch.replica_id, launch.deployment.app,
                                        launch.deployment.name, Tcp(also_unix=True), PLACED,
-                                       self.weights)
+                                       self.weights, resources.num_cpus)
         options: dict[str, Any] = {"num_cpus": resources.num_cpus,
                                    "num_gpus": resources.num_gpus}
         if resources.resources:

@@ -77,6 +77,11 @@ class _Server:
     """The engine, the OpenAI service over it, and the load sampler."""
 
     _default_engine_cls: type[LLMEngine] | None = None
+    # The engine sizes its own thread pools (replica/threads.py leaves them alone): vLLM
+    # on CPU binds its OpenMP threads to the cores VLLM_CPU_OMP_THREADS_BIND gives each
+    # worker, and unbound it runs as many as torch's pool (which OMP_NUM_THREADS sizes);
+    # LLMServer's num_cpus (1 by default) would leave it one thread. env_vars still apply.
+    __surge_own_thread_pools__ = True
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._llm_config.model_id} engine={self.engine!r}>"

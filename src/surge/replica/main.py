@@ -39,6 +39,7 @@ from surge.process import (
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.stats_hooks import StatsHooks
+from surge.replica.threads import SizedPools, owns_thread_pools, size_pools
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
 from surge.weights.client import set_store
@@ -57,8 +58,10 @@ def resolve_target(target: Any) -> Any:
 
 
 class Replica:
-    def __init__(self, launch: ReplicaProcessSpec) -> None:
+    def __init__(self, launch: ReplicaProcessSpec, pools: SizedPools | None = None) -> None:
         self.launch = launch
+        self.pools = pools  # sized to num_cpus at start; given back to a class that sizes
+        # its own (replica/threads.py)
         self.replica_id = launch.process_id
         self.stop = asyncio.Event()
         self.server: ReplicaServer | None = None
@@ -109,6 +112,8 @@ class Replica:
                 sys.path.insert(0, entry)
         try:
             target = resolve_target(cloudpickle.loads(spec.target_blob))
+            if self.pools is not None and owns_thread_pools(target):
+                self.pools.release()  # e.g. LLMServer: vLLM sizes its own
             args, kwargs = cloudpickle.loads(spec.init_blob)
             self.user = UserCode(target, args, kwargs, spec.max_ongoing_requests)
             replica = ReplicaID(self.replica_id, spec.deployment.name, spec.deployment.app)
@@ -258,10 +263,12 @@ def main(launch: ReplicaProcessSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
     set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
+    # Before the user's code imports its libraries; a forked replica's inherited pools too.
+    pools = size_pools(launch.num_cpus)
     import uvloop
 
     async def run() -> int:
-        return await Replica(launch).serve()
+        return await Replica(launch, pools).serve()
 
     code: int = uvloop.run(run())
     return code

@@ -1,0 +1,46 @@
+"""replica.threads: the pools this process loaded are resized, and given back."""
+
+from __future__ import annotations
+
+import numpy  # noqa: F401 - loads the BLAS library whose pool is resized
+import threadpoolctl
+
+from surge.replica.threads import SizedPools, owns_thread_pools, size_pools
+
+
+def blas_threads() -> list[int]:
+    return [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_pools_are_sized_and_released() -> None:
+    before = blas_threads()
+    environ = {"OPENBLAS_NUM_THREADS": "3", "PATH": "/bin"}
+    pools = size_pools(1.0, environ)
+    try:
+        assert blas_threads() == [3]  # the user's variable sizes its pool
+        assert environ["OMP_NUM_THREADS"] == "1" and environ["OPENBLAS_NUM_THREADS"] == "3"
+        assert repr(pools).startswith("<SizedPools pools={'openmp': 1, 'openblas': 3,")
+    finally:
+        pools.release()
+    assert blas_threads() == before
+    assert environ == {"OPENBLAS_NUM_THREADS": "3", "PATH": "/bin"}  # theirs stays
+    assert repr(pools).startswith("<SizedPools released")
+    pools.release()  # twice is once
+    assert blas_threads() == before
+
+
+def test_a_variable_changed_since_is_not_removed() -> None:
+    environ: dict[str, str] = {}
+    pools = size_pools(2.0, environ)
+    environ["OMP_NUM_THREADS"] = "7"  # the user's code set it meanwhile
+    pools.release()
+    assert environ == {"OMP_NUM_THREADS": "7"}
+    assert isinstance(pools, SizedPools)
+
+
+def test_a_class_says_it_owns_its_pools() -> None:
+    class Engine:
+        __surge_own_thread_pools__ = True
+
+    assert owns_thread_pools(Engine) and not owns_thread_pools(object)
+    assert not owns_thread_pools(lambda: None)
