@@ -26,6 +26,7 @@ from surge.api.config_file import AppConfig, DeploymentOverride, ServeConfig
 from surge.config import (
     DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S,
     DEFAULT_MAX_ONGOING_REQUESTS,
+    DEFAULT_MAX_QUEUE_WAIT_S,
     QUEUE_SAFETY_LIMIT,
     AutoscalingConfig,
 )
@@ -274,10 +275,17 @@ def _unbounded_queue(view: DeploymentView, config: ServeConfig) -> list[Finding]
     return [Finding(view.where("max_queued_requests"), "SRG104",
                     "max_queued_requests is -1: Ray Serve queues without bound, and its "
                     "limit counts per caller (each proxy and handle), so a burst turns into "
-                    f"timeouts instead of fast 503s; surge caps each router at "
-                    f"{QUEUE_SAFETY_LIMIT:,}",
-                    "set max_queued_requests to what one deployment may hold waiting, e.g. "
-                    "max_replicas x max_ongoing_requests", _line(view, config))]
+                    "timeouts instead of fast 503s; surge bounds this queue by time instead "
+                    f"(max_queue_wait_s, {_queue_wait(view)}) and by {QUEUE_SAFETY_LIMIT:,} "
+                    "per router",
+                    "on Ray, set max_queued_requests to what one deployment may hold "
+                    "waiting, e.g. max_replicas x max_ongoing_requests (on surge an explicit "
+                    "count replaces the wait bound)", _line(view, config))]
+
+
+def _queue_wait(view: DeploymentView) -> str:
+    wait = view.options.get("max_queue_wait_s", DEFAULT_MAX_QUEUE_WAIT_S)
+    return "off" if wait is None else f"{wait:g} s"
 
 
 def _upscale_delay(view: DeploymentView, config: ServeConfig) -> list[Finding]:
