@@ -309,12 +309,16 @@ def _print_status(data: dict[str, Any]) -> None:
                       if r.get("models") and r["app"] == name and r["deployment"] == dname]
             if models:
                 print(f"  {'':<18} models  {'; '.join(sorted(models))}")
+            if dep.get("message"):
+                print(f"  {'':<18} {dep['message']}")
             rates = dep.get("rates") or {}
-            if rates:
+            if "offered_per_s" in rates:
                 print(f"  {'':<18} {rates['offered_per_s']:,.0f} req/s offered, "
                       f"{rates['completed_per_s']:,.0f} served, "
                       f"{rates['rejected_per_s']:,.0f} rejected; {rates['queued']:.0f} queued, "
                       f"{rates['ongoing']:.0f} ongoing")
+            if "node_cpu" in rates:
+                print(f"  {'':<18} node CPU {100 * rates['node_cpu']:.0f}% busy (all cores)")
 
 
 def shutdown_command(args: argparse.Namespace) -> int:

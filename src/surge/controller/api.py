@@ -184,7 +184,11 @@ class ControlApi:
         for name in state.apps:
             overview = state.app_status(name)
             for dname, deployment in overview.deployments.items():
-                deployment.rates.update(self.load.rates(DeploymentId(name, dname)))
+                did = DeploymentId(name, dname)
+                deployment.rates.update(self.load.rates(did))
+                node_cpu = state.deployments[did].node_cpu
+                if node_cpu is not None:  # its node's CPU, busy share (surge pulse shows it)
+                    deployment.rates["node_cpu"] = node_cpu
             applications[name] = overview
         proxies = {p.proxy_id: "HEALTHY" for p in state.proxies.values()}
         return ServeStatus(

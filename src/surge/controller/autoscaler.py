@@ -5,7 +5,10 @@ something changed: arrivals (offered, rejected included), completions, rejection
 their queued and in-flight gauges. `LoadTracker` sums them into one `LoadSample` per
 tick and keeps the last minute; `Autoscaler.step` runs policy.autoscale_step (the step
 the simulator runs too) with the deployment's policy (policy/resolve.py) and remembers
-the decisions for status and metrics.
+the decisions for status and metrics. It also keeps each deployment's saturation state
+(policy/saturation.py) between steps: an episode of node CPU saturation is logged once
+when it begins and once when it ends, and its first held decision (NODE_SATURATED) is
+recorded like a change of target, once per episode.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from surge.config import AutoscalingConfig
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import Step, StepInputs, autoscale_step
 from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
+from surge.policy.saturation import CLEAR_CPU, SaturationState
 
 __all__ = ["Autoscaler", "DecisionRecord", "LoadTracker"]
 
@@ -146,6 +150,8 @@ class Autoscaler:
         self.policies: dict[DeploymentId, tuple[AutoscalingConfig, Policy]] = {}
         self.decisions: deque[DecisionRecord] = deque(maxlen=500)
         self.last: dict[DeploymentId, Decision] = {}
+        self.saturation: dict[DeploymentId, SaturationState] = {}
+        self._held: set[DeploymentId] = set()  # episodes whose hold was recorded
 
     def __repr__(self) -> str:
         return f"<Autoscaler deployments={len(self.policies)} decisions={len(self.decisions)}>"
@@ -165,13 +171,21 @@ class Autoscaler:
             policy = self.prepare(deployment, config)
         except Exception as exc:  # deploys check it first; a user's class may still raise
             policy = _failing(exc)
+        inputs = replace(inputs, saturation=self.saturation.get(deployment, SaturationState()))
         step = autoscale_step(policy, config, state, inputs)
         decision = step.decision
         if step.failed:
             log.error("autoscaling policy of %s: %s", deployment, decision.reason)
             return step
+        self._note_saturation(deployment, inputs.saturation, step.saturation)
         self.states[deployment] = decision.state
         self.last[deployment] = decision
+        held = decision.kind is DecisionKind.NODE_SATURATED
+        if held and deployment not in self._held:  # once per episode
+            self._held.add(deployment)
+            self.decisions.append(DecisionRecord(inputs.now, deployment, inputs.target,
+                                                 decision.target, decision.kind,
+                                                 decision.reason, decision.signals))
         if decision.target != inputs.target:
             self.decisions.append(DecisionRecord(inputs.now, deployment, inputs.target,
                                                  decision.target, decision.kind,
@@ -180,7 +194,25 @@ class Autoscaler:
                      decision.target, decision.reason)
         return step
 
+    def _note_saturation(self, deployment: DeploymentId, before: SaturationState,
+                         after: SaturationState) -> None:
+        self.saturation[deployment] = after
+        if after.saturated and not before.saturated:
+            log.warning("autoscaling %s: the node's CPU is saturated (%s); no replicas will "
+                        "be added on it until it is below %.0f%% busy", deployment,
+                        after.reason, 100 * CLEAR_CPU)
+        elif before.saturated and not after.saturated:
+            self._held.discard(deployment)
+            log.info("autoscaling %s: the node's CPU is no longer saturated", deployment)
+
+    def saturated(self, deployment: DeploymentId) -> str:
+        """Why the deployment's node counts as saturated now; "" when it does not."""
+        state = self.saturation.get(deployment)
+        return state.reason if state is not None and state.saturated else ""
+
     def forget(self, deployment: DeploymentId) -> None:
         self.states.pop(deployment, None)
         self.policies.pop(deployment, None)
         self.last.pop(deployment, None)
+        self.saturation.pop(deployment, None)
+        self._held.discard(deployment)

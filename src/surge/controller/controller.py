@@ -10,7 +10,10 @@ It is never on the request path. Its parts, each in its own module:
 * `Autoscaler` + `LoadTracker` (autoscaler.py): load reports -> policy.autoscale_step;
 * `EngineTracker` (engine_load.py): engines' `record_autoscaling_stats` -> the same step;
 * `Recovery` (recovery.py): checkpoints, and re-attachment after a restart;
-* `Observer` (observer.py): metrics and the dashboard's timeline.
+* `Observer` (observer.py): metrics and the dashboard's timeline;
+* the node's CPU (node_cpu.py, when the process entry point gives a reader): once a
+  second, the busy share of the head node's cores, fed to the autoscaling step of each
+  deployment whose replicas all run there (policy/saturation.py).
 
 This class wires them and runs the loop: every `TICK_S` it takes the backend's exits,
 closes the load bucket, runs each autoscaled deployment's step, applies the plan, and
@@ -41,6 +44,7 @@ from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.engine_load import EngineTracker
 from surge.controller.executor import DRAIN_GRACE_S, Executor
+from surge.controller.node_cpu import NODE_CPU_INTERVAL_S, NodeCpu
 from surge.controller.observer import Observer
 from surge.controller.pace import LoopPace, TickSample
 from surge.controller.plan import (
@@ -90,7 +94,7 @@ class Controller:
     def __init__(self, address: str, http: HTTPOptions, backend: Backend,
                  checkpoint: Checkpoint | None = None, *, clock: Clock = SYSTEM,
                  new_replica_id: Callable[[str], str] = random_replica_id,
-                 grpc: gRPCOptions | None = None) -> None:
+                 grpc: gRPCOptions | None = None, node_cpu: NodeCpu | None = None) -> None:
         workers = http.proxy_workers
         self.state = ControllerState(address, http,
                                      workers if workers is not None else default_proxy_workers(),
@@ -102,6 +106,8 @@ class Controller:
         self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
         self._urgent_timer: asyncio.Handle | None = None
         self._intervals_at = -math.inf  # when the report intervals were last reviewed
+        self._node_cpu = node_cpu
+        self._node_cpu_at = -math.inf  # when the node's CPU was last read
         self.load = LoadTracker(TICK_S)
         self.engines = EngineTracker()  # the engines' own load reports (LLM replicas)
         self.autoscaler = Autoscaler()
@@ -246,6 +252,9 @@ class Controller:
         now, state = self.clock.monotonic(), self.state
         self.executor.apply(absorb_exits(state, self.backend.poll_exits()))
         self.load.close_bucket(now, state.deployments)
+        if self._node_cpu is not None and now - self._node_cpu_at >= NODE_CPU_INTERVAL_S:
+            self._node_cpu_at = now
+            self._note_node_cpu(self._node_cpu())
         if self.recovery.active:  # re-attaching after a restart: change nothing yet
             self.executor.apply(self.recovery.due(state, now))
             return
@@ -258,6 +267,19 @@ class Controller:
             self._intervals_at = now
             self._review_intervals()
         self.publisher.flush()
+
+    def _note_node_cpu(self, busy: float | None) -> None:
+        """The head node's CPU, given to each deployment whose replicas all run there
+        (on one machine: all of them; a backend lists no placement for those)."""
+        state = self.state
+        state.node_cpu = busy
+        placements = self.backend.placements() if busy is not None else {}
+        head = state.head.node_id
+        for did, record in state.deployments.items():
+            members = state.group(did).members if placements else {}
+            elsewhere = any(p.node_id != head for p in
+                            (placements.get(r) for r in members) if p is not None)
+            record.node_cpu = None if elsewhere else busy
 
     def _review_intervals(self) -> None:
         """How often routers report their load and members their telemetry, from how
@@ -297,9 +319,10 @@ class Controller:
             running=self.state.count_running_current(record.id),
             target=record.target,
             samples=samples, startup_lead_s=record.startup_lead_s,
-            engine=self.engines.load(record.id, now)))
+            engine=self.engines.load(record.id, now), node_cpu=record.node_cpu))
         record.standby_floor = step.standby_replicas
         record.target = step.target
+        record.node_saturated = self.autoscaler.saturated(record.id)
 
     def _forgotten(self, did: DeploymentId, app: str | None) -> None:
         self.load.drop(did)

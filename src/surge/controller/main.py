@@ -25,6 +25,7 @@ from surge.backends.base import Backend
 from surge.backends.choice import BackendChoice, build_backend
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
+from surge.controller.node_cpu import ProcStatCpu
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.controller.rest import RestApi
 from surge.controller.web import start_dashboard
@@ -82,8 +83,9 @@ async def serve(spec: ControllerProcessSpec,
         announce(f"{ERROR} {exc}")
         server.close()
         return 1
+    # The controller runs on the head node: it reads that node's CPU (node_cpu.py).
     controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir),
-                            grpc=spec.grpc)
+                            grpc=spec.grpc, node_cpu=ProcStatCpu())
     holder.append(controller)
     if spec.lifetime.detached:
         controller.state.daemon_pid = spec.lifetime.supervisor_pid

@@ -70,7 +70,8 @@ METRIC_NAMES = (
     "serve_grpc_request_latency_ms", "serve_num_ongoing_grpc_requests",
     "surge_completed_requests",
     "surge_rejected_requests", "surge_replicas", "surge_target_replicas",
-    "surge_autoscaling_decisions", "surge_proxy_connections",
+    "surge_autoscaling_decisions", "surge_proxy_connections", "surge_node_cpu_busy_ratio",
+    "surge_node_saturated",
     *(name for name, _ in SIGNALS.values()), "surge_autoscaling_signal",
 )
 
@@ -186,8 +187,15 @@ def _deployment_families(s: MetricsSnapshot) -> Iterator[Metric]:
     yield _gauge("serve_autoscaling_target_replicas", "The autoscaler's target.", APP_DEP,
                  {k: v for k, v in s.target_replicas.items() if k in s.autoscaled})
     yield _counter("surge_autoscaling_decisions", "Autoscaling decisions that changed the "
-                   "target, by kind (up, down, cold_start).", [*APP_DEP, "reason"],
-                   s.decisions)
+                   "target, by kind (up, down, cold_start), and node_saturated once per "
+                   "episode of a saturated node CPU that kept the target.",
+                   [*APP_DEP, "reason"], s.decisions)
+    yield _gauge("surge_node_cpu_busy_ratio", "Busy share of all the cores of the "
+                 "controller's node, 0 to 1 (absent where not read).", [],
+                 {} if s.node_cpu is None else {(): s.node_cpu})
+    yield _gauge("surge_node_saturated", "1 while the node's CPU is saturated and the "
+                 "replicas added last did not raise the deployment's throughput: the "
+                 "autoscaler adds none there.", APP_DEP, s.saturated)
     named: dict[str, dict[tuple[object, ...], float]] = {name: {} for name in SIGNALS}
     other: dict[tuple[object, ...], float] = {}
     for (app, dep, signal), value in s.signals.items():

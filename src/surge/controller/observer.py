@@ -6,7 +6,8 @@ running totals (user metrics: controller/user_metrics.py). Routers' load
 reports already reach the autoscaler (`LoadTracker`); once a second `Observer.sample`
 adds the new 0.1 s samples into offered/completed/rejected totals, counts the
 autoscaler's new decisions, and appends one point per deployment to a timeline of
-the last `HISTORY_S` seconds (rates, p50/p99 latency, queue, replicas; for LLM
+the last `HISTORY_S` seconds (rates, p50/p99 latency, queue, replicas, the node's CPU
+and whether it is saturated, policy/saturation.py; for LLM
 deployments also TTFT, inter-token latency, tokens/s and the engine's gauges, from
 their serve.metrics: controller/llm_timeline.py), which the dashboard polls.
 `snapshot()` freezes everything for the Prometheus text (controller/metrics.py). Nothing
@@ -23,7 +24,7 @@ from typing import Any
 from surge.clock import SYSTEM, Clock
 from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.llm_timeline import LLMTimeline
-from surge.controller.state import ControllerState
+from surge.controller.state import ControllerState, DeploymentRecord
 from surge.controller.user_metrics import UserFamily, UserMetrics
 from surge.model import DeploymentId
 from surge.observability.recorder import GrpcKey, Histogram, HttpKey, TelemetryReport
@@ -69,6 +70,8 @@ class MetricsSnapshot:
     proxies: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     proxy_nodes: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # node id, ip
     user: Mapping[str, UserFamily] = field(default_factory=dict)  # serve.metrics by name
+    node_cpu: float | None = None  # busy share of the head node's CPU; None: not read
+    saturated: Mapping[tuple[str, str], int] = field(default_factory=dict)  # 1: node saturated
 
 
 # A gRPC status as the timeline's HTTP status classes count it.
@@ -184,9 +187,11 @@ class Observer:
     def sample(self) -> dict[str, Any]:
         """Fold in the routers' new load samples and decisions; append a timeline point."""
         now, wall = self.clock.monotonic(), self.clock.wall()
-        point: dict[str, Any] = {"t": round(wall, 3), "deployments": {}}
+        point: dict[str, Any] = {"t": round(wall, 3), "deployments": {},
+                                 "node_cpu_pct": _pct(self.state.node_cpu)}
         for did, record in list(self.state.deployments.items()):
             point["deployments"][str(did)] = self._deployment_point(did, record.target)
+            point["deployments"][str(did)]["saturated"] = bool(record.node_saturated)
         point["llm"] = self.llm.sample(self.user.families, now, SAMPLE_INTERVAL_S)
         self._fold_decisions(now, wall)
         self._prune(now)
@@ -252,8 +257,9 @@ class Observer:
         return latency if latency is not None else Histogram()
 
     def _fold_decisions(self, now: float, wall: float) -> None:
+        since = self._last_decision_at  # decisions of one tick share their time
         for decision in self.autoscaler.decisions:
-            if decision.at <= self._last_decision_at:
+            if decision.at <= since:
                 continue
             did = decision.deployment
             key = (did.app, did.name, decision.kind.value)
@@ -261,6 +267,7 @@ class Observer:
             self.decision_log.append({
                 "t": round(wall - (now - decision.at), 3), "deployment": str(did),
                 "from": decision.previous, "to": decision.target, "reason": decision.reason,
+                "kind": decision.kind.value,
                 "signals": {k: _round(v) for k, v in decision.signals.items()}})
             self._last_decision_at = decision.at
 
@@ -293,13 +300,14 @@ class Observer:
         healthy: dict[tuple[str, str, str], int] = {}
         by_state: dict[tuple[str, str, str], int] = {}
         targets: dict[tuple[str, str], int] = {}
-        autoscaled, queued, ongoing = set(), {}, {}
+        autoscaled, queued, ongoing, saturated = set(), {}, {}, {}
         groups = self.state.by_deployment()
         for did, record in self.state.deployments.items():
             key = (did.app, did.name)
             targets[key] = record.target
             if record.config.autoscaling_config is not None:
                 autoscaled.add(key)
+                saturated[key] = int(bool(record.node_saturated))
             for state in ReplicaState:
                 by_state[(*key, state.value)] = 0
             for replica in groups.get(did, []):
@@ -330,7 +338,7 @@ class Observer:
             proxies={p: g for p, (_, g) in self.proxy_gauges.items()},
             proxy_nodes={p: (self.state.proxy_node(p), record.address.rpartition(":")[0])
                          for p, record in self.state.proxies.items()},
-            user=self.user.families)
+            user=self.user.families, node_cpu=self.state.node_cpu, saturated=saturated)
 
     def status(self) -> dict[str, Any]:
         """Applications, deployments and replicas with their states, for the page."""
@@ -344,8 +352,7 @@ class Observer:
                 "deployments": {
                     dname: {"status": d.status.value, "target": d.target_replicas,
                             "replica_states": d.replica_states, "message": d.message,
-                            "autoscaling": state.deployments[DeploymentId(name, dname)]
-                            .config.autoscaling_config is not None}
+                            **_node(state.deployments[DeploymentId(name, dname)])}
                     for dname, d in overview.deployments.items()}}
         replicas = [{"replica_id": r.replica_id, "application": r.deployment.app,
                      "deployment": r.deployment.name, "state": r.state.value, "pid": r.pid,
@@ -353,7 +360,8 @@ class Observer:
                      "models": list(self.replica_models.get(r.replica_id, ()))}
                     for r in state.replicas.values()]
         return {"control_address": state.address, "http_address": state.proxy_address,
-                "applications": apps, "replicas": replicas,
+                "node_cpu_pct": _pct(state.node_cpu), "applications": apps,
+                "replicas": replicas,
                 "proxies": {p.proxy_id: p.pid for p in state.proxies.values()}}
 
     def timeline_since(self, since: float | None) -> dict[str, Any]:
@@ -366,3 +374,13 @@ class Observer:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else round(100 * share, 1)
+
+
+def _node(record: DeploymentRecord) -> dict[str, Any]:
+    """A deployment's autoscaling and node fields on the page."""
+    return {"autoscaling": record.config.autoscaling_config is not None,
+            "node_cpu_pct": _pct(record.node_cpu), "node_saturated": record.node_saturated}

@@ -137,6 +137,10 @@ class DeploymentRecord:
     # failed deploy (or update).
     version_ran: bool = False
     start_not_before: float = float("-inf")  # monotonic: backoff after a failed start
+    # Busy share of its node's CPU (all its replicas on the head node), else None; and
+    # why that node counts as saturated now ("": it does not; policy/saturation.py).
+    node_cpu: float | None = None
+    node_saturated: str = ""
 
     def __repr__(self) -> str:
         return (f"<Deployment {self.id} v{self.version} target={self.target}"
@@ -221,6 +225,7 @@ class ControllerState:
     connecting: set[str] = field(default_factory=set)
     health: HealthSchedule = field(default_factory=HealthSchedule)
     changes: Changes = field(default_factory=Changes)  # replicas that came, went, moved
+    node_cpu: float | None = None  # busy share of the head node's CPU; None: not read
 
     def __repr__(self) -> str:
         return (f"<ControllerState apps={len(self.apps)} deployments={len(self.deployments)} "
@@ -300,6 +305,9 @@ class ControllerState:
         else:
             status = DeploymentStatus.UPDATING
             message = f"{current} of {record.target} replicas running"
+        if record.node_saturated and not self.failed(did):
+            saturated = f"node CPU saturated, not adding replicas: {record.node_saturated}"
+            message = f"{message}; {saturated}" if message else saturated
         return DeploymentStatusOverview(status=status, replica_states=counts, message=message,
                                         target_replicas=record.target)
 

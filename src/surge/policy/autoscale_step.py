@@ -5,7 +5,9 @@ The step, in order: the daily schedule's floors in force at the local time of da
 (policy.resolve: built-in or the user's) decides on the load samples with those floors
 applied (and, for engines that report their queues, the replicas those ask for:
 policy.engine_load); a policy that raises is itself a decision (kind POLICY_FAILED, the target
-stays), never an exception that stops a control loop.
+stays), never an exception that stops a control loop. Last, when the node's CPU is
+saturated and the replicas added last did not raise throughput (policy.saturation), a
+decision to add more keeps the target instead (kind NODE_SATURATED).
 
 Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
 a router whose queue starts to grow reports after `URGENT_REPORT_DELAY_S`, and the
@@ -16,7 +18,7 @@ controller then decides at once on the open bucket, at most once per
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from surge.config import AutoscalingConfig
 from surge.policy.autoscaling import (
@@ -29,6 +31,7 @@ from surge.policy.autoscaling import (
 from surge.policy.cadence import TICK_S, URGENT_DECISION_INTERVAL_S, URGENT_REPORT_DELAY_S
 from surge.policy.engine_load import EngineLoad, engine_demand
 from surge.policy.resolve import Policy
+from surge.policy.saturation import SaturationState, hold_on_saturation, observe
 from surge.policy.schedule import floors_at, with_floors
 
 __all__ = [
@@ -51,12 +54,15 @@ class StepInputs:
     samples: Sequence[LoadSample]  # oldest first; may end with the open bucket
     startup_lead_s: float = 1.0
     engine: EngineLoad | None = None  # the engines' fresh reports (policy/engine_load.py)
+    node_cpu: float | None = None  # busy share of its node's cores; None: not known
+    saturation: SaturationState = field(default_factory=SaturationState)  # the last step's
 
 
 @dataclass(frozen=True)
 class Step:
     decision: Decision
     standby_replicas: int  # standbys wanted now (the schedule's floor or the config's)
+    saturation: SaturationState = field(default_factory=SaturationState)  # the next step's input
 
     @property
     def target(self) -> int:
@@ -66,6 +72,11 @@ class Step:
     def failed(self) -> bool:
         """The policy raised: the target stays, and its state is not updated."""
         return self.decision.kind is DecisionKind.POLICY_FAILED
+
+    @property
+    def saturated(self) -> bool:
+        """The node's CPU is saturated (whether or not this decision wanted more)."""
+        return self.saturation.saturated
 
 
 def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState,
@@ -80,7 +91,11 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
     except Exception as exc:  # a user policy must not stop the control loop
         decision = Decision(inputs.target, DecisionKind.POLICY_FAILED,
                             f"policy failed: {exc!r}; keeping {inputs.target} replicas", state)
-    return Step(decision, floors.standby_replicas)
+        return Step(decision, floors.standby_replicas, inputs.saturation)
+    saturation = observe(inputs.saturation, inputs.now, inputs.running, inputs.node_cpu,
+                         inputs.samples)
+    decision = hold_on_saturation(decision, saturation, inputs.target, inputs.node_cpu)
+    return Step(decision, floors.standby_replicas, saturation)
 
 
 def urgent_decision_due(last_at: float, now: float) -> bool:

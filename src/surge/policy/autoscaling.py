@@ -96,6 +96,9 @@ class DecisionKind(enum.StrEnum):
     HOLD = "hold"
     COLD_START = "cold_start"  # from zero running replicas, with requests waiting
     POLICY_FAILED = "policy_failed"  # the policy raised: the target stays
+    # The policy asked for more, but the node's CPU is saturated and the replicas added
+    # last did not raise throughput: the target stays (policy/saturation.py).
+    NODE_SATURATED = "node_saturated"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ const COLORS = {
   offered: "#57606a", served: "#1a7f37", rejected: "#cf222e", errors: "#bc4c00",
   p50: "#0969da", p99: "#bf8700", running: "#1a7f37", target: "#1d2430",
   starting: "#bf8700", standby: "#8c959f", output: "#1a7f37", input: "#57606a",
-  waiting: "#cf222e", kv: "#8250df",
+  waiting: "#cf222e", kv: "#8250df", cpu: "#cf222e",
 };
 
 function esc(value) {
@@ -70,7 +70,9 @@ function renderDeployments(status) {
           `${esc(info.status)}</td><td rowspan="${deployments.length}">` +
           `${esc(info.route_prefix === null ? "(handle only)" : info.route_prefix)}</td>` : "") +
         `<td class="deployment-name">${esc(name)}${dep.autoscaling ? " ⇅" : ""}</td>` +
-        `<td class="status-${esc(dep.status)}">${esc(dep.status)}</td>` +
+        `<td class="status-${esc(dep.status)}">${esc(dep.status)}` +
+        (dep.node_saturated ? ` <b class="node-saturated" title="${esc(dep.message)}">` +
+          "node CPU saturated</b>" : "") + "</td>" +
         `<td class="num replicas">${running} / ${dep.target}</td><td>${states}</td>` +
         `<td class="num offered">${fmt(p.offered)}</td>` +
         `<td class="num served">${fmt(p.served)}</td>` +
@@ -132,11 +134,11 @@ function chart(title, unit, series, t0, t1, decisions) {
   }
   for (const d of decisions) {
     if (d.t < t0 || d.t > t1) continue;
-    const up = d.to > d.from;
+    const mark = d.to > d.from ? "▲" : d.to < d.from ? "▼" : "■";  // ■: held (saturated)
     parts.push(`<g class="decision" data-to="${d.to}" data-from="${d.from}">` +
       `<title>${esc(clock(d.t) + " " + d.from + " → " + d.to + ": " + d.reason)}</title>` +
       `<line x1="${x(d.t)}" x2="${x(d.t)}" y1="${T}" y2="${H - B}"/>` +
-      `<text x="${x(d.t) + 2}" y="${T + 9}">${up ? "▲" : "▼"}${d.to}</text></g>`);
+      `<text x="${x(d.t) + 2}" y="${T + 9}">${mark}${d.to}</text></g>`);
   }
   for (const s of series) {
     let path = "", pen = false, lastY = null;
@@ -164,13 +166,17 @@ function renderCharts(status, now) {
   const t1 = now, t0 = now - windowS();
   const samples = state.samples.filter((s) => s.t >= t0);
   const blocks = [];
+  const cpu = samples.map((s) => [s.t, s.node_cpu_pct ?? null]);
   for (const [app, info] of Object.entries(status.applications)) {
-    for (const name of Object.keys(info.deployments)) {
+    for (const [name, dep] of Object.entries(info.deployments)) {
       const key = `${app}#${name}`;
       const pts = (field) => samples.map((s) => {
         const p = s.deployments[key];
         return [s.t, p ? p[field] : null];
       });
+      const saturated = dep.node_saturated
+        ? `<p class="node-saturated">Node CPU saturated: replicas added did not raise ` +
+          `throughput, so none are added on this node (${esc(dep.node_saturated)})</p>` : "";
       const decisions = state.decisions.filter((d) => d.deployment === key);
       const p = latestOf(key) || {};
       blocks.push(`<div class="deployment" data-deployment="${esc(key)}">` +
@@ -181,8 +187,9 @@ function renderCharts(status, now) {
         `p50 <b>${fmt(p.p50_ms)} ms</b> · p99 <b>${fmt(p.p99_ms)} ms</b> · ` +
         `replicas <b class="running-replicas">${p.running ?? "–"}</b> running, ` +
         `target <b class="target-replicas">${p.target ?? "–"}</b> · ` +
+        `node CPU <b class="node-cpu">${fmt(dep.node_cpu_pct, 0)} %</b> · ` +
         `<span class="decision-count">${decisions.length}</span> scaling decision(s)` +
-        `</div><div class="charts">` +
+        `</div>${saturated}<div class="charts">` +
         chart("Requests", "per second", [
           { name: "offered", color: COLORS.offered, points: pts("offered") },
           { name: "served", color: COLORS.served, points: pts("served") },
@@ -198,6 +205,9 @@ function renderCharts(status, now) {
           { name: "target", color: COLORS.target, points: pts("target"), step: true, dash: true },
           { name: "starting", color: COLORS.starting, points: pts("starting"), step: true },
           { name: "standby", color: COLORS.standby, points: pts("standby"), step: true },
+        ], t0, t1, decisions) +
+        chart("Node CPU", "% of all cores busy", [
+          { name: "busy", color: COLORS.cpu, points: dep.node_cpu_pct === null ? [] : cpu },
         ], t0, t1, decisions) +
         "</div></div>");
     }
