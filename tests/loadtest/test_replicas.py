@@ -10,6 +10,7 @@ from surge.loadtest.replicas import (
     ReplicaSampler,
     count_replicas,
     default_address,
+    node_cpu,
     same_endpoint,
 )
 from surge.model import (
@@ -49,6 +50,20 @@ def test_count_replicas_of_everything_without_a_route() -> None:
     status = ServeStatus(applications={"a": app(None, A=(1, 2)), "b": app(None, B=(3, 3))})
     assert count_replicas(status, "/x") == (4, 5)
     assert count_replicas(ServeStatus(), "/") == (0, 0)
+
+
+def test_node_cpu_is_the_busiest_node_behind_the_path_if_the_controller_read_one() -> None:
+    def cpu(share: float | None) -> ApplicationStatusOverview:
+        overview = app("/a", A=(1, 1), B=(1, 1))
+        if share is not None:
+            overview.deployments["A"].rates["node_cpu"] = share
+            overview.deployments["B"].rates["node_cpu"] = share / 2
+        return overview
+
+    status = ServeStatus(applications={"a": cpu(0.9), "b": app("/", C=(1, 1))})
+    assert node_cpu(status, "/a/x") == 0.9
+    assert node_cpu(status, "/b") is None  # app b's deployments: no reading
+    assert node_cpu(ServeStatus(applications={"a": cpu(None)}), "/a") is None
 
 
 @pytest.mark.parametrize("http, host, port, same", [

@@ -28,8 +28,12 @@ def recorded(slow_s: float) -> Record:
     return record
 
 
-def report(slow_s: float = 0.3, replicas: bool = True) -> dict[str, object]:
-    samples = tuple(ReplicaSample(t / 10, 1 if t < 12 else 4, 4) for t in range(32))
+def report(slow_s: float = 0.3, replicas: bool = True,
+           cpu: float | None = None) -> dict[str, object]:
+    """`cpu`: the node's CPU during the pulse (half of it busy before and after)."""
+    samples = tuple(ReplicaSample(t / 10, 1 if t < 12 else 4, 4,
+                                  None if cpu is None else cpu if 10 <= t < 20 else 0.5)
+                    for t in range(32))
     return build_report(OPTIONS, recorded(slow_s), samples if replicas else None)
 
 
@@ -78,3 +82,20 @@ def test_compare_table_puts_runs_side_by_side() -> None:
     assert lines[0].split() == ["surge", "ray"]
     recovery = next(line for line in lines if line.startswith("p99 back under SLO"))
     assert "0.3 s after" in recovery and "never" in recovery
+
+
+def test_the_node_cpu_fact_and_the_machine_limit_note() -> None:
+    saturated = report(cpu=0.96)
+    text = summary_table(saturated)
+    assert ("node CPU                     peak 96% of all cores; saturated for 1.0 s while "
+            "requests were refused or slow: the machine was the limit, not the replica "
+            "count") in text
+    assert "the machine was the limit; more replicas on it" in render_html(saturated, PNGS)
+    assert saturated["series"][10]["node_cpu_pct"] == 96.0  # type: ignore[index]
+    calm = report(cpu=0.6)
+    assert "peak 60% of all cores\n" in summary_table(calm)
+    assert "the machine was the limit" not in render_html(calm, PNGS)
+    assert "node CPU                     not sampled" in summary_table(report())
+
+
+PNGS = {name: b"png" for name in ("overview", "rate", "status", "latency", "replicas")}

@@ -19,8 +19,10 @@ def test_progress_line() -> None:
     console.progress(progress(), replicas=4)
     line = out.getvalue()
     assert line.startswith("pulse    3.0s  offered    1,000/s  ok    1,000/s  errors       5/s")
-    assert "p99    2.0 ms" in line and "replicas   4" in line and "conns 12" in line
+    assert "p99    2.0 ms" in line and "replicas   4  cpu    -  conns 12" in line
     assert "WARNING" not in line
+    console.progress(progress(), replicas=4, node_cpu=0.934)
+    assert "replicas   4  cpu  93%  conns 12" in out.getvalue().splitlines()[-1]
 
 
 def test_falling_behind_and_a_full_pool_are_loud_even_when_quiet() -> None:

@@ -253,3 +253,38 @@ def test_generator_lag_is_reported() -> None:
     assert generator["lag_max_ms"] == 35.0 and generator["lag_p50_ms"] == 0.4
     assert generator["waited_for_connection"] == 3
     assert summary["pulse"] is None and summary["recovery_s"] is None
+
+
+# -- the node's CPU ----------------------------------------------------------------------------
+
+
+def cpu_samples(pulse_cpu: float) -> list[ReplicaSample]:
+    """Half the cores busy, `pulse_cpu` during the pulse (points 10-19)."""
+    return [ReplicaSample(t / 10, 2, 2, pulse_cpu if 10 <= t < 20 else 0.5) for t in range(40)]
+
+
+def test_the_machine_was_the_limit_while_its_cpu_was_saturated_and_requests_suffered() -> None:
+    run = pulse_run(slow_points=4)  # each pulse point has a 503; four are over the SLO
+    summary = summarize(run.record, SCHEDULE, slo_ms=100, replicas=cpu_samples(0.97))
+    assert (summary["node_cpu_peak_pct"], summary["node_saturated_s"],
+            summary["machine_limited"]) == (97.0, 1.0, True)
+    points = series(run.record, replica_points(cpu_samples(0.97), run.record.points))
+    assert [p["node_cpu_pct"] for p in points[9:11]] == [50.0, 97.0]
+
+
+def test_a_busy_cpu_alone_or_suffering_alone_is_no_machine_limit() -> None:
+    room = summarize(pulse_run(slow_points=4).record, SCHEDULE, slo_ms=100,
+                     replicas=cpu_samples(0.85))
+    assert (room["node_cpu_peak_pct"], room["node_saturated_s"], room["machine_limited"]) == (
+        85.0, 0.0, False)
+    run = FakeRun()
+    run.steady(0.0, 3.0, 100, 0.002)  # all served in time, however busy the CPU
+    fine = summarize(run.record, SCHEDULE, slo_ms=100, replicas=cpu_samples(0.99))
+    assert (fine["node_cpu_peak_pct"], fine["machine_limited"]) == (99.0, False)
+
+
+def test_no_cpu_reading_means_no_node_summary() -> None:
+    summary = summarize(pulse_run(slow_points=4).record, SCHEDULE, slo_ms=100,
+                        replicas=[ReplicaSample(t / 10, 2, 2) for t in range(40)])
+    assert (summary["node_cpu_peak_pct"], summary["node_saturated_s"],
+            summary["machine_limited"]) == (None, None, None)

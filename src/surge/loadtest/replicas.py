@@ -8,7 +8,9 @@ flag forces it, e.g. behind a load balancer). No instance reachable means no rep
 counts (null in the report), never an error.
 
 `count_replicas` is the pure part: RUNNING and target replicas of the application whose
-route prefix matches the target path (longest prefix), else of every application.
+route prefix matches the target path (longest prefix), else of every application;
+`node_cpu` the busiest node CPU of those deployments' (the controller reads its node's
+/proc/stat and tells it for the deployments whose replicas all run there).
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from collections.abc import Callable
 from surge.clock import Clock, SystemClock
 from surge.config import DEFAULT_CONTROL_PORT
 from surge.loadtest.stats import ReplicaSample
-from surge.model import RouteTable, RouteTarget, ServeStatus
+from surge.model import ApplicationStatusOverview, RouteTable, RouteTarget, ServeStatus
 from surge.transport.rpc import RpcPeer, connect_rpc, split_address
 
-__all__ = ["ReplicaSampler", "count_replicas", "default_address", "same_endpoint"]
+__all__ = ["ReplicaSampler", "count_replicas", "default_address", "node_cpu", "same_endpoint"]
 
 SAMPLE_INTERVAL_S = 0.1
 # A status call slower than this is skipped (the sampler never holds up the run).
@@ -52,13 +54,25 @@ def same_endpoint(http_address: str, host: str, port: int) -> bool:
     return their_host == host or (their_host in loopback and host in loopback)
 
 
-def count_replicas(status: ServeStatus, path: str) -> tuple[int, int]:
-    """(RUNNING, target) replicas of the application serving `path`, else of all."""
+def _apps(status: ServeStatus, path: str) -> list[ApplicationStatusOverview]:
+    """The application serving `path`, else all of them."""
     targets = tuple(RouteTarget(name, "", app.route_prefix)
                     for name, app in status.applications.items() if app.route_prefix)
     match = RouteTable(targets).match(path.split("?", 1)[0])
-    apps = [status.applications[match.app]] if match is not None \
+    return [status.applications[match.app]] if match is not None \
         else list(status.applications.values())
+
+
+def node_cpu(status: ServeStatus, path: str) -> float | None:
+    """The busy share of the busiest node CPU behind `path` (None: not known)."""
+    shares = [d.rates["node_cpu"] for a in _apps(status, path) for d in a.deployments.values()
+              if "node_cpu" in d.rates]
+    return max(shares, default=None)
+
+
+def count_replicas(status: ServeStatus, path: str) -> tuple[int, int]:
+    """(RUNNING, target) replicas of the application serving `path`, else of all."""
+    apps = _apps(status, path)
     running = sum(d.replica_states.get("RUNNING", 0) for a in apps for d in a.deployments.values())
     target = sum(d.target_replicas for a in apps for d in a.deployments.values())
     return running, target
@@ -116,7 +130,8 @@ class ReplicaSampler:
                 status = None
             if isinstance(status, ServeStatus):
                 running, target = count_replicas(status, self.path)
-                self.samples.append(ReplicaSample(round(at, 4), running, target))
+                self.samples.append(ReplicaSample(round(at, 4), running, target,
+                                                  node_cpu(status, self.path)))
             tick = max(tick + 1, int((self._now() - t0) / SAMPLE_INTERVAL_S) + 1)
             delay = t0 + tick * SAMPLE_INTERVAL_S - self._now()
             try:

@@ -32,7 +32,7 @@ __all__ = ["PLOTS", "compare_table", "load_report", "summary_table", "write_comp
 PLOTS = ("overview", "rate", "status", "latency", "replicas")
 _COLORS = {"offered": "#7f7f7f", "ok": "#2ca02c", "errors": "#d62728", "503": "#ff7f0e",
            "timeout": "#9467bd", "connection": "#8c564b", "p50": "#1f77b4", "p90": "#17becf",
-           "p99": "#d62728", "replicas": "#1f77b4", "target": "#ff7f0e"}
+           "p99": "#d62728", "replicas": "#1f77b4", "target": "#ff7f0e", "cpu": "#9467bd"}
 _OTHER_COLORS = ("#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78")
 
 
@@ -102,6 +102,16 @@ def _replicas_text(summary: dict[str, Any]) -> str:
     return text
 
 
+def _node_text(summary: dict[str, Any]) -> str:
+    if summary.get("node_cpu_peak_pct") is None:
+        return "not sampled (the controller did not report it)"
+    text = f"peak {summary['node_cpu_peak_pct']:.0f}% of all cores"
+    if summary["machine_limited"]:
+        text += (f"; saturated for {summary['node_saturated_s']:.1f} s while requests were "
+                 "refused or slow: the machine was the limit, not the replica count")
+    return text
+
+
 def _generator_text(summary: dict[str, Any]) -> str:
     g = summary["generator"]
     state = (f"BEHIND schedule for {g['behind_s']:.1f} s (worst {g['lag_max_ms']:.0f} ms)"
@@ -119,6 +129,7 @@ def _facts(report: dict[str, Any]) -> list[tuple[str, str]]:
                                   f"{s['peak_served_rps']:,.0f} req/s (per 100 ms)"),
         (f"p99 back under SLO ({s['slo_ms']:g} ms)", _recovery_text(s)),
         ("replicas", _replicas_text(s)),
+        ("node CPU", _node_text(s)),
         ("unanswered", f"{s['unanswered']:,}"),
         ("generator", _generator_text(s)),
         *llm_report.facts(s),
@@ -257,9 +268,19 @@ def _plot_replicas(ax: Axes, report: dict[str, Any], label: str = "") -> None:
                 label=f"{label}target")
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(loc="upper right", fontsize=8)
+        handles, labels = ax.get_legend_handles_labels()
+        cpu = [p.get("node_cpu_pct") for p in series]
+        if any(v is not None for v in cpu):
+            twin = ax.twinx()
+            twin.plot(t, [nan if v is None else v for v in cpu], color=_COLORS["cpu"],
+                      lw=1, alpha=0.8, label=f"{label}node CPU %")
+            twin.set_ylim(0, 105)
+            twin.set_ylabel("node CPU (% of all cores)")
+            more, names = twin.get_legend_handles_labels()
+            handles, labels = handles + more, labels + names
+        ax.legend(handles, labels, loc="upper right", fontsize=8)
     ax.set_ylabel("replicas")
-    ax.set_title("replicas over time", fontsize=10, loc="left")
+    ax.set_title("replicas and node CPU over time", fontsize=10, loc="left")
     _shade_pulse(ax, report["summary"])
 
 
@@ -341,6 +362,10 @@ def _warnings(report: dict[str, Any]) -> str:
     if s["generator"]["waited_for_connection"]:
         notes.append(f"{s['generator']['waited_for_connection']:,} requests waited for one of "
                      f"the {run['connections']} connections.")
+    if s.get("machine_limited"):
+        notes.append(f"The node's CPU was saturated for {s['node_saturated_s']} s while "
+                     "requests were refused or slow: the machine was the limit; more "
+                     "replicas on it would not have served more.")
     if run.get("stopped_early"):
         notes.append(f"Stopped at max_time_s={run['max_time_s']}: {s['unanswered']:,} "
                      "requests unanswered.")

@@ -113,7 +113,8 @@ class _Console:
         if self.tty and not self.quiet:
             print("\r\033[K", end="", file=self.stream)
 
-    def progress(self, p: Progress, replicas: int | None) -> None:
+    def progress(self, p: Progress, replicas: int | None,
+                 node_cpu: float | None = None) -> None:
         if p.lag_max_s > BEHIND_S and not self._behind:
             self.notice(f"WARNING: the generator is {p.lag_max_s * 1000:.0f} ms behind its "
                         f"schedule at t={p.elapsed:.1f}s (CPU-bound). The offered load is "
@@ -134,6 +135,7 @@ class _Console:
                 f"ok {w.ok / seconds:8,.0f}/s  errors {w.errors / seconds:7,.0f}/s  "
                 f"p99 {'-' if p99 is None else f'{p99:.1f} ms':>9}  "
                 f"replicas {'-' if replicas is None else replicas:>3}  "
+                f"cpu {'-' if node_cpu is None else f'{100 * node_cpu:.0f}%':>4}  "
                 f"conns {p.open_connections}")
         if p.lag_max_s > BEHIND_S:
             line += f"  BEHIND {p.lag_max_s * 1000:.0f} ms"
@@ -291,8 +293,9 @@ async def _show_progress(source: Callable[[], Progress | None], console: _Consol
         tick += 1
         progress = source()
         if progress is not None:
-            latest = sampler.samples[-1].running if sampler and sampler.samples else None
-            console.progress(progress, latest)
+            latest = sampler.samples[-1] if sampler and sampler.samples else None
+            console.progress(progress, latest.running if latest else None,
+                             latest.node_cpu if latest else None)
 
 
 async def _run(options: PulseOptions, console: _Console, clock: Clock) -> PulseResult:
@@ -368,6 +371,11 @@ def _announce(report: dict[str, Any], console: _Console) -> None:
     if generator["waited_for_connection"]:
         console.notice(f"WARNING: {generator['waited_for_connection']:,} requests waited "
                        f"for one of the {report['run']['connections']} connections")
+    summary = report["summary"]
+    if summary.get("machine_limited"):
+        console.notice(f"the node's CPU was saturated (peak {summary['node_cpu_peak_pct']:.0f}%) "
+                       f"for {summary['node_saturated_s']:.1f} s while requests were refused "
+                       "or slow: the machine was the limit, not the replica count")
     if report["run"]["stopped_early"]:
         console.notice(f"WARNING: stopped at --max-time {report['run']['max_time_s']:g}s; "
                        f"{report['summary']['unanswered']:,} requests unanswered")

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from surge.loadtest.schedule import Schedule
+from surge.policy.saturation import SATURATED_CPU
 
 __all__ = [
     "BUCKET_S",
@@ -307,6 +308,9 @@ class ReplicaSample:
     t: float  # seconds from the start of the schedule
     running: int
     target: int
+    # Busy share (0-1) of all the cores of the replicas' node, as its controller read
+    # it; None where not known (another node, an older surge).
+    node_cpu: float | None = field(default=None, compare=False)
 
 
 def replica_points(samples: Sequence[ReplicaSample],
@@ -366,6 +370,7 @@ def series(record: Record,
             "p99_ms": _ms(percentile(histogram, 0.99)),
             "replicas": sample.running if sample is not None else None,
             "target_replicas": sample.target if sample is not None else None,
+            "node_cpu_pct": _cpu_pct(sample.node_cpu) if sample is not None else None,
             "lag_ms": round(lag * 1000, 3),
             **entry,
         })
@@ -470,6 +475,33 @@ def _replica_summary(samples: Sequence[ReplicaSample],
             "max_replicas_after_s": round(max(peaked - start_at, 0.0), 2)}
 
 
+def _cpu_pct(share: float | None) -> float | None:
+    return None if share is None else round(100 * share, 1)
+
+
+def _refused_or_slow(record: Record, point: int, slo_s: float) -> bool:
+    """A point some request of which was refused (503) or missed the SLO."""
+    refused = record.errors_sent.get("503", [])
+    return (point < len(refused) and refused[point] > 0) or \
+        _point_meets_slo(record, point, slo_s) is False
+
+
+def _node_summary(record: Record, samples: Sequence[ReplicaSample],
+                  slo_s: float) -> dict[str, Any]:
+    """The node's CPU peak, and how long it was saturated while requests were refused
+    or slow: then the machine, not the replica count, was the limit."""
+    shares = [s.node_cpu for s in samples if s.node_cpu is not None]
+    if not shares:
+        return {"node_cpu_peak_pct": None, "node_saturated_s": None, "machine_limited": None}
+    points = replica_points(samples, record.points)
+    limited = sum(1 for point, sample in enumerate(points)
+                  if sample is not None and sample.node_cpu is not None
+                  and sample.node_cpu >= SATURATED_CPU
+                  and _refused_or_slow(record, point, slo_s))
+    return {"node_cpu_peak_pct": _cpu_pct(max(shares)),
+            "node_saturated_s": round(limited * BUCKET_S, 1), "machine_limited": limited > 0}
+
+
 def _generator_summary(record: Record) -> dict[str, Any]:
     behind = [p for p, lag in enumerate(record.lag_max) if lag > BEHIND_S]
     return {
@@ -517,6 +549,7 @@ def summarize(record: Record, schedule: Schedule, slo_ms: float,
         "recovery_s": recovery.recovery_s,
         "over_slo_s": recovery.over_slo_s,
         **_replica_summary(replicas, pulse_start),
+        **_node_summary(record, replicas, slo_ms / 1000),
         "duration_s": round(record.points * BUCKET_S, 1),
         "generator": _generator_summary(record),
         "llm": _stream_summary(record),
