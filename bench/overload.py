@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +40,6 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import APPS, ROOT, free_port, run_wrk, start_system, surge_env, system_python
-from surge.loadtest import generator
 from surge.loadtest.generator import Plan, PulseGenerator
 from surge.loadtest.schedule import Schedule, Segment
 from surge.loadtest.stats import POINTS_PER_S, Record, merge_histograms, percentile
@@ -54,7 +50,12 @@ DEADLINE_S = 10.0
 WARM_UP = 50  # sequential requests before the schedule starts
 BEHIND_MS = 10.0  # send lag p99 above this: the generator fell behind its schedule
 TARGETS = {"goodput": 0.9, "p99_ms": 250.0, "timeouts": 0, "reject_p99_ms": 20.0,
-           "recovery_ratio": 2.0, "recovered_s": 1.0}
+           "recovered_s": 1.0}
+# "Recovery p99 <= 2x baseline within 1 s of the overload's end": the p99 of the requests
+# sent after the end must be back within 2x the baseline's by 1 s later (recovered_s). The
+# p99 of that whole first second is printed too: it holds the requests that met the
+# queue the overload left (up to max_queue_wait_s of waiting), so it reads higher.
+RECOVERY_FACTOR = 2.0
 WIDTH = 22  # a system's column
 CPU_CASES = {  # name: (replicas, runtime_env env_vars)
     "2 replicas": (2, {}),
@@ -72,49 +73,19 @@ def raise_fd_limit() -> int:
     return soft
 
 
-@contextmanager
-def non_2xx_latencies() -> Iterator[list[tuple[float, int]]]:
-    """(latency s, status) of every non-2xx answer while open.
-
-    surge.loadtest's Record keeps latencies for 2xx only (errors as counts per 100 ms),
-    so this wraps its connection's response callback for the run."""
-    answers: list[tuple[float, int]] = []
-    connection = generator._Connection
-    original = connection.on_message_complete
-
-    def on_message_complete(conn: Any) -> None:
-        scheduled, status = conn.scheduled, conn.parser.get_status_code()
-        if scheduled >= 0 and not 200 <= status < 300:
-            answers.append((conn.pool.elapsed - scheduled, status))
-        original(conn)
-
-    connection.on_message_complete = on_message_complete  # type: ignore[method-assign]
-    try:
-        yield answers
-    finally:
-        connection.on_message_complete = original  # type: ignore[method-assign]
-
-
 def _p99(histograms: list[dict[int, int]]) -> float | None:
     return percentile(merge_histograms(histograms), 0.99)
-
-
-def _p99_of(values: list[float]) -> float | None:
-    """Nearest-rank p99, as surge.loadtest's percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)] if ordered else None
 
 
 def _window(counts: list[int], first: int, last: int) -> int:
     return sum(counts[first:last])
 
 
-def analyse(record: Record, rejected: list[tuple[float, int]], args: argparse.Namespace,
-            factor: float, client_cpu_s: float) -> dict[str, Any]:
+def analyse(record: Record, args: argparse.Namespace, factor: float,
+            client_cpu_s: float) -> dict[str, Any]:
     p = POINTS_PER_S
     start, end = round(args.baseline_s * p), round((args.baseline_s + args.hold_s) * p)
     timeouts = sum(record.errors_sent.get("timeout", []))
-    rejections = [lat * 1000 for lat, status in rejected if status in (503, 429)]
     other = {k: sum(v) for k, v in record.errors_sent.items()
              if k not in ("timeout", "503", "429") and sum(v)}
     recovery_sent = _window(record.offered, end, end + p)
@@ -130,8 +101,8 @@ def analyse(record: Record, rejected: list[tuple[float, int]], args: argparse.Na
         "timeouts": timeouts,
         "baseline_timeouts": _window(record.errors_sent.get("timeout", []), 0, start),
         "timeouts_in_overload": _window(record.errors_sent.get("timeout", []), start, end),
-        "rejections": len(rejections),
-        "reject_p99_ms": _p99_of(rejections),
+        "rejections": sum(sum(h.values()) for h in record.refused),
+        "reject_p99_ms": _p99(record.refused),
         "other_errors": other, "unanswered": record.unanswered,
         "baseline_p99_ms": baseline_p99, "recovery_p99_ms": recovery_p99,
         "recovery_ratio": (recovery_p99 / baseline_p99
@@ -139,7 +110,7 @@ def analyse(record: Record, rejected: list[tuple[float, int]], args: argparse.Na
         "recovery_ok": recovery_ok, "recovery_sent": recovery_sent,
         "recovered_s": recovered_after(
             record, end, round((args.baseline_s + args.hold_s + args.after_s) * p),
-            baseline_p99 and TARGETS["recovery_ratio"] * baseline_p99),
+            baseline_p99 and RECOVERY_FACTOR * baseline_p99),
         "lag_p99_ms": percentile(record.lag, 0.99),
         "lag_max_ms": max(record.lag_max, default=0.0) * 1000,
         "waited_for_connection": record.waited, "connections_peak": record.connections_peak,
@@ -189,9 +160,8 @@ def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
         "timeouts": r["timeouts"] == 0 and r["unanswered"] == 0,
         "reject_p99_ms": (at_most(r["reject_p99_ms"], TARGETS["reject_p99_ms"])
                           if r["rejections"] else None),
-        "recovery_ratio": (at_most(r["recovery_ratio"], TARGETS["recovery_ratio"])
-                           and r["recovery_ok"] == r["recovery_sent"]),
-        "recovered_s": at_most(r["recovered_s"], TARGETS["recovered_s"]),
+        "recovered_s": (at_most(r["recovered_s"], TARGETS["recovered_s"])
+                        and r["recovery_ok"] == r["recovery_sent"]),
     }
 
 
@@ -208,11 +178,10 @@ def run_overload(system: str, factor: float, args: argparse.Namespace) -> dict[s
                     connections=args.connections,
                     max_time_s=schedule.duration_s + DEADLINE_S + 5)
         cpu_before = time.process_time()
-        with non_2xx_latencies() as rejected:
-            record = uvloop.run(PulseGenerator(plan).run())
+        record = uvloop.run(PulseGenerator(plan).run())
         client_cpu = time.process_time() - cpu_before
     record.check()
-    return analyse(record, rejected, args, factor, client_cpu)
+    return analyse(record, args, factor, client_cpu)
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -231,8 +200,7 @@ def print_overload(results: dict[str, dict[str, Any]], systems: list[str]) -> No
             ("rejection p99 ms", "reject_p99_ms", ".1f", f"<= {TARGETS['reject_p99_ms']:g}"),
             ("baseline 2xx p99 ms", "baseline_p99_ms", ".1f", ""),
             ("recovery 2xx p99 ms (1st s)", "recovery_p99_ms", ".1f", ""),
-            ("recovery / baseline", "recovery_ratio", ".2f",
-             f"<= {TARGETS['recovery_ratio']:g}x"),
+            ("recovery / baseline (1st s)", "recovery_ratio", ".2f", ""),
             ("p99 <= 2x baseline after s", "recovered_s", ".1f",
              f"<= {TARGETS['recovered_s']:g}"),
             ("send lag p99 / max ms", "lag", "", f"p99 <= {BEHIND_MS:g}")]

@@ -33,6 +33,8 @@ class FakeRun:
             self.record.ok_at(point_of(at), point_of(at + latency), latency)
         else:
             self.record.error_at(status, point_of(at), point_of(at + latency))
+            if status in ("503", "429"):  # as the generator does
+                self.record.refused_at(point_of(at), latency)
 
     def steady(self, start: float, seconds: float, rps: int, latency: float,
                status: str = "200") -> None:
@@ -153,6 +155,23 @@ def test_merge_adds_workers_records() -> None:
     assert merged.latency == both.record.latency
     assert merged.unanswered == 1 and merged.connections_peak == 7
     merged.check()
+
+
+def test_refusals_are_timed_and_merged() -> None:
+    a, b = FakeRun(), FakeRun()
+    a.steady(0.0, 1.0, 100, 0.020)
+    a.steady(1.0, 1.0, 100, 0.002, status="503")  # refused at once
+    b.steady(1.0, 1.0, 100, 0.004, status="429")
+    b.request(1.5, 0.5, status="500")  # a 500 is an error, not a refusal
+    merged = Record()
+    merged.merge(a.record)
+    merged.merge(b.record)
+    assert sum(sum(h.values()) for h in merged.refused) == 200
+    summary = summarize(merged, Schedule((Segment(2.0, 100.0, 100.0),)), slo_ms=100)
+    assert summary["refused_p99_ms"] == latency_key(0.004) / 1000
+    assert summary["baseline"]["refused_p99_ms"] == latency_key(0.004) / 1000
+    assert summarize(a.record, Schedule((Segment(1.0, 100.0, 100.0),)),
+                     slo_ms=100)["baseline"]["refused_p99_ms"] is None
 
 
 def test_window_for_the_progress_line() -> None:

@@ -161,6 +161,8 @@ class _Connection(asyncio.Protocol):
                                       stream.itl(), stream.tokens)
         else:
             pool.record.error_at(str(status), sent_point, done_point)
+            if status == 503 or status == 429:
+                pool.record.refused_at(sent_point, now - scheduled)
         if not self.parser.should_keep_alive():
             if self.transport is not None:
                 self.transport.close()

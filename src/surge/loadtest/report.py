@@ -72,13 +72,14 @@ def _phase_column(phase: dict[str, Any] | None) -> dict[str, str]:
             "503": _pct(errors.get("503", 0), sent), "timeout": _int(errors.get("timeout", 0)),
             "connection": _int(errors.get("connection", 0)), "other": _int(other),
             "p50": _ms(phase["p50_ms"]), "p90": _ms(phase["p90_ms"]),
-            "p99": _ms(phase["p99_ms"]), "p999": _ms(phase["p999_ms"])}
+            "p99": _ms(phase["p99_ms"]), "p999": _ms(phase["p999_ms"]),
+            "refused_p99": _ms(phase.get("refused_p99_ms"))}
 
 
 _ROWS = (("sent", "requests sent"), ("ok", "ok (2xx)"), ("503", "503 (overload)"),
          ("timeout", "timeouts"), ("connection", "connection errors"),
          ("other", "other errors"), ("p50", "p50 (2xx)"), ("p90", "p90"), ("p99", "p99"),
-         ("p999", "p99.9"))
+         ("p999", "p99.9"), ("refused_p99", "p99 of 503/429"))
 
 
 def _recovery_text(summary: dict[str, Any]) -> str:

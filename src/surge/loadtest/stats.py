@@ -133,6 +133,8 @@ class Record:
         self.errors_sent: dict[str, list[int]] = {}  # by scheduled point
         self.latency: list[Histogram] = []  # 2xx, by scheduled point
         self.latency_done: list[Histogram] = []  # 2xx, by completion point (live line)
+        # 503/429 answers (overload refused), by scheduled point: how fast a refusal came
+        self.refused: list[Histogram] = []
         self.lag_max: list[float] = []  # seconds, by scheduled point
         self.lag: Histogram = {}
         self.unanswered = 0
@@ -210,6 +212,14 @@ class Record:
         _add(self.errors.setdefault(kind, []), done_point)
         _add(self.errors_sent.setdefault(kind, []), sent_point)
 
+    def refused_at(self, sent_point: int, latency_s: float) -> None:
+        """A 503 or 429 answer's latency (after `error_at`)."""
+        refused = self.refused
+        if sent_point >= len(refused):
+            refused.extend({} for _ in range(sent_point + 1 - len(refused)))
+        key = latency_key(latency_s)
+        refused[sent_point][key] = refused[sent_point].get(key, 0) + 1
+
     # -- reading --------------------------------------------------------------------------
 
     @property
@@ -272,7 +282,8 @@ class Record:
                 for point, n in enumerate(more):
                     _add(counts, point, n)
         for mine_h, theirs_h in ((self.latency, other.latency),
-                                 (self.latency_done, other.latency_done)):
+                                 (self.latency_done, other.latency_done),
+                                 (self.refused, other.refused)):
             for point, histogram in enumerate(theirs_h):
                 if point >= len(mine_h):
                     mine_h.extend({} for _ in range(point + 1 - len(mine_h)))
@@ -410,11 +421,13 @@ def _phase_stats(record: Record, phase: _Phase) -> dict[str, Any]:
     sent = sum(record.offered[i] for i in span if i < len(record.offered))
     failed = {kind: sum(counts[i] for i in span if i < len(counts))
               for kind, counts in record.errors_sent.items()}
+    refused = merge_histograms(record.refused[i] for i in span if i < len(record.refused))
     return {
         "from_s": round(phase.first * BUCKET_S, 1), "to_s": round(phase.last * BUCKET_S, 1),
         "sent": sent, "ok": sum(histogram.values()),
         "errors": {kind: n for kind, n in sorted(failed.items()) if n},
         **_percentiles(histogram),
+        "refused_p99_ms": _ms(percentile(refused, 0.99)),
     }
 
 
@@ -543,6 +556,7 @@ def summarize(record: Record, schedule: Schedule, slo_ms: float,
         "peak_served_rps": max((_rate(record.ok, p) for p in range(record.points)),
                                default=0.0),
         **_percentiles(everything),
+        "refused_p99_ms": _ms(percentile(merge_histograms(record.refused), 0.99)),
         "baseline": _phase_stats(record, baseline),
         "pulse": _phase_stats(record, pulse) if pulse.last > pulse.first else None,
         "slo_ms": slo_ms,
