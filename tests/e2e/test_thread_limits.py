@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from surge import serve
+from surge.config.defaults import REPLICA_NICE
 from tests.e2e.conftest import Running, running_instance
 from tests.e2e.procs import surge_processes
 from tests.e2e.thread_app import BlasThreads, OwnsItsPools
@@ -72,6 +73,8 @@ def test_a_forked_replicas_blas_pool_follows_num_cpus(instance: Running,
     answer = _ask(BlasThreads.options(ray_actor_options=options).bind(), "blas")
     assert answer["blas"] == [threads]
     assert answer["env"]["OMP_NUM_THREADS"] == omp
+    # ... and the replica yields the CPU to the proxy (this process started the instance)
+    assert answer["nice"] == min(19, os.nice(0) + REPLICA_NICE)
 
 
 def _unsized_pool() -> int:

@@ -22,7 +22,8 @@ def report() -> dict[str, object]:
     pools = threadpoolctl.threadpool_info()
     return {"blas": [p["num_threads"] for p in pools if p["user_api"] == "blas"],
             "numpy_inherited": NUMPY_INHERITED,
-            "env": {name: os.environ.get(name) for name in VARIABLES}}
+            "env": {name: os.environ.get(name) for name in VARIABLES},
+            "nice": os.nice(0)}
 
 
 @serve.deployment

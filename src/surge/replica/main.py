@@ -39,7 +39,7 @@ from surge.process import (
 from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.stats_hooks import StatsHooks
-from surge.replica.threads import SizedPools, owns_thread_pools, size_pools
+from surge.replica.threads import SizedPools, owns_thread_pools, size_pools, yield_cpu_to_the_front
 from surge.replica.user_code import UserCode
 from surge.router.runtime import RouterRuntime, set_runtime
 from surge.weights.client import set_store
@@ -265,6 +265,7 @@ def main(launch: ReplicaProcessSpec) -> int:
     set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     # Before the user's code imports its libraries; a forked replica's inherited pools too.
     pools = size_pools(launch.num_cpus)
+    yield_cpu_to_the_front()
     import uvloop
 
     async def run() -> int:

@@ -1,4 +1,5 @@
-"""A replica's thread pools sized to its `num_cpus` (policy/threads.py), from inside it.
+"""A replica's share of the node's CPU: its thread pools sized to its `num_cpus`
+(policy/threads.py), and its priority below the proxy's, from inside it.
 
 At start, before the user's code is imported, `size_pools` puts the policy's variables
 in the replica's environment (libraries loaded later read them, and so do the processes
@@ -23,9 +24,11 @@ from typing import Any
 
 from threadpoolctl import ThreadpoolController
 
+from surge.config.defaults import REPLICA_NICE
 from surge.policy.threads import ThreadLimits, thread_limits
 
-__all__ = ["OWN_POOLS_ATTRIBUTE", "SizedPools", "owns_thread_pools", "size_pools"]
+__all__ = ["OWN_POOLS_ATTRIBUTE", "SizedPools", "owns_thread_pools", "size_pools",
+           "yield_cpu_to_the_front"]
 
 log = logging.getLogger("surge.replica")
 
@@ -82,6 +85,15 @@ def size_pools(num_cpus: float,
         torch.set_num_threads(limits.pools["torch"])
     log.debug("thread pools for num_cpus=%g: %s", num_cpus, dict(limits.pools))
     return SizedPools(limits, env, limiter, torch_before)
+
+
+def yield_cpu_to_the_front(increment: int = REPLICA_NICE) -> None:
+    """Run this replica (and every thread and process it starts later) `increment`
+    nicer than the proxy and controller that started it (config.defaults.REPLICA_NICE)."""
+    try:
+        os.nice(increment)
+    except OSError as exc:  # not permitted here: serve at the same priority
+        log.debug("replica priority unchanged: %r", exc)
 
 
 def owns_thread_pools(target: Any) -> bool:
