@@ -59,9 +59,6 @@ def forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.nd
 @serve.deployment(
     # room for one batch on the accelerator and the next one filling
     max_ongoing_requests=2 * MAX_BATCH,
-    # the demo's SLO is 100 ms of latency: a request that would wait over half of it for
-    # a replica (a machine that cannot carry the peak) is answered 503 at once instead
-    max_queue_wait_s=0.05,
     autoscaling_config={"min_replicas": 1, "max_replicas": 8,
                         "target_ongoing_requests": MAX_BATCH},
 )
