@@ -181,6 +181,15 @@ def test_a_saturated_node_keeps_the_target_instead_of_adding() -> None:
                             {"rate": 5.0, "node_cpu": 0.95})
 
 
+def test_a_cold_start_or_a_floor_is_never_held() -> None:
+    cold = hold_on_saturation(decision(1), SATURATED, 0, 0.95)
+    assert (cold.target, cold.kind) == (1, DecisionKind.UP)
+    floor = hold_on_saturation(decision(6), SATURATED, 4, 0.95, floor=6)
+    assert (floor.target, floor.kind) == (6, DecisionKind.UP)
+    above = hold_on_saturation(decision(9), SATURATED, 6, 0.95, floor=6)
+    assert (above.target, above.kind) == (6, DecisionKind.NODE_SATURATED)
+
+
 @pytest.mark.parametrize(("state", "wanted", "cpu"), [
     (SATURATED, 2, 0.95),          # scaling down on a saturated node is fine
     (SATURATED, 4, 0.95),          # so is holding
@@ -261,7 +270,8 @@ def test_a_saturated_step_never_raises_the_target_and_none_begins_below_saturate
                                           load(now, offered, completed)))
         if step.saturated:
             assert cpu is not None and cpu >= CLEAR_CPU
-            assert step.target <= running
+            held = running >= max(1, CONFIG.min_replicas)  # never a cold start, nor below
+            assert step.target <= running if held else step.target == asked  # the floor
             if not state.saturated:
                 assert cpu >= SATURATED_CPU and step.saturation.since == now
         else:

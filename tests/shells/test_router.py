@@ -279,7 +279,7 @@ def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
         clock = FakeClock(monotonic=0.0)
         replica = FakeReplica("r", hold=True)
         async with routing(replica, max_ongoing=2, queue_limit=100, clock=clock,
-                           max_queue_wait_s=0.1) as router:
+                           max_queue_wait_s=0.2) as router:
             # nothing measured yet (a cold start): the count alone bounds the queue
             first = [request(str(i).encode()) for i in range(8)]
             for pending in first:
@@ -290,24 +290,24 @@ def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
                 clock.advance(0.05)
                 replica.release()
             await gather(*(answer(p) for p in first))
-            assert "service=50.0ms max_wait=0.1" in repr(router)
+            assert "service=50.0ms max_wait=0.2" in repr(router)
 
-            # 2 in flight of 50 ms drain 40/s: the 4th queued waits 100 ms, the 5th 125 ms
+            # 2 in flight of 50 ms drain 40/s: the 8th queued waits 200 ms, the 9th 225 ms
             running = [request(b"a"), request(b"b")]
-            queued = [request(str(i).encode()) for i in range(4)]
+            queued = [request(str(i).encode()) for i in range(8)]
             for pending in running + queued:
                 router.submit(pending)
             over = request(b"over")
             with pytest.raises(BackPressureError) as info:
                 router.submit(over)
             error = info.value
-            assert (error.num_queued_requests, error.max_queued_requests) == (4, 100)
-            assert error.retry_after_s == pytest.approx(0.1)  # 4 queued at 40/s
-            assert "would wait ~0.125s" in str(error)
-            assert "max_queue_wait_s (0.1s)" in str(error)
-            assert (router.rejected, router.queued) == (1, 4)
+            assert (error.num_queued_requests, error.max_queued_requests) == (8, 100)
+            assert error.retry_after_s == pytest.approx(0.2)  # 8 queued at 40/s
+            assert "would wait ~0.225s" in str(error)
+            assert "max_queue_wait_s (0.2s)" in str(error)
+            assert (router.rejected, router.queued) == (1, 8)
             assert not sink(over).done.done()
-            for _ in range(3):  # the rest still drain as before
+            for _ in range(5):  # the rest still drain as before
                 await replica.wait_for(lambda r: len(r.held) == 2)
                 replica.release()
             await gather(*(answer(p) for p in running + queued))

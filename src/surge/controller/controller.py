@@ -310,6 +310,9 @@ class Controller:
                    open_bucket: LoadSample | None = None) -> None:
         config = record.config.autoscaling_config
         if config is None or record.deleting:
+            if record.node_saturated:  # autoscaling was removed: no hold is left to show
+                record.node_saturated = ""
+                self.autoscaler.forget(record.id)
             return
         samples = list(self.load.series.get(record.id, ()))
         if open_bucket is not None:

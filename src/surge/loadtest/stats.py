@@ -494,8 +494,9 @@ def _cpu_pct(share: float | None) -> float | None:
 
 def _refused_or_slow(record: Record, point: int, slo_s: float) -> bool:
     """A point some request of which was refused (503) or missed the SLO."""
-    refused = record.errors_sent.get("503", [])
-    return (point < len(refused) and refused[point] > 0) or \
+    refused = any(point < len(counts) and counts[point] > 0
+                  for counts in (record.errors_sent.get(code, []) for code in ("503", "429")))
+    return refused or \
         _point_meets_slo(record, point, slo_s) is False
 
 

@@ -74,7 +74,8 @@ def queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float = 
     (none asked for, or no rate known yet)."""
     if max_wait_s is None or drain_per_s <= 0:
         return None
-    return math.floor(max(max_wait_s, service_s) * drain_per_s + _DUST)
+    room = max(max_wait_s, service_s) * drain_per_s + _DUST
+    return math.floor(room) if math.isfinite(room) else None
 
 
 def smoothed(previous: float, sample: float) -> float:

@@ -94,7 +94,8 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
         return Step(decision, floors.standby_replicas, inputs.saturation)
     saturation = observe(inputs.saturation, inputs.now, inputs.running, inputs.node_cpu,
                          inputs.samples)
-    decision = hold_on_saturation(decision, saturation, inputs.target, inputs.node_cpu)
+    decision = hold_on_saturation(decision, saturation, inputs.target, inputs.node_cpu,
+                                  floor=floors.min_replicas)
     return Step(decision, floors.standby_replicas, saturation)
 
 

@@ -139,12 +139,14 @@ def observe(state: SaturationState, now: float, running: int, node_cpu: float | 
 
 
 def hold_on_saturation(decision: Decision, state: SaturationState, target: int,
-                       node_cpu: float | None) -> Decision:
-    """While saturated, a decision to add replicas keeps the current `target` instead."""
+                       node_cpu: float | None, floor: int = 0) -> Decision:
+    """While saturated, a decision to add replicas keeps the current `target` instead;
+    never one below `floor` (min_replicas, a schedule's floor) nor at 0 (a cold start:
+    a deployment with no replica would leave its requests waiting for ever)."""
     signals = dict(decision.signals)
     if node_cpu is not None:
         signals["node_cpu"] = node_cpu
-    if not state.saturated or decision.target <= target:
+    if not state.saturated or decision.target <= target or target == 0 or target < floor:
         return replace(decision, signals=signals)
     return Decision(target, DecisionKind.NODE_SATURATED,
                     f"hold: {state.reason}; not adding replicas on this node (the policy "

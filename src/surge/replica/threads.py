@@ -75,8 +75,9 @@ def size_pools(num_cpus: float,
     limits = thread_limits(num_cpus, env)
     env.update(limits.env)
     controller = ThreadpoolController()  # the libraries loaded now, each by its path
+    # keyed by prefix (every threadpoolctl 3.x matches it; only 3.8 matches a path)
     limiter = controller.limit(limits={
-        lib.filepath: limits.pools[lib.internal_api] for lib in controller.lib_controllers
+        lib.prefix: limits.pools[lib.internal_api] for lib in controller.lib_controllers
         if lib.internal_api in THREADPOOLCTL_POOLS})
     torch_before = None
     torch = sys.modules.get("torch")
