@@ -291,6 +291,15 @@ def test_the_machine_was_the_limit_while_its_cpu_was_saturated_and_requests_suff
     assert [p["node_cpu_pct"] for p in points[9:11]] == [50.0, 97.0]
 
 
+def test_429_refusals_count_as_suffering_as_503s_do() -> None:
+    run = FakeRun()
+    run.steady(0.0, 3.0, 100, 0.002)
+    for i in range(10):  # backpressure_config status_code 429, fast, within the SLO
+        run.request(1.0 + i / 10, 0.002, status="429")
+    summary = summarize(run.record, SCHEDULE, slo_ms=100, replicas=cpu_samples(0.97))
+    assert (summary["node_saturated_s"], summary["machine_limited"]) == (1.0, True)
+
+
 def test_a_busy_cpu_alone_or_suffering_alone_is_no_machine_limit() -> None:
     room = summarize(pulse_run(slow_points=4).record, SCHEDULE, slo_ms=100,
                      replicas=cpu_samples(0.85))

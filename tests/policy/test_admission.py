@@ -186,7 +186,8 @@ def test_admission_by_wait_is_monotone_in_queue_length(queued: int, drain_per_s:
 @pytest.mark.parametrize(
     ("drain_per_s", "max_wait_s", "service_s", "room"),
     [(500.0, 0.1, 0.02, 50), (40.0, 0.1, 0.05, 4), (2.0, 0.1, 0.5, 1), (1.0, 0.1, 0.5, 0),
-     (0.0, 0.1, 0.02, None), (500.0, None, 0.02, None)],
+     (0.0, 0.1, 0.02, None), (500.0, None, 0.02, None),
+     (500.0, math.inf, 0.02, None), (1e300, 1e300, 0.02, None)],  # unbounded: no bound
 )
 def test_queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float,
                     room: int | None) -> None:

@@ -9,6 +9,7 @@ The node's CPU reading is a plain callable the test sets (the process reads
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 from pathlib import Path
@@ -204,3 +205,22 @@ def test_proc_stat_cpu_reads_the_share_since_its_last_call(tmp_path: Path) -> No
     assert cpu() == 0.5  # 400 of 800 ticks busy
     assert "ProcStatCpu" in repr(cpu)
     assert ProcStatCpu()() is None  # the real /proc/stat: a first reading is None
+
+
+def test_a_hold_is_no_longer_shown_once_autoscaling_is_removed() -> None:
+    async def main() -> None:
+        h = Harness(Node(0.97))
+        proxy = await h.deploy()
+        await saturate(h, proxy)
+        assert h.state.deployments[DID].node_saturated
+        record = h.state.deployments[DID]
+        record.spec = dataclasses.replace(record.spec, config=dataclasses.replace(
+            record.config, autoscaling_config=None, num_replicas=record.target))
+        await h.tick(QUEUED, proxy)
+        assert not record.node_saturated
+        assert DID not in h.controller.autoscaler.saturation
+        message = (await h.api.rpc_status(FakePeer("d"))).applications["app"].deployments[
+            "Model"].message
+        assert "saturated" not in message
+
+    asyncio.run(main())
