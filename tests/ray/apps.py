@@ -14,10 +14,22 @@ def whereami() -> dict[str, Any]:
             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
+def pools() -> dict[str, Any]:
+    """This replica's BLAS pool and priority, asked from inside it."""
+    import numpy  # noqa: F401 - the library whose pool is asked
+    import threadpoolctl
+
+    blas = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    return {"blas": blas, "omp": os.environ.get("OMP_NUM_THREADS"), "nice": os.nice(0)}
+
+
 @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.25})
 class Where:
     async def __call__(self, request: Any) -> dict[str, Any]:
         return whereami()
+
+    def pools(self) -> dict[str, Any]:
+        return pools()
 
 
 @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.25, "num_gpus": 1})

@@ -10,6 +10,7 @@ import pytest
 
 from surge import serve
 from surge.api.instance import current
+from surge.config.defaults import REPLICA_NICE
 from tests.eventually import eventually
 from tests.ray.apps import OnGpu, Where
 from tests.ray.cluster import RayCluster, Running, surge_on
@@ -56,6 +57,13 @@ def test_gpu_deployment_lands_on_the_gpu_node_with_its_own_gpu(cluster: RayClust
 
 def test_cpu_replicas_see_no_gpu(surge: Running) -> None:
     assert all(a["cuda"] in (None, "") for a in answers(f"{surge.url}/where", 10))
+
+
+def test_replicas_on_ray_size_their_pools_to_num_cpus_and_yield_the_cpu(surge: Running) -> None:
+    answer = serve.get_app_handle("where").pools.remote().result(timeout_s=60)
+    # num_cpus 0.25: one thread, whatever the node's cores (Ray's OMP_NUM_THREADS agrees)
+    assert (answer["blas"], answer["omp"]) == ([1], "1"), answer
+    assert answer["nice"] >= REPLICA_NICE
 
 
 def test_every_node_with_replicas_has_a_proxy_and_each_serves(cluster: RayCluster,
