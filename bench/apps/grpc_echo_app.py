@@ -10,12 +10,11 @@ it back `count` times, `__call__` is the same echo over HTTP (for the CPU compar
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 from typing import Any
 
 import bench_echo_pb2 as pb
+from until_sigterm import serve_until_sigterm
 
 SYSTEM = sys.argv[1]
 if SYSTEM == "surge":
@@ -54,13 +53,7 @@ def main() -> None:
     print(f"READY http://127.0.0.1:{http_port}/echo?value=x grpc=127.0.0.1:{grpc_port}",
           flush=True)
 
-    def stop(*_: Any) -> None:
-        serve.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
-import time
 from typing import Any
+
+from until_sigterm import serve_until_sigterm
 
 if sys.argv[1] == "ray":
     from ray import serve
@@ -69,13 +69,7 @@ def main() -> None:
               route_prefix="/single")
     print(f"READY http://127.0.0.1:{port}/models", flush=True)
 
-    def stop(*_: Any) -> None:
-        serve.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ import asyncio
 import importlib
 import json
 import os
-import signal
 import sys
-import time
 from typing import Any
+
+from until_sigterm import serve_until_sigterm
 
 MATMUL_N = 300  # ~2 ms for one thread on the reference machine
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -81,14 +81,7 @@ def main() -> None:
     serve.run(deployment.bind(), name="overload", route_prefix="/work")
     print(f"READY http://127.0.0.1:{port}/work", flush=True)
 
-    def stop(*_: Any) -> None:
-        if system == "ray":
-            serve.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(serve.shutdown if system == "ray" else None)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,12 @@ printed is the replica's direct-ingress port.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 import urllib.request
 from typing import Any
 
 from ray import serve
+from until_sigterm import serve_until_sigterm
 
 
 @serve.deployment
@@ -48,13 +47,7 @@ def main() -> None:
             raise SystemExit("no direct-ingress port answered")
     print(f"READY {url}", flush=True)
 
-    def stop(*_: Any) -> None:
-        serve.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

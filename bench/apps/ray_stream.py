@@ -13,14 +13,13 @@ it with `ray.shutdown()` (`serve.shutdown()` takes ~40 s; the local cluster goes
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
 from starlette.responses import PlainTextResponse, StreamingResponse
+from until_sigterm import serve_until_sigterm
 
 ACTOR = {"num_cpus": 0.25}
 
@@ -71,15 +70,10 @@ def main() -> None:
                   name="ping", route_prefix="/ping")
     print(f"READY http://127.0.0.1:{port}/stream", flush=True)
 
-    def stop(*_: Any) -> None:
-        import ray
+    import ray
 
-        ray.shutdown()  # serve.shutdown() takes ~40 s on Ray; the local cluster goes anyway
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(ray.shutdown)  # serve.shutdown() takes ~40 s on Ray; the local
+    # cluster goes anyway
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import time
 from typing import Any
+
+from until_sigterm import serve_until_sigterm
 
 from surge import serve
 
@@ -59,14 +59,8 @@ def main() -> None:
     scheme = "https" if tls else "http"
     print(f"READY {scheme}://127.0.0.1:{port}/echo?value=x", flush=True)
 
-    def stop(*_: Any) -> None:
-        if cluster is not None:  # its nodes, not only their processes' group
-            cluster.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    # a Ray cluster's nodes, not only their processes' group
+    serve_until_sigterm(cluster.shutdown if cluster is not None else None)
 
 
 if __name__ == "__main__":

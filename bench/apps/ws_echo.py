@@ -6,12 +6,10 @@ Run with surge's Python for `surge`, with the Ray virtualenv's for `ray`
 `ws: "WebSocket"`; surge resolves route annotations before pickling).
 """
 
-import signal
 import sys
-import time
-from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from until_sigterm import serve_until_sigterm
 
 if sys.argv[1] == "ray":
     from ray import serve
@@ -46,13 +44,7 @@ def main() -> None:
     serve.run(Echo.bind(), name="ws", route_prefix="/ws")
     print(f"READY ws://127.0.0.1:{port}/ws/", flush=True)
 
-    def stop(*_: Any) -> None:
-        serve.shutdown()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        time.sleep(3600)
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from surge.loadtest.llm import LLMPreset, StreamTracker, parse_range
 from surge.loadtest.options import PulseOptions
 from surge.loadtest.report import compare_table, summary_table, write_report
 from surge.loadtest.schedule import pulse
-from surge.loadtest.stats import Record, series, summarize
+from surge.loadtest.stats import Record
+from surge.loadtest.summary import series, summarize
 
 
 def test_bodies_are_drawn_from_the_ranges_and_repeatable() -> None:

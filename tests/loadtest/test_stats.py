@@ -13,9 +13,8 @@ from surge.loadtest.stats import (
     percentile,
     point_of,
     replica_points,
-    series,
-    summarize,
 )
+from surge.loadtest.summary import series, summarize
 
 
 class FakeRun:

@@ -276,9 +276,9 @@ class Controller:
         placements = self.backend.placements() if busy is not None else {}
         head = state.head.node_id
         for did, record in state.deployments.items():
-            members = state.group(did).members if placements else {}
+            members = state.replicas_of(did) if placements else []
             elsewhere = any(p.node_id != head for p in
-                            (placements.get(r) for r in members) if p is not None)
+                            (placements.get(r.replica_id) for r in members) if p is not None)
             record.node_cpu = None if elsewhere else busy
 
     def _review_intervals(self) -> None:

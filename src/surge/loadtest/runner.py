@@ -40,9 +40,8 @@ from surge.loadtest.stats import (
     merge_histograms,
     point_of,
     replica_points,
-    series,
-    summarize,
 )
+from surge.loadtest.summary import series, summarize
 
 __all__ = ["Progress", "PulseResult", "build_report", "raise_fd_limit", "run_pulse"]
 

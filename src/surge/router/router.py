@@ -359,12 +359,11 @@ class Router:
         if unavailable is not None:
             raise unavailable
         wait_s = self._max_queue_wait_s
-        if wait_s is None:  # bounded by count: Retry-After from the completions measured
-            rejection = admit(len(self._queue), self._queue_limit, self._drain_rate())
-        else:
-            rejection = admit(len(self._queue), self._queue_limit,
-                              drain_rate(self.in_flight, self._service_s), wait_s,
-                              self._service_s)
+        # bounded by count: Retry-After from the completions measured; by time: from the
+        # requests in flight and their service time
+        drain = (self._drain_rate() if wait_s is None
+                 else drain_rate(self.in_flight, self._service_s))
+        rejection = admit(len(self._queue), self._queue_limit, drain, wait_s, self._service_s)
         if rejection is not None:
             self.rejected += 1
             current = self.replica_set

@@ -23,7 +23,8 @@ from typing import Any
 
 from surge.loadtest.report import summary_table, write_report
 from surge.loadtest.schedule import Schedule
-from surge.loadtest.stats import Record, latency_key, replica_points, series, summarize
+from surge.loadtest.stats import Record, latency_key, replica_points
+from surge.loadtest.summary import series, summarize
 from surge.sim.engine import TICK_S, Simulation
 from surge.sim.flow import Flow
 from surge.sim.mux_report import mux_histograms, mux_series, mux_summary, mux_table
