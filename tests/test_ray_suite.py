@@ -1,0 +1,49 @@
+"""The Ray-suite harness's own decisions: which of Ray's tests count, and the tally."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+HARNESS = Path(__file__).resolve().parent.parent / "scripts" / "ray_suite"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"ray_suite_{name}", HARNESS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run = _load("run")
+surge_as_ray = _load("surge_as_ray")
+
+
+def test_a_test_that_reaches_rays_controller_is_internal() -> None:
+    source = "def test_x(serve_instance):\n    client = _get_global_client()\n"
+    assert surge_as_ray.internal_reason(source) is not None
+
+
+def test_a_test_of_user_visible_behaviour_counts() -> None:
+    source = (
+        "def test_x(serve_instance):\n"
+        "    from ray.serve._private.test_utils import check_running\n"
+        "    serve.run(f.bind())\n"
+        "    assert httpx.get(get_application_url()).text == 'hi'\n"
+    )
+    assert surge_as_ray.internal_reason(source) is None
+
+
+def test_the_tally_leaves_internal_tests_and_skips_out() -> None:
+    results = [
+        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
+        {"file": "a.py", "test": "t2", "outcome": "failed", "internal": ""},
+        {"file": "a.py", "test": "t3", "outcome": "failed", "internal": "uses controller"},
+        {"file": "a.py", "test": "t4", "outcome": "skipped", "internal": ""},
+        {"file": "b.py", "test": "t5", "outcome": "passed", "internal": ""},
+    ]
+    summary = run.summarize(results)
+    assert (summary["passed"], summary["counted"]) == (2, 3)
+    assert summary["files"][0]["internal"] == 1 and summary["files"][0]["skipped"] == 1
