@@ -87,3 +87,33 @@ def test_streaming_batch_over_http_and_handles_at_once(surge_instance) -> None: 
     assert results == wanted
     assert handle.batch_log.remote().result(timeout_s=10) == [
         sorted([*HTTP_CALLS, *HANDLE_CALLS])]
+
+
+def test_a_batch_generator_of_a_class_made_in_a_function_ends_its_streams(  # type: ignore[no-untyped-def]
+        surge_instance) -> None:
+    # A class defined in a function travels by value, and so does its batched method's
+    # wrapper: the stream's end must still be recognised in the replica (it reached the
+    # body as an object without encode(), and the client saw a truncated chunked body).
+    @serve.deployment
+    class Counter:
+        @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
+        async def count(self, limits: list[int]) -> AsyncIterator[list[Any]]:
+            for step in range(max(limits)):
+                yield [str(step) if step < limit else StopIteration for limit in limits]
+
+        async def __call__(self, request: Request) -> StreamingResponse:
+            return StreamingResponse(self.count(int(request.query_params["n"])))
+
+    serve.run(Counter.bind(), name="batchlocal", route_prefix="/local")
+
+    async def read(http: httpx.AsyncClient, n: int) -> str:
+        response = await http.get("/local", params={"n": n})
+        assert response.status_code == 200
+        return response.text
+
+    async def everyone() -> list[str]:
+        async with httpx.AsyncClient(base_url=surge_instance.url, timeout=60) as http:
+            return list(await asyncio.gather(*(read(http, n) for n in (1, 3, 5))))
+
+    assert asyncio.run(everyone()) == ["0", "012", "01234"]
+    serve.delete("batchlocal")

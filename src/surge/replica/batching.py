@@ -40,7 +40,6 @@ STREAM_AHEAD_ITEMS = 16  # per caller: rides out a slow reader's hiccup, bounds 
 
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
-_END: Any = object()  # what _Stream.get returns once the caller's stream is over
 
 
 def batch_group_key() -> str:
@@ -222,7 +221,13 @@ class _Stream:
         self.items.clear()
         self._drained()
 
-    async def get(self) -> Any:
+    # An async iterator, not a getter returning an end marker: the wrapper that reads it
+    # travels by value with a class defined in a function (functools.wraps gives it the
+    # user's qualname), and a marker in its globals would be a copy, never the end.
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> Any:
         while not self.items and not self.ended:
             self.readable.clear()
             await self.readable.wait()
@@ -232,7 +237,7 @@ class _Stream:
             return item
         if self.error is not None:
             raise self.error
-        return _END
+        raise StopAsyncIteration
 
     def _drained(self) -> None:
         if self.room is not None:
@@ -523,7 +528,7 @@ def wrap(func: Callable[..., Any], settings: BatchSettings, *,
             stream = _Stream()
             queues.submit(args, kwargs, stream)
             try:
-                while (item := await stream.get()) is not _END:
+                async for item in stream:
                     yield item
             finally:
                 stream.leave()
