@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Any
 
 import pytest
 
+from surge import serve
 from surge.config import (
     DEFAULT_MAX_ONGOING_REQUESTS,
     DEFAULT_MAX_QUEUE_WAIT_S,
@@ -399,9 +401,13 @@ def test_app_spec_valid() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"route_prefix": "api"}, "route_prefix must start with '/', got 'api'"),
-        ({"route_prefix": ""}, "route_prefix must start with '/'"),
-        ({"route_prefix": "/api/"}, "route_prefix must not end with '/'"),
+        ({"route_prefix": "api"},
+         r"Invalid route_prefix 'api', must start with a forward slash \('/'\)\."),
+        ({"route_prefix": ""}, "Invalid route_prefix '', must start with a forward slash"),
+        ({"route_prefix": "/api/"}, "Invalid route_prefix '/api/', may not end with a trailing"),
+        ({"route_prefix": "/{hello}"},
+         re.escape("Invalid route_prefix '/{hello}', may not contain wildcards")),
+        ({"route_prefix": "/a/{b}"}, "may not contain wildcards"),
         ({"deployments": (spec("A"), spec("A"))},
          "application 'app' has two deployments with the same name"),
         ({"ingress": "C"}, "ingress 'C' is not among the deployments"),
@@ -516,3 +522,15 @@ def test_backpressure_config_takes_rays_values_only() -> None:
         DeploymentConfig(name="d", rolling_update_percentage=0)
     with pytest.raises(ConfigError, match="max_surge_percent"):
         DeploymentConfig(name="d", max_surge_percent=101)
+
+
+def test_deployment_options_checked_as_ray_checks_them() -> None:
+    def f() -> str:
+        return "hi"
+
+    with pytest.raises(ConfigError, match=r"Setting max_replicas_per_node is not allowed when "
+                                          r"placement_group_bundles is provided\."):
+        serve.deployment(max_replicas_per_node=2, placement_group_bundles=[{"CPU": 1}])(f)
+    # Ray ignores a first argument that is not callable: the call gives the decorator.
+    decorator = serve.deployment("ignored", num_replicas=2)
+    assert decorator(f).config.num_replicas == 2 and decorator(f).name == "f"

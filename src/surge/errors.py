@@ -58,6 +58,13 @@ class RayServeException(Exception):
     """Base class of every error surge raises (named as in Ray Serve)."""
 
 
+class DeploymentNotFoundError(RayServeException, KeyError):
+    """No such deployment (a KeyError too, as Ray's get_deployment_handle raises)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ConfigError(RayServeException, ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
 

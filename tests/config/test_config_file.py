@@ -105,12 +105,17 @@ def test_yaml_num_replicas_replaces_code_autoscaling_and_back() -> None:
      "    autoscaling_config:\n      min_replicas: 5\n      max_replicas: 2\n",
      ":7: applications[0].deployments[0].autoscaling_config.min_replicas: "),
     ("applications:\n- name: a\n  route_prefix: api\n  import_path: m:app\n",
-     ":3: applications[0].route_prefix: must start with '/'"),
+     ":3: applications[0].route_prefix: Invalid route_prefix 'api', must start with a "
+     "forward slash ('/')."),
     ("applications:\n- name: a\n", ":2: applications[0]: import_path is required"),
     ("applications:\n- {name: a, import_path: 'm:a'}\n- {name: a, import_path: 'm:b', "
      "route_prefix: /b}\n", ":3: applications[1].name: application name 'a' is used twice"),
     ("applications:\n- name: a\n  import_path: m:app\n  runtime_env:\n    env_var: {}\n",
      ":5: applications[0].runtime_env.env_var: unknown key. Did you mean 'env_vars'?"),
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    max_replicas_per_node: 2\n    placement_group_bundles: [{CPU: 1}]\n",
+     ":6: applications[0].deployments[0].max_replicas_per_node: Setting "
+     "max_replicas_per_node is not allowed when placement_group_bundles is provided."),
     ("backend: k8s\n", ":1: backend: backend 'k8s' is not available"),
     ("http_options:\n  port: 99999\n", ":2: http_options.port: port must be an integer"),
     ("applications: [\n", ":2: not valid YAML"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -51,13 +52,26 @@ def test_bad_input_is_rejected_before_anything_runs(surge_instance) -> None:  # 
         Fine.options(max_ongoing_request=3)
     with pytest.raises(ConfigError, match="max_ongoing_requests must be an integer >= 1"):
         Fine.options(max_ongoing_requests=0)
-    with pytest.raises(ConfigError, match="route_prefix must start with '/'"):
+    with pytest.raises(ConfigError, match="Invalid route_prefix 'nope', must start with"):
         serve.run(Fine.bind(), name="x", route_prefix="nope")
     serve.run(Fine.bind(), name="first", route_prefix="/same")
     with pytest.raises(ConfigError, match="already used by application 'first'"):
         serve.run(Fine.bind(), name="second", route_prefix="/same")
-    with pytest.raises(RayServeException, match="does not exist"):
+    with pytest.raises(ConfigError, match=re.escape("Invalid route_prefix '/{x}', may not "
+                                                    "contain wildcards.")):
+        serve.run(Fine.bind(), name="third", route_prefix="/{x}")
+    # Ray's words, and Ray's types: a missing deployment is a KeyError too.
+    with pytest.raises(RayServeException, match=r"^Application 'nope' does not exist\.$"):
         serve.get_app_handle("nope")
+    with pytest.raises(KeyError, match=re.escape("Deployment 'Nope' does not exist in "
+                                                 "application 'first'.")):
+        serve.get_deployment_handle("Nope", "first")
+    # One handle per deployment, as Ray caches them.
+    assert serve.get_app_handle("first") is serve.get_app_handle("first")
+    assert serve.get_deployment_handle("Fine", "first") is serve.get_app_handle("first")
+    with pytest.raises(RayServeException, match=r"Tried to call a method 'nope' that does "
+                       r"not exist. Available methods: \[\]\."):
+        serve.get_app_handle("first").nope.remote().result(timeout_s=10)
     serve.delete("first")
 
 

@@ -32,6 +32,7 @@ from surge.config import (
     build_deployment_config,
     from_mapping,
     gRPCOptions,
+    route_prefix_problem,
 )
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
@@ -333,10 +334,9 @@ def _application(check: _Checker, item: Any, path: KeyPath) -> AppConfig | None:
     if not isinstance(name, str) or not name:
         check.error((*path, "name"), f"must be a non-empty string, got {name!r}")
     prefix = used.get("route_prefix", "/")
-    if prefix is not None and not (isinstance(prefix, str) and prefix.startswith("/") and
-                                   (prefix == "/" or not prefix.endswith("/"))):
-        check.error((*path, "route_prefix"), "must start with '/' and not end with '/' "
-                                             f"(or be null for no HTTP route), got {prefix!r}")
+    problem = route_prefix_problem(prefix)
+    if problem is not None:
+        check.error((*path, "route_prefix"), f"{problem} (null: no HTTP route)")
     import_path = used.get("import_path")
     if import_path is None:
         check.error(path, "import_path is required, e.g. import_path: my_module:app")
@@ -413,6 +413,10 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
     if not isinstance(name, str) or not name:
         check.error(path, "each deployment needs a name: the deployment it overrides")
         return None
+    if (data.get("max_replicas_per_node") is not None
+            and data.get("placement_group_bundles") is not None):
+        check.error((*path, "max_replicas_per_node"), "Setting max_replicas_per_node is not "
+                    "allowed when placement_group_bundles is provided.")
     if "autoscaling_config" in used:
         scaling_path = (*path, "autoscaling_config")
         scaling = check.mapping(used["autoscaling_config"], scaling_path)

@@ -17,6 +17,7 @@ from surge.config.weights import WeightStoreOptions
 from surge.errors import (
     ControllerUnavailableError,
     DeployFailedError,
+    DeploymentNotFoundError,
     RayServeException,
 )
 from surge.model import ApplicationStatus, DeploymentId, ServeStatus
@@ -175,9 +176,8 @@ def shutdown() -> None:
 def get_app_handle(name: str) -> DeploymentHandle:
     ingress = _call("ingress", app=name)
     if ingress is None:
-        raise RayServeException(f"application {name!r} does not exist; serve.status() lists "
-                                "the running applications")
-    return DeploymentHandle(ingress, name)
+        raise RayServeException(f"Application '{name}' does not exist.")
+    return _handle(ingress, name)
 
 
 def get_deployment_handle(deployment_name: str, app_name: str | None = None,
@@ -190,9 +190,26 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None,
         except RayServeException:
             app_name = DEFAULT_APP_NAME
     if not _call("has_deployment", deployment=DeploymentId(app_name, deployment_name)):
-        raise RayServeException(f"deployment {deployment_name!r} does not exist in "
-                                f"application {app_name!r}")
-    return DeploymentHandle(deployment_name, app_name)
+        raise DeploymentNotFoundError(f"Deployment '{deployment_name}' does not exist in "
+                                      f"application '{app_name}'.")
+    return _handle(deployment_name, app_name)
+
+
+# get_app_handle / get_deployment_handle give one handle per deployment, as Ray caches
+# them; the cache belongs to the runtime (a driver's connection, a replica) that made them.
+_handles: dict[tuple[str, str], DeploymentHandle] = {}
+_handles_runtime: list[object] = []
+
+
+def _handle(deployment_name: str, app_name: str) -> DeploymentHandle:
+    runtime = current_runtime()
+    if _handles_runtime != [runtime]:
+        _handles.clear()
+        _handles_runtime[:] = [runtime]
+    key = (app_name, deployment_name)
+    if key not in _handles:
+        _handles[key] = DeploymentHandle(deployment_name, app_name)
+    return _handles[key]
 
 
 def _in_runtime_loop() -> bool:

@@ -7,7 +7,6 @@ Decorating validates the options at once (bad input fails where it is written).
 
 from __future__ import annotations
 
-import copyreg
 import hashlib
 import inspect
 import logging
@@ -15,8 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import cloudpickle
-
+from surge.api.pickling import pickle_by_value
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
 from surge.errors import ConfigError
 from surge.model import AccessTokens, ImportedTarget, ModelRoutes
@@ -60,6 +58,10 @@ class Deployment:
             close = difflib.get_close_matches(key, sorted(_OPTION_KEYS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown deployment option {key!r}.{hint}")
+        if (options.get("max_replicas_per_node") is not None
+                and options.get("placement_group_bundles") is not None):
+            raise ConfigError("Setting max_replicas_per_node is not allowed when "
+                              "placement_group_bundles is provided.")
         for key in sorted(set(options) & _IGNORED - _warned):
             _warned.add(key)
             log.warning("deployment option %r is Ray Serve's; surge accepts it and does not "
@@ -112,20 +114,20 @@ class Application:
 
 
 def deployment(_func_or_class: Any = None, **options: Any) -> Any:
-    """`@serve.deployment` with or without options, on a class or a function."""
+    """`@serve.deployment` with or without options, on a class or a function.
+
+    As Ray's, a first argument that is not callable (`@serve.deployment("name")`) is
+    ignored: the call returns the decorator."""
     def decorate(target: Any) -> Deployment:
         if not (inspect.isclass(target) or callable(target)):
             raise ConfigError("@serve.deployment decorates a class or a function")
         return Deployment(target, options)
 
-    if _func_or_class is not None:
-        return decorate(_func_or_class)
-    return decorate
+    return decorate(_func_or_class) if callable(_func_or_class) else decorate
 
 
 def pickle_target(target: Any) -> bytes:
     """By import path when the module is importable, else by value (cloudpickle)."""
-    _register_reducers()
     module_name = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", "")
     module = sys.modules.get(module_name or "")
@@ -136,9 +138,9 @@ def pickle_target(target: Any) -> bytes:
         if isinstance(found, Deployment):
             found = found.func_or_class
         if found is target:
-            return bytes(cloudpickle.dumps(
-                ImportedTarget(module_name or "", qualname, _source_digest(module))))
-    return bytes(cloudpickle.dumps(target))
+            return pickle_by_value(
+                ImportedTarget(module_name or "", qualname, _source_digest(module)))
+    return pickle_by_value(target)
 
 
 def _source_digest(module: Any) -> str:
@@ -150,22 +152,6 @@ def _source_digest(module: Any) -> str:
             return hashlib.sha256(source.read()).hexdigest()[:16]
     except OSError:
         return ""
-
-
-_registered = False
-
-
-def _register_reducers() -> None:
-    """starlette's State recurses when unpickled by value; pickle it by its contents."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    try:
-        from starlette.datastructures import State
-    except ImportError:  # pragma: no cover
-        return
-    copyreg.pickle(State, lambda state: (State, (dict(state._state),)))
 
 
 def source_digest(target: Any) -> str:
@@ -204,7 +190,7 @@ class _Builder:
         target = app.deployment.func_or_class
         self.specs[name] = DeploymentSpec(
             config=config, target_blob=pickle_target(target),
-            init_blob=bytes(cloudpickle.dumps((args, kwargs))),
+            init_blob=pickle_by_value((args, kwargs)),
             source_digest=source_digest(target))
         return name
 

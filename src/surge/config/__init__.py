@@ -9,7 +9,7 @@ schedules), deployment.py (DeploymentConfig and its parts, DeploymentSpec), app.
 """
 
 from surge.config._check import from_mapping, unreadable
-from surge.config.app import AppSpec, AuthConfig
+from surge.config.app import AppSpec, AuthConfig, route_prefix_problem
 from surge.config.autoscaling import (
     AutoscalingConfig,
     AutoscalingPolicy,
@@ -96,5 +96,6 @@ __all__ = [
     "from_mapping",
     "gRPCOptions",
     "parse_schedule",
+    "route_prefix_problem",
     "unreadable",
 ]

@@ -62,13 +62,28 @@ class AppSpec:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str), "application name must be a string.")
-        if self.route_prefix is not None:
-            _require(isinstance(self.route_prefix, str) and self.route_prefix.startswith("/"),
-                     f"route_prefix must start with '/', got {self.route_prefix!r}.")
-            _require(self.route_prefix == "/" or not self.route_prefix.endswith("/"),
-                     f"route_prefix must not end with '/', got {self.route_prefix!r}.")
+        problem = route_prefix_problem(self.route_prefix)
+        _require(problem is None, problem or "")
         names = [d.config.name for d in self.deployments]
         _require(len(names) == len(set(names)),
                  f"application {self.name!r} has two deployments with the same name; give "
                  "one of them another name with .options(name=...).")
         _require(self.ingress in names, f"ingress {self.ingress!r} is not among the deployments.")
+
+
+def route_prefix_problem(prefix: object) -> str | None:
+    """What is wrong with an application's route prefix, in Ray Serve's words; None: fine.
+
+    None (no HTTP route) is fine; a prefix starts with '/', has no trailing '/' (but "/"
+    itself) and no '{' or '}' (path parameters belong to the app's own routes)."""
+    if prefix is None:
+        return None
+    if not isinstance(prefix, str):
+        return f"Invalid route_prefix {prefix!r}, must be a string or None."
+    if not prefix.startswith("/"):
+        return f"Invalid route_prefix '{prefix}', must start with a forward slash ('/')."
+    if prefix != "/" and prefix.endswith("/"):
+        return f"Invalid route_prefix '{prefix}', may not end with a trailing '/'."
+    if "{" in prefix or "}" in prefix:
+        return f"Invalid route_prefix '{prefix}', may not contain wildcards."
+    return None

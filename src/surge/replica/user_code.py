@@ -7,7 +7,8 @@ awaited. A graceful stop runs the ingress app's lifespan shutdown, then the user
 `max_ongoing_requests`, async ones on the replica's event loop (handle calls to plain
 methods go through sync_calls.py, which submits them to the same pool). HTTP requests reach
 `__call__` as a starlette `Request` (or the `serve.ingress` ASGI app), and whatever
-comes back is turned into ASGI messages.
+comes back is turned into ASGI messages. As in Ray, a `__call__` that takes no
+parameters is called without the request; that is decided once, at construction.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ class UserCode:
         self.lifespan: Lifespan | None = None
         self._destroyed = False
         self._methods: dict[str, tuple[Callable[..., Any], bool]] = {}  # name -> (fn, async)
+        self.http_takes_request = True  # decided in construct(), once the callable exists
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(max_ongoing_requests, 64)), thread_name_prefix="surge-user")
 
     async def construct(self) -> None:
         if self.is_function:
+            self.http_takes_request = takes_request(self.target)
             return
         # As Ray: `__new__`, then `__init__` here on the loop (awaited if async).
         instance = self.target.__new__(self.target)
@@ -63,6 +66,8 @@ class UserCode:
         if inspect.isawaitable(initialized):
             await initialized
         self.instance = instance
+        if self.has_method("__call__"):
+            self.http_takes_request = takes_request(self.method("__call__"))
         self.asgi_app = await build_app(self.target, instance)
         if self.asgi_app is not None:
             self.lifespan = Lifespan(self.asgi_app)
@@ -108,8 +113,10 @@ class UserCode:
             return self.target  # type: ignore[no-any-return]
         method = getattr(self.instance, name, None)
         if method is None or (name.startswith("__") and name != "__call__"):
-            raise RayServeException(
-                f"deployment {type(self.instance).__name__} has no method {name!r}")
+            available = [attr for attr in dir(self.instance) if not attr.startswith("__")
+                         and callable(getattr(self.instance, attr, None))]
+            raise RayServeException(f"Tried to call a method '{name}' that does not exist. "
+                                    f"Available methods: {available}.")
         return method  # type: ignore[no-any-return]
 
     def has_method(self, name: str) -> bool:
@@ -177,7 +184,8 @@ class UserCode:
                 scope["state"] = dict(self.lifespan.state)  # request.state, per request
             await self.asgi_app(scope, receive, send)
             return None
-        result = await self.call("__call__", (Request(scope, receive),), {})
+        args = (Request(scope, receive),) if self.http_takes_request else ()
+        result = await self.call("__call__", args, {})
         simple = simple_response(result)
         if simple is None:
             await respond(result, scope, receive, send)
@@ -195,6 +203,15 @@ class UserCode:
 
 
 SimpleResponse = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def takes_request(entry: Callable[..., Any]) -> bool:
+    """Whether an HTTP entry point (a function, or a bound `__call__`) takes the request:
+    one with no parameters at all is called without it (Ray's rule); `*args` takes it."""
+    try:
+        return len(inspect.signature(entry).parameters) > 0
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass the request
+        return True
 
 
 def simple_response(result: Any) -> SimpleResponse | None:
