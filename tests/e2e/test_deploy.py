@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -73,6 +74,18 @@ def test_bad_input_is_rejected_before_anything_runs(surge_instance) -> None:  # 
                        r"not exist. Available methods: \[\]\."):
         serve.get_app_handle("first").nope.remote().result(timeout_s=10)
     serve.delete("first")
+
+
+def test_a_script_that_joins_a_running_instance_says_where_and_whose(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    env = dict(os.environ, SURGE_ADDRESS=surge_instance.control_address)
+    script = "from surge import serve; serve.start(); print(len(serve.status().applications))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # The instance was started by this (pytest) process: the joining script is told so.
+    assert (f"joined the surge instance already running at {surge_instance.control_address}"
+            in out.stderr), out.stderr
+    assert f"by {getpass.getuser()} (pid {os.getpid()}: " in out.stderr, out.stderr
 
 
 def test_cli_status_and_shutdown_reach_the_running_instance(surge_instance) -> None:  # type: ignore[no-untyped-def]

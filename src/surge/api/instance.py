@@ -54,6 +54,7 @@ class Instance:
         self.http_address: str = hello.get("http_address", "")
         self.daemon_pid: int = hello.get("daemon_pid") or 0  # a detached instance's
         self.log_file = ""  # where a detached instance started here writes
+        self.hello = hello  # what the controller told us when we joined
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -92,9 +93,10 @@ def connect_or_start(options: StartOptions | None = None, *, start: bool = True,
         try:
             _instance = _connect(address, loop, None)
             _install_exit_hooks()
-            if options is not None:
-                log.info("connected to the running surge instance at %s; its options stay "
-                         "as they are", address)
+            # Said where a script sees it (a warning) when it asked to start or run: it may
+            # be deploying into, and its serve.shutdown() stopping, someone else's instance.
+            log.log(logging.WARNING if start else logging.INFO, "%s",
+                    joined_message(address, _instance.hello, options is not None))
         except ControllerUnavailableError:
             if not start:
                 loop.stop()
@@ -127,6 +129,18 @@ def connect_or_start(options: StartOptions | None = None, *, start: bool = True,
                 raise
             _install_exit_hooks()
         return _instance
+
+
+def joined_message(address: str, hello: dict[str, Any], options_given: bool) -> str:
+    """What a driver that joined an instance it did not start logs: where, and whose."""
+    by = hello.get("started_by") or {}
+    age = time.time() - hello.get("started_at", time.time())
+    who = (f"; started {age:.0f} s ago by {by.get('user', '?')} (pid {by.get('pid', '?')}: "
+           f"{by.get('command') or '?'})" if by else "")
+    note = "; its options stay as they are (serve.shutdown() stops it)" if options_given else ""
+    return (f"joined the surge instance already running at {address} (controller pid "
+            f"{hello.get('controller_pid', '?')}{who}){note}; set SURGE_ADDRESS to start or "
+            "join another")
 
 
 def _connect(address: str, loop: BackgroundLoop, supervisor: Supervisor | None) -> Instance:

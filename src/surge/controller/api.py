@@ -11,8 +11,10 @@ goes through the executor as actions.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +68,7 @@ class ControlApi:
         self.shutdown = shutdown
         self.pace = pace or LoopPace()
         self.proxy_ready = asyncio.Event()  # the first proxy serves, or could not
+        self.origin = _origin()  # told to each driver that joins: who started this instance
 
     def __repr__(self) -> str:
         return f"<ControlApi {self.state.address}>"
@@ -107,7 +110,7 @@ class ControlApi:
         if recovery.active:  # the last member back ends recovery at once
             self.executor.apply(recovery.due(state, self.clock.monotonic()))
         return {"controller_pid": os.getpid(), "http_address": state.proxy_address,
-                "daemon_pid": state.daemon_pid}
+                "daemon_pid": state.daemon_pid, **self.origin}
 
     async def rpc_watch(self, peer: Peer, deployment: DeploymentId) -> None:
         if not peer.is_closed:  # one handled after its close would be watched forever
@@ -330,3 +333,19 @@ class ControlApi:
         if replica.alive:
             replica.move(ReplicaState.FAILED)
         await self.notify()
+
+
+def _origin() -> dict[str, Any]:
+    """When this controller started and the process that started it (user, pid, command)."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = ""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return {"started_at": time.time(), "started_by": {"user": user, "pid": parent,
+                                                      "command": command[:200]}}
