@@ -31,7 +31,7 @@ from surge.replica.asgi_lifespan import Lifespan
 from surge.replica.ingress import build_app
 from surge.replica.multiplex import shutdown_all
 
-__all__ = ["Send", "UserCode", "asgi_scope"]
+__all__ = ["Send", "UserCode", "asgi_scope", "takes_request"]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
