@@ -1,0 +1,104 @@
+"""FastAPI apps where Ray Serve's users write them: ingress classes defined inside a
+function (a test body, a factory), so shipped by value with `<locals>` in their qualname,
+and apps that include routers.
+
+The client is made after the classes: a pydantic model defined in a function keeps that
+function's locals, and an open client's SSL context cannot travel to a replica.
+"""
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import APIRouter, Depends, FastAPI, WebSocket
+from pydantic import BaseModel
+from websockets.sync.client import connect
+
+from surge import serve
+
+pytestmark = pytest.mark.e2e
+
+
+def make_counter_app(start: int) -> Any:
+    """A factory, as apps built per configuration are written."""
+    app = FastAPI()
+
+    class Count(BaseModel):
+        value: int
+
+    def step() -> int:
+        return 2
+
+    class Base:
+        def __init__(self) -> None:
+            self.count = start
+
+        @app.get("/base")
+        def base(self) -> int:  # inherited: bound to the subclass's instance
+            return self.count
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Counter(Base):
+        @app.post("/add/{amount}", response_model=Count)
+        def add(self, amount: int, by: int = Depends(step)) -> Any:
+            self.count += amount * by
+            return {"value": self.count, "ignored": "by response_model"}
+
+        @app.get("/count")
+        async def read(self) -> int:
+            return self.count
+
+        @app.websocket("/ws")
+        async def ws(self, websocket: WebSocket) -> None:
+            await websocket.accept()
+            name = await websocket.receive_text()
+            await websocket.send_text(f"{name}:{self.count}")
+            await websocket.close()
+
+    return Counter
+
+
+def test_a_class_made_in_a_function_binds_self(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    serve.run(make_counter_app(10).bind(), name="counter", route_prefix="/counter")
+    with httpx.Client(base_url=surge_instance.url, timeout=30) as client:
+        assert client.get("/counter/count").json() == 10
+        added = client.post("/counter/add/3")
+        assert added.status_code == 200, added.text
+        assert added.json() == {"value": 16}
+        assert client.get("/counter/base").json() == 16
+        assert client.post("/counter/add/x").status_code == 422  # the path param's type
+        schema = client.get("/counter/openapi.json").json()
+        parameters = schema["paths"]["/add/{amount}"]["post"]["parameters"]
+        assert [p["name"] for p in parameters] == ["amount"]  # no `self`
+    ws_url = surge_instance.url.replace("http", "ws") + "/counter/ws"
+    with connect(ws_url) as socket:
+        socket.send("n")
+        assert socket.recv(timeout=10) == "n:16"
+    serve.delete("counter")
+
+
+def test_a_class_in_a_test_body_with_an_included_router(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    app = FastAPI()
+    router = APIRouter(prefix="/v1")
+
+    @router.get("/free")
+    def free() -> str:
+        return "free"
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Local:
+        def __init__(self, greeting: str) -> None:
+            self.greeting = greeting
+
+        @router.get("/hello/{name}")
+        def hello(self, name: str) -> str:
+            return f"{self.greeting} {name}"
+
+    app.include_router(router)  # FastAPI keeps a lock per included router
+    serve.run(Local.bind("hi"), name="local", route_prefix="/local")
+    with httpx.Client(base_url=surge_instance.url, timeout=30) as client:
+        assert client.get("/local/v1/hello/ann").json() == "hi ann"
+        assert client.get("/local/v1/free").json() == "free"
+    serve.delete("local")
