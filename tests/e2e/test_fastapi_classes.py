@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from websockets.sync.client import connect
 
 from surge import serve
+from surge.errors import RayServeException
 
 pytestmark = pytest.mark.e2e
 
@@ -102,3 +103,29 @@ def test_a_class_in_a_test_body_with_an_included_router(surge_instance) -> None:
         assert client.get("/local/v1/hello/ann").json() == "hi ann"
         assert client.get("/local/v1/free").json() == "free"
     serve.delete("local")
+
+
+def test_two_fastapi_ingresses_in_one_application_are_refused(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    first_app, second_app = FastAPI(), FastAPI()
+
+    @serve.deployment
+    @serve.ingress(second_app)
+    class Inner:
+        @second_app.get("/")
+        def root(self) -> str:
+            return "inner"
+
+    @serve.deployment
+    @serve.ingress(first_app)
+    class Outer:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        @first_app.get("/")
+        def root(self) -> str:
+            return "outer"
+
+    with pytest.raises(RayServeException,
+                       match='Found multiple FastAPI deployments in application "two"'):
+        serve.run(Outer.bind(Inner.bind()), name="two", route_prefix="/two")
+    assert "two" not in serve.status().applications  # nothing was deployed

@@ -174,6 +174,7 @@ class _Builder:
         self.app_name = app_name
         self.specs: dict[str, DeploymentSpec] = {}
         self.seen: dict[int, str] = {}
+        self.asgi: list[str] = []  # the deployments that serve an ASGI app (serve.ingress)
 
     def visit(self, app: Application) -> str:
         if id(app) in self.seen:
@@ -188,6 +189,8 @@ class _Builder:
 
             config = dataclasses.replace(config, name=name)
         target = app.deployment.func_or_class
+        if hasattr(target, INGRESS_ATTRIBUTE):
+            self.asgi.append(name)
         self.specs[name] = DeploymentSpec(
             config=config, target_blob=pickle_target(target),
             init_blob=pickle_by_value((args, kwargs)),
@@ -220,10 +223,32 @@ def build_app_spec(app: Application, name: str, route_prefix: str | None,
     builder = _Builder(name)
     ingress = builder.visit(app)
     model_routes = _model_routes(app, builder)
+    _check_one_asgi_ingress(name, builder.asgi, _model_servers(app, builder))
     prefix = route_prefix if route_prefix is not None else None
     return AppSpec(name=name, route_prefix=prefix, ingress=ingress,
                    deployments=tuple(builder.specs.values()), sys_path=sys_path, auth=auth,
                    model_routes=model_routes)
+
+
+def _check_one_asgi_ingress(app_name: str, asgi: list[str], model_servers: set[str]) -> None:
+    """At most one `serve.ingress` deployment per application, as Ray 2.60 requires:
+    HTTP reaches only the ingress, so another ASGI app would never be served. The
+    model servers of an OpenAI app are surge's own exception: LLMServer serves HTTP
+    (the proxy reaches it directly when it can, see _model_routes) where Ray's does not."""
+    if len([name for name in asgi if name not in model_servers]) > 1:
+        raise ConfigError(f'Found multiple FastAPI deployments in application "{app_name}". '
+                          "Please only include one deployment with @serve.ingress in your "
+                          "application to avoid this issue.")
+
+
+def _model_servers(app: Application, builder: _Builder) -> set[str]:
+    """The deployments bound into the model map of the root's class (or a base's)."""
+    key = getattr(app.deployment.func_or_class, MODEL_ROUTES_ATTRIBUTE, None)
+    servers = app.kwargs.get(key) if isinstance(key, str) else None
+    if not isinstance(servers, Mapping):
+        return set()
+    return {builder.seen[id(server)] for server in servers.values()
+            if isinstance(server, Application)}
 
 
 def _model_routes(app: Application, builder: _Builder) -> ModelRoutes | None:
