@@ -269,6 +269,8 @@ class ReplicaSpec:
     # record_autoscaling_stats) run in the replica, and how long one call may take.
     routing_stats_period_s: float = 10.0
     routing_stats_timeout_s: float = 30.0
+    rank: int = 0  # unique among the deployment's live replicas (ReplicaContext.rank)
+    world_size: int = 1  # the deployment's target number of replicas when it was asked
 
 
 @dataclass(frozen=True)

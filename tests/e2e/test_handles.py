@@ -203,18 +203,33 @@ def test_fastapi_ingress(surge_instance, client: httpx.Client) -> None:  # type:
 
 @serve.deployment
 class Context:
-    def __call__(self) -> dict[str, str]:
+    def __init__(self) -> None:
+        self.rank_at_init = serve.get_replica_context().rank
+
+    def __call__(self) -> dict[str, Any]:
         context = serve.get_replica_context()
+        assert context.rank == self.rank_at_init  # known to the constructor already
+        assert context.rank is not None
         return {"app": context.app_name, "deployment": context.deployment,
-                "replica": context.replica_tag}
+                "replica": context.replica_tag, "rank": context.rank.rank,
+                "local_rank": context.rank.local_rank, "world_size": context.world_size}
 
 
 def test_replica_context(surge_instance) -> None:  # type: ignore[no-untyped-def]
-    handle = serve.run(Context.bind(), name="ctx", route_prefix=None)
-    info = handle.remote().result(timeout_s=10)
-    assert info["app"] == "ctx"
-    assert info["deployment"] == "Context"
-    assert info["replica"].startswith("Context-")
+    handle = serve.run(Context.options(num_replicas=3).bind(), name="ctx", route_prefix=None)
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(200):
+        info = handle.remote().result(timeout_s=10)
+        seen[info["replica"]] = info
+        if len(seen) == 3:
+            break
+    assert {info["app"] for info in seen.values()} == {"ctx"}
+    assert {info["deployment"] for info in seen.values()} == {"Context"}
+    assert all(replica.startswith("Context-") for replica in seen)
+    # Ray's ReplicaContext.rank and world_size: one rank each, 0..2, of 3.
+    assert sorted(info["rank"] for info in seen.values()) == [0, 1, 2]
+    assert all(info["local_rank"] == info["rank"] for info in seen.values())
+    assert {info["world_size"] for info in seen.values()} == {3}
 
 
 class Boom(ValueError):

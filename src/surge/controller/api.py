@@ -287,7 +287,8 @@ class ControlApi:
                            graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
                            sys_path=deployment.sys_path,
                            routing_stats_period_s=router.request_routing_stats_period_s,
-                           routing_stats_timeout_s=router.request_routing_stats_timeout_s)
+                           routing_stats_timeout_s=router.request_routing_stats_timeout_s,
+                           rank=replica.rank, world_size=deployment.target)
 
     async def rpc_replica_ready(self, peer: Peer, replica_id: str, address: str, pid: int,
                                 node_id: str = LOCAL_NODE, local_address: str = "",

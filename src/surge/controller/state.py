@@ -94,6 +94,7 @@ class ReplicaRecord:
     stop_deadline: float | None = None  # killed if still alive after this
     reconfiguring: bool = False  # a new user_config is on its way to it (UPDATING)
     spec_sent: bool = False  # it asked for its spec: the user's code ran (or runs) in it
+    rank: int = -1  # its ReplicaContext.rank, given with its spec (-1: none yet)
     # The index it is counted in (set by ControllerState.add_replica), told of each move.
     group: ReplicaGroup | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -355,9 +356,13 @@ class ControllerState:
             self.connecting.add(replica.replica_id)
 
     def spec_sent(self, replica: ReplicaRecord) -> None:
-        """The replica asked for its spec: it is in (connected, proved, said hello)."""
+        """The replica asked for its spec: it is in (connected, proved, said hello). It gets
+        its rank: the lowest its deployment's other replicas do not hold."""
         replica.spec_sent = True
         self.connecting.discard(replica.replica_id)
+        if replica.rank < 0:
+            taken = {r.rank for r in self.replicas_of(replica.deployment)}
+            replica.rank = next(rank for rank in range(len(taken) + 1) if rank not in taken)
 
     def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
         replica = self.replicas.pop(replica_id, None)

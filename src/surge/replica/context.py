@@ -15,7 +15,7 @@ from typing import Any
 from surge.errors import RayServeException
 from surge.model import LOCAL_NODE
 
-__all__ = ["ReplicaContext", "ReplicaID", "RequestContext", "get_replica_context",
+__all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "RequestContext", "get_replica_context",
            "get_request_context", "request_context_var", "set_replica_context"]
 
 
@@ -30,10 +30,23 @@ class ReplicaID:
 
 
 @dataclass(frozen=True)
+class ReplicaRank:
+    """A replica's place among its deployment's replicas, as Ray's: `rank` is unique
+    among the live replicas (0, 1, ...; a stopped replica's is given to the next one).
+    surge counts ranks across its nodes as on one: `node_rank` 0, `local_rank` = `rank`."""
+
+    rank: int
+    node_rank: int = 0
+    local_rank: int = 0
+
+
+@dataclass(frozen=True)
 class ReplicaContext:
     replica_id: ReplicaID
     servable_object: Any
     node_id: str = LOCAL_NODE  # surge: the node it runs on (a Ray node id on the ray backend)
+    rank: ReplicaRank | None = None  # None only while the constructor has not been given one
+    world_size: int = 1  # the deployment's target number of replicas when this one started
 
     @property
     def app_name(self) -> str:

@@ -36,7 +36,7 @@ from surge.process import (
     set_title,
     watch_supervisor,
 )
-from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
+from surge.replica.context import ReplicaContext, ReplicaID, ReplicaRank, set_replica_context
 from surge.replica.server import ReplicaServer
 from surge.replica.stats_hooks import StatsHooks
 from surge.replica.threads import SizedPools, owns_thread_pools, size_pools, yield_cpu_to_the_front
@@ -117,10 +117,11 @@ class Replica:
             args, kwargs = cloudpickle.loads(spec.init_blob)
             self.user = UserCode(target, args, kwargs, spec.max_ongoing_requests)
             replica = ReplicaID(self.replica_id, spec.deployment.name, spec.deployment.app)
-            node = self.launch.node_id
-            set_replica_context(ReplicaContext(replica, None, node))
+            context = ReplicaContext(replica, None, self.launch.node_id,
+                                     ReplicaRank(spec.rank, 0, spec.rank), spec.world_size)
+            set_replica_context(context)
             await self.user.construct()
-            set_replica_context(ReplicaContext(replica, self.user.servable, node))
+            set_replica_context(dataclasses.replace(context, servable_object=self.user.servable))
             if spec.user_config is not None:
                 if not await self.user.call_optional("reconfigure", spec.user_config):
                     raise TypeError("user_config is set but the deployment has no "

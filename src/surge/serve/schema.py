@@ -9,6 +9,7 @@ from surge.model import (
     ServeStatus,
 )
 from surge.observability.config import LoggingConfig
+from surge.replica.context import ReplicaRank
 
 __all__ = ["ApplicationStatus", "ApplicationStatusOverview", "DeploymentStatus",
-           "DeploymentStatusOverview", "LoggingConfig", "ProxyStatus", "ServeStatus"]
+           "DeploymentStatusOverview", "LoggingConfig", "ProxyStatus", "ReplicaRank", "ServeStatus"]
