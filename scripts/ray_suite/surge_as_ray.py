@@ -48,12 +48,40 @@ def alias() -> None:
         except ImportError:
             sys.modules.pop(f"ray.serve.{name}", None)
     _connect_ray_on_demand()
+    _moved_names()
     tests = os.environ.get("SURGE_AS_RAY_TESTS")
     if tests:  # `from ray.serve.tests.common.utils import ...` reads the given test files
         import types
         package = types.ModuleType("ray.serve.tests")
         package.__path__ = [tests]
         sys.modules["ray.serve.tests"] = package
+
+
+def _moved_names() -> None:
+    """Test helpers that Ray moved between releases, where test files of other releases
+    look for them (the stored test files are not all of one commit)."""
+    import types
+
+    import ray._common.test_utils as common_test_utils
+    import ray._common.utils as common_utils
+    import ray._private.test_utils as private_test_utils
+    import ray._private.utils as private_utils
+
+    for name in ("SignalActor", "Semaphore"):
+        if hasattr(common_test_utils, name) and not hasattr(private_test_utils, name):
+            setattr(private_test_utils, name, getattr(common_test_utils, name))
+    if not hasattr(private_utils, "get_or_create_event_loop"):
+        private_utils.get_or_create_event_loop = common_utils.get_or_create_event_loop
+    if "ray._common.synchronization_actors" not in sys.modules:
+        actors = types.ModuleType("ray._common.synchronization_actors")
+        actors.SignalActor = common_test_utils.SignalActor  # type: ignore[attr-defined]
+        actors.Semaphore = getattr(common_test_utils, "Semaphore", None)  # type: ignore[attr-defined]
+        sys.modules[actors.__name__] = actors
+    try:
+        importlib.import_module("ray._private.pydantic_compat")
+    except ImportError:
+        sys.modules["ray._private.pydantic_compat"] = importlib.import_module(
+            "ray._common.pydantic_compat")
 
 
 def _connect_ray_on_demand() -> None:
