@@ -129,3 +129,42 @@ def test_two_fastapi_ingresses_in_one_application_are_refused(surge_instance) ->
                        match='Found multiple FastAPI deployments in application "two"'):
         serve.run(Outer.bind(Inner.bind()), name="two", route_prefix="/two")
     assert "two" not in serve.status().applications  # nothing was deployed
+
+
+def test_an_app_shared_by_two_ingress_classes_serves_each_its_own_routes(  # type: ignore[no-untyped-def]
+        surge_instance) -> None:
+    app = FastAPI()
+
+    @serve.deployment
+    @serve.ingress(app)
+    class First:
+        @app.get("/")
+        def root(self) -> str:
+            return "first"
+
+        @app.get("/one")
+        def one(self) -> str:
+            return "one"
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Second:
+        @app.get("/")
+        def root(self) -> str:
+            return "second"
+
+        @app.get("/two")
+        def two(self) -> str:
+            return "two"
+
+    serve.run(First.bind(), name="first", route_prefix="/first")
+    serve.run(Second.bind(), name="second", route_prefix="/second")
+    with httpx.Client(base_url=surge_instance.url, timeout=30) as client:
+        assert client.get("/first/").json() == "first"
+        assert client.get("/second/").json() == "second"  # not First.root without self
+        assert client.get("/first/one").json() == "one"
+        assert client.get("/second/two").json() == "two"
+        assert client.get("/first/two").status_code == 404
+        assert client.get("/second/one").status_code == 404
+    serve.delete("first")
+    serve.delete("second")

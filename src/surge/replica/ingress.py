@@ -44,6 +44,7 @@ def ingress(app: Any = None) -> Any:
         setattr(cls, INGRESS_ATTRIBUTE, _LATE if app is None else app)
         if app is not None and not inspect.isfunction(app):
             _resolve_annotations(app, cls)
+            _claim_routes(app, cls)
         return cls
 
     return decorator
@@ -123,10 +124,15 @@ def _bind_class_routes(app: Any, cls: type, instance: Any) -> None:
     except ImportError:  # pragma: no cover - FastAPI is optional
         return
     prefixes = tuple(f"{base.__qualname__}." for base in cls.__mro__ if base is not object)
+    others: list[tuple[list[Any], int]] = []
     for routes, index, route in list(_routes(app)):
         if not isinstance(route, APIRoute | APIWebSocketRoute):
             continue
         endpoint = route.endpoint
+        claimed = getattr(endpoint, _CLAIMED, ())
+        if claimed and not any(owner in cls.__mro__ for owner in claimed):
+            others.append((routes, index))
+            continue
         if not getattr(endpoint, "__qualname__", "").startswith(prefixes) or \
                 isinstance(endpoint, types.MethodType):
             continue
@@ -135,6 +141,22 @@ def _bind_class_routes(app: Any, cls: type, instance: Any) -> None:
         options = {name: getattr(route, name) for name in names if hasattr(route, name)}
         options["endpoint"] = types.MethodType(endpoint, instance)
         routes[index] = kind(**options)
+    for routes, index in reversed(others):
+        del routes[index]
+
+
+_CLAIMED = "__surge_ingress_classes__"
+
+
+def _claim_routes(app: Any, cls: type) -> None:
+    """Mark the route methods of `cls` (and its bases) as its own: an app shared by
+    several ingress classes serves, in each one's replicas, only that class's methods
+    (the others' answer 404, as in Ray, not 422 for a missing `self`)."""
+    prefixes = tuple(f"{base.__qualname__}." for base in cls.__mro__ if base is not object)
+    for _, _, route in _routes(app):
+        endpoint = getattr(route, "endpoint", None)
+        if inspect.isfunction(endpoint) and endpoint.__qualname__.startswith(prefixes):
+            setattr(endpoint, _CLAIMED, (*getattr(endpoint, _CLAIMED, ()), cls))
 
 
 def _resolve_annotations(app: Any, cls: type) -> None:
