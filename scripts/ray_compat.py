@@ -83,8 +83,8 @@ STATUSES = (IMPLEMENTED, ACCEPTED, MISSING)
 
 _QUEUE = ("one budget for the whole deployment, not one per caller; unset (-1): bounded "
           "by time instead, a request that would wait longer than surge's "
-          "`max_queue_wait_s` (default 0.1 s) is refused at once (Ray queues without "
-          "bound; docs/using.md#queues-and-overload)")
+          "`max_queue_wait_s` (default 0.1 s) is refused at once, with a Retry-After "
+          "(Ray queues without bound; docs/using.md#queues-and-overload)")
 _RETRIES = "default 3 process starts, not Ray's 20"
 _ENV_VARS = "`env_vars` only; Ray's other runtime_env keys are accepted with a warning"
 _SILENT_RUN = "no warning: serve.run's `**kwargs` takes it silently"
@@ -116,7 +116,8 @@ NOTES: dict[tuple[str, str], str] = {
     ("ray.serve.config:AutoscalingPolicy", "policy_function"):
         "default `proactive` (surge's); `ray_default` is Ray's default policy",
     ("ray.serve.config:BackpressureConfig", "retry_after_s"):
-        "unset: surge's estimate from the drain rate (Ray then sends no Retry-After)",
+        "unset: no Retry-After, as Ray, except on surge's wait bound (max_queued_requests "
+        "unset), which advises its estimate of the queue's drain time; 0 is sent as 1",
     ("ray.serve.schema:LoggingConfig", "enable_access_log"):
         "access lines sampled: at most 10/s per process unless `access_log_max_per_s: 0`",
     ("ray.serve.schema:ServeApplicationSchema", "runtime_env"): _ENV_VARS,

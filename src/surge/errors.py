@@ -3,7 +3,8 @@
     RayServeException                    base of everything surge raises (Ray's name)
     ├── ConfigError (ValueError)         your configuration is wrong: fix it, nothing was changed
     ├── BackPressureError                overload: the queue budget is used up; retry after
-    │                                    `retry_after_s` (HTTP 503 + Retry-After)
+    │                                    `retry_after_s` (HTTP 503, + Retry-After when
+    │                                    `advise_retry`)
     ├── DeploymentUnavailableError       no replica can serve (none started, or all failed)
     ├── ReplicaDiedError                 the replica serving the request died mid-request; the
     │                                    request may or may not have run (HTTP 500)
@@ -81,6 +82,7 @@ class BackPressureError(RayServeException):
         retry_after_s: float,
         status_code: int = 503,
         reason: str = "",
+        advise_retry: bool = True,
     ) -> None:
         self.deployment = deployment
         self.num_queued_requests = num_queued_requests
@@ -88,6 +90,9 @@ class BackPressureError(RayServeException):
         self.retry_after_s = retry_after_s
         self.status_code = status_code  # the HTTP answer (backpressure_config: 503 or 429)
         self.reason = reason  # why, when not the count (surge's wait bound)
+        # Whether an HTTP answer carries Retry-After: Ray's count bound sends none unless
+        # backpressure_config.retry_after_s is set; surge's wait bound always advises.
+        self.advise_retry = advise_retry
         why = f": {reason}" if reason else ""
         super().__init__(
             f"Request dropped due to backpressure for deployment {deployment!r} "
@@ -99,16 +104,16 @@ class BackPressureError(RayServeException):
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_backpressure, (self.deployment, self.num_queued_requests,
                                         self.max_queued_requests, self.retry_after_s,
-                                        self.status_code, self.reason))
+                                        self.status_code, self.reason, self.advise_retry))
 
 
 def _rebuild_backpressure(
     deployment: str, queued: int, limit: int, retry_after_s: float, status_code: int = 503,
-    reason: str = "",
+    reason: str = "", advise_retry: bool = True,
 ) -> BackPressureError:
     return BackPressureError(deployment=deployment, num_queued_requests=queued,
                              max_queued_requests=limit, retry_after_s=retry_after_s,
-                             status_code=status_code, reason=reason)
+                             status_code=status_code, reason=reason, advise_retry=advise_retry)
 
 
 class DeploymentUnavailableError(RayServeException):

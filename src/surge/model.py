@@ -66,7 +66,8 @@ class ReplicaSet:
     # to show a client. Routers then answer at once instead of queueing until a timeout.
     unavailable: str = ""
     # The deployment's backpressure_config: the HTTP status of a request over the queue
-    # budget, and its Retry-After (None: the router's estimate from the drain rate).
+    # budget, and its Retry-After (None: none under the count bound, as Ray; the
+    # router's estimate from the drain rate under the wait bound).
     backpressure_status: int = 503
     retry_after_s: float | None = None
     # Counts the sets pushed for this deployment on one connection: a ReplicaSetDelta

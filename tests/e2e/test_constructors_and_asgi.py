@@ -306,6 +306,6 @@ def test_a_childs_backpressure_is_a_503_through_fastapi(surge_instance) -> None:
     codes = sorted(r.status_code for r in responses)
     assert 200 in codes and 503 in codes, codes
     refused = next(r for r in responses if r.status_code == 503)
-    assert int(refused.headers["retry-after"]) >= 1
+    assert "retry-after" not in refused.headers  # Ray's count bound, none configured
     assert "backpressure" in refused.text
     serve.delete("front")

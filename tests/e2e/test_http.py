@@ -1,7 +1,7 @@
 """HTTP behaviour of the proxy, end to end: real processes, httpx and raw sockets.
 
 Covers the built-in routes, how `__call__` return values become responses, errors,
-overload (503 + Retry-After), per-request timeouts (408), cancel-on-disconnect,
+overload (503; Retry-After only where advised), per-request timeouts (408), cancel-on-disconnect,
 malformed requests, x-request-id, keep-alive and pipelining, and what a handler sees
 of the request. The raw-socket helpers here are also used by test_http_limits.py.
 """
@@ -554,7 +554,7 @@ def _burst(url: str, path: str, count: int) -> list[tuple[int, float, httpx.Head
     return asyncio.run(burst())
 
 
-def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
+def test_overload_rejects_fast_with_503_and_no_retry_after_as_ray(apps: Apps) -> None:
     with httpx.Client(base_url=apps.url, timeout=30) as warm:
         assert warm.get("/busy").status_code == 200  # the proxy's router is connected
     results = _burst(apps.url, "/busy", 6)
@@ -568,8 +568,10 @@ def test_overload_rejects_fast_with_503_and_retry_after(apps: Apps) -> None:
     for _, elapsed, headers, text in rejected:
         # the wait under test: a 503 does not wait for the 1 s handler (generous bound)
         assert elapsed < 0.9, f"a 503 took {elapsed:.2f}s; it should not wait for the handler"
-        assert headers["retry-after"].isdigit()
-        assert int(headers["retry-after"]) >= 1
+        # an explicit max_queued_requests is Ray's bound: no Retry-After unless configured
+        # (backpressure_config.retry_after_s, test_backpressure_config.py); surge's wait
+        # bound advises one (test_queue_wait.py)
+        assert "retry-after" not in headers
         assert headers["x-request-id"]
         assert "Traceback" not in text
     for _, elapsed, _headers, text in ok:
@@ -929,7 +931,7 @@ def test_pipelined_overload_answers_in_order(apps: Apps) -> None:
     # One runs, one queues; the two beyond the queue are rejected but wait their turn.
     assert [r.status for r in responses] == [200, 200, 503, 503]
     assert responses[0].body == b"done"
-    assert int(responses[2].headers["retry-after"]) >= 1
+    assert "retry-after" not in responses[2].headers  # Ray's count bound, none configured
 
 
 # -- what the handler sees -----------------------------------------------------------------

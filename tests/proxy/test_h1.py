@@ -332,6 +332,18 @@ def test_failures_become_statuses(failure: BaseException, status: int,
         failure, DeploymentUnavailableError)
 
 
+def test_backpressure_without_advice_has_no_retry_after() -> None:
+    """Ray's count bound with no backpressure_config.retry_after_s: 503 and no header."""
+    w = wire()
+    w.send(request())
+    w.waiting.pop().fail(BackPressureError(deployment="d", num_queued_requests=1,
+                                           max_queued_requests=1, retry_after_s=10.0,
+                                           advise_retry=False))
+    [response] = w.responses()
+    assert response.status == 503 and "retry-after" not in response.headers
+    assert response.body.startswith(b"Request dropped due to backpressure")
+
+
 def test_errors_on_an_openai_path_have_openai_bodies_and_others_plain_text() -> None:
     w = wire()
     w.send(request("POST", "/app/v1/chat/completions") + request("POST", "/app/v2/chat"))

@@ -1,7 +1,8 @@
 """How the replica calls a deployment's HTTP entry point (UserCode.handle_http, no
 processes): with the starlette Request when `__call__` takes a parameter, without it
 when it takes none (Ray's rule, for functions and classes, sync and async), and what
-each such callable returns reaches the client as the same ASGI messages.
+each such callable returns reaches the client as the same ASGI messages. A child
+deployment's refusal that `__call__` lets through is answered as Ray answers it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 
+from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.replica.user_code import UserCode, asgi_scope, takes_request
 
 
@@ -173,3 +175,33 @@ def _form(form: str, make: Callable[[], Any]) -> Any:
             return make()
 
     return Sync if form == "class" else Async
+
+
+def _refusing(exc: Exception) -> Any:
+    class Parent:  # a child deployment's refusal lets through its __call__
+        async def __call__(self) -> str:
+            raise exc
+    return Parent
+
+
+def _backpressure(advise_retry: bool, status_code: int = 503) -> BackPressureError:
+    return BackPressureError(deployment="child", num_queued_requests=1, max_queued_requests=1,
+                             retry_after_s=6.5, status_code=status_code,
+                             advise_retry=advise_retry)
+
+
+def test_a_childs_backpressure_is_its_status_without_retry_after_by_default() -> None:
+    status, headers, body = run(serve_one(_refusing(_backpressure(advise_retry=False))))
+    assert status == 503 and "retry-after" not in headers
+    assert body.startswith(b"Request dropped due to backpressure")
+
+
+def test_a_childs_advised_backpressure_carries_retry_after() -> None:
+    refusal = _backpressure(advise_retry=True, status_code=429)
+    status, headers, _ = run(serve_one(_refusing(refusal)))
+    assert (status, headers["retry-after"]) == (429, "7")
+
+
+def test_a_childs_unavailability_is_503() -> None:
+    status, headers, body = run(serve_one(_refusing(DeploymentUnavailableError("no replicas"))))
+    assert (status, body) == (503, b"no replicas") and "retry-after" not in headers

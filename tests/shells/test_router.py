@@ -10,6 +10,7 @@ frame received, a call held), never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import linecache
 import logging
 import random
@@ -254,6 +255,7 @@ def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
             assert (error.deployment, error.num_queued_requests, error.max_queued_requests) == (
                 "app#d", 2, 2)
             assert error.retry_after_s == MAX_RETRY_AFTER_S  # nothing has drained yet
+            assert not error.advise_retry  # Ray's count bound: no Retry-After unless set
             assert (router.rejected, router.queued, router.in_flight) == (1, 2, 1)
             assert not sink(extra).done.done()
 
@@ -270,6 +272,29 @@ def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
             assert info.value.retry_after_s == pytest.approx(2 / 3)
             assert router.rejected == 2
             assert replica.calls[:3] == [b"1", b"2", b"3"]  # the rejected one never went out
+
+    run(main)
+
+
+def test_a_configured_retry_after_is_advised_under_the_count_bound() -> None:
+    async def main() -> None:
+        replica = FakeReplica("r", hold=True)
+        async with routing(replica, max_ongoing=1, queue_limit=1) as router:
+            assert router.replica_set is not None
+            router.update(dataclasses.replace(router.replica_set, version=1,
+                                              backpressure_status=429, retry_after_s=2.5))
+            held = [request(b"1"), request(b"2")]
+            for pending in held:
+                router.submit(pending)
+            with pytest.raises(BackPressureError) as info:
+                router.submit(request(b"3"))
+            error = info.value
+            assert (error.status_code, error.retry_after_s, error.advise_retry) == (
+                429, 2.5, True)
+            for _ in held:
+                await replica.wait_for(lambda r: len(r.held) == 1)
+                replica.release()
+            await gather(*(answer(p) for p in held))
 
     run(main)
 
@@ -303,6 +328,7 @@ def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
             error = info.value
             assert (error.num_queued_requests, error.max_queued_requests) == (8, 100)
             assert error.retry_after_s == pytest.approx(0.2)  # 8 queued at 40/s
+            assert error.advise_retry  # surge's own wait bound advises its estimate
             assert "would wait ~0.225s" in str(error)
             assert "max_queue_wait_s (0.2s)" in str(error)
             assert (router.rejected, router.queued) == (1, 8)

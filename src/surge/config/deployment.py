@@ -70,8 +70,9 @@ DEFAULT_REQUEST_ROUTER_CLASS = RequestRouterConfig.request_router_class
 @dataclass(frozen=True, kw_only=True)
 class BackpressureConfig:
     """Ray Serve's `BackpressureConfig`: how an HTTP request over the queue budget is
-    answered. `retry_after_s` None: surge's own estimate from the deployment's drain rate
-    (Ray sends no Retry-After then); set: that value, rounded up."""
+    answered. `retry_after_s` None: no Retry-After, as Ray, except under surge's wait
+    bound (max_queued_requests unset), which advises its drain-time estimate; set: that
+    value, rounded up."""
 
     status_code: int = 503
     retry_after_s: float | None = None

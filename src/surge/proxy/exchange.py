@@ -1,8 +1,8 @@
 """One exchange: a request on a connection and its response; the router's sink for it.
 
-Response frames become HTTP/1.1 bytes here, and failures status codes (503 + Retry-After
-for overload, 408 for a deadline, 500 for a dead replica, 499 for a cancel; with
-OpenAI's JSON error body on `/v1/...` paths). Bytes go to
+Response frames become HTTP/1.1 bytes here, and failures status codes (503 for overload,
+with Retry-After when the rejection advises one; 408 for a deadline, 500 for a dead
+replica, 499 for a cancel; with OpenAI's JSON error body on `/v1/...` paths). Bytes go to
 the connection's output at once when the exchange is first in line, else wait in its
 buffer until the responses before it are written: responses leave in request order.
 Every phase change goes through `h1_state.EXCHANGE`.
@@ -137,8 +137,8 @@ class Exchange:
         elif phase is STREAMING:
             self._cut()
         elif isinstance(exc, BackPressureError):  # 503, or 429 by backpressure_config
-            self.error(exc.status_code, str(exc),
-                       ((b"retry-after", retry_after_header(exc.retry_after_s).encode()),))
+            advice = ((b"retry-after", retry_after_header(exc.retry_after_s).encode()),)
+            self.error(exc.status_code, str(exc), advice if exc.advise_retry else ())
         elif isinstance(exc, DeploymentUnavailableError):
             app, deployment, _ = self.head.labels
             self.conn.rejections.append((app, deployment, "unavailable"))

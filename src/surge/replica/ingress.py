@@ -11,7 +11,10 @@ The forms, as in Ray 2.60 (ray/serve/api.py `ingress`):
   called after the constructor, which returns the app (sync or async);
 - `serve.ingress(app)()` with no class: a deployment that serves only the app.
 `build_app` runs the ASGI lifespan's startup (replica/asgi_lifespan.py) and registers
-the 503/429 answer for `BackPressureError`s raised by child deployments.
+the answer for a child deployment's refusal (`refusal_answer`, also what a plain
+`__call__` that lets one through answers, as in Ray): 503 or the configured 429 for
+`BackPressureError`, with Retry-After only when it advises one; 503 for
+`DeploymentUnavailableError`.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from surge.errors import BackPressureError
+from surge.errors import BackPressureError, DeploymentUnavailableError
+from surge.policy.admission import retry_after_header
 
-__all__ = ["BUILD_METHOD", "INGRESS_ATTRIBUTE", "build_app", "ingress"]
+__all__ = ["BUILD_METHOD", "INGRESS_ATTRIBUTE", "REFUSALS", "build_app", "ingress",
+           "refusal_answer"]
 
 INGRESS_ATTRIBUTE = "__surge_ingress_app__"
 BUILD_METHOD = "__serve_build_asgi_app__"
@@ -87,19 +92,33 @@ async def build_app(cls: type, instance: Any) -> Any:
     _bind_class_routes(app, cls, instance)
     app = _served(app)
     if hasattr(app, "add_exception_handler"):
-        app.add_exception_handler(BackPressureError, _backpressure_answer)
+        for refusal in REFUSALS:
+            app.add_exception_handler(refusal, _refusal_response)
     return app
 
 
-async def _backpressure_answer(request: Any, exc: Exception) -> Any:
-    """A child deployment refused the call for backpressure: 503 (or the configured
-    429) with Retry-After, as surge answers it everywhere else; not FastAPI's 500."""
-    from starlette.responses import PlainTextResponse
+# What a child deployment raises when it refuses a call: answered for what it is (as
+# Ray and as surge's proxy answer them), not as the app's 500.
+REFUSALS = (BackPressureError, DeploymentUnavailableError)
 
-    assert isinstance(exc, BackPressureError)
-    retry = max(1, round(exc.retry_after_s))
-    return PlainTextResponse(str(exc), status_code=exc.status_code,
-                             headers={"Retry-After": str(retry)})
+
+def refusal_answer(exc: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and text body for a child's refusal (one of REFUSALS)."""
+    body = str(exc).encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"),
+               (b"content-length", str(len(body)).encode())]
+    if not isinstance(exc, BackPressureError):
+        return 503, headers, body
+    if exc.advise_retry:
+        headers.append((b"retry-after", retry_after_header(exc.retry_after_s).encode()))
+    return exc.status_code, headers, body
+
+
+async def _refusal_response(request: Any, exc: Exception) -> Any:
+    from starlette.responses import Response
+
+    status, headers, body = refusal_answer(exc)
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 def _served(app: Any) -> Any:

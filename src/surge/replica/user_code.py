@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from surge.errors import RayServeException
 from surge.replica.asgi_lifespan import Lifespan
-from surge.replica.ingress import build_app
+from surge.replica.ingress import REFUSALS, build_app, refusal_answer
 from surge.replica.multiplex import shutdown_all
 
 __all__ = ["Send", "UserCode", "asgi_scope", "takes_request"]
@@ -185,7 +185,10 @@ class UserCode:
             await self.asgi_app(scope, receive, send)
             return None
         args = (Request(scope, receive),) if self.http_takes_request else ()
-        result = await self.call("__call__", args, {})
+        try:
+            result = await self.call("__call__", args, {})
+        except REFUSALS as exc:  # a child deployment's refusal let through: as Ray answers it
+            return refusal_answer(exc)
         simple = simple_response(result)
         if simple is None:
             await respond(result, scope, receive, send)

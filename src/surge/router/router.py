@@ -373,7 +373,10 @@ class Router:
                 max_queued_requests=rejection.limit,
                 retry_after_s=rejection.retry_after_s if fixed is None else fixed,
                 status_code=current.backpressure_status if current is not None else 503,
-                reason="" if wait_s is None else rejection.reason)
+                reason="" if wait_s is None else rejection.reason,
+                # Ray's count bound: a Retry-After only when configured (as Ray);
+                # surge's wait bound: always its estimate
+                advise_retry=fixed is not None or wait_s is not None)
         self._queue.append(pending)
         if model:
             pending.queued_at = self._now()
