@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from surge import serve
 from surge.model import ApplicationStatus
 from surge.serve.exceptions import ConfigError, DeployFailedError, RayServeException
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +145,29 @@ def test_cli_run_serves_until_cli_shutdown(tmp_path) -> None:  # type: ignore[no
             run.kill()
             run.wait()
         run.stdout.close()
+
+
+@serve.deployment(graceful_shutdown_timeout_s=0.01)
+class HangingStart:
+    async def __init__(self, marks: str) -> None:
+        self.marks = marks
+        with open(os.path.join(marks, "init"), "w"):
+            pass
+        await asyncio.sleep(10_000)
+
+    async def __del__(self) -> None:
+        await asyncio.sleep(0)
+        with open(os.path.join(self.marks, "del"), "a") as file:
+            file.write("x")
+
+
+def test_delete_while_the_constructor_runs_still_runs_del_once(  # type: ignore[no-untyped-def]
+        surge_instance, tmp_path) -> None:
+    # As Ray: serve._run(_blocking=False) returns before the app runs; a delete then
+    # cancels the async __init__ and the replica's __del__ runs, once.
+    serve._run(HangingStart.bind(str(tmp_path)), name="hanging", route_prefix=None,
+               _blocking=False)
+    eventually(lambda: (tmp_path / "init").exists(), 60, what="the constructor started")
+    serve.delete("hanging")
+    assert eventually(lambda: (tmp_path / "del").exists(), 10, what="__del__ ran")
+    assert (tmp_path / "del").read_text() == "x"

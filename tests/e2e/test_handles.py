@@ -146,15 +146,18 @@ class Greeter:
         return {"text": f"{self.greeting} {name}", "pid": os.getpid()}
 
 
-def test_user_config_reconfigures_in_place(surge_instance) -> None:  # type: ignore[no-untyped-def]
+def test_each_serve_run_starts_new_replicas_as_in_ray(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    # Ray gives every serve.run a new code version: even unchanged code gets new replicas
+    # (a user_config change in place is for config-file deploys: tests/e2e/test_ray_cli.py).
     handle = serve.run(Greeter.bind(), name="greet", route_prefix=None)
     first = handle.remote("ann").result(timeout_s=10)
     assert first["text"] == "hello ann"
+    handle = serve.run(Greeter.bind(), name="greet", route_prefix=None)
+    again = handle.remote("ann").result(timeout_s=10)
+    assert again["pid"] != first["pid"], "serve.run replaces the replicas, as Ray's does"
     handle = serve.run(Greeter.options(user_config={"greeting": "hi"}).bind(), name="greet",
                        route_prefix=None)
-    second = eventually(lambda: (r := handle.remote("bob").result(timeout_s=10))["text"]
-                        == "hi bob" and r, 10, what="the new greeting served")
-    assert second["pid"] == first["pid"], "user_config change must not restart the replica"
+    assert handle.remote("bob").result(timeout_s=10)["text"] == "hi bob"
 
 
 def test_code_change_rolls_replicas(surge_instance) -> None:  # type: ignore[no-untyped-def]
@@ -479,3 +482,32 @@ def test_threads_calls_across_a_replica_kill_all_end(surge_instance) -> None:  #
                            - {victim}) == 2, 30, what="two live replicas again")
     assert handle.fan_out.remote(handle, 50).result(timeout_s=30) == list(range(50))
     serve.delete("pidkill")
+
+
+class HandleHolder:
+    """A user's object that carries a bound deployment into a constructor."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+@serve.deployment
+class UsesHolder:
+    def __init__(self, holder: HandleHolder, handles: dict[str, list[Any]]) -> None:
+        self.holder = holder
+        self.handles = handles
+
+    async def __call__(self) -> list[str]:
+        return [await self.holder.inner.remote(), await self.handles["more"][0].remote()]
+
+
+@serve.deployment
+def say_hi() -> str:
+    return "hi"
+
+
+def test_a_bound_deployment_inside_a_users_object_arrives_as_a_handle(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    app = UsesHolder.bind(HandleHolder(say_hi.bind()), {"more": [say_hi.bind()]})
+    handle = serve.run(app, name="holder", route_prefix=None)
+    assert handle.remote().result(timeout_s=10) == ["hi", "hi"]
+    serve.delete("holder")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,7 +116,7 @@ def _http_options(http_options: HTTPOptions | Mapping[str, Any] | None,
 
 def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str | None = "/",
         blocking: bool = False, _local_testing_mode: bool = False,
-        auth: AuthConfig | Mapping[str, Any] | None = None,
+        auth: AuthConfig | Mapping[str, Any] | None = None, _wait: bool = True,
         **_ray_only: Any) -> DeploymentHandle:
     """Deploy an application and wait until it runs; returns a handle to its ingress.
 
@@ -128,9 +129,11 @@ def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str 
             target.deployment.route_prefix is not None:
         route_prefix = target.deployment.route_prefix
     spec = build_app_spec(target, name, route_prefix, user_sys_path(),
-                          resolve_auth(auth, "serve.run(auth=...)"))
+                          resolve_auth(auth, "serve.run(auth=...)"), uuid.uuid4().hex)
     instance = connect_or_start()
     instance.call("deploy", app=spec)
+    if not _wait:
+        return DeploymentHandle(spec.ingress, name)
     overview = instance.call("wait_app", name=name, timeout_s=None)
     if overview is None:
         raise RayServeException(f"application {name!r} was deleted while deploying")
@@ -140,6 +143,12 @@ def run(target: Application, *, name: str = DEFAULT_APP_NAME, route_prefix: str 
     if blocking:
         _block_until_interrupted()
     return handle
+
+
+def _run(target: Application, *, _blocking: bool = True, **options: Any) -> DeploymentHandle:
+    """Ray's `serve._run`: `serve.run` that, with `_blocking=False`, returns as soon as
+    the application is deployed, without waiting for it to run."""
+    return run(target, _wait=_blocking, **options)
 
 
 def _block_until_interrupted() -> None:

@@ -170,8 +170,9 @@ def source_digest(target: Any) -> str:
 
 
 class _Builder:
-    def __init__(self, app_name: str) -> None:
+    def __init__(self, app_name: str, deploy_id: str) -> None:
         self.app_name = app_name
+        self.deploy_id = deploy_id
         self.specs: dict[str, DeploymentSpec] = {}
         self.seen: dict[int, str] = {}
         self.asgi: list[str] = []  # the deployments that serve an ASGI app (serve.ingress)
@@ -181,8 +182,6 @@ class _Builder:
             return self.seen[id(app)]
         name = self._unique(app.deployment.name)
         self.seen[id(app)] = name
-        args = tuple(self._replace(a) for a in app.args)
-        kwargs = {k: self._replace(v) for k, v in app.kwargs.items()}
         config = app.deployment.config
         if name != config.name:
             import dataclasses
@@ -193,8 +192,8 @@ class _Builder:
             self.asgi.append(name)
         self.specs[name] = DeploymentSpec(
             config=config, target_blob=pickle_target(target),
-            init_blob=pickle_by_value((args, kwargs)),
-            source_digest=source_digest(target))
+            init_blob=pickle_by_value((app.args, app.kwargs), self._handle_for),
+            source_digest=source_digest(target), deploy_id=self.deploy_id)
         return name
 
     def _unique(self, name: str) -> str:
@@ -205,22 +204,24 @@ class _Builder:
             suffix += 1
         return f"{name}_{suffix}"
 
-    def _replace(self, value: Any) -> Any:
+    def _handle_for(self, value: Any) -> DeploymentHandle | None:
+        """A bound deployment anywhere in the arguments (in a list, in a user's object)
+        reaches the constructor as a handle to it, as in Ray."""
         if isinstance(value, Application):
             return DeploymentHandle(self.visit(value), self.app_name)
-        if isinstance(value, list | tuple):
-            return type(value)(self._replace(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self._replace(v) for k, v in value.items()}
-        return value
+        return None
 
 
 def build_app_spec(app: Application, name: str, route_prefix: str | None,
-                   sys_path: tuple[str, ...] = (), auth: AccessTokens | None = None) -> AppSpec:
+                   sys_path: tuple[str, ...] = (), auth: AccessTokens | None = None,
+                   deploy_id: str = "") -> AppSpec:
+    """The application as the controller takes it. `deploy_id` (serve.run's: a new one
+    each call) replaces every replica, even of unchanged code, as each `serve.run` in Ray
+    does; "" (config-file deploys) replaces only replicas whose code or limits changed."""
     if not isinstance(app, Application):
         hint = (" (call .bind() on it first)" if isinstance(app, Deployment) else "")
         raise ConfigError(f"serve.run expects an Application, got {type(app).__name__}{hint}")
-    builder = _Builder(name)
+    builder = _Builder(name, deploy_id)
     ingress = builder.visit(app)
     model_routes = _model_routes(app, builder)
     _check_one_asgi_ingress(name, builder.asgi, _model_servers(app, builder))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import threading
 from collections import ChainMap
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -45,7 +46,15 @@ def _reducers() -> dict[type, Any]:
 class _DeploymentPickler(cloudpickle.Pickler):  # type: ignore[misc]  # untyped
     dispatch_table = ChainMap(_reducers(), cloudpickle.Pickler.dispatch_table)
 
+    def __init__(self, file: Any, substitute: Callable[[Any], Any] | None) -> None:
+        super().__init__(file)
+        self.substitute = substitute
+
     def reducer_override(self, obj: Any) -> Any:
+        if self.substitute is not None:
+            replacement = self.substitute(obj)
+            if replacement is not None:
+                return replacement.__reduce__()
         reduced = super().reducer_override(obj)
         if isinstance(obj, type) and _has_class_state(reduced):
             state, slots = reduced[2]
@@ -62,8 +71,10 @@ def _has_class_state(reduced: Any) -> bool:
             and isinstance(reduced[2][0], dict))
 
 
-def pickle_by_value(value: Any) -> bytes:
-    """cloudpickle with surge's reducers (see the module docstring)."""
+def pickle_by_value(value: Any, substitute: Callable[[Any], Any] | None = None) -> bytes:
+    """cloudpickle with surge's reducers (see the module docstring); `substitute(obj)`,
+    when given, returns what travels in an object's place (None: the object itself),
+    wherever it is inside `value` (e.g. a bound deployment inside a user's object)."""
     with io.BytesIO() as file:
-        _DeploymentPickler(file).dump(value)
+        _DeploymentPickler(file, substitute).dump(value)
         return file.getvalue()

@@ -279,6 +279,7 @@ class DeploymentSpec:
     # The digest of the file that defines the code: a class pickled by reference has the
     # same blob when its module changed (`surge run --reload`, a redeploy after an edit).
     source_digest: str = ""
+    deploy_id: str = ""  # build_app_spec's: set, a new one per serve.run (Ray's behaviour)
 
     @property
     def code_version(self) -> str:
@@ -288,6 +289,8 @@ class DeploymentSpec:
         c = self.config
         digest = hashlib.sha256(self.target_blob + b"\0" + self.init_blob + b"\0"
                                 + self.source_digest.encode())
+        if self.deploy_id:
+            digest.update(b"\0" + self.deploy_id.encode())
         digest.update(repr((c.max_ongoing_requests, c.resources, c.graceful_shutdown_timeout_s,
                             c.health_check_period_s, c.health_check_timeout_s)).encode())
         return digest.hexdigest()[:16]

@@ -142,9 +142,10 @@ class Replica:
             self.runtime.on_gave_up = self._on_sigterm
             self.runtime.reconnect_limit_s = lifetime.orphan_timeout_s
         await self.runtime.connect()
+        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)  # a stop, from now on
         try:
-            if not await self.build():
-                return 1
+            if not await self._build_unless_stopped():
+                return 0 if self.stop.is_set() else 1
         except ConnectionError:
             log.warning("replica %s lost the controller before it was ready; exiting",
                         self.replica_id)
@@ -158,7 +159,6 @@ class Replica:
         if self.server.metrics:
             self.runtime.report_telemetry(self.telemetry)
         listeners, address, local_address = await self._listen()
-        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         self.hooks = StatsHooks(self.user, self.replica_id, self.spec.routing_stats_period_s,
                                 self.spec.routing_stats_timeout_s, self.server.broadcast,
                                 self._push_engine_load)
@@ -193,6 +193,24 @@ class Replica:
         self.user.close()
         self.runtime.close()
         return 0
+
+    async def _build_unless_stopped(self) -> bool:
+        """build(), unless the controller stops this replica first (a delete while the
+        constructor still runs): then, as in Ray, the constructor is cancelled and the
+        user's `__del__` still runs, once."""
+        build = asyncio.ensure_future(self.build())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait((build, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if build.done():
+            return build.result()
+        build.cancel()
+        await asyncio.gather(build, return_exceptions=True)
+        log.info("replica %s stopped while its constructor ran", self.replica_id)
+        if self.user is not None:
+            await self.user.destroy()
+            self.user.close()
+        return False
 
     def _push_engine_load(self, report: Any) -> None:
         peer = self.runtime.peer

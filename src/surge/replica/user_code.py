@@ -60,12 +60,13 @@ class UserCode:
         if self.is_function:
             self.http_takes_request = takes_request(self.target)
             return
-        # As Ray: `__new__`, then `__init__` here on the loop (awaited if async).
-        instance = self.target.__new__(self.target)
+        # As Ray: `__new__`, then `__init__` here on the loop (awaited if async). The
+        # instance is kept first: a replica stopped during an async `__init__` runs its
+        # `__del__` (destroy) as Ray's does.
+        instance = self.instance = self.target.__new__(self.target)
         initialized = instance.__init__(*self.init_args, **self.init_kwargs)
         if inspect.isawaitable(initialized):
             await initialized
-        self.instance = instance
         if self.has_method("__call__"):
             self.http_takes_request = takes_request(self.method("__call__"))
         self.asgi_app = await build_app(self.target, instance)

@@ -8,6 +8,9 @@ first use (PEP 562): a driver that uses none of them does not import them.
 from typing import TYPE_CHECKING
 
 from surge.api.control import (
+    _run as _run,
+)
+from surge.api.control import (
     delete,
     get_app_handle,
     get_deployment_handle,
