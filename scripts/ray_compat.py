@@ -393,6 +393,67 @@ def title(table: Table) -> str:
     return label(table)
 
 
+@dataclass(frozen=True)
+class Behaviour:
+    """A behaviour (not a name) in which surge differs from Ray Serve on purpose."""
+
+    what: str
+    ray: str
+    surge: str
+    why: str
+    test: str  # "tests/path.py::test_name": the test that pins surge's side
+
+
+# Behaviour that differs on purpose: what a Ray Serve user would notice, and the test that
+# pins it (tests/test_ray_compat.py checks that each test exists). Ray's own tests of
+# these run against surge (scripts/ray_suite/run.py) and fail there by design.
+BEHAVIOURS: tuple[Behaviour, ...] = (
+    Behaviour(
+        "FastAPI routes added after `@serve.ingress(app)`",
+        "the app is copied when the decorator runs: later routes and `include_router` "
+        "calls are not served (404)",
+        "the app travels at `serve.run`: every route it has then is served",
+        "copying at decoration would require every module-level app to be picklable "
+        "when its module is imported",
+        "tests/e2e/test_fastapi_classes.py::"
+        "test_a_class_in_a_test_body_with_an_included_router"),
+    Behaviour(
+        "A thread lock in a deployment's arguments or class (FastAPI's `include_router` "
+        "keeps one per router)",
+        "cloudpickle fails to pickle it unless the app avoids it",
+        "it travels as a fresh unlocked lock, so such apps deploy",
+        "an app that includes routers is common; a lock has no state worth copying",
+        "tests/test_pickling.py::test_a_lock_travels_as_a_fresh_unlocked_lock"),
+    Behaviour(
+        "`runtime_env` keys other than `env_vars` (`pip`, `conda`, `working_dir`, ...)",
+        "builds the environment for the replicas",
+        "accepted with one warning and not used: replicas run in the driver's environment",
+        "building environments per deployment is Ray's cluster machinery; install what an "
+        "app needs in its image or venv (docs/using.md)",
+        "tests/config/test_config_file.py::"
+        "test_ray_fruit_config_warns_about_ray_only_keys_and_old_names"),
+    Behaviour(
+        "`ReplicaContext.rank.node_rank` and `.local_rank`",
+        "the node's rank among the deployment's nodes, and the replica's on its node",
+        "`node_rank` 0 and `local_rank` equal to `rank`: ranks are counted across nodes "
+        "as on one",
+        "surge places replicas per node without a per-node rank table yet",
+        "tests/e2e/test_handles.py::test_replica_context"),
+)
+
+
+def behaviours() -> list[str]:
+    lines = ["## Behaviour that differs on purpose", "",
+             "Beyond names: where surge does something else than Ray Serve on purpose, "
+             "and the test that pins surge's side. Everything else an application sees is "
+             "meant to be Ray's; Ray Serve's own test files, run against surge, measure "
+             "it (`make ray-suite`, scripts/ray_suite/run.py).", "",
+             "| behaviour | Ray Serve | surge | why | pinned by |", "|---|---|---|---|---|"]
+    lines += [f"| {b.what} | {b.ray} | {b.surge} | {b.why} | `{b.test}` |"
+              for b in BEHAVIOURS]
+    return [*lines, ""]
+
+
 def intro(surface: Mapping[str, Any], tables: list[Table], snapshot: str) -> list[str]:
     version = surface["ray_version"]
     callables = ", ".join(label(t) for t in tables if t.group == "parameters")
@@ -446,7 +507,7 @@ def section(table: Table) -> list[str]:
 
 
 def render(surface: Mapping[str, Any], tables: list[Table], snapshot: str) -> str:
-    lines = [*intro(surface, tables, snapshot), *summary(tables)]
+    lines = [*intro(surface, tables, snapshot), *summary(tables), *behaviours()]
     for group in GROUPS:
         lines += [f"## {HEADINGS[group]}", ""]
         for table in (t for t in tables if t.group == group):

@@ -84,3 +84,11 @@ def test_a_snapshot_that_does_not_fit_the_script_is_stale() -> None:
                              if k != "ray.serve:run"}
     with pytest.raises(SystemExit, match="regenerate"):
         compat.classify(surface)
+
+
+def test_each_deliberate_difference_names_a_test_that_exists() -> None:
+    root = compat.ROOT
+    for behaviour in compat.BEHAVIOURS:
+        path, _, name = behaviour.test.partition("::")
+        source = (root / path).read_text()
+        assert f"def {name}(" in source, f"{behaviour.what}: no test {behaviour.test}"
