@@ -182,13 +182,14 @@ def statuses(history: list[Reconciled], app: str) -> list[str]:
     return seen
 
 
-def check_probes(head: Head) -> None:
-    """What the head and worker pods' probes ask; kubelet sends no token."""
+def check_probes(head: Head, routed: bool = True) -> None:
+    """What the head and worker pods' probes ask; kubelet sends no token. The proxy's
+    probe passes once an application has a route (before that 503, as Ray's proxy)."""
     for path in ("/api/healthz", "/api/local_raylet_healthz", "/api/gcs_healthz"):
         response = httpx.get(head.dashboard_url + path, timeout=10)
         assert probe_passes(response.status_code, response.content, exec_probe=True), path
     response = httpx.get(head.serve_url + PROXY_HEALTH_PATH, timeout=10)
-    assert probe_passes(response.status_code, response.content, exec_probe=True)
+    assert probe_passes(response.status_code, response.content, exec_probe=True) is routed
 
 
 def first_deploy(head: Head, kuberay: RayServiceController, spec: str) -> None:
@@ -353,7 +354,7 @@ def shutdown_leaves_nothing(head: Head) -> None:
 
 def test_kuberay_drives_a_rayservice_through_deploys_updates_and_failures(
         head: Head) -> None:
-    check_probes(head)
+    check_probes(head, routed=False)  # no application yet
     # Without the token the dashboard refuses KubeRay's client (a misconfigured secret).
     assert httpx.get(head.dashboard_url + DETAILS_PATH, timeout=10).status_code == 401
     kuberay = RayServiceController(head.dashboard_url, head.serve_url, token=head.token)

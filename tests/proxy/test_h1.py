@@ -12,10 +12,12 @@ from surge.errors import (
     ReplicaDiedError,
     RequestCancelledError,
 )
+from surge.model import RouteTable
 from surge.proxy.h1_state import Conn, H1StateError, Phase
+from surge.proxy.site import Site
 from surge.testing import FakeClock
 from surge.transport.messages import Failure, HttpBody, HttpStart, Result
-from tests.proxy.wire import TOKEN, Wire, make_site, request
+from tests.proxy.wire import TOKEN, FakeRouter, Source, Wire, make_site, request, table
 
 
 def wire(**limits: object) -> Wire:
@@ -192,6 +194,29 @@ def test_builtins_and_not_found() -> None:
     w.site.draining = True
     w.send(request("GET", "/-/healthz"))
     assert w.responses()[-1].status == 503
+
+
+def test_healthz_and_routes_are_503_until_a_route_exists_then_for_good() -> None:
+    """As Ray's proxy: no route yet (no application, or none with a route prefix) is
+    503 "Route table is not populated yet."; the first table with a route makes both
+    200, and a later empty table does not undo it (the proxy is not new again)."""
+    source = Source(RouteTable())
+    w = Wire(Site(make_site().spec, FakeClock().monotonic, source, FakeRouter))
+    w.send(request("GET", "/-/healthz") + request("GET", "/-/routes"))
+    for response in w.responses():
+        assert (response.status, response.body) == (503, b"Route table is not populated yet.")
+    source.routes = table("/app")
+    w.send(request("GET", "/-/healthz") + request("GET", "/-/routes"))
+    healthz, routes = w.responses()[2:]
+    assert (healthz.status, healthz.body, routes.status) == (200, b"success", 200)
+    source.routes = RouteTable()  # the last application deleted
+    w.send(request("GET", "/-/healthz") + request("GET", "/-/routes"))
+    healthz, routes = w.responses()[4:]
+    assert (healthz.status, routes.status, routes.body) == (200, 200, b"{}")
+    w.site.draining = True
+    w.send(request("GET", "/-/routes"))
+    assert (w.responses()[-1].status, w.responses()[-1].body) == (
+        503, b"This node is being drained.")
 
 
 def test_a_refused_token_is_answered_after_its_body_is_read_and_dropped() -> None:

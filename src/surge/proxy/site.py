@@ -3,6 +3,10 @@
 A `Site` belongs to its `Proxy`. Its compiled routes follow the route table the
 controller last pushed (`RouteSource.routes`): an identity check per request, and a
 compile (`proxy/routes.py`) only when the table changed.
+
+`/-/healthz` and `/-/routes` answer 503 as Ray's proxy does: while the proxy drains,
+and until a route table with a route has come (an instance with no application, or
+only applications without a route prefix); once one has, for the proxy's life.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ ROUTES = "/-/routes"
 JSON = b"application/json"
 HEALTHY = Answer(200, b"success")
 DRAINING = Answer(503, b"This node is being drained.")
+NO_ROUTES = Answer(503, b"Route table is not populated yet.")
 # Only known paths become labels: /-/<anything> must not mint metric series.
 _BUILTIN_LABELS = {HEALTHZ: ("", "", HEALTHZ), ROUTES: ("", "", ROUTES)}
 _OTHER_LABELS = ("", "", "/-/other")
@@ -35,7 +40,7 @@ class RouteSource(Protocol):
 
 class Site:
     __slots__ = ("_compiled", "_router_for", "_source", "default_timeout", "draining", "host",
-                 "now", "port", "scheme", "spec")
+                 "now", "populated", "port", "scheme", "spec")
 
     def __init__(self, spec: ProxySpec, now: Callable[[], float], source: RouteSource,
                  router_for: Callable[[RouteTarget], Any]) -> None:
@@ -46,13 +51,15 @@ class Site:
         self._router_for = router_for
         self._compiled: CompiledRoutes[Any] = compile_routes(source.routes, router_for)
         self.draining = False
+        # A route table with a route has come (and stays set, as Ray's).
+        self.populated = bool(self._compiled.source.targets)
         self.scheme = "https" if spec.ssl_certfile is not None else "http"
         self.host = spec.host
         self.port = spec.port  # the bound port once listening (spec.port may be 0)
 
     def __repr__(self) -> str:
         return (f"<Site {self.scheme}://{self.host}:{self.port} routes={len(self._compiled)} "
-                f"draining={self.draining}>")
+                f"draining={self.draining} populated={self.populated}>")
 
     def routes(self) -> CompiledRoutes[Any]:
         """The compiled form of the latest route table (compiled once per push)."""
@@ -60,14 +67,17 @@ class Site:
         table = self._source.routes
         if compiled.source is not table:
             compiled = self._compiled = compile_routes(table, self._router_for)
+            self.populated = self.populated or bool(table.targets)
         return compiled
 
     def builtin(self, path: str) -> tuple[Answer, tuple[str, str, str]]:
         """The answer to a /-/ path, and its metric labels."""
-        if path == HEALTHZ:
-            answer = DRAINING if self.draining else HEALTHY
-        elif path == ROUTES:
-            answer = Answer(200, self.routes().listing, (), JSON)
+        if path in _BUILTIN_LABELS:
+            routes = self.routes()
+            if self.draining or not self.populated:
+                answer = DRAINING if self.draining else NO_ROUTES
+            else:
+                answer = HEALTHY if path == HEALTHZ else Answer(200, routes.listing, (), JSON)
         else:
             answer = Answer(404, f"Path '{path}' not found.".encode())
         return answer, _BUILTIN_LABELS.get(path, _OTHER_LABELS)
