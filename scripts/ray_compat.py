@@ -439,6 +439,16 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "as on one",
         "surge places replicas per node without a per-node rank table yet",
         "tests/e2e/test_handles.py::test_replica_context"),
+    Behaviour(
+        "A request refused by surge's wait bound (`max_queued_requests` unset: "
+        "`max_queue_wait_s`)",
+        "never refused: the queue has no bound",
+        "503 with `Retry-After` (the time the queue takes to drain, 1-10 s); under an "
+        "explicit `max_queued_requests` no `Retry-After` unless "
+        "`backpressure_config.retry_after_s` is set, as Ray",
+        "Ray has no such refusal to match; a client told when to come back spreads its "
+        "retries instead of hammering a full queue",
+        "tests/e2e/test_queue_wait.py::test_http_refuses_at_once_what_would_wait_too_long"),
 )
 
 
