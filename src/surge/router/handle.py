@@ -56,6 +56,13 @@ __all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerato
            "decode_failure"]
 
 _END = object()
+# Ray's wording, which applications and Ray's own tests match on.
+SYNC_IN_LOOP = "Sync methods should not be called from within an `asyncio` event loop."
+NOT_SERIALIZABLE = (
+    "`DeploymentResponse` is not serializable. If you are passing the `DeploymentResponse` "
+    "in a nested object (e.g. a list or dictionary) to a downstream deployment handle "
+    "call, that is no longer supported. Please only pass `DeploymentResponse` objects as "
+    "top level arguments.")
 
 
 def dumps(value: Any) -> bytes:
@@ -276,13 +283,14 @@ class DeploymentResponse:
         self._pending: Pending | None = None
         self._inner: asyncio.Task[Any] | None = None  # the slow path's task, if any
         self._task: asyncio.Future[Any] | concurrent.futures.Future[Any]
+        self._cancelled = False
         loop = self._runtime.loop
         running = _running_loop()
         if running is loop:
+            self._task = loop.create_future()
             if request.needs_await():
-                self._task = loop.create_task(request.unary())
+                self._start_slow()
             else:
-                self._task = loop.create_future()
                 self._pending = request.submit_now(_UnarySink(self._task))
         else:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -295,35 +303,46 @@ class DeploymentResponse:
                 loop.call_soon_threadsafe(self._start_threadsafe)
 
     def _start_threadsafe(self) -> None:
+        if self._task.done():
+            return  # cancelled before the loop came to it
+        if self._request.needs_await():
+            self._start_slow()
+        else:
+            self._pending = self._request.submit_now(_UnarySink(self._task))
+
+    def _start_slow(self) -> None:
+        """(The loop.) A task resolves the arguments, waits for a replica set and sends;
+        its outcome is copied into the response's future, which a cancel fails at once
+        with RequestCancelledError (never a bare CancelledError for the awaiting caller)."""
         future = self._task
-        assert isinstance(future, concurrent.futures.Future)
-        if not self._request.needs_await():
-            self._pending = self._request.submit_now(_UnarySink(future))
-            return
         task = self._inner = self._runtime.loop.create_task(self._request.unary())
 
         def copy(done: asyncio.Future[Any]) -> None:
-            if future.done():
-                return
+            sink = _UnarySink(future)
             if done.cancelled():
-                future.set_exception(RequestCancelledError("the request was cancelled"))
+                sink.fail(self._cancelled_error())
             elif done.exception() is not None:
-                future.set_exception(done.exception())
-            else:
-                future.set_result(done.result())
+                sink.fail(done.exception())  # type: ignore[arg-type]
+            elif not future.done():
+                with contextlib.suppress(asyncio.InvalidStateError,
+                                         concurrent.futures.InvalidStateError):
+                    future.set_result(done.result())
 
         task.add_done_callback(copy)
+
+    def _cancelled_error(self) -> RequestCancelledError:
+        return RequestCancelledError(f"Request {self.request_id} was cancelled.")
 
     @property
     def request_id(self) -> str:
         return self._request.request_id
 
-    def result(self, timeout_s: float | None = None) -> Any:
+    def result(self, timeout_s: float | None = None, *,
+               _skip_asyncio_check: bool = False) -> Any:
         future = self._task
-        if isinstance(future, asyncio.Future):
-            raise RayServeException(
-                "DeploymentResponse.result() blocks and cannot be called inside the event "
-                "loop; use `await response` in async code")
+        if isinstance(future, asyncio.Future) or (
+                not _skip_asyncio_check and _running_loop() is not None):
+            raise RuntimeError(SYNC_IN_LOOP + " Use `await response` instead.")
         wait_s = timeout_s
         link, pending = self._own_link(), self._pending
         if link is None:
@@ -343,7 +362,7 @@ class DeploymentResponse:
         except concurrent.futures.TimeoutError:
             raise GetTimeoutError(f"no result within timeout_s={timeout_s}") from None
         except concurrent.futures.CancelledError:
-            raise RequestCancelledError("the request was cancelled") from None
+            raise self._cancelled_error() from None
 
     def _own_link(self) -> ReplicaLink | None:
         """The link the call is on, if it is this thread's own."""
@@ -363,26 +382,44 @@ class DeploymentResponse:
         self._reclaim()  # dropped unread: the call still ends, and counts as done
 
     def __await__(self) -> Generator[Any, None, Any]:
-        if isinstance(self._task, asyncio.Future):
-            return self._task.__await__()
-        self._reclaim()
-        return asyncio.wrap_future(self._task).__await__()
+        future = self._task
+        if not isinstance(future, asyncio.Future):
+            self._reclaim()
+            future = asyncio.wrap_future(future)
+        try:
+            return (yield from future.__await__())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the awaiting task itself is cancelled
+            # The call was (the future cancelled by another task that awaited it and
+            # was cancelled): this caller is not.
+            raise self._cancelled_error() from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise RayServeException(NOT_SERIALIZABLE)
 
     def cancel(self) -> None:
-        """Cancel the call wherever it is (queued, or running on a replica)."""
+        """Cancel the call wherever it is (queued, or running on a replica); awaiting
+        it then raises RequestCancelledError."""
+        if self._cancelled:
+            return
+        self._cancelled = True
         if _in_loop(self._runtime):
             self._cancel_in_loop()
         else:
             self._runtime.loop.call_soon_threadsafe(self._cancel_in_loop)
 
+    def cancelled(self) -> bool:
+        """Whether `cancel()` was called (the call may still have finished first)."""
+        return self._cancelled
+
     def _cancel_in_loop(self) -> None:
         if self._pending is not None:
             self._runtime.router(self._request.deployment).cancel(self._pending)
-            _UnarySink(self._task).fail(RequestCancelledError("the request was cancelled"))
         elif self._inner is not None:
             self._inner.cancel()
-        else:
-            self._task.cancel()
+        _UnarySink(self._task).fail(self._cancelled_error())
 
 
 class DeploymentResponseGenerator:
@@ -412,23 +449,32 @@ class DeploymentResponseGenerator:
         sink = self._sink
         if sink is not None and sink.pending is not None:
             self._runtime.router(self._request.deployment).cancel(sink.pending)
-            sink.fail(RequestCancelledError("the request was cancelled"))
+            sink.fail(self._cancelled_error())
+
+    def _cancelled_error(self) -> RequestCancelledError:
+        return RequestCancelledError(f"Request {self.request_id} was cancelled.")
+
+    def _finish(self) -> None:
+        self._done = True
 
     def cancelled(self) -> bool:
         return self._cancelled
 
     async def _next(self) -> Any:
         if self._cancelled and self._sink is None:
-            raise RequestCancelledError("the request was cancelled")
+            self._finish()
+            raise self._cancelled_error()
         if self._sink is None:
             self._sink = _StreamSink()
             await self._request._start(self._sink)
+            if self._cancelled:  # while it was starting: it had nothing to cancel then
+                self._cancel_in_loop()
         item = await self._sink.next()
         if item is _END:
-            self._done = True
+            self._finish()
             raise StopAsyncIteration
         if isinstance(item, BaseException):
-            self._done = True
+            self._finish()
             raise item
         return item
 
@@ -438,8 +484,9 @@ class DeploymentResponseGenerator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        if _in_loop(self._runtime):
-            raise RayServeException("use `async for` on a response generator inside async code")
+        if _running_loop() is not None:
+            raise RuntimeError(
+                SYNC_IN_LOOP + " Use `async for` or `await response.__anext__()` instead.")
         try:
             return asyncio.run_coroutine_threadsafe(self._next(), self._runtime.loop).result()
         except StopAsyncIteration:
