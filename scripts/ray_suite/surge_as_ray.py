@@ -218,9 +218,21 @@ def internal_reason(source: str) -> str | None:
 
 # ---- the pytest plugin -------------------------------------------------------------------
 
+def _anchor() -> bool:
+    """The run is the anchor: Ray Serve 2.60 itself, nothing aliased (run.py --anchor)."""
+    return os.environ.get("SURGE_AS_RAY_ANCHOR") == "1"
+
+
+def _serve() -> Any:
+    return importlib.import_module("ray.serve" if _anchor() else "surge.serve")
+
+
 def pytest_configure(config: Any) -> None:
-    alias()
-    _replace_helpers()
+    if _anchor():
+        _moved_names()
+    else:
+        alias()
+        _replace_helpers()
     import ray
     ray.init(num_cpus=16, namespace="serve", include_dashboard=False, log_to_driver=False,
              ignore_reinit_error=True)
@@ -236,7 +248,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    from surge import serve
+    serve = _serve()
     serve.shutdown()
     import ray
     if ray.is_initialized():
@@ -260,7 +272,7 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
 
 
 def _clean() -> None:
-    from surge import serve
+    serve = _serve()
     try:
         for name in list(serve.status().applications):
             serve.delete(name)
@@ -273,7 +285,7 @@ import pytest  # noqa: E402 (after the aliasing helpers, which child processes u
 
 @pytest.fixture
 def serve_instance() -> Any:
-    from surge import serve
+    serve = _serve()
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     yield None
     _clean()
@@ -281,7 +293,7 @@ def serve_instance() -> Any:
 
 @pytest.fixture
 def _shared_serve_instance() -> Any:
-    from surge import serve
+    serve = _serve()
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     yield None
 
@@ -289,20 +301,20 @@ def _shared_serve_instance() -> Any:
 @pytest.fixture
 def serve_and_ray_shutdown() -> Any:
     yield
-    from surge import serve
+    serve = _serve()
     serve.shutdown()
 
 
 @pytest.fixture
 def ray_shutdown() -> Any:
     yield
-    from surge import serve
+    serve = _serve()
     serve.shutdown()
 
 
 @pytest.fixture
 def shutdown_ray_and_serve() -> Any:
-    from surge import serve
+    serve = _serve()
     serve.shutdown()
     yield
     serve.shutdown()
