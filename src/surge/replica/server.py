@@ -5,25 +5,29 @@ while draining, is answered `Rejected` at once so the router retries elsewhere. 
 admitted request runs as its own task so that `Cancel` (client gone, timeout) can
 cancel it, except a handle call to a plain `def` method: that one runs on the pool and
 its worker answers it (sync_calls.py), so the slot counts are locked (`_counts`) and a
-Cancel ends it through its `Baton`. A request's own stream (a streamed upload's parts, a
-WebSocket's messages) reaches its task through an `Inbox` (replica/streams.py);
-WebSockets are served by replica/websocket.py. A multiplexed replica sends its routers a
-`Models` frame whenever the models it holds or loads change (at most one per loop
-turn), and to each new router at once; one whose class reports routing stats sends a
-`RoutingStats` frame every period the same way (replica/stats_hooks.py).
+Cancel ends it through its `Baton`. Either way a Cancel then cancels the handle calls
+the request made that have not finished, and so on down the call tree
+(router/children.py: the request's context carries them). A request's own stream (a
+streamed upload's parts, a WebSocket's messages) reaches its task through an `Inbox`
+(replica/streams.py); WebSockets are served by replica/websocket.py. A multiplexed
+replica sends its routers a `Models` frame whenever the models it holds or loads change
+(at most one per loop turn), and to each new router at once; one whose class reports
+routing stats sends a `RoutingStats` frame every period the same way
+(replica/stats_hooks.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import logging
 import pickle
 import secrets
 import threading
 import traceback
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Any
 
 from surge.clock import SYSTEM, Clock
@@ -38,6 +42,7 @@ from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
 from surge.replica.websocket import serve_websocket
+from surge.router.children import ChildCalls, child_calls_var
 from surge.transport.flow import SendWindow
 from surge.transport.grpc_methods import unpack_metadata
 from surge.transport.handshake import NONCE_BYTES, HandshakeFailed, ServerHandshake
@@ -257,6 +262,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         self.waiting: dict[int, asyncio.Future[None]] = {}
         self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
         self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
+        # The handle calls each request made, cancelled with it (router/children.py).
+        self.children: dict[int, ChildCalls] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -299,6 +306,10 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             if running is not None:
                 running.cancel()
             self._cancel_sync(message.id)
+            # After its task: the handler sees CancelledError, not its calls' errors.
+            children = self.children.pop(message.id, None)
+            if children is not None:
+                children.cancel()
         else:  # a router sends nothing else: whatever sent this is not one of ours
             log.warning("%s: closing a connection that sent a %s frame", self.server.name,
                         type(message).__name__)
@@ -318,9 +329,19 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             if self._start_sync(message, started):
                 return
             coro, route = self._call(message), message.method
-        task = self._loop.create_task(coro)
-        self.tasks[message.id] = task
-        task.add_done_callback(functools.partial(self._finished, message.id, route, started))
+        self._run(message.id, coro, route, started)
+
+    def _run(self, request_id: int, coro: Coroutine[Any, Any, bool], route: str,
+             started: float) -> None:
+        """Run a request as a task whose context carries its `ChildCalls`."""
+        children = self.children.get(request_id)
+        if children is None:
+            children = self.children[request_id] = ChildCalls()
+        context = contextvars.copy_context()
+        context.run(child_calls_var.set, children)
+        task = self._loop.create_task(coro, context=context)
+        self.tasks[request_id] = task
+        task.add_done_callback(functools.partial(self._finished, request_id, route, started))
 
     def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -353,6 +374,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
     def _finished(self, request_id: int, route: str, started: float,
                   task: asyncio.Task[bool]) -> None:
         self.tasks.pop(request_id, None)
+        self.children.pop(request_id, None)  # what it left running goes on
         self.disconnects.pop(request_id, None)
         self.windows.pop(request_id, None)
         self.waiting.pop(request_id, None)
@@ -377,15 +399,18 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         except Exception:
             return False  # the task reports it, as for any other call
         baton = Baton()
+        children = ChildCalls()
         with self.lock:  # before its worker may answer and remove it
             self.sync[message.id] = (baton, message.method, started)
+            self.children[message.id] = children
         try:
-            sync.run(method, call, message, baton,
+            sync.run(method, call, message, baton, children,
                      functools.partial(self._answer_on_worker, message, started),
                      functools.partial(self._hand_back, message, baton, started))
         except RuntimeError:  # the pool is shut down: the replica is stopping
             with self.lock:
                 self.sync.pop(message.id, None)
+                self.children.pop(message.id, None)
             return False
         return True
 
@@ -405,6 +430,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         assert frame is not None
         with self.lock:
             self.sync.pop(message.id, None)
+            self.children.pop(message.id, None)
         self.server.release_from_worker(functools.partial(self.send, frame))
         if self.server.metrics:
             self.server.record_from_worker(message.method, (ran.finished - started) * 1000.0,
@@ -416,10 +442,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             self.sync.pop(message.id, None)
         if not baton.take():
             return  # cancelled meanwhile: answered and freed already
-        task = self._loop.create_task(self._call(message, ran))
-        self.tasks[message.id] = task
-        task.add_done_callback(functools.partial(self._finished, message.id, message.method,
-                                                 started))
+        self._run(message.id, self._call(message, ran), message.method, started)
 
     def _cancel_sync(self, request_id: int) -> None:
         """A Cancel, or the connection gone: end the call now if its worker has not."""
@@ -571,5 +594,9 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             task.cancel()
         with self.lock:
             running = list(self.sync)
+            children = list(self.children.values())
+            self.children.clear()
         for request_id in running:
             self._cancel_sync(request_id)
+        for calls in children:
+            calls.cancel()

@@ -31,6 +31,7 @@ from surge.clock import Clock
 from surge.observability.logs import request_id_var
 from surge.replica.context import RequestContext, request_context_var
 from surge.replica.user_code import UserCode
+from surge.router.children import ChildCalls, child_calls_var
 from surge.transport.messages import Call as CallFrame
 
 __all__ = ["Baton", "Ran", "SyncCalls"]
@@ -100,13 +101,16 @@ class SyncCalls:
         return method
 
     def run(self, method: Callable[..., Any], call: Call, frame: CallFrame, baton: Baton,
-            answer: Callable[[Ran], None], hand_back: Callable[[Ran], None]) -> None:
+            children: ChildCalls, answer: Callable[[Ran], None],
+            hand_back: Callable[[Ran], None]) -> None:
         """Submit the call to the pool (in a context of its own that carries the request
-        id, so the user's log lines do, and the request's context: its multiplexed model
-        id). Its worker then calls `answer` if it claims the baton, or has the loop call
-        `hand_back` with an awaitable the method returned."""
+        id, so the user's log lines do, the request's context: its multiplexed model
+        id, and the handle calls it makes, cancelled with it). Its worker then calls
+        `answer` if it claims the baton, or has the loop call `hand_back` with an
+        awaitable the method returned."""
         context = contextvars.copy_context()
         context.run(request_id_var.set, frame.request_id)
+        context.run(child_calls_var.set, children)
         context.run(request_context_var.set, RequestContext(
             "", frame.request_id, self.app, frame.model_id, session_id=frame.session_id))
         self.user.pool.submit(context.run, self._run, method, call, baton, answer, hand_back)

@@ -48,6 +48,7 @@ from surge.errors import (
     UserCodeError,
 )
 from surge.model import DeploymentId
+from surge.router.children import child_calls_var
 from surge.router.replica_link import Pending, ReplicaLink
 from surge.router.runtime import RouterRuntime, current_runtime
 from surge.transport.messages import Call, End, Failure, Item, Message, Result
@@ -301,6 +302,9 @@ class DeploymentResponse:
             self._pending = request.submit_from_thread(_UnarySink(future), running is None)
             if self._pending is None:
                 loop.call_soon_threadsafe(self._start_threadsafe)
+        children = child_calls_var.get()
+        if children is not None:  # made while serving a request: cancelled with it
+            self._task.add_done_callback(children.join(self))
 
     def _start_threadsafe(self) -> None:
         if self._task.done():
@@ -400,8 +404,8 @@ class DeploymentResponse:
         raise RayServeException(NOT_SERIALIZABLE)
 
     def cancel(self) -> None:
-        """Cancel the call wherever it is (queued, or running on a replica); awaiting
-        it then raises RequestCancelledError."""
+        """Cancel the call wherever it is (queued, or running on a replica, with the
+        calls it made in turn); awaiting it then raises RequestCancelledError."""
         if self._cancelled:
             return
         self._cancelled = True
@@ -431,6 +435,8 @@ class DeploymentResponseGenerator:
         self._sink: _StreamSink | None = None
         self._done = False
         self._cancelled = False
+        children = child_calls_var.get()  # made while serving a request: cancelled with it
+        self._leave = None if children is None else children.join(self)
 
     @property
     def request_id(self) -> str:
@@ -456,6 +462,8 @@ class DeploymentResponseGenerator:
 
     def _finish(self) -> None:
         self._done = True
+        if self._leave is not None:
+            self._leave(None)
 
     def cancelled(self) -> bool:
         return self._cancelled
