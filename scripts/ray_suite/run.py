@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,25 @@ FILES = ("test_api.py", "test_batching.py", "test_multiplex.py", "test_handle_1.
          "test_handle_2.py", "test_handle_cancellation.py", "test_streaming_response.py",
          "test_http_routes.py", "test_websockets.py", "test_request_timeout.py",
          "test_backpressure.py", "test_fastapi.py")
+
+# Lines of stored test files that Ray 2.60 itself cannot import (an option it renamed),
+# rewritten to its spelling before both the anchor and the surge run: without them the
+# whole file fails to collect on Ray too and measures nothing. Each edit is printed.
+PATCHES = {
+    "test_api.py": [(
+        "@serve.deployment(request_router_class=FakeRequestRouter)",
+        "@serve.deployment(request_router_config=__import__('ray.serve.config', "
+        "fromlist=['x']).RequestRouterConfig(request_router_class=FakeRequestRouter))")],
+}
+
+
+def copy_test_file(tests: Path, name: str, work: Path) -> None:
+    text = (tests / name).read_text()
+    for old, new in PATCHES.get(name, []):
+        if old in text:
+            text = text.replace(old, new)
+            print(f"{name}: rewrote {old!r} as Ray 2.60 spells it", file=sys.stderr)
+    (work / name).write_text(text)
 
 
 def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
@@ -112,7 +130,7 @@ def main() -> None:
         if not (args.tests / name).exists():
             print(f"{name}: not in {args.tests}, skipped", file=sys.stderr)
             continue
-        shutil.copy(args.tests / name, work / name)
+        copy_test_file(args.tests, name, work)
         results += run_file(args.tests, name, work, args.k, args.timeout, args.anchor)
         done = summarize([r for r in results if r["file"] == name], anchor)["files"][0]
         print(f"{name:32} {done['passed']:3}/{done['counted']:3} passed "
