@@ -14,7 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+import requests
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from surge import serve
 from tests.e2e.conftest import Running, running_instance
@@ -31,11 +33,18 @@ KEEP_ALIVE_S = 1.0
 @serve.deployment(num_replicas=1, max_ongoing_requests=8)
 class Limited:
     async def __call__(self, request: Request) -> Any:
+        if request.query_params.get("stall"):
+            return StreamingResponse(self.stalls(), media_type="text/plain")
         seconds = float(request.query_params.get("s", "0"))
         if seconds:
             await asyncio.sleep(seconds)
         body = await request.body()
         return {"length": len(body), "slept": seconds}
+
+    async def stalls(self) -> Any:
+        yield "generated 0"
+        await asyncio.sleep(60)
+        yield "never"
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +92,23 @@ def test_timeout_header_overrides_the_configured_timeout(http: httpx.Client) -> 
                         headers={"x-request-timeout-seconds": "0.2"})
     assert response.status_code == 408
     assert "after 0.2s" in response.text  # the header's timeout, not the configured 0.5 s
+
+
+def test_a_stream_that_runs_out_of_time_is_reset(limited_instance: Running) -> None:
+    # Ray Serve's proxy resets a connection whose stream outlives its timeout: `requests`
+    # reports a broken connection, not "Response ended prematurely" (a clean close). The
+    # header's 3 s, not the configured 0.5 s, leaves a busy machine time for the first chunk.
+    start = time.monotonic()
+    response = requests.get(f"{limited_instance.url}/limited?stall=1", stream=True, timeout=30,
+                            headers={"x-request-timeout-seconds": "3"})
+    chunks = response.iter_content(chunk_size=None, decode_unicode=True)
+    assert response.status_code == 200 and next(chunks) == "generated 0"
+    with pytest.raises(requests.exceptions.ChunkedEncodingError) as broken:
+        next(chunks)
+    assert "Connection broken" in str(broken.value)
+    assert "reset" in str(broken.value).lower()
+    assert time.monotonic() - start < 20  # at the deadline, not the generator's 60 s sleep
+    response.close()
 
 
 def test_the_connection_survives_a_timeout(limited_instance: Running) -> None:

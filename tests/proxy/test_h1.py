@@ -422,14 +422,45 @@ def test_a_deadline_before_any_frame_is_408_and_cancels() -> None:
     assert w.cancelled == [exchange] and not w.closed
 
 
-def test_a_deadline_mid_stream_cuts_it() -> None:
+def test_a_deadline_mid_stream_resets_the_connection() -> None:
+    # As Ray Serve's proxy: the client's read fails as a broken connection (a reset),
+    # not as a body that ended early (a clean close after the last chunk written).
     w = wire()
     w.send(request())
     exchange = w.waiting[0]
     w.stream(exchange, b"first", end=False)
     exchange.timed_out(0.5)
     w.collect()
-    assert w.closed and w.cancelled == [exchange] and not w.responses()[0].complete
+    assert w.closed and w.reset and w.cancelled == [exchange]
+    assert not w.responses()[0].complete
+
+
+def test_a_stream_out_of_time_behind_another_resets_only_in_its_turn() -> None:
+    w = wire()
+    w.send(request() + request())
+    first, second = w.waiting
+    w.stream(second, b"second", end=False)
+    second.timed_out(0.5)
+    w.collect()
+    assert not w.closed and w.cancelled == [second]  # the first is still owed its answer
+    w.reply(first, b"first")
+    assert w.closed and w.reset
+    answered, cut = w.responses()
+    assert answered.body == b"first" and cut.body == b"second" and not cut.complete
+
+
+def test_other_cuts_and_a_408_close_without_a_reset() -> None:
+    w = wire()
+    w.send(request())
+    failed = w.waiting[0]
+    w.stream(failed, b"first", end=False)
+    failed.deliver(Failure(id=1, kind="user", message="boom"))
+    assert w.closed and not w.reset  # a failed stream ends with a FIN, as before
+    w = wire()
+    w.send(request("GET", "/app", ("connection", "close")))
+    w.waiting[0].timed_out(0.5)
+    w.collect()
+    assert w.responses()[0].status == 408 and w.closed and not w.reset
 
 
 def test_a_client_that_leaves_cancels_what_it_asked_for() -> None:

@@ -71,6 +71,7 @@ class Wire:
         self.sends: list[tuple[Exchange, Message]] = []  # frames for the replica
         self.rejections: list[tuple[str, str, str]] = []
         self.closed = False
+        self.reset = False  # closed with a TCP reset, as the core asked
         self.paused = False  # reading, as the transport was last told
         self.held: list[bytes] = []  # input that arrived while reading was paused
 
@@ -103,8 +104,9 @@ class Wire:
         core.settled.clear()
         self.rejections += core.rejections
         core.rejections.clear()
-        if core.state is Conn.CLOSED:
+        if core.state is Conn.CLOSED and not self.closed:
             self.closed = True
+            self.reset = core.reset
         self.paused = core.reading_paused or core.upload_paused
         while self.held and not self.paused and not self.closed:
             core.receive_data(self.held.pop(0))

@@ -59,7 +59,7 @@ class Exchange:
     """One request/response on a connection."""
 
     __slots__ = ("body", "buffer", "buffered", "conn", "head", "held", "keep_alive", "pending",
-                 "phase", "started", "status", "timer", "upstream")
+                 "phase", "reset", "started", "status", "timer", "upstream")
 
     def __init__(self, conn: H1Connection, head: RequestHead, body: bytes, keep_alive: bool,
                  started: float) -> None:
@@ -67,6 +67,7 @@ class Exchange:
         self.head = head
         self.body = body  # the request body, for the router
         self.keep_alive = keep_alive  # False: the connection closes after this response
+        self.reset = False  # True: that close is a TCP reset (a stream that ran out of time)
         self.started = started  # when the request was in (monotonic), for its latency
         self.phase = QUEUED
         self.status = 0  # the status it got (499: its client went away)
@@ -152,11 +153,16 @@ class Exchange:
             self.error(500, "Internal Server Error")
 
     def timed_out(self, timeout_s: float) -> None:
-        """Its deadline passed: stop it at the router; 408, or cut a stream."""
+        """Its deadline passed: stop it at the router; 408, or reset a stream's connection.
+
+        A stream whose head is out can only be cut. Ray Serve's proxy resets the
+        connection there, so a client's read fails as a broken connection ("Connection
+        broken: ConnectionResetError" in `requests`), not as a body that ended early."""
         phase = self.phase
         if phase is WAITING:
             self.error(408, f"Request timed out after {timeout_s:g}s.")
         elif phase is STREAMING:
+            self.reset = True
             self._cut()
         else:
             self._settle()  # detached: its client is gone, its deadline holds

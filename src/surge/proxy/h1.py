@@ -9,7 +9,8 @@ to write), `cancels`, `acks` (streamed body bytes written: `Pending.consumed`),
 `records` (metrics and access log; the deadline is disarmed unless the request runs on
 detached), `settled` (a detached request ended: disarm its deadline), `rejections`
 (counters); then close when `state` is CLOSED, and pause or resume reading as
-`reading_paused` and `upload_paused` say. `wake` tells
+`reading_paused` and `upload_paused` say; `reset` asks for that close to be a TCP reset
+(the response that ends the connection is a stream cut by its deadline). `wake` tells
 the shell there is something to do after a frame or failure the router delivered.
 
 Each request's head is read once, when its headers are in (`head.read_head`). Requests
@@ -95,7 +96,7 @@ class H1Connection:
     __slots__ = ("_max_body", "_max_header", "acks", "body", "body_at", "body_size", "cancels",
                  "dispatch", "exchanges", "fields", "head", "header_bytes", "headers", "holding",
                  "idle_since", "out", "parser", "reading_paused", "received_at", "records",
-                 "rejections", "sends", "settled", "site", "started_at", "state",
+                 "rejections", "reset", "sends", "settled", "site", "started_at", "state",
                  "upload_paused", "uploading", "url", "wake", "writing_paused")
 
     def __init__(self, site: Site, wake: Callable[[], None] = _nothing) -> None:
@@ -115,6 +116,7 @@ class H1Connection:
         self.records: list[Exchange] = []
         self.settled: list[Exchange] = []
         self.rejections: list[tuple[str, str, str]] = []  # (app, deployment, reason)
+        self.reset = False  # once CLOSED: close with a TCP reset rather than a FIN
         self.reading_paused = False  # wanted: MAX_PIPELINED responses are owed
         self.writing_paused = False  # the transport's buffer is full: acknowledgements wait
         self.holding: list[Exchange] = []  # exchanges with acknowledgements held back
@@ -382,8 +384,10 @@ class H1Connection:
         """Pass the written responses at the head of the line; the next one's turn comes."""
         exchanges = self.exchanges
         while exchanges and exchanges[0].phase is DONE:
-            if not exchanges.popleft().keep_alive:
+            written = exchanges.popleft()
+            if not written.keep_alive:
                 self.state = CONNECTION[self.state][_CLOSE]
+                self.reset = written.reset
                 self._abandon()  # nothing after a close can be answered
                 return
             if exchanges:

@@ -7,7 +7,9 @@ completions and embeddings to their model's deployment's router when the body na
 the model: `_by_model`), cancels to the router, bytes to the transport,
 acknowledgements of streamed bytes to `Pending.consumed`, answered requests to
 `Proxy.record`. A client that goes away cancels its requests
-through the router, unless it sent `x-request-disconnect-disabled: ?1`.
+through the router, unless it sent `x-request-disconnect-disabled: ?1`. A connection
+the core closes with `reset` (a stream cut by its deadline) is aborted with SO_LINGER 0,
+so the client gets a TCP reset, as from Ray Serve's proxy, rather than a FIN.
 
 Flow control, both ways: the core asks to pause reading while MAX_PIPELINED responses
 are owed or while a replica's window for a streamed upload or WebSocket is shut
@@ -19,6 +21,8 @@ replicas stop sending until the client reads.
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from typing import TYPE_CHECKING, Any
 
 from surge.errors import BackPressureError, DeploymentUnavailableError
@@ -38,6 +42,19 @@ __all__ = ["HttpConnection"]
 
 CLOSED, WAITING, DONE, DETACHED = Conn.CLOSED, Phase.WAITING, Phase.DONE, Phase.DETACHED
 TOO_MANY = b"Too many connections; retry later."
+_LINGER_0 = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST and drops the rest
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close with a TCP reset: what is still unsent is dropped (the client's read of it
+    fails as a broken connection, which is the point)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+        except OSError:  # already gone: the abort below is all there is to do
+            pass
+    transport.abort()
 
 
 class HttpConnection(asyncio.Protocol):
@@ -198,7 +215,10 @@ class HttpConnection(asyncio.Protocol):
             return
         if core.state is CLOSED:
             if not transport.is_closing():
-                transport.close()
+                if core.reset:
+                    _reset(transport)
+                else:
+                    transport.close()
         else:
             paused = core.reading_paused or core.upload_paused
             if paused is not self._reading_paused:
