@@ -54,7 +54,20 @@ def test_with_an_anchor_only_what_passes_on_ray_counts() -> None:
         {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
         {"file": "a.py", "test": "t2", "outcome": "failed", "internal": ""},
         {"file": "a.py", "test": "stale", "outcome": "failed", "internal": ""},
+        {"file": "b.py", "test": "<collection>", "outcome": "error", "internal": ""},
     ]
-    anchor = {("a.py", "t1"): "passed", ("a.py", "t2"): "passed", ("a.py", "stale"): "failed"}
+    anchor = [
+        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
+        {"file": "a.py", "test": "t2", "outcome": "passed", "internal": ""},
+        {"file": "a.py", "test": "stale", "outcome": "failed", "internal": ""},
+        {"file": "a.py", "test": "ray", "outcome": "passed", "internal": "uses client."},
+        # b.py imports on Ray, not on surge: its tests count, as failed
+        {"file": "b.py", "test": "t3", "outcome": "passed", "internal": ""},
+    ]
     summary = run.summarize(results, anchor)
-    assert (summary["passed"], summary["counted"]) == (1, 2)
+    assert (summary["passed"], summary["counted"]) == (1, 3)
+
+
+def test_a_test_that_builds_a_ray_cluster_is_internal_one_that_only_starts_ray_counts() -> None:
+    assert surge_as_ray.fixture_reason(["ray_cluster", "tmp_path"]) == "fixture ['ray_cluster']"
+    assert surge_as_ray.fixture_reason(["ray_instance", "ray_shutdown"]) is None

@@ -18,6 +18,7 @@ that pass there count: a test file of another Ray commit may test what this rele
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -60,7 +61,7 @@ def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
                SURGE_AS_RAY_ANCHOR="1" if anchor else "0", SURGE_AS_RAY_TESTS=str(tests),
                PYTHONPATH=os.pathsep.join([str(HERE), str(work), str(ROOT / "src")]))
     command = [sys.executable, "-m", "pytest", str(work / name), "-p", "surge_as_ray",
-               "-p", "no:cacheprovider", "-q",
+               "-p", "no:cacheprovider", "-q", "-o", "asyncio_mode=auto",
                f"--junitxml={junit}", f"--timeout={timeout_s}", "-o", "junit_family=xunit2"]
     if k:
         command += ["-k", k]
@@ -87,16 +88,21 @@ def _case(name: str, case: ET.Element) -> dict:
             "internal": props.get("internal") or "", "message": message}
 
 
-def summarize(results: list[dict], anchor: dict[tuple[str, str], str] | None = None) -> dict:
+def summarize(results: list[dict], anchor: list[dict] | None = None) -> dict:
     """Per file and overall: the tests of user-visible behaviour (not internal, not
-    skipped) and how many passed; with `anchor` ((file, test) -> outcome on Ray Serve
-    itself), only the tests that pass on Ray count (the others test what this Ray
-    release no longer has: the stored test files are not all of its commit)."""
+    skipped) and how many passed. With `anchor` (the results of the same files on Ray
+    Serve itself), the tests counted are those that passed there (the others test what
+    this Ray release no longer has: the stored test files are not all of its commit),
+    and one that did not run on surge (its file failed to import) counts as failed."""
     rows, counted_pass, counted = [], 0, 0
     for name in dict.fromkeys(r["file"] for r in results):
         mine = [r for r in results if r["file"] == name]
-        user = [r for r in mine if not r["internal"] and r["outcome"] != "skipped"
-                and (anchor is None or anchor.get((name, r["test"])) == "passed")]
+        if anchor is None:
+            user = [r for r in mine if not r["internal"] and r["outcome"] != "skipped"]
+        else:
+            on_surge = {r["test"]: r for r in mine}
+            user = [on_surge.get(a["test"], {**a, "outcome": "not run"}) for a in anchor
+                    if a["file"] == name and a["outcome"] == "passed" and not a["internal"]]
         passed = sum(r["outcome"] == "passed" for r in user)
         rows.append({"file": name, "tests": len(mine), "internal": sum(bool(r["internal"])
                      for r in mine), "skipped": sum(r["outcome"] == "skipped" and not
@@ -120,10 +126,12 @@ def main() -> None:
     parser.add_argument("--against", type=Path, metavar="ANCHOR_JSON",
                         help="count only the tests that passed in this --anchor run")
     args = parser.parse_args()
-    anchor = None
+    anchor: list[dict] | None = None
     if args.against:
-        anchor = {(r["file"], r["test"]): r["outcome"]
-                  for r in json.loads(args.against.read_text())["results"]}
+        anchor = json.loads(args.against.read_text())["results"]
+    # One run at a time on this machine: every run serves on Ray's port 8000 (and 9000).
+    lock = open(Path(tempfile.gettempdir()) / "surge-ray-suite.lock", "w")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)
     work = Path(tempfile.mkdtemp(prefix="surge-ray-suite-"))
     results: list[dict] = []
     for name in args.files:

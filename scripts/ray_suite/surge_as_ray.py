@@ -216,6 +216,20 @@ def internal_reason(source: str) -> str | None:
     return None
 
 
+# Fixtures of Ray's conftest that build Ray's own machinery (a multi-node cluster, the CLI's
+# `ray start`, metrics and telemetry actors): a test that takes one checks that machinery.
+# `ray_instance` is not among them: it only starts Ray (here, the run's Ray is joined) with
+# the env vars a test gives, and those (RAY_SERVE_*) show in the test's source.
+INTERNAL_FIXTURES = frozenset({"ray_start_stop", "ray_cluster", "manage_ray_with_telemetry",
+                               "metrics_start_shutdown"})
+
+
+def fixture_reason(fixtures: Any) -> str | None:
+    """Why a test's fixtures make it measure Ray's machinery, or None."""
+    used = sorted(INTERNAL_FIXTURES.intersection(fixtures))
+    return f"fixture {used}" if used else None
+
+
 # ---- the pytest plugin -------------------------------------------------------------------
 
 def _anchor() -> bool:
@@ -248,11 +262,22 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    serve = _serve()
-    serve.shutdown()
-    import ray
-    if ray.is_initialized():
-        ray.shutdown()
+    """Stop Serve and Ray, then exit: the results are written by now (junit), and a
+    shutdown that hangs (Ray's, after some stale tests) must not hold the run."""
+    import threading
+
+    def stop() -> None:
+        _serve().shutdown()
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    stopper.join(60)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
@@ -263,11 +288,7 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
             source = inspect.getsource(function) if function else ""
         except (OSError, TypeError):
             source = ""
-        reason = internal_reason(source)
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if reason is None and fixtures & {"ray_start_stop", "ray_cluster", "ray_instance",
-                                          "manage_ray_with_telemetry", "metrics_start_shutdown"}:
-            reason = f"fixture {sorted(fixtures & {'ray_start_stop', 'ray_cluster'})}"
+        reason = internal_reason(source) or fixture_reason(getattr(item, "fixturenames", ()))
         item.user_properties.append(("internal", reason or ""))
 
 
@@ -303,6 +324,17 @@ def serve_and_ray_shutdown() -> Any:
     yield
     serve = _serve()
     serve.shutdown()
+
+
+@pytest.fixture
+def ray_instance(request: Any) -> Any:
+    """Ray's conftest starts Ray with the env vars a test gives; here the run's Ray is up."""
+    saved = os.environ.copy()
+    os.environ.update(getattr(request, "param", {}) or {})
+    import ray
+    yield ray.get_runtime_context()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture
