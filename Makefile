@@ -31,7 +31,7 @@ RAY_SUITE_VENV := $(HOME)/.cache/surge-bench/ray-suite
 ray-suite:
 	@test -n "$(RAY_TESTS)" || { echo "ray-suite: set RAY_TESTS to Ray's python/ray/serve/tests"; exit 2; }
 	test -x $(RAY_SUITE_VENV)/bin/python || python3 -m venv $(RAY_SUITE_VENV)
-	$(RAY_SUITE_VENV)/bin/pip install -q -e '.[dev,ray]' 'ray[serve]==2.60.0'
+	$(RAY_SUITE_VENV)/bin/pip install -q -e '.[dev,ray]' 'ray[serve]==2.60.0' pytest-asyncio
 	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --anchor --json ray-suite-anchor.json
 	$(RAY_SUITE_VENV)/bin/python scripts/ray_suite/run.py --tests $(RAY_TESTS) --against ray-suite-anchor.json --json ray-suite.json
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 HARNESS = Path(__file__).resolve().parent.parent / "scripts" / "ray_suite"
 
@@ -71,3 +73,14 @@ def test_with_an_anchor_only_what_passes_on_ray_counts() -> None:
 def test_a_test_that_builds_a_ray_cluster_is_internal_one_that_only_starts_ray_counts() -> None:
     assert surge_as_ray.fixture_reason(["ray_cluster", "tmp_path"]) == "fixture ['ray_cluster']"
     assert surge_as_ray.fixture_reason(["ray_instance", "ray_shutdown"]) is None
+
+
+def test_ray_serve_tests_reads_the_given_test_files(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "test_config_files").mkdir()
+    (tmp_path / "test_config_files" / "helper.py").write_text("g = 'bound'\n")
+    monkeypatch.setenv("SURGE_AS_RAY_TESTS", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray.serve.tests", raising=False)
+    surge_as_ray._tests_package()
+    package = sys.modules["ray.serve.tests"]
+    monkeypatch.delitem(sys.modules, "ray.serve.tests")
+    assert list(package.__path__) == [str(tmp_path)]

@@ -49,8 +49,14 @@ def alias() -> None:
             sys.modules.pop(f"ray.serve.{name}", None)
     _connect_ray_on_demand()
     _moved_names()
+    _tests_package()
+
+
+def _tests_package() -> None:
+    """`from ray.serve.tests.common.utils import ...` (and test_config_files) reads the given
+    test files: Ray's wheel does not ship its tests, on surge's run nor on the anchor."""
     tests = os.environ.get("SURGE_AS_RAY_TESTS")
-    if tests:  # `from ray.serve.tests.common.utils import ...` reads the given test files
+    if tests:
         import types
         package = types.ModuleType("ray.serve.tests")
         package.__path__ = [tests]
@@ -244,6 +250,7 @@ def _serve() -> Any:
 def pytest_configure(config: Any) -> None:
     if _anchor():
         _moved_names()
+        _tests_package()
     else:
         alias()
         _replace_helpers()
