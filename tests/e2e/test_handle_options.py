@@ -1,6 +1,7 @@
 """Handle options as Ray 2.60 has them: `session_id` reaches the callee's request context
-(and `x-session-id` an HTTP request's), and `handle._method` calls a `_`-prefixed method
-(Ray refuses neither; only dunder names are not methods to call)."""
+(and `x-session-id` an HTTP request's), `handle._method` calls a `_`-prefixed method
+(Ray refuses neither; only dunder names are not methods to call), and a method named like an
+option (`stream`, `method_name`, ...) is called like any other."""
 
 from __future__ import annotations
 
@@ -29,10 +30,28 @@ class Sessions:
         return "private"
 
 
+@serve.deployment
+class Clashes:
+    """Methods named as the handle's options are: in Ray the deployment's method wins."""
+
+    def stream(self, n: int) -> Iterator[int]:
+        yield from range(n)
+
+    def method_name(self) -> str:
+        return "method_name"
+
+    def multiplexed_model_id(self) -> str:
+        return "multiplexed_model_id"
+
+    def session_id(self) -> str:
+        return "session_id"
+
+
 @pytest.fixture(scope="module")
 def instance() -> Iterator[Running]:
     with running_instance() as running:
         serve.run(Sessions.bind(), name="sessions", route_prefix="/sessions")
+        serve.run(Clashes.bind(), name="clashes", route_prefix=None)
         yield running
 
 
@@ -51,3 +70,14 @@ def test_an_underscore_method_is_callable_as_in_ray(instance: Running) -> None:
     assert handle._private.remote().result(timeout_s=15) == "private"
     with pytest.raises(AttributeError):
         handle.__private_dunder__  # noqa: B018 - Python's protocols are not methods
+
+
+def test_a_method_named_like_an_option_is_called(instance: Running) -> None:
+    handle = serve.get_app_handle("clashes")
+    assert list(handle.options(stream=True).stream.remote(3)) == [0, 1, 2]
+    for name in ("method_name", "multiplexed_model_id", "session_id"):
+        assert getattr(handle, name).remote().result(timeout_s=15) == name
+    # the options themselves are one record (Ray's name), kept off the method namespace
+    assert handle.options(stream=True).handle_options.stream is True
+    assert handle.handle_options.method_name == "__call__"
+

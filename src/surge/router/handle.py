@@ -36,6 +36,7 @@ import os
 import pickle
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -54,7 +55,7 @@ from surge.router.runtime import RouterRuntime, current_runtime
 from surge.transport.messages import Call, End, Failure, Item, Message, Result
 
 __all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
-           "decode_failure"]
+           "HandleOptions", "decode_failure"]
 
 _END = object()
 # Ray's wording, which applications and Ray's own tests match on.
@@ -192,10 +193,11 @@ class _Request:
                  kwargs: dict[str, Any]) -> None:
         self.runtime = current_runtime()
         self.deployment = handle.deployment_id
-        self.method = handle.method_name
-        self.stream = handle.stream
-        self.model_id = handle.multiplexed_model_id
-        self.session_id = handle.session_id
+        options = handle.handle_options
+        self.method = options.method_name
+        self.stream = options.stream
+        self.model_id = options.multiplexed_model_id
+        self.session_id = options.session_id
         self.request_id = new_request_id()
         self.args = args
         self.kwargs = kwargs
@@ -512,34 +514,46 @@ class DeploymentResponseGenerator:
         return await asyncio.wrap_future(future)
 
 
-class DeploymentHandle:
-    """A handle to a deployment (Ray Serve's `DeploymentHandle`)."""
+@dataclass(frozen=True)
+class HandleOptions:
+    """What `handle.options()` sets (Ray's `handle.handle_options`). Kept in one record,
+    not as the handle's own attributes, so that a deployment method named `stream`,
+    `method_name` or `session_id` is reached as `handle.stream` like any other."""
 
-    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__",
-                 stream: bool = False, multiplexed_model_id: str = "",
-                 session_id: str = "") -> None:
+    method_name: str = "__call__"
+    stream: bool = False
+    multiplexed_model_id: str = ""
+    session_id: str = ""  # as Ray: the callee's request context says it
+
+
+class DeploymentHandle:
+    """A handle to a deployment (Ray Serve's `DeploymentHandle`).
+
+    Any attribute that is not the handle's own API (`options`, `remote`,
+    `deployment_name`, `app_name`, `deployment_id`, `handle_options`) is a method of the
+    deployment."""
+
+    def __init__(self, deployment_name: str, app_name: str, *,
+                 handle_options: HandleOptions | None = None) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
-        self.method_name = method_name
-        self.stream = stream
-        self.multiplexed_model_id = multiplexed_model_id
-        self.session_id = session_id  # as Ray: the callee's request context says it
         self.deployment_id = DeploymentId(app_name, deployment_name)
+        self.handle_options = handle_options or HandleOptions()
 
     def __repr__(self) -> str:
+        options = self.handle_options
         return (f"DeploymentHandle(deployment={self.deployment_name!r}, app={self.app_name!r}, "
-                f"method={self.method_name!r}, stream={self.stream})")
+                f"method={options.method_name!r}, stream={options.stream})")
 
     def options(self, *, method_name: str | None = None, stream: bool | None = None,
                 multiplexed_model_id: str | None = None, session_id: str | None = None,
                 **_ray_only: Any) -> DeploymentHandle:
-        return DeploymentHandle(
-            self.deployment_name, self.app_name,
-            method_name=self.method_name if method_name is None else method_name,
-            stream=self.stream if stream is None else stream,
-            multiplexed_model_id=(self.multiplexed_model_id if multiplexed_model_id is None
-                                  else multiplexed_model_id),
-            session_id=self.session_id if session_id is None else session_id)
+        old = self.handle_options
+        return DeploymentHandle(self.deployment_name, self.app_name, handle_options=HandleOptions(
+            old.method_name if method_name is None else method_name,
+            old.stream if stream is None else stream,
+            old.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id,
+            old.session_id if session_id is None else session_id))
 
     def __getattr__(self, name: str) -> DeploymentHandle:
         if name.startswith("__"):  # Python's protocols; `_private` methods are callable
@@ -549,16 +563,18 @@ class DeploymentHandle:
     def remote(self, *args: Any, **kwargs: Any
                ) -> DeploymentResponse | DeploymentResponseGenerator:
         request = _Request(self, args, kwargs)
-        if self.stream:
+        if self.handle_options.stream:
             return DeploymentResponseGenerator(request)
         return DeploymentResponse(request)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name,
-                                  self.stream, self.multiplexed_model_id, self.session_id))
+        options = self.handle_options
+        return (_rebuild_handle, (self.deployment_name, self.app_name, options.method_name,
+                                  options.stream, options.multiplexed_model_id,
+                                  options.session_id))
 
 
 def _rebuild_handle(name: str, app: str, method: str, stream: bool, model_id: str,
                     session_id: str = "") -> DeploymentHandle:
-    return DeploymentHandle(name, app, method_name=method, stream=stream,
-                            multiplexed_model_id=model_id, session_id=session_id)
+    return DeploymentHandle(name, app, handle_options=HandleOptions(method, stream, model_id,
+                                                                    session_id))
