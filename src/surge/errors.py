@@ -8,6 +8,8 @@
     ├── DeploymentUnavailableError       no replica can serve (none started, or all failed)
     ├── ReplicaDiedError                 the replica serving the request died mid-request; the
     │                                    request may or may not have run (HTTP 500)
+    ├── ReplicaUnavailableError          the replica chosen with `choose_replica` has gone
+    │                                    before `dispatch` reached it: choose again
     ├── RequestCancelledError            the request was cancelled (client gone: HTTP 499)
     ├── GetTimeoutError (TimeoutError)   `.result(timeout_s=)` or the request timeout expired
     │                                    (HTTP 408)
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from typing import Any
 
 __all__ = [
     "BackPressureError",
@@ -45,6 +48,7 @@ __all__ = [
     "GetTimeoutError",
     "RayServeException",
     "ReplicaDiedError",
+    "ReplicaUnavailableError",
     "RequestCancelledError",
     "UserCodeError",
     "WeightBudgetError",
@@ -122,6 +126,18 @@ class DeploymentUnavailableError(RayServeException):
 
 class ReplicaDiedError(RayServeException):
     """The replica died while the request was in flight on it."""
+
+
+class ReplicaUnavailableError(RayServeException):
+    """The replica a request was dispatched to (`handle.choose_replica`, then
+    `dispatch`) has gone; choose again."""
+
+    def __init__(self, replica_id: str) -> None:
+        super().__init__(f"Replica {replica_id} is no longer available.")
+        self.replica_id = replica_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.replica_id,))
 
 
 class RequestCancelledError(RayServeException):

@@ -1,10 +1,12 @@
 """Handle options as Ray 2.60 has them: `session_id` reaches the callee's request context
 (and `x-session-id` an HTTP request's), `handle._method` calls a `_`-prefixed method
-(Ray refuses neither; only dunder names are not methods to call), and a method named like an
-option (`stream`, `method_name`, ...) is called like any other."""
+(Ray refuses neither; only dunder names are not methods to call), a method named like an
+option (`stream`, `method_name`, ...) is called like any other, and `shutdown()` /
+`shutdown_async()` leave the handle working."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,3 +83,17 @@ def test_a_method_named_like_an_option_is_called(instance: Running) -> None:
     assert handle.options(stream=True).handle_options.stream is True
     assert handle.handle_options.method_name == "__call__"
 
+
+def test_shutdown_leaves_the_handle_and_others_working(instance: Running) -> None:
+    handle = serve.get_app_handle("sessions")
+    assert handle.session.remote().result(timeout_s=15) == ""
+    handle.shutdown()
+    assert handle.session.remote().result(timeout_s=15) == ""
+    assert serve.get_app_handle("sessions")._private.remote().result(timeout_s=15) == "private"
+
+    async def main() -> str:
+        assert await handle.session.remote() == ""
+        await handle.shutdown_async()
+        return str(await handle.session.remote())
+
+    assert asyncio.run(main()) == ""

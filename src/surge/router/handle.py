@@ -4,6 +4,8 @@
 for it (outside an event loop) and `await response` awaits it. With
 `.options(stream=True)` it returns a `DeploymentResponseGenerator` to iterate. A
 `DeploymentResponse` passed as an argument is resolved before the call is sent.
+`handle.method.choose_replica()` holds a slot on a replica and `.dispatch(selection, ...)`
+sends the call there (router/selection.py).
 
 Threads. The router lives on the runtime's event loop (in a driver, a background
 thread). A call made on the loop submits to the router directly. A call made on any
@@ -50,12 +52,13 @@ from surge.errors import (
 )
 from surge.model import DeploymentId
 from surge.router.children import child_calls_var
-from surge.router.replica_link import Pending, ReplicaLink
+from surge.router.replica_link import Pending, ReplicaLink, Reservation
 from surge.router.runtime import RouterRuntime, current_runtime
+from surge.router.selection import ReplicaSelection, choose_replica
 from surge.transport.messages import Call, End, Failure, Item, Message, Result
 
 __all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
-           "HandleOptions", "decode_failure"]
+           "HandleOptions", "ReplicaSelection", "decode_failure"]
 
 _END = object()
 # Ray's wording, which applications and Ray's own tests match on.
@@ -186,12 +189,13 @@ def new_request_id() -> str:
 class _Request:
     """Everything needed to send one call, built on the caller's thread."""
 
-    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "request_id", "runtime",
-                 "session_id", "stream")
+    __slots__ = ("args", "deployment", "kwargs", "method", "model_id", "request_id",
+                 "reservation", "runtime", "session_id", "stream")
 
     def __init__(self, handle: DeploymentHandle, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
+                 kwargs: dict[str, Any], reservation: Reservation | None = None) -> None:
         self.runtime = current_runtime()
+        self.reservation = reservation  # a slot choose_replica holds: sent there, in it
         self.deployment = handle.deployment_id
         options = handle.handle_options
         self.method = options.method_name
@@ -225,7 +229,11 @@ class _Request:
         """Send without awaiting anything (on the runtime's loop); None if it failed."""
         try:
             pending = self._pending(sink)
-            self.runtime.router(self.deployment).submit(pending)
+            router = self.runtime.router(self.deployment)
+            if self.reservation is None:
+                router.submit(pending)
+            else:
+                router.dispatch(self.reservation, pending)
         except Exception as exc:
             sink.fail(exc)
             return None
@@ -235,6 +243,8 @@ class _Request:
         """Send from the caller's thread if the router takes it at once; None when the
         call must go through the loop (which also reports any error)."""
         router = self.runtime.routers.get(self.deployment)  # made on the loop, not here
+        if self.reservation is not None:
+            return None  # the loop dispatches it (and retires a link whose replica went)
         if router is None or not router.ready.is_set() or self._has_responses():
             return None
         try:
@@ -530,8 +540,8 @@ class DeploymentHandle:
     """A handle to a deployment (Ray Serve's `DeploymentHandle`).
 
     Any attribute that is not the handle's own API (`options`, `remote`,
-    `deployment_name`, `app_name`, `deployment_id`, `handle_options`) is a method of the
-    deployment."""
+    `choose_replica`, `dispatch`, `shutdown`, `shutdown_async`, `deployment_name`,
+    `app_name`, `deployment_id`, `handle_options`) is a method of the deployment."""
 
     def __init__(self, deployment_name: str, app_name: str, *,
                  handle_options: HandleOptions | None = None) -> None:
@@ -566,6 +576,45 @@ class DeploymentHandle:
         if self.handle_options.stream:
             return DeploymentResponseGenerator(request)
         return DeploymentResponse(request)
+
+    def choose_replica(self, *args: Any, **kwargs: Any
+                       ) -> contextlib.AbstractAsyncContextManager[ReplicaSelection]:
+        """`async with handle.method.choose_replica() as selection:` holds a slot on the
+        replica this call would go to, until `dispatch(selection, ...)` uses it or the
+        block ends (router/selection.py). The arguments do not steer surge's routing."""
+        return choose_replica(current_runtime(), self.deployment_id, self.handle_options)
+
+    def dispatch(self, selection: ReplicaSelection, *args: Any, **kwargs: Any
+                 ) -> DeploymentResponse | DeploymentResponseGenerator:
+        """Send the call to the replica `selection` names, in the slot it holds, with the
+        method and options of the handle that chose it (awaited before the block ends)."""
+        if not isinstance(selection, ReplicaSelection):
+            raise TypeError(f"dispatch takes a ReplicaSelection, not {type(selection).__name__}")
+        if selection._deployment_id != self.deployment_id:
+            raise ValueError(
+                "Cannot dispatch a selection created for a different deployment. This handle "
+                f"is for {self.deployment_id}, but the selection was created for "
+                f"{selection._deployment_id}.")
+        if selection._dispatched:
+            raise RuntimeError(f"ReplicaSelection for {selection.replica_id} has already "
+                               "been dispatched.")
+        selection._dispatched = True
+        chooser = DeploymentHandle(self.deployment_name, self.app_name,
+                                   handle_options=selection._options or HandleOptions())
+        request = _Request(chooser, args, kwargs, selection._reservation)
+        if chooser.handle_options.stream:
+            return DeploymentResponseGenerator(request)
+        return DeploymentResponse(request)
+
+    def shutdown(self) -> None:
+        """As Ray's, which stops the handle's own metrics pusher; calls still work after
+        it. surge's router and its load reports belong to the process's runtime and are
+        shared by every handle to the deployment, so there is nothing of this handle's
+        own to stop: they end with the runtime (`serve.shutdown()`, process exit)."""
+
+    async def shutdown_async(self) -> None:
+        """`shutdown()` for a caller on an event loop (Ray's way to await it)."""
+        self.shutdown()
 
     def __reduce__(self) -> tuple[Any, ...]:
         options = self.handle_options

@@ -14,6 +14,8 @@ answers itself while the loop lends it the reading (router.py).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import secrets
 import threading
@@ -45,7 +47,7 @@ from surge.transport.messages import (
 )
 from surge.transport.threadsafe import ThreadSafeProtocol
 
-__all__ = ["Pending", "ReplicaLink", "Sink"]
+__all__ = ["Pending", "ReplicaLink", "Reservation", "Sink"]
 
 
 class Sink(Protocol):
@@ -63,7 +65,8 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "queued_at", "sent_at", "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "pinned", "queued_at", "sent_at",
+                 "sink")
 
     def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
@@ -73,6 +76,8 @@ class Pending:
         self.credits: Credits | None = None  # made with the stream's first frame
         self.queued_at = 0.0  # when the router queued it (monotonic), for the matching timeout
         self.sent_at = 0.0  # when the router sent it to a replica: its service time's start
+        # The replica it must go to (a dispatch into a reservation): never another one.
+        self.pinned = ""
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its
@@ -90,6 +95,32 @@ class Pending:
         link = self.link
         if amount and link is not None and not self.cancelled:
             link.send(Credit(id=self.message.id, amount=amount))
+
+
+class Reservation(Pending):
+    """A slot held on a replica for a request still to come (`handle.choose_replica`).
+
+    The router routes, queues or refuses it as it would the request, and the link counts
+    it in flight like one, but nothing is sent: `granted` resolves to the link once the
+    slot is held, and the router's `dispatch` sends the request in its place (or
+    `release` frees it). It is its own sink: no answer ever comes for it."""
+
+    __slots__ = ("granted",)
+
+    def __init__(self, message: Call) -> None:
+        super().__init__(message, self)
+        self.granted: concurrent.futures.Future[ReplicaLink] = concurrent.futures.Future()
+
+    def deliver(self, message: Message) -> None:
+        pass
+
+    def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            self.granted.set_exception(exc)
+
+    def hold(self, link: ReplicaLink) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            self.granted.set_result(link)  # (any thread: a concurrent future)
 
 
 def stream_bytes(message: Message) -> int:
@@ -171,6 +202,9 @@ class ReplicaLink(ThreadSafeProtocol):
         pending.message.id = request_id
         pending.link = self
         self.in_flight[request_id] = pending
+        if isinstance(pending, Reservation):
+            pending.hold(self)  # counted in flight; the request comes with `dispatch`
+            return
         self.send(pending.message)
 
     def data_received(self, data: bytes) -> None:

@@ -53,14 +53,14 @@ from collections.abc import Callable
 
 from surge.clock import SYSTEM, Clock
 from surge.config import QUEUE_SAFETY_LIMIT
-from surge.errors import BackPressureError, DeploymentUnavailableError
+from surge.errors import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import admit, drain_rate, smoothed
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.engine_choice import choose_by_engine
 from surge.router.own_links import OwnLinks
-from surge.router.replica_link import Pending, ReplicaLink
+from surge.router.replica_link import Pending, ReplicaLink, Reservation
 from surge.router.slots import Loads, Slot
 from surge.transport.handshake import HandshakeFailed
 from surge.transport.messages import Cancel, Message, Rejected
@@ -403,6 +403,62 @@ class Router:
             pending.link.send(Cancel(id=pending.message.id))
             pending.link.reclaim()  # an own link: the loop reads what the replica answers
 
+    # -- reservations (handle.choose_replica, then dispatch) ----------------------------
+
+    def release(self, reservation: Reservation) -> None:
+        """Free a reservation that no request came for: held, or still queued."""
+        with self.lock:
+            link = reservation.link
+            if link is None:
+                self._cancel(reservation)  # still queued (or never held)
+            elif self._unhold(link, reservation):
+                model = reservation.message.model_id
+                slot = self._by_id.get(link.replica_id)
+                if model and slot is not None:
+                    slot.release(model)
+                if slot is None and not link.in_flight:
+                    self._retire(link)
+                self._drain()
+
+    def dispatch(self, reservation: Reservation, pending: Pending) -> None:
+        """Send `pending` to the reservation's replica, in its held slot; raises
+        ReplicaUnavailableError if that replica has gone (its slot is freed)."""
+        with self.lock:
+            link = reservation.link
+            if link is None or link.replica_id not in self._by_id:
+                self.release(reservation)
+                raise ReplicaUnavailableError(link.replica_id if link else "(none held)")
+            if not self._unhold(link, reservation):  # the link was lost meanwhile
+                raise ReplicaUnavailableError(link.replica_id)
+            pending.pinned = link.replica_id
+            self._send(link, pending)
+
+    def replica_info(self, replica_id: str) -> ReplicaInfo | None:
+        with self.lock:
+            slot = self._by_id.get(replica_id)
+            return None if slot is None else slot.info
+
+    @staticmethod
+    def _unhold(link: ReplicaLink, reservation: Reservation) -> bool:
+        """Take the reservation off its link's in-flight requests; False if it was not
+        there (the link closed and dropped them)."""
+        reservation.link = None
+        return link.in_flight.pop(reservation.message.id, None) is reservation
+
+    def _resend(self, pending: Pending) -> None:
+        """(Loop.) A request pinned to a replica that rejected it (full with other
+        routers' requests): try that replica again, as long as it is routable."""
+        with self.lock:
+            if pending.cancelled:
+                return
+            slot = self._by_id.get(pending.pinned)
+            if slot is None:
+                pending.sink.fail(ReplicaUnavailableError(pending.pinned))
+            else:
+                if pending.message.model_id:
+                    slot.reserve(pending.message.model_id)  # as sending it first did
+                self._send(slot.link, pending)
+
     def _drain(self) -> None:
         with self.lock:
             queue = self._queue
@@ -517,7 +573,9 @@ class Router:
                 slot.saturated = True
                 self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._unsaturate,
                               slot)
-            if not pending.cancelled:
+            if pending.pinned:  # into a reservation: that replica or none
+                self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._resend, pending)
+            elif not pending.cancelled:
                 self._queue.appendleft(pending)
         else:
             if slot is not None:
