@@ -73,7 +73,7 @@ def _moved_names() -> None:
     import ray._private.test_utils as private_test_utils
     import ray._private.utils as private_utils
 
-    for name in ("SignalActor", "Semaphore"):
+    for name in ("SignalActor", "Semaphore", "async_wait_for_condition", "wait_for_condition"):
         if hasattr(common_test_utils, name) and not hasattr(private_test_utils, name):
             setattr(private_test_utils, name, getattr(common_test_utils, name))
     if not hasattr(private_utils, "get_or_create_event_loop"):
@@ -326,11 +326,14 @@ def _shared_serve_instance() -> Any:
     yield None
 
 
-@pytest.fixture
-def serve_and_ray_shutdown() -> Any:
+def _shutdown_serve_after() -> Any:
     yield
-    serve = _serve()
-    serve.shutdown()
+    _serve().shutdown()
+
+
+# Ray's conftest stops Ray too; here the run's one Ray cluster stays up for the next test.
+serve_and_ray_shutdown = pytest.fixture(_shutdown_serve_after, name="serve_and_ray_shutdown")
+ray_shutdown = pytest.fixture(_shutdown_serve_after, name="ray_shutdown")
 
 
 @pytest.fixture
@@ -344,11 +347,6 @@ def ray_instance(request: Any) -> Any:
     os.environ.update(saved)
 
 
-@pytest.fixture
-def ray_shutdown() -> Any:
-    yield
-    serve = _serve()
-    serve.shutdown()
 
 
 @pytest.fixture
