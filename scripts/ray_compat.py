@@ -449,6 +449,23 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "Ray has no such refusal to match; a client told when to come back spreads its "
         "retries instead of hammering a full queue",
         "tests/e2e/test_queue_wait.py::test_http_refuses_at_once_what_would_wait_too_long"),
+    Behaviour(
+        "`handle.method.choose_replica()` then `.dispatch(selection, ...)`",
+        "the slot is reserved on the replica, so the dispatch is accepted at once; the "
+        "arguments reach a custom request router",
+        "the slot is held by the caller's router (it counts against "
+        "`max_ongoing_requests` there); if other routers filled the replica meanwhile, "
+        "the dispatch waits for room on that same replica; the arguments are not used",
+        "surge has no reserve message between router and replica, and no custom routers",
+        "tests/shells/test_router_reservations.py::"
+        "test_a_dispatch_the_chosen_replica_rejects_is_retried_there_only"),
+    Behaviour(
+        "Handle calls made in a cancelled request's cleanup (`except CancelledError: "
+        "await other.remote()`)",
+        "cancelled too if still waiting for a replica when the handler exits",
+        "not cancelled: the cleanup can still call other deployments",
+        "a handler that cleans up after a cancel should be able to finish doing so",
+        "tests/shells/test_child_calls.py::test_a_call_made_after_the_cancel_is_not_cancelled"),
 )
 
 
