@@ -210,3 +210,13 @@ def test_a_deployments_request_router_config_sets_its_routing_stats_period(
                           "      period: 0.5\n")
     with pytest.raises(ConfigError, match="period"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("builder", ["build_v2", "build_v1", "build_untyped"])
+def test_a_builder_gets_its_args_as_its_pydantic_model_or_as_strings(builder: str) -> None:
+    from surge.api.config_apply import import_application
+
+    app = import_application(f"tests.config.apps.typed_builders:{builder}",
+                             {"greeting": "hi", "replicas": "2"})
+    assert app.deployment.config.num_replicas == 2
+    assert app.args == ("hi",)

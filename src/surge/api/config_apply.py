@@ -127,7 +127,9 @@ def _builder_args(import_path: str, builder: Any, args: dict[str, Any]) -> Any:
     if model is None:
         return args
     try:
-        return model.model_validate(args)
+        if hasattr(model, "model_validate"):
+            return model.model_validate(args)
+        return model.parse_obj(args)  # a pydantic.v1 model, which Ray takes too
     except Exception as exc:  # pydantic.ValidationError: which argument is wrong
         raise ConfigError(f"the arguments of {import_path} do not fit "
                           f"{model.__name__}: {exc}") from None
@@ -138,9 +140,10 @@ def _pydantic_model(annotation: Any) -> Any:
         return None
     try:
         from pydantic import BaseModel
+        from pydantic.v1 import BaseModel as BaseModelV1
     except ImportError:
         return None
-    return annotation if issubclass(annotation, BaseModel) else None
+    return annotation if issubclass(annotation, BaseModel | BaseModelV1) else None
 
 
 @contextlib.contextmanager

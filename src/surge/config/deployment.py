@@ -251,8 +251,12 @@ def build_deployment_config(name: str, options: Mapping[str, Any],
     if auto:
         autoscaling, num_replicas = autoscaling or AutoscalingConfig.default(), None
     elif isinstance(num_replicas, str):
-        raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
-                          f"got {num_replicas!r}.")
+        # As Ray's pydantic field takes it: an integer written as a string ("3", e.g. a
+        # builder's CLI argument) is that integer.
+        if not num_replicas.strip().lstrip("+-").isdigit():
+            raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
+                              f"got {num_replicas!r}.")
+        num_replicas = int(num_replicas)
     elif num_replicas is not None and autoscaling is not None:
         raise ConfigError(f"{where}: num_replicas and autoscaling_config cannot both be set; "
                           "use num_replicas='auto' or drop one of them.")
