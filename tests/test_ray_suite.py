@@ -84,3 +84,18 @@ def test_ray_serve_tests_reads_the_given_test_files(tmp_path: Path, monkeypatch:
     package = sys.modules["ray.serve.tests"]
     monkeypatch.delitem(sys.modules, "ray.serve.tests")
     assert list(package.__path__) == [str(tmp_path)]
+
+
+def test_a_test_that_calls_a_ray_internal_imported_at_module_level_is_internal() -> None:
+    import types
+
+    def builder_helper() -> None: ...
+
+    builder_helper.__module__ = "ray.serve._private.api"
+    wait = lambda: None  # noqa: E731
+    wait.__module__ = "ray.serve._private.test_utils"  # Ray's test helpers are fine
+    module = types.SimpleNamespace(call_builder=builder_helper, wait_for=wait, LIMIT=3)
+    private = surge_as_ray.private_names(module)
+    assert private == {"call_builder": "ray.serve._private.api"}
+    assert surge_as_ray.imported_private_reason("    call_builder(f, {})\n", private)
+    assert surge_as_ray.imported_private_reason("    wait_for(lambda: True)\n", private) is None

@@ -230,6 +230,26 @@ INTERNAL_FIXTURES = frozenset({"ray_start_stop", "ray_cluster", "manage_ray_with
                                "metrics_start_shutdown"})
 
 
+def private_names(module: Any) -> dict[str, str]:
+    """The test module's names bound to Ray's private functions and classes (imported
+    from ray.serve._private.*, test helpers and constants aside): name -> module."""
+    found: dict[str, str] = {}
+    for name, value in getattr(module, "__dict__", {}).items():
+        origin = getattr(value, "__module__", None) or ""
+        if (callable(value) and origin.startswith("ray.serve._private")
+                and not SAFE_PRIVATE.search(origin) and not origin.endswith(".constants")):
+            found[name] = origin
+    return found
+
+
+def imported_private_reason(source: str, private: dict[str, str]) -> str | None:
+    """Why a test that calls one of those names measures Ray's machinery, or None."""
+    for name, origin in private.items():
+        if re.search(rf"\b{re.escape(name)}\b", source):
+            return f"uses {name} (from {origin})"
+    return None
+
+
 def fixture_reason(fixtures: Any) -> str | None:
     """Why a test's fixtures make it measure Ray's machinery, or None."""
     used = sorted(INTERNAL_FIXTURES.intersection(fixtures))
@@ -295,7 +315,9 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
             source = inspect.getsource(function) if function else ""
         except (OSError, TypeError):
             source = ""
-        reason = internal_reason(source) or fixture_reason(getattr(item, "fixturenames", ()))
+        private = private_names(getattr(item, "module", None))
+        reason = (internal_reason(source) or imported_private_reason(source, private)
+                  or fixture_reason(getattr(item, "fixturenames", ())))
         item.user_properties.append(("internal", reason or ""))
 
 
