@@ -101,6 +101,11 @@ def _connect_ray_on_demand() -> None:
         if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False,
                      namespace=os.environ.get("SURGE_AS_RAY_NAMESPACE"))
+            from surge.process import at_exit
+
+            # A replica leaves through os._exit right after the user's __del__: let the
+            # Ray calls it made (a SignalActor's send) go out before the connection ends.
+            at_exit(lambda: (time.sleep(0.5), ray.shutdown()))
         return original(*args, **kwargs)
 
     ray.actor.ActorHandle._deserialization_helper = helper  # type: ignore[method-assign]
