@@ -62,6 +62,9 @@ def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
                PYTHONPATH=os.pathsep.join([str(HERE), str(work), str(ROOT / "src")]))
     command = [sys.executable, "-m", "pytest", str(work / name), "-p", "surge_as_ray",
                "-p", "no:cacheprovider", "-q", "-o", "asyncio_mode=auto",
+               # plain tracebacks: pytest's own, which parse the test's source, crashed the
+               # session on one of Ray's tests (SystemError: AST constructor recursion)
+               "--tb=native",
                f"--junitxml={junit}", f"--timeout={timeout_s}", "-o", "junit_family=xunit2"]
     if k:
         command += ["-k", k]
