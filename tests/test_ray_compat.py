@@ -92,3 +92,14 @@ def test_each_deliberate_difference_names_a_test_that_exists() -> None:
         path, _, name = behaviour.test.partition("::")
         source = (root / path).read_text()
         assert f"def {name}(" in source, f"{behaviour.what}: no test {behaviour.test}"
+
+
+def test_ray_serve_api_and_the_private_replica_context_accessor_import() -> None:
+    # Applications import from ray.serve.api, and Ray's own tests from the context module.
+    from surge import serve
+    from surge.serve import api
+    from surge.serve.context import _get_internal_replica_context
+
+    assert api.get_replica_context is serve.get_replica_context and api.run is serve.run
+    assert api.multiplexed is serve.multiplexed
+    assert _get_internal_replica_context() is None  # outside a replica

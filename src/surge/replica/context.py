@@ -16,7 +16,8 @@ from surge.errors import RayServeException
 from surge.model import LOCAL_NODE
 
 __all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "RequestContext", "get_replica_context",
-           "get_request_context", "request_context_var", "set_replica_context"]
+           "get_request_context", "replica_context_or_none", "request_context_var",
+           "set_replica_context"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ _context: ReplicaContext | None = None
 def set_replica_context(context: ReplicaContext | None) -> None:
     global _context
     _context = context
+
+
+def replica_context_or_none() -> ReplicaContext | None:
+    return _context
 
 
 def get_replica_context() -> ReplicaContext:
