@@ -22,7 +22,7 @@ from typing import Any
 
 # Ray Serve's public modules that surge has; everything under ray.serve._private stays Ray's.
 PUBLIC = ("handle", "exceptions", "config", "context", "schema", "metrics", "grpc_util",
-          "llm", "batching", "multiplex")
+          "llm", "batching", "multiplex", "api")
 _ALIASED = False
 
 
@@ -119,7 +119,8 @@ def _status() -> Any:
 
 
 def get_application_url(protocol: Any = "HTTP", app_name: str = "default",
-                        use_localhost: bool = True, exclude_route_prefix: bool = False,
+                        use_localhost: bool = True, is_websocket: bool = False,
+                        exclude_route_prefix: bool = False,
                         from_proxy_manager: bool = False) -> str:
     if str(getattr(protocol, "value", protocol)).upper() == "GRPC":
         return "127.0.0.1:9000"
@@ -128,13 +129,15 @@ def get_application_url(protocol: Any = "HTTP", app_name: str = "default",
         app = _status().applications.get(app_name)
         prefix = (app.route_prefix or "") if app is not None else ""
         prefix = "" if prefix == "/" else prefix
-    return f"http://127.0.0.1:8000{prefix}"
+    return f"{'ws' if is_websocket else 'http'}://127.0.0.1:8000{prefix}"
 
 
 def get_application_urls(protocol: Any = "HTTP", app_name: str = "default",
-                         use_localhost: bool = True, exclude_route_prefix: bool = False,
+                         use_localhost: bool = True, is_websocket: bool = False,
+                         exclude_route_prefix: bool = False,
                          from_proxy_manager: bool = False) -> list[str]:
-    return [get_application_url(protocol, app_name, use_localhost, exclude_route_prefix)]
+    return [get_application_url(protocol, app_name, use_localhost, is_websocket,
+                                exclude_route_prefix)]
 
 
 def check_running(app_name: str = "default") -> bool:
@@ -209,7 +212,8 @@ def _replace_helpers() -> None:
 # which surge replaces, so its result does not measure compatibility of user code.
 INTERNAL = re.compile(
     r"_private|_get_global_client|serve_instance\.|client\.|ray\.util\.state|list_actors|"
-    r"get_actor\(|ray\.kill|get_runtime_context|_run\(|\.remote\(\)\.get_actor|"
+    r"get_actor\(|ray\.kill|\._router\b|\._init\(|request_counter|"
+    r"get_runtime_context|_run\(|\.remote\(\)\.get_actor|"
     r"ray\.get_actor|state_api|SERVE_CONTROLLER|ReplicaID|DeploymentID|_get_internal|"
     r"ray_start_regular|ray_cluster|ray\.nodes\(|placement_group|metrics_start|"
     r"RAY_SERVE_|haproxy|_to_object_ref|_get_or_create|serve\.context\._")
