@@ -99,3 +99,13 @@ def test_a_test_that_calls_a_ray_internal_imported_at_module_level_is_internal()
     assert private == {"call_builder": "ray.serve._private.api"}
     assert surge_as_ray.imported_private_reason("    call_builder(f, {})\n", private)
     assert surge_as_ray.imported_private_reason("    wait_for(lambda: True)\n", private) is None
+
+
+def test_a_private_name_of_ray_serve_imported_at_module_level_is_internal() -> None:
+    import types
+
+    class _Wrapper: ...
+
+    _Wrapper.__module__ = "ray.serve.multiplex"
+    module = types.SimpleNamespace(_ModelMultiplexWrapper=_Wrapper)
+    assert surge_as_ray.private_names(module) == {"_ModelMultiplexWrapper": "ray.serve.multiplex"}

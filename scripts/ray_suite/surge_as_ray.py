@@ -44,9 +44,20 @@ def alias() -> None:
         target = {"batching": "surge.replica.batching",
                   "multiplex": "surge.replica.multiplex"}.get(name, f"surge.serve.{name}")
         try:
-            sys.modules[f"ray.serve.{name}"] = importlib.import_module(target)
+            ray_module = importlib.import_module(f"ray.serve.{name}")
+        except ImportError:
+            ray_module = None
+        try:
+            module = sys.modules[f"ray.serve.{name}"] = importlib.import_module(target)
         except ImportError:
             sys.modules.pop(f"ray.serve.{name}", None)
+            continue
+        # Ray's private names that surge lacks (e.g. multiplex._ModelMultiplexWrapper),
+        # so that a test file importing one still imports; the tests that use one are
+        # internal (private_names), and run Ray's object.
+        for attr, value in vars(ray_module or object).items():
+            if attr.startswith("_") and not attr.startswith("__") and not hasattr(module, attr):
+                setattr(module, attr, value)
     _connect_ray_on_demand()
     _moved_names()
     _tests_package()
@@ -245,8 +256,11 @@ def private_names(module: Any) -> dict[str, str]:
     found: dict[str, str] = {}
     for name, value in getattr(module, "__dict__", {}).items():
         origin = getattr(value, "__module__", None) or ""
-        if (callable(value) and origin.startswith("ray.serve._private")
-                and not SAFE_PRIVATE.search(origin) and not origin.endswith(".constants")):
+        private_module = (origin.startswith("ray.serve._private")
+                          and not SAFE_PRIVATE.search(origin)
+                          and not origin.endswith(".constants"))
+        private_name = name.startswith("_") and origin.startswith(("ray.serve", "surge."))
+        if callable(value) and (private_module or private_name):
             found[name] = origin
     return found
 
