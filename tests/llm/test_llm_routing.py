@@ -174,7 +174,8 @@ def test_when_every_engine_is_full_the_proxy_refuses_at_once_and_serves_again_af
         refused = httpx.post(url, json=short, timeout=30)
         assert refused.status_code == 503, refused.text  # not served behind it
         assert refused.json()["error"]["code"] == "service_unavailable"
-        assert float(refused.headers["retry-after"]) > 0
+        # Ray's count bound (max_queued_requests 0): no Retry-After unless configured
+        assert "retry-after" not in refused.headers
     finally:
         for stream in streams:
             stream.cancel()

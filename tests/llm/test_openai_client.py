@@ -227,7 +227,9 @@ def test_the_proxy_answers_overload_with_an_openai_error_body(instance: Running,
                                                               request: pytest.FixtureRequest
                                                               ) -> None:
     config = {**fake("busy", token_delay_s=0.5),
-              "deployment_config": {"max_ongoing_requests": 1, "max_queued_requests": 0}}
+              # Under Ray's count bound a Retry-After is sent when configured, as in Ray
+              "deployment_config": {"max_ongoing_requests": 1, "max_queued_requests": 0,
+                                    "backpressure_config": {"retry_after_s": 2}}}
     serve.run(build_openai_app({"llm_configs": [config]}), name="busy", route_prefix="/busy")
     request.addfinalizer(lambda: serve.delete("busy"))
     with openai.OpenAI(base_url=f"{instance.url}/busy/v1", api_key="x",
@@ -241,6 +243,6 @@ def test_the_proxy_answers_overload_with_an_openai_error_body(instance: Running,
                                            messages=[{"role": "user", "content": "y"}])
         stream.close()
     assert full.value.status_code == 503
-    assert full.value.response.headers["retry-after"]
+    assert full.value.response.headers["retry-after"] == "2"
     assert full.value.body["code"] == "service_unavailable"
     assert full.value.body["type"] == "server_error" and full.value.body["message"]
