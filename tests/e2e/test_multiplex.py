@@ -167,3 +167,53 @@ def test_nested_handle_calls_inherit_no_model_id(surge_instance) -> None:  # typ
     assert handle.options(multiplexed_model_id="top").remote().result(timeout_s=30) == [
         "top", "", "kid"]
     serve.delete("nested")
+
+
+@serve.deployment
+class Recorder:
+    def __init__(self) -> None:
+        self.unloaded: set[str] = set()
+
+    def add(self, model_id: str) -> None:
+        self.unloaded.add(model_id)
+
+    def record(self) -> set[str]:
+        return self.unloaded
+
+
+class ReportingModel:
+    def __init__(self, model_id: str, recorder: Any) -> None:
+        self.model_id, self.recorder = model_id, recorder
+
+    def __del__(self) -> None:
+        self.recorder.add.remote(self.model_id)  # fired and forgotten, as users do
+
+
+@serve.deployment
+class HoldsOneModel:
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    @serve.multiplexed(max_num_models_per_replica=1)
+    async def get_model(self, model_id: str) -> ReportingModel:
+        return ReportingModel(model_id, self.recorder)
+
+    async def __call__(self, request: Any) -> str:
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        return model.model_id
+
+
+def test_a_redeploy_unloads_the_old_replicas_models_before_serve_run_returns(  # type: ignore[no-untyped-def]
+        surge_instance) -> None:
+    # As Ray: serve.run replaces the replicas; by the time it returns the old one has
+    # stopped, its models' __del__ ran, and the call that __del__ fired reached its replica.
+    recorder = serve.run(Recorder.bind(), name="recorder", route_prefix=None)
+    serve.run(HoldsOneModel.bind(recorder), name="holds", route_prefix="/holds")
+    response = httpx.get(f"{surge_instance.url}/holds",
+                         headers={"serve_multiplexed_model_id": "1"}, timeout=30)
+    assert response.text == "1"
+    assert recorder.record.remote().result(timeout_s=10) == set()
+    serve.run(HoldsOneModel.bind(recorder), name="holds", route_prefix="/holds")
+    assert recorder.record.remote().result(timeout_s=10) == {"1"}
+    serve.delete("holds")
+    serve.delete("recorder")

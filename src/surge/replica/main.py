@@ -57,6 +57,9 @@ def resolve_target(target: Any) -> Any:
     return getattr(found, "func_or_class", found)
 
 
+CALLS_SETTLE_S = 2.0  # how long a stopping replica waits for the calls it made to end
+
+
 class Replica:
     def __init__(self, launch: ReplicaProcessSpec, pools: SizedPools | None = None) -> None:
         self.launch = launch
@@ -190,6 +193,9 @@ class Replica:
             await self.server.drain(self.spec.graceful_shutdown_timeout_s)
         _close(listeners, address, local_address)
         await self.user.destroy()  # lifespan shutdown, then the user's __del__
+        # Calls the user's __del__ (or a model's) fired and forgot still reach their
+        # replica, as in Ray, before this process leaves.
+        await self.runtime.settle(CALLS_SETTLE_S)
         self.user.close()
         self.runtime.close()
         return 0
