@@ -109,3 +109,18 @@ def test_a_private_name_of_ray_serve_imported_at_module_level_is_internal() -> N
     _Wrapper.__module__ = "ray.serve.multiplex"
     module = types.SimpleNamespace(_ModelMultiplexWrapper=_Wrapper)
     assert surge_as_ray.private_names(module) == {"_ModelMultiplexWrapper": "ray.serve.multiplex"}
+
+
+def test_a_test_that_calls_a_helper_reaching_ray_internals_is_internal(tmp_path: Path) -> None:
+    # a test module with a helper that reads a handle's private router, and one that does not
+    path = tmp_path / "test_fake.py"
+    path.write_text("def check_router(handle):\n    return handle._router.curr_replicas\n\n\n"
+                    "def plain(x):\n    return x + 1\n")
+    spec = importlib.util.spec_from_file_location("test_fake", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    helpers = surge_as_ray.internal_helpers(module, {})
+    assert set(helpers) == {"check_router"}
+    assert surge_as_ray.helper_reason("    wait_for_condition(check_router, handle=h)\n", helpers)
+    assert surge_as_ray.helper_reason("    assert plain(1) == 2\n", helpers) is None

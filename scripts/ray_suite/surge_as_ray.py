@@ -273,6 +273,32 @@ def imported_private_reason(source: str, private: dict[str, str]) -> str | None:
     return None
 
 
+def internal_helpers(module: Any, private: dict[str, str]) -> dict[str, str]:
+    """The test module's own helper functions that reach Ray's internals: name -> why
+    (a test that calls one, e.g. one that reads a handle's private router, is internal)."""
+    import inspect
+
+    found: dict[str, str] = {}
+    for name, value in getattr(module, "__dict__", {}).items():
+        if (inspect.isfunction(value) and not name.startswith("test")
+                and value.__module__ == getattr(module, "__name__", None)):
+            try:
+                source = inspect.getsource(value)
+            except (OSError, TypeError):
+                continue
+            why = internal_reason(source) or imported_private_reason(source, private)
+            if why:
+                found[name] = f"calls {name}, which {why}"
+    return found
+
+
+def helper_reason(source: str, helpers: dict[str, str]) -> str | None:
+    for name, why in helpers.items():
+        if re.search(rf"\b{re.escape(name)}\b", source):
+            return why
+    return None
+
+
 def fixture_reason(fixtures: Any) -> str | None:
     """Why a test's fixtures make it measure Ray's machinery, or None."""
     used = sorted(INTERNAL_FIXTURES.intersection(fixtures))
@@ -338,8 +364,10 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
             source = inspect.getsource(function) if function else ""
         except (OSError, TypeError):
             source = ""
-        private = private_names(getattr(item, "module", None))
+        module = getattr(item, "module", None)
+        private = private_names(module)
         reason = (internal_reason(source) or imported_private_reason(source, private)
+                  or helper_reason(source, internal_helpers(module, private))
                   or fixture_reason(getattr(item, "fixturenames", ())))
         item.user_properties.append(("internal", reason or ""))
 
