@@ -473,8 +473,11 @@ def behaviours() -> list[str]:
     lines = ["## Behaviour that differs on purpose", "",
              "Beyond names: where surge does something else than Ray Serve on purpose, "
              "and the test that pins surge's side. Everything else an application sees is "
-             "meant to be Ray's; Ray Serve's own test files, run against surge, measure "
-             "it (`make ray-suite`, scripts/ray_suite/run.py).", "",
+             "meant to be Ray's; Ray Serve's own test files measure it: `make ray-suite "
+             "RAY_TESTS=<a Ray checkout>/python/ray/serve/tests` runs them on Ray Serve "
+             "itself, then on surge with `ray.serve` pointed at surge, and counts the tests "
+             "of user-visible behaviour that pass on Ray (scripts/ray_suite/run.py says "
+             "which tests count as Ray's internals, and why).", "",
              "| behaviour | Ray Serve | surge | why | pinned by |", "|---|---|---|---|---|"]
     lines += [f"| {b.what} | {b.ray} | {b.surge} | {b.why} | `{b.test}` |"
               for b in BEHAVIOURS]
