@@ -17,6 +17,7 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import Running, running_instance
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -47,8 +48,14 @@ def send_and_reset(port: int, count: int) -> None:
 
 
 def test_vanishing_clients_leave_no_stuck_slots(instance: Running) -> None:
+    # Right after a storm the bounded queue may still hold the vanished clients' requests
+    # (their resets not yet read), so a 503 at that instant is overload control working;
+    # a leaked slot instead never frees, and no request is served again.
     with httpx.Client(timeout=10) as client:
         for _ in range(10):
             send_and_reset(instance.http_port, 64)
-            response = client.get(f"{instance.url}/echo")  # times out if slots leaked
-            assert response.status_code == 200
+            eventually(
+                lambda: client.get(f"{instance.url}/echo").status_code == 200,
+                5,
+                what="a request served after 64 clients vanished",
+            )
