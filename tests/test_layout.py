@@ -317,3 +317,20 @@ def test_serve_only_reexports() -> None:
                 continue
             problems.append(f"{module.name}:{node.lineno}: {type(node).__name__}")
     assert problems == [], "surge.serve re-exports only; put the logic in its own module"
+
+
+# The control-plane redesign's bound (#14, #32): a controller class over ~25 methods is
+# doing two jobs; every def counts (dunder and private too), as the issues counted them.
+CONTROLLER_CLASS_MAX_METHODS = 25
+
+
+def test_no_controller_class_grows_past_its_bound() -> None:
+    over = []
+    for module in (m for m in modules() if m.part == "controller"):
+        for node in ast.walk(module.tree()):
+            if isinstance(node, ast.ClassDef):
+                count = sum(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                            for f in node.body)
+                if count > CONTROLLER_CLASS_MAX_METHODS:
+                    over.append(f"{module.name}.{node.name}: {count} methods")
+    assert over == [], "merge methods that are one concept, or split the class"

@@ -15,7 +15,7 @@ routes requests to it.
 
 The backend (bench/scale/backend.py) connects to `socket` and asks for starts, TERMs
 and KILLs; exits go back to it as `{"exited": id, "code": c}`. Events for the bench on
-stdout: `start` (asked), `ready` (just before replica_ready), `failed` (could not
+stdout: `start` (asked), `ready` (just before replica_started), `failed` (could not
 connect: a real replica would exit 1), `crash`. Commands on stdin: `crash` (one ready
 replica's connection is cut, as a SIGKILL would: the backend sees exit -9).
 """
@@ -66,7 +66,7 @@ class FakeReplica:
             await asyncio.sleep(host.startup_s)
             emit("ready", id=self.replica_id, t=time.monotonic())
             wanted = await self.peer.call(
-                "replica_ready", replica_id=self.replica_id, pid=os.getpid(),
+                "replica_started", replica_id=self.replica_id, pid=os.getpid(),
                 address=f"unix:{host.directory}/{self.replica_id}.sock", node_id="local",
                 local_address="", own_health_check=False)  # as a class without one
         except Exception as exc:

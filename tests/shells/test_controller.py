@@ -83,9 +83,9 @@ class Harness:
         """The replica process built its object and listens: it says so."""
         peer = self.peers[replica_id] = FakePeer("replica", replica_id=replica_id)
         pid = self.backend.processes[replica_id].pid
-        wanted = await self.api.rpc_replica_ready(peer, replica_id=replica_id,
-                                                  address=f"unix:/s/{replica_id}.sock", pid=pid,
-                                                  own_health_check=own_health_check)
+        wanted = await self.api.rpc_replica_started(peer, replica_id=replica_id,
+                                                    address=f"unix:/s/{replica_id}.sock", pid=pid,
+                                                    own_health_check=own_health_check)
         assert wanted
         await turn()
         return peer
@@ -149,8 +149,8 @@ def test_a_replica_that_fails_its_constructor_three_times_fails_the_deploy() -> 
             await h.tick(TICK_S if attempt == 1 else 1.5)  # past the backoff (0.5 s, 1 s)
             replica_id = f"Model-{attempt}"
             assert h.backend.started() == [f"Model-{i}" for i in range(1, attempt + 1)]
-            await h.api.rpc_replica_failed(FakePeer(), replica_id=replica_id,
-                                           error=f"RuntimeError: attempt {attempt}")
+            await h.api.rpc_replica_started(FakePeer(), replica_id=replica_id,
+                                            error=f"RuntimeError: attempt {attempt}")
             assert h.states()[replica_id] == "FAILED"
             h.backend.exit(replica_id, 1)
         await h.tick()  # the third exit is seen; no fourth start
@@ -176,8 +176,8 @@ def test_a_failure_after_running_is_unhealthy_whoever_asked_before() -> None:
         for attempt in (2, 3, 4):
             await h.tick(1.5)  # past the backoff after the last failed start
             assert h.states()[f"Model-{attempt}"] == "STARTING"
-            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
-                                           error="boom")
+            await h.api.rpc_replica_started(FakePeer(), replica_id=f"Model-{attempt}",
+                                            error="boom")
             h.backend.exit(f"Model-{attempt}", 1)
         await h.tick()
         assert h.status() is ApplicationStatus.UNHEALTHY
@@ -212,8 +212,8 @@ def test_a_failed_start_backs_off_before_the_next() -> None:
         await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=10)))
         await h.tick()
         for attempt, backoff in ((1, 0.5), (2, 1.0), (3, 2.0)):
-            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
-                                           error="boom")
+            await h.api.rpc_replica_started(FakePeer(), replica_id=f"Model-{attempt}",
+                                            error="boom")
             h.backend.exit(f"Model-{attempt}", 1)
             await h.tick(backoff - 0.2)
             assert len(h.backend.started()) == attempt  # still backing off
@@ -235,8 +235,8 @@ def test_an_update_whose_replicas_never_start_fails_and_the_old_version_serves()
         for attempt in (2, 3):
             await h.tick(1.5)
             assert h.states()[f"Model-{attempt}"] == "STARTING"
-            await h.api.rpc_replica_failed(FakePeer(), replica_id=f"Model-{attempt}",
-                                           error="ImportError: v2 is broken")
+            await h.api.rpc_replica_started(FakePeer(), replica_id=f"Model-{attempt}",
+                                            error="ImportError: v2 is broken")
             h.backend.exit(f"Model-{attempt}", 1)
         for _ in range(3):
             await h.tick(5.0)
@@ -584,8 +584,8 @@ async def first_controller(tmp_path: Path) -> tuple[Harness, dict[str, int]]:
     h = Harness(tmp_path, backend=FakeBackend(deaths_visible_at_once=False))
     await h.deploy(app(DeploymentConfig(name="Model", num_replicas=2)))
     h.controller.serve_http()
-    await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-0"),
-                                address="127.0.0.1:8000", pid=h.backend.processes["proxy-0"].pid)
+    await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-0"),
+                                  address="127.0.0.1:8000", pid=h.backend.processes["proxy-0"].pid)
     await h.tick()
     for replica_id in ("Model-1", "Model-2"):
         await h.ready(replica_id)
@@ -690,8 +690,8 @@ def test_proxies_start_one_first_then_the_rest_and_restart_when_they_exit() -> N
         assert h.backend.started("proxy") == ["proxy-0"]
         await h.tick()
         assert h.backend.started("proxy") == ["proxy-0"]  # the others wait for its port
-        await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-0"),
-                                    address="127.0.0.1:8000", pid=1)
+        await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-0"),
+                                      address="127.0.0.1:8000", pid=1)
         # the others join the port it bound at once
         assert h.backend.started("proxy") == ["proxy-0", "proxy-1", "proxy-2"]
         restarts = []
@@ -702,9 +702,48 @@ def test_proxies_start_one_first_then_the_rest_and_restart_when_they_exit() -> N
                 await h.tick()
             restarts.append(round(h.clock.monotonic() - exited, 3))
         assert restarts == [0.3, 0.5, 0.9]  # seen at the next tick, then the backoff
-        await h.api.rpc_proxy_ready(FakePeer("proxy", proxy_id="proxy-1"),
-                                    address="127.0.0.1:8000", pid=7)
+        await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-1"),
+                                      address="127.0.0.1:8000", pid=7)
         assert "proxy-1" not in h.state.proxy_backoff  # it served: the backoff starts over
+
+    run(main)
+
+
+def test_a_proxy_that_cannot_serve_first_fails_the_start_but_a_later_one_does_not(
+        ) -> None:
+    async def main() -> None:
+        h = Harness()
+        h.state.proxy_count = 2
+        h.controller.serve_http()
+        await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-0"), pid=1,
+                                      error="cannot listen on 0.0.0.0:8000: in use")
+        assert h.controller.proxy_ready.is_set()  # main reports it and stops
+        assert (h.state.proxy_error, h.state.proxy_address) == (
+            "cannot listen on 0.0.0.0:8000: in use", "")
+        assert h.backend.started("proxy") == ["proxy-0"]  # no one joins a port never bound
+
+        h = Harness()
+        h.state.proxy_count = 2
+        h.controller.serve_http()
+        await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-0"), pid=1,
+                                      address="127.0.0.1:8000")
+        await h.api.rpc_proxy_started(FakePeer("proxy", proxy_id="proxy-1"), pid=2,
+                                      error="cannot serve TLS: no key")
+        assert (h.state.proxy_error, h.state.proxy_address) == ("", "127.0.0.1:8000")
+
+    run(main)
+
+
+def test_a_handle_targets_the_apps_ingress_or_one_of_its_deployments() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Ingress"), DeploymentConfig(name="Model")))
+        target = h.api.rpc_handle_target
+        assert await target(FakePeer("driver"), app="app") == "Ingress"
+        assert await target(FakePeer("driver"), app="app", deployment="Model") == "Model"
+        assert await target(FakePeer("driver"), app="app", deployment="Other") is None
+        assert await target(FakePeer("driver"), app="other") is None
+        assert await target(FakePeer("driver"), app="other", deployment="Model") is None
 
     run(main)
 
@@ -737,7 +776,7 @@ def test_max_constructor_retry_count_is_the_deployments_own() -> None:
         h = Harness()
         await h.deploy(app(DeploymentConfig(name="Model", max_constructor_retry_count=1)))
         await h.tick()
-        await h.api.rpc_replica_failed(FakePeer(), replica_id="Model-1", error="boom")
+        await h.api.rpc_replica_started(FakePeer(), replica_id="Model-1", error="boom")
         h.backend.exit("Model-1", 1)
         await h.tick()
         await h.tick()

@@ -76,8 +76,8 @@ class Harness:
     async def ready(self, replica_id: str) -> None:
         peer = FakePeer("replica", replica_id=replica_id)
         pid = self.backend.processes[replica_id].pid
-        assert await self.api.rpc_replica_ready(peer, replica_id=replica_id,
-                                                address=f"unix:/s/{replica_id}.sock", pid=pid)
+        assert await self.api.rpc_replica_started(peer, replica_id=replica_id,
+                                                  address=f"unix:/s/{replica_id}.sock", pid=pid)
         await asyncio.sleep(0)
 
     @property

@@ -21,7 +21,7 @@ from surge.errors import (
     DeploymentNotFoundError,
     RayServeException,
 )
-from surge.model import ApplicationStatus, DeploymentId, ServeStatus
+from surge.model import ApplicationStatus, ServeStatus
 from surge.observability.config import DashboardOptions, LoggingConfig
 from surge.proxy.tls import check_tls_files
 from surge.router.handle import DeploymentHandle
@@ -183,7 +183,7 @@ def shutdown() -> None:
 
 
 def get_app_handle(name: str) -> DeploymentHandle:
-    ingress = _call("ingress", app=name)
+    ingress = _call("handle_target", app=name)
     if ingress is None:
         raise RayServeException(f"Application '{name}' does not exist.")
     return _handle(ingress, name)
@@ -198,7 +198,7 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None,
             app_name = get_replica_context().app_name
         except RayServeException:
             app_name = DEFAULT_APP_NAME
-    if not _call("has_deployment", deployment=DeploymentId(app_name, deployment_name)):
+    if _call("handle_target", app=app_name, deployment=deployment_name) is None:
         raise DeploymentNotFoundError(f"Deployment '{deployment_name}' does not exist in "
                                       f"application '{app_name}'.")
     return _handle(deployment_name, app_name)

@@ -197,7 +197,7 @@ class RayBackend:
         hosted = self._host(launch.replica_id, "surge.replica", encode(spec),
                             self._env(dict(resources.env_vars), launch.sys_path), options)
         hosted.demand = demand
-        return 0  # the pid is known once the actor has started it (replica_ready has it)
+        return 0  # the pid is known once the actor has started it (replica_started has it)
 
     def start_proxy(self, launch: ProxyLaunch) -> int:
         if launch.proxy_id in self.hosts:  # asked again before its exit was seen

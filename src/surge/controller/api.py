@@ -2,10 +2,10 @@
 
 Each `rpc_<name>` is the method `<name>` of the control connection (transport/rpc.py).
 Drivers and the CLI deploy, delete, wait and read status; proxies fetch their HTTP
-spec and say when they serve; replicas fetch their spec and say when they are ready
-or failed. A handler changes the state directly only for what a member reports about
-itself (ready, failed, its address); anything that starts, stops or signals a process
-goes through the executor as actions.
+spec and say how their start ended (serving, or why not); replicas fetch their spec and
+say how their build ended (ready, or failed). A handler changes the state directly only
+for what a member reports about itself (ready, failed, its address); anything that
+starts, stops or signals a process goes through the executor as actions.
 """
 
 from __future__ import annotations
@@ -204,12 +204,15 @@ class ControlApi:
         """The instance as Ray's REST API describes it (`surge config`, `surge status -a`)."""
         return instance_details(self.state, self.clock, os.getpid())
 
-    async def rpc_ingress(self, peer: Peer, app: str) -> str | None:
+    async def rpc_handle_target(self, peer: Peer, app: str, deployment: str | None = None
+                                ) -> str | None:
+        """The deployment a handle to `app` calls: its ingress, or `deployment` when that is
+        one of the application's (serve.get_app_handle / get_deployment_handle); None: no
+        such application or deployment."""
+        if deployment is not None:
+            return deployment if DeploymentId(app, deployment) in self.state.deployments else None
         record = self.state.apps.get(app)
         return record.ingress if record is not None else None
-
-    async def rpc_has_deployment(self, peer: Peer, deployment: DeploymentId) -> bool:
-        return deployment in self.state.deployments
 
     async def rpc_replicas(self, peer: Peer) -> list[dict[str, Any]]:
         return [{"replica_id": r.replica_id, "app": r.deployment.app,
@@ -256,21 +259,22 @@ class ControlApi:
                          grpc_enable_reflection=g.enable_reflection,
                          grpc_enable_health=g.enable_health_service)
 
-    async def rpc_proxy_ready(self, peer: Peer, address: str, pid: int) -> None:
+    async def rpc_proxy_started(self, peer: Peer, pid: int, address: str = "",
+                                error: str = "") -> None:
+        """A proxy serves at `address`, or cannot serve (`error`). A failure before any
+        proxy serves means the instance cannot start (main says why); later, the proxy
+        exits and is restarted with a backoff (executor)."""
         proxy_id = peer.info.get("proxy_id", f"{PROXY_PREFIX}{pid}")
-        self.executor.apply([ProxyReady(proxy_id, pid, address,
-                                        peer.info.get("node_id", LOCAL_NODE))])
-        self.proxy_ready.set()
-        self._replan_now()  # the other workers join the port it bound
-
-    async def rpc_proxy_failed(self, peer: Peer, error: str) -> None:
-        """A proxy cannot serve. Before any serves, the instance cannot start (main says
-        why); later, it exits and is restarted with a backoff (executor)."""
-        if not self.state.proxy_address:
+        if not error:
+            self.executor.apply([ProxyReady(proxy_id, pid, address,
+                                            peer.info.get("node_id", LOCAL_NODE))])
+            self.proxy_ready.set()
+            self._replan_now()  # the other workers join the port it bound
+        elif not self.state.proxy_address:
             self.state.proxy_error = error
             self.proxy_ready.set()
         else:
-            log.error("%s cannot serve: %s", peer.info.get("proxy_id", "a proxy"), error)
+            log.error("%s cannot serve: %s", proxy_id, error)
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -290,15 +294,28 @@ class ControlApi:
                            routing_stats_timeout_s=router.request_routing_stats_timeout_s,
                            rank=replica.rank, world_size=deployment.target)
 
-    async def rpc_replica_ready(self, peer: Peer, replica_id: str, address: str, pid: int,
-                                node_id: str = LOCAL_NODE, local_address: str = "",
-                                own_health_check: bool = True) -> bool:
-        """False: this controller does not want the replica (it was started by one that
-        died since, or already stopped); the replica exits. `own_health_check`: its
-        class defines check_health (else its telemetry may stand for the check)."""
+    async def rpc_replica_started(self, peer: Peer, replica_id: str, error: str = "",
+                                  address: str = "", pid: int = 0, node_id: str = LOCAL_NODE,
+                                  local_address: str = "", own_health_check: bool = True
+                                  ) -> bool:
+        """A replica was built and serves at `address`, or could not be built (`error`,
+        the user's traceback). False: this controller does not want the replica (it
+        failed, was started by one that died since, or already stopped); it exits.
+        `own_health_check`: its class defines check_health (else its telemetry may stand
+        for the check)."""
         state = self.state
         replica = state.replicas.get(replica_id)
-        if replica is None or replica.state is not ReplicaState.STARTING:
+        if replica is None:
+            return False
+        if error:
+            deployment = state.deployments.get(replica.deployment)
+            if deployment is not None and replica.version == deployment.version:
+                state.start_failed(deployment, error, self.clock.monotonic())
+            if replica.alive:
+                replica.move(ReplicaState.FAILED)
+            await self.notify()
+            return False
+        if replica.state is not ReplicaState.STARTING:
             return False
         deployment = state.deployments[replica.deployment]
         replica.info = ReplicaInfo(replica_id, replica.deployment, address, pid, node_id,
@@ -323,18 +340,6 @@ class ControlApi:
             state.note_running_apps()  # it may have just reached RUNNING
         await self.notify()
         return True
-
-    async def rpc_replica_failed(self, peer: Peer, replica_id: str, error: str) -> None:
-        replica = self.state.replicas.get(replica_id)
-        if replica is None:
-            return
-        deployment = self.state.deployments.get(replica.deployment)
-        if deployment is not None and replica.version == deployment.version:
-            self.state.start_failed(deployment, error, self.clock.monotonic())
-        if replica.alive:
-            replica.move(ReplicaState.FAILED)
-        await self.notify()
-
 
 def _origin() -> dict[str, Any]:
     """When this controller started and the process that started it (user, pid, command)."""

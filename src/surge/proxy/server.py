@@ -176,13 +176,14 @@ async def serve(launch: ProxyProcessSpec) -> int:
     try:
         tls = server_context(spec) if spec.ssl_certfile is not None else None
     except ConfigError as exc:
-        await runtime.call("proxy_failed", error=f"cannot serve TLS: {exc}")
+        await runtime.call("proxy_started", pid=os.getpid(), error=f"cannot serve TLS: {exc}")
         return 1
     try:
         sock = bind(spec.host, spec.port, spec.reuse_port)
     except OSError as exc:
-        await runtime.call("proxy_failed", error=f"cannot listen on {spec.host}:{spec.port}: "
-                                                 f"{exc.strerror or exc}")
+        await runtime.call("proxy_started", pid=os.getpid(),
+                           error=f"cannot listen on {spec.host}:{spec.port}: "
+                                 f"{exc.strerror or exc}")
         return 1
     # The handshake is bounded like the headers that follow it (slowloris before TLS).
     server = await loop.create_server(
@@ -192,7 +193,7 @@ async def serve(launch: ProxyProcessSpec) -> int:
         grpc_server = await _serve_grpc(proxy, spec)
     except ConfigError as exc:
         server.close()
-        await runtime.call("proxy_failed", error=str(exc))
+        await runtime.call("proxy_started", pid=os.getpid(), error=str(exc))
         return 1
     follower = loop.create_task(proxy.follow_routes())
     if proxy.metrics:
@@ -200,7 +201,7 @@ async def serve(launch: ProxyProcessSpec) -> int:
     port = proxy.port = sock.getsockname()[1]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     address = f"{_advertised_host(spec.host, launch.node_ip)}:{port}"
-    await runtime.call("proxy_ready", address=address, pid=os.getpid())
+    await runtime.call("proxy_started", pid=os.getpid(), address=address)
     # What startup made (modules, the user's servicers, the route table) stays: a full
     # collection then walks only what serving makes (gRPC echo: 8.5 ms -> 0.06 ms).
     gc.collect()  # startup's garbage goes first: frozen, it would stay

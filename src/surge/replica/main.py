@@ -132,7 +132,7 @@ class Replica:
         except Exception:
             error = users_traceback()
             log.error("replica %s failed to start:\n%s", self.replica_id, error)
-            await self.runtime.call("replica_failed", replica_id=self.replica_id, error=error)
+            await self.runtime.call("replica_started", replica_id=self.replica_id, error=error)
             return False
         return True
 
@@ -171,7 +171,7 @@ class Replica:
         own_check = self.user.defines("check_health")  # else telemetry stands for it
         try:
             wanted = await self.runtime.call(
-                "replica_ready", replica_id=self.replica_id, pid=os.getpid(), address=address,
+                "replica_started", replica_id=self.replica_id, pid=os.getpid(), address=address,
                 local_address=local_address, node_id=where["node_id"],
                 own_health_check=own_check)
         except (ConnectionError, ControllerUnavailableError):
