@@ -1,8 +1,9 @@
-# The two Quick-start commands: `make demo` and `make test` (CI runs `make test`).
+# The two Quick-start commands: `make demo` and `make test` (CI runs `make test`);
+# `make test-fast` is the fast tier alone, for a developer (docs/testing.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint bench clean dashboard-png ray-venv llm-env test-llm ray-suite
+.PHONY: install demo test test-fast lint bench clean dashboard-png ray-venv llm-env test-llm ray-suite
 
 install: $(VENV)/.installed
 
@@ -55,14 +56,26 @@ test-llm:
 	elif [ $$rc != 0 ]; then exit $$rc; \
 	else $(LLM_RUN) $(LLM_PY) -m pytest $(LLM_TESTS) -p no:cacheprovider; fi
 
+# The suite's tiers (docs/testing.md, tests/tiers.py): the fast one (unit and in-memory
+# shell tests; no process started) under the coverage gate of pyproject.toml (policy/
+# and the sans-IO cores), then policy/ alone at 100%; the rest without coverage.
+FAST_TIER := $(PY) -m pytest -m fast --cov --cov-report=term
+POLICY_GATE := $(VENV)/bin/coverage report --include='src/surge/policy/*' --fail-under=100
+
+test-fast: install
+	$(FAST_TIER)
+	$(POLICY_GATE)
+
 # The LLM environment builds (once per machine) in the background, at low priority and
 # without byte-compiling, while the main suite runs; test-llm then finds it ready (or
-# builds it again, printing why it failed).
+# builds it again, printing why it failed). Both tiers run even when the first fails.
 test: lint ray-venv
 	sh scripts/ensure-chromium.sh
 	sh scripts/ensure-netns-tools.sh
 	@PIP_NO_COMPILE=1 nice -n 19 sh scripts/llm-env.sh > .llm-env.log 2>&1 & build=$$!; \
-	$(PY) -m pytest; rc=$$?; wait $$build || true; exit $$rc
+	$(FAST_TIER) && $(POLICY_GATE); fast=$$?; \
+	$(PY) -m pytest -m "not fast"; rc=$$?; wait $$build || true; \
+	test $$fast = 0 || exit $$fast; exit $$rc
 	$(MAKE) test-llm
 
 dashboard-png: install  # regenerate docs/dashboard.png (a short pulse, then a screenshot)

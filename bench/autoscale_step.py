@@ -177,9 +177,11 @@ def main() -> None:
     headline = next((r for r in results if r.name == "surge:proactive+standby"), results[-1])
     s = headline.summary
     label = headline.name.split(":", 1)[-1].replace("_", "+")
+    ray = next((r.summary for r in results if r.name == "ray:default"), None)
     print(f"summary: policy={label} first_decision_s={s['first_decision_s']:.2f} "
           f"capacity_s={s['capacity_s']:.2f} failed={s['failed']:.4f} "
-          f"p99_ms={s['p99_ms']:.0f}")
+          f"p99_ms={s['p99_ms']:.0f}"
+          + (f" ray_failed={ray['failed']:.4f} ray_p99_ms={ray['p99_ms']:.0f}" if ray else ""))
 
 
 if __name__ == "__main__":

@@ -209,6 +209,8 @@ def main() -> None:
         f"surge_cpu_us={s_hi[0].cpu_us_per_request:.0f}" if s_hi else "surge_cpu_us=nan",
         f"surge_p50_c{c_lo}_ms={s_lo[0].p50_ms:.2f}" if s_lo else "",
         f"surge_p99_c{c_lo}_ms={s_lo[0].p99_ms:.2f}" if s_lo else "",
+        *(f"{name}_p99_c{c_lo}_ms={table[(name, c_lo)][0].p99_ms:.2f}"
+          for name in ("surge_mor100", "ray_mor100", "raw") if (name, c_lo) in table),
     ]))
 
 

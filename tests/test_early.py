@@ -31,6 +31,7 @@ def test_what_starts_early(line: bytes, kinds: tuple[str, ...]) -> None:
     assert early_kinds(line) == kinds
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_an_early_proxy_is_taken_once_with_its_environment_and_the_rest_are_stopped(
         ) -> None:
     early.start_early(_line())
@@ -52,6 +53,7 @@ def test_an_early_proxy_is_taken_once_with_its_environment_and_the_rest_are_stop
         early.stop_untaken()
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_an_early_proxy_that_never_gets_a_spec_exits_quietly() -> None:
     """Its controller died first: EOF on stdin. A proxy started by hand says why."""
     quiet = subprocess.run([sys.executable, "-m", "surge.proxy", "early"], input=b"",

@@ -50,6 +50,7 @@ def test_a_missing_or_wrong_spec_says_what_it_is() -> None:
         read_spec(ReplicaProcessSpec, io.BytesIO(b'{"type": "proxy"}\n'))
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_a_process_that_dies_before_reading_its_spec_is_no_error_to_its_starter() -> None:
     process = start_process([sys.executable, "-c", "import os; os._exit(3)"], b"x" * 300_000,
                             {}, stdout=subprocess.DEVNULL)

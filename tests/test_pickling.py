@@ -52,6 +52,7 @@ def test_state_travels_by_its_contents_and_the_reducers_stay_in_surge() -> None:
         pickle.dumps(threading.Lock())  # nothing was registered process-wide
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_a_class_made_in_a_function_keeps_its_qualname_in_another_process() -> None:
     import subprocess
     import sys

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # runs its program in a child (tests/tiers.py)
+
 PROGRAM = """
 import resource, sys
 from surge.process import keep_freed_memory

@@ -29,13 +29,6 @@ class Target:
     steady: Steady
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/fuzz/" in str(item.path).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.fuzz)
-            item.add_marker(pytest.mark.e2e)
-
-
 @pytest.fixture(scope="package")
 def target() -> Iterator[Target]:
     with running_instance(**LIMITS) as running:

@@ -169,6 +169,7 @@ except ConfigError as exc:
 """
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_a_missing_client_fails_the_deploy_naming_the_url_and_package() -> None:
     # In a process of its own, where the package cannot be imported (it is installed
     # here for tests/llm/test_lora_cloud.py).

@@ -78,6 +78,7 @@ def test_a_directory_others_can_read_is_refused(private_tmp: Path) -> None:
         control_auth.user_dir()
 
 
+@pytest.mark.e2e  # starts a process (tests/tiers.py)
 def test_members_are_recognised_by_pid_and_start_time() -> None:
     import subprocess
     import sys

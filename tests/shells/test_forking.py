@@ -6,8 +6,12 @@ import os
 import sys
 import time
 
+import pytest
+
 from surge.backends.forking import ForkEvents, ForkServer
 from tests.eventually import eventually
+
+pytestmark = pytest.mark.e2e  # a real fork server (tests/tiers.py)
 
 
 def test_submitting_never_waits_and_every_answer_comes_with_a_poll() -> None:

@@ -17,6 +17,8 @@ from surge.weights.node import NodeStore
 from tests.eventually import eventually
 from tests.weights.conftest import MiB, entry_files, holder, model, start_store, stats
 
+pytestmark = pytest.mark.e2e  # a real store process (tests/tiers.py)
+
 
 def test_two_processes_share_one_read_only_entry(store: NodeStore, shm_dir: str,
                                                  tmp_path: Path) -> None:
