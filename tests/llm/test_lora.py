@@ -25,7 +25,10 @@ from surge.llm.lora import Adapters, adapter_location
 from surge.llm.lora_cloud import NodeCache
 from surge.llm.service import OpenAIService
 from surge.testing import FakeLLMEngine, FakeObjectStore
+from tests.eventually import eventually_async
 from tests.llm.test_openai_layer import body, call
+
+WAIT_S = 10.0
 
 FAKE = "surge.testing:FakeLLMEngine"
 
@@ -77,13 +80,16 @@ def test_an_unload_waits_for_the_adapters_running_request(tmp_path: Path) -> Non
         assert isinstance(engine, FakeLLMEngine)
         long = await svc.prepare_chat(body(model="fake:a", max_tokens=20))
         streaming = asyncio.ensure_future(long.complete())
-        await asyncio.sleep(0.05)  # a's request is generating
+        await eventually_async(lambda: engine.active, WAIT_S, what="a's request generating")
 
         async def b() -> Any:
             return await (await svc.prepare_chat(body(model="fake:b", max_tokens=1))).complete()
 
         other = asyncio.ensure_future(b())
-        await asyncio.sleep(0.05)
+        assert svc.loras is not None
+        loras = svc.loras
+        await eventually_async(lambda: loras.leaving() == ["a"], WAIT_S,
+                               what="b's load evicting a")
         during = list(engine.unloads)  # b waits for a's request to end
         text = (await streaming)["choices"][0]["message"]["content"]
         assert text.startswith("a0") and len(text.split()) == 20
@@ -202,9 +208,11 @@ def test_an_adapter_asked_for_while_it_leaves_loads_again_after(tmp_path: Path) 
             return str((await run.complete())["choices"][0]["message"]["content"])
 
         first = asyncio.ensure_future(ask("fake:a", 10))
-        await asyncio.sleep(0.03)
+        await eventually_async(lambda: engine.active, WAIT_S, what="a's request generating")
         b = asyncio.ensure_future(ask("fake:b", 1))  # evicts a, waiting for its request
-        await asyncio.sleep(0.01)
+        assert svc.loras is not None
+        loras = svc.loras
+        await eventually_async(lambda: loras.leaving() == ["a"], WAIT_S, what="a leaving")
         again = asyncio.ensure_future(ask("fake:a", 1))  # a while it leaves
         texts = await asyncio.gather(first, b, again)
         # every request was served by its adapter: none found it gone from the engine

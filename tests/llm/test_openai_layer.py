@@ -21,6 +21,7 @@ from surge.llm.server import LLMServer
 from surge.llm.service import OpenAIService
 from surge.model import ModelRoutes
 from surge.testing import FakeLLMEngine
+from tests.eventually import eventually_async
 
 FAKE = "surge.testing:FakeLLMEngine"
 
@@ -172,7 +173,9 @@ def test_a_cancelled_request_aborts_its_engine_request() -> None:
                 pass
 
         task = asyncio.get_running_loop().create_task(consume())
-        await asyncio.sleep(0.05)
+        engine = svc.engine
+        assert isinstance(engine, FakeLLMEngine)
+        await eventually_async(lambda: engine.active, 10, what="the request generating")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -381,7 +384,7 @@ def test_the_fake_engine_batches_at_max_num_seqs_and_tags_its_pid() -> None:
             return "".join([d.text async for d in deltas])
 
         tasks = [asyncio.create_task(generate(f"r{i}")) for i in range(3)]
-        await asyncio.sleep(0.015)
+        await eventually_async(lambda: len(engine.active) == 3, 10, what="three requests in")
         stats = engine.stats()
         assert (stats.running, stats.waiting) == (1, 2)  # one runs, two wait their turn
         texts = await asyncio.gather(*tasks)

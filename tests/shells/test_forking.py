@@ -30,7 +30,6 @@ def test_submitting_never_waits_and_every_answer_comes_with_a_poll() -> None:
             seen.spawned += events.spawned
             seen.failed += events.failed
             seen.exited += events.exited
-            time.sleep(0.05)
             return len(seen.exited) == 3
 
         eventually(all_reaped, 90, what="three children forked and reaped")
@@ -51,7 +50,6 @@ def test_a_fork_server_that_dies_fails_what_it_was_not_done_with() -> None:
 
         def reported() -> bool:
             failed.extend(server.poll().failed)
-            time.sleep(0.05)
             return bool(failed)
 
         eventually(reported, 30, what="the request failed")

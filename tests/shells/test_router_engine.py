@@ -61,7 +61,7 @@ def test_a_stale_report_is_ignored() -> None:
         async with routing(a, b, max_ongoing=50) as router:
             await report(router, a, 30, period_s=0.01)  # stale after 0.07 s
             await report(router, b, 0, period_s=10.0)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the behaviour: time passes and a's report ages
             for i in range(20):
                 router.submit(call(str(i)))
             # a's report no longer counts: its score is the router's own in flight

@@ -14,6 +14,7 @@ from surge.policy.engine_load import EngineReport
 from surge.replica.stats_hooks import StatsHooks, engine_report, routing_frame
 from surge.replica.user_code import UserCode
 from surge.transport.messages import RoutingStats
+from tests.eventually import eventually_async
 
 
 class Engine:
@@ -82,7 +83,8 @@ async def _both_hooks() -> None:
     hooks, frames, reports = await hooks_for(Engine)
     assert hooks.hooks == ["record_routing_stats", "record_autoscaling_stats"]
     hooks.start()
-    await asyncio.sleep(0.1)
+    await eventually_async(lambda: len(frames) >= 3 and len(reports) >= 3, 10,
+                           what="three periods of both hooks")
     hooks.stop()
     assert len(frames) >= 3 and frames[-1] == RoutingStats(0, 8, 0.25, 0.01)
     assert len(reports) >= 3 and reports[-1] == EngineReport("r-1", 3.0, 5.0, 0.25, 0.01)

@@ -80,11 +80,15 @@ class Adapters:
         self._unloading: dict[str, asyncio.Event] = {}  # set when its unload is done
 
     def __repr__(self) -> str:
-        return f"<Adapters {self.model_id} {self.cache!r}>"
+        return f"<Adapters {self.model_id} {self.cache!r} leaving={self.leaving()}>"
 
     def names(self) -> list[str]:
         """The adapters loaded now (names, without the base's prefix)."""
         return sorted(split_lora_id(model)[1] for model in self.cache.models)
+
+    def leaving(self) -> list[str]:
+        """The adapters being unloaded now (waiting for their running requests first)."""
+        return sorted(self._unloading)
 
     async def get(self, adapter: str) -> None:
         """Load `adapter` into the engine unless it is there (the LRU one may leave), and
