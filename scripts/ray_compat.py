@@ -420,14 +420,32 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "A thread lock in a deployment's arguments or class (FastAPI's `include_router` "
         "keeps one per router)",
-        "cloudpickle fails to pickle it unless the app avoids it",
-        "it travels as a fresh unlocked lock, so such apps deploy",
-        "an app that includes routers is common; a lock has no state worth copying",
-        "tests/test_pickling.py::test_a_lock_travels_as_a_fresh_unlocked_lock"),
+        "refused (`TypeError: Could not serialize the deployment ...`) until the process "
+        "has run one `serve.ingress(app)`; from then on every lock in every deployment "
+        "travels as a fresh unlocked one",
+        "in a `serve.ingress` deployment (its class, app and arguments) it travels as a "
+        "fresh unlocked lock, so apps that include routers deploy; anywhere else it is "
+        "refused with Ray's `TypeError`, naming the variable (`Model.hello -> lock`)",
+        "the rule should not depend on what else the process decorated before; a lock "
+        "meant to be shared by replicas is refused rather than silently one per replica",
+        "tests/test_deployment_travel.py::test_an_ingress_apps_locks_still_travel_fresh"),
+    Behaviour(
+        "A deployment class or function defined at the top of an importable module",
+        "pickled by value when decorated: the module-level objects its code uses (a lock, "
+        "a client) must pickle, or the decorator raises `TypeError`",
+        "travels by import path (replicas import the module), so what it uses need not "
+        "pickle; by value (and checked when decorated, as Ray) only from `__main__` or "
+        "from inside a function",
+        "an importable module is importable on every replica of one machine; its code "
+        "then runs there as written",
+        "tests/test_deployment_travel.py::"
+        "test_a_class_in_an_importable_module_travels_by_import_path"),
     Behaviour(
         "`runtime_env` keys other than `env_vars` (`pip`, `conda`, `working_dir`, ...)",
         "builds the environment for the replicas",
-        "accepted with one warning and not used: replicas run in the driver's environment",
+        "accepted with one warning and not used: replicas run in the driver's environment "
+        "(a deployment's `working_dir` or `py_modules` given as a local path fails to "
+        "deploy, as in Ray)",
         "building environments per deployment is Ray's cluster machinery; install what an "
         "app needs in its image or venv (docs/using.md)",
         "tests/config/test_config_file.py::"

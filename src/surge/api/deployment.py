@@ -14,9 +14,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from surge.api.pickling import pickle_by_value
-from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, build_deployment_config
-from surge.errors import ConfigError
+from surge.api.pickling import SerializationError, pickle_by_value, serialize
+from surge.config import (
+    AppSpec,
+    DeploymentConfig,
+    DeploymentSpec,
+    build_deployment_config,
+    runtime_env_uploads,
+)
+from surge.errors import ConfigError, DeployFailedError
 from surge.model import AccessTokens, ImportedTarget, ModelRoutes
 from surge.replica.ingress import INGRESS_ATTRIBUTE
 from surge.router.handle import DeploymentHandle
@@ -121,26 +127,39 @@ def deployment(_func_or_class: Any = None, **options: Any) -> Any:
     def decorate(target: Any) -> Deployment:
         if not (inspect.isclass(target) or callable(target)):
             raise ConfigError("@serve.deployment decorates a class or a function")
+        if _travels_by_value(target):  # as Ray: what cannot travel fails where it is written
+            serialize(target, f"the deployment {target!r}", fresh_locks=_is_ingress(target))
         return Deployment(target, options)
 
     return decorate(_func_or_class) if callable(_func_or_class) else decorate
 
 
+def _travels_by_value(target: Any) -> bool:
+    """Whether `target` cannot travel by import path: it lives in `__main__` or a function,
+    or its module was not imported."""
+    module_name = getattr(target, "__module__", None) or ""
+    qualname = getattr(target, "__qualname__", None) or "<locals>"  # an instance: by value
+    return module_name == "__main__" or module_name not in sys.modules or "<locals>" in qualname
+
+
+def _is_ingress(target: Any) -> bool:
+    """A `serve.ingress` class: its ASGI app's thread locks travel as fresh ones."""
+    return hasattr(target, INGRESS_ATTRIBUTE)
+
+
 def pickle_target(target: Any) -> bytes:
     """By import path when the module is importable, else by value (cloudpickle)."""
-    module_name = getattr(target, "__module__", None)
-    qualname = getattr(target, "__qualname__", "")
-    module = sys.modules.get(module_name or "")
-    if module is not None and module_name != "__main__" and "<locals>" not in qualname:
+    if not _travels_by_value(target):
+        module = sys.modules[target.__module__]
         found: Any = module
-        for part in qualname.split("."):
+        for part in target.__qualname__.split("."):
             found = getattr(found, part, None)
         if isinstance(found, Deployment):
             found = found.func_or_class
         if found is target:
-            return pickle_by_value(
-                ImportedTarget(module_name or "", qualname, _source_digest(module)))
-    return pickle_by_value(target)
+            return pickle_by_value(ImportedTarget(
+                target.__module__, target.__qualname__, _source_digest(module)))
+    return serialize(target, f"the deployment {target!r}", fresh_locks=_is_ingress(target))
 
 
 def _source_digest(module: Any) -> str:
@@ -187,14 +206,35 @@ class _Builder:
             import dataclasses
 
             config = dataclasses.replace(config, name=name)
+        uploads = runtime_env_uploads(app.deployment._options.get("ray_actor_options"))
+        if uploads:
+            raise DeployFailedError(
+                f"Deploying application {self.app_name!r} failed: deployment {name!r}: "
+                f"{'; '.join(uploads)}. A deployment's ray_actor_options cannot upload a "
+                "directory or module from this machine (as in Ray Serve): give it to the "
+                "whole job instead (`surge run --working-dir`), or drop it.")
         target = app.deployment.func_or_class
-        if hasattr(target, INGRESS_ATTRIBUTE):
+        if _is_ingress(target):
             self.asgi.append(name)
         self.specs[name] = DeploymentSpec(
             config=config, target_blob=pickle_target(target),
-            init_blob=pickle_by_value((app.args, app.kwargs), self._handle_for),
+            init_blob=self._init_blob(app, _is_ingress(target)),
             source_digest=source_digest(target), deploy_id=self.deploy_id)
         return name
+
+    def _init_blob(self, app: Application, fresh_locks: bool) -> bytes:
+        arguments = (app.args, app.kwargs)
+        try:
+            return serialize(arguments, "the deployment init arguments", self._handle_for,
+                             fresh_locks=fresh_locks)
+        except SerializationError:
+            # Ray's words name the part that failed, the positional or the keyword ones
+            # (a bound deployment's own failure is raised by neither: it is visited once).
+            serialize(app.args, "the deployment init args", self._handle_for,
+                      fresh_locks=fresh_locks)
+            serialize(app.kwargs, "the deployment init kwargs", self._handle_for,
+                      fresh_locks=fresh_locks)
+            raise
 
     def _unique(self, name: str) -> str:
         if name not in self.specs and name not in self.seen.values():

@@ -40,6 +40,7 @@ from surge.config.deployment import (
     ReplicaResources,
     RequestRouterConfig,
     build_deployment_config,
+    runtime_env_uploads,
 )
 from surge.config.http import (
     DEFAULT_GRPC_PORT,
@@ -97,5 +98,6 @@ __all__ = [
     "gRPCOptions",
     "parse_schedule",
     "route_prefix_problem",
+    "runtime_env_uploads",
     "unreadable",
 ]

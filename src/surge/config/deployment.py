@@ -87,6 +87,21 @@ class BackpressureConfig:
                  "backpressure_config.retry_after_s must be finite.")
 
 
+def runtime_env_uploads(ray_actor_options: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """What a deployment's `runtime_env` asks to upload from this machine (a
+    `working_dir` or `py_modules` given as a local path, not a URI), one line each. Ray
+    2.60 uploads those only for a whole job (`ray.init`, `serve run --working-dir`):
+    such a deployment fails to deploy there, so it fails in surge too."""
+    runtime_env = (ray_actor_options or {}).get("runtime_env")
+    if not isinstance(runtime_env, Mapping):
+        return ()
+    modules = runtime_env.get("py_modules") or []
+    given = [("working_dir", runtime_env.get("working_dir")),
+             *(("py_modules", m) for m in (modules if isinstance(modules, list) else []))]
+    return tuple(f"runtime_env.{key} {value!r} is not a URI" for key, value in given
+                 if isinstance(value, str) and "://" not in value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReplicaResources:
     """What a replica needs from its host, from Ray's `ray_actor_options`."""
