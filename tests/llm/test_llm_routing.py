@@ -24,6 +24,8 @@ import pytest
 
 from surge import serve
 from surge.errors import RequestCancelledError
+from surge.model import DeploymentId
+from surge.router.runtime import current_runtime
 from surge.serve.llm import build_openai_app
 from tests.e2e.conftest import Running, running_instance
 from tests.eventually import eventually
@@ -34,17 +36,46 @@ FAKE = "surge.testing:FakeLLMEngine"
 PID = re.compile(r"p(\d+)t\d")
 
 
+def two_engines(name: str, route_prefix: str) -> Any:
+    """An app of two LLMServer replicas, each engine one sequence at a time; its handle."""
+    config = {"model_loading_config": {"model_id": "m"}, "llm_engine": FAKE,
+              "engine_kwargs": {"max_model_len": 4096, "max_num_seqs": 1, "batch": True,
+                                "tag_pid": True, "token_delay_s": 0.01},
+              "deployment_config": {"num_replicas": 2, "max_ongoing_requests": 32}}
+    serve.run(build_openai_app({"llm_configs": [config]}), name=name,
+              route_prefix=route_prefix)
+    return serve.get_deployment_handle("LLMServer:m", name)
+
+
 @pytest.fixture(scope="module")
 def instance() -> Iterator[tuple[Running, Any]]:
     with running_instance() as running:
-        config = {"model_loading_config": {"model_id": "m"}, "llm_engine": FAKE,
-                  "engine_kwargs": {"max_model_len": 4096, "max_num_seqs": 1, "batch": True,
-                                    "tag_pid": True, "token_delay_s": 0.01},
-                  "deployment_config": {"num_replicas": 2, "max_ongoing_requests": 32}}
-        serve.run(build_openai_app({"llm_configs": [config]}), name="route",
-                  route_prefix="/")
-        handle = serve.get_deployment_handle("LLMServer:m", "route")
-        yield running, handle
+        yield running, two_engines("route", "/")
+
+
+def engine_queues(app: str, deployment: str) -> dict[str, tuple[int, float]]:
+    """What the driver's router last heard from each replica's engine: {replica: (queue,
+    when)}. The one place this file reads the router's internals."""
+    router = current_runtime().routers[DeploymentId(app, deployment)]
+    return {name: (link.stats.queue, link.stats_at) for name, link in router._links.items()
+            if link.stats is not None}
+
+
+def heard_busy_twice(app: str, deployment: str) -> None:
+    """Wait until the driver's router has heard two reports in a row of one busy engine.
+    A replica sends each report to all its routers at once, so every router (the
+    proxy's too) has known of that queue for a report period by then."""
+    busy_since: dict[str, float] = {}  # replica -> when its engine was first heard busy
+
+    def twice() -> bool:
+        for name, (queue, at) in engine_queues(app, deployment).items():
+            if queue < 1:
+                busy_since.pop(name, None)  # a blip (a short request), not the busy one
+            elif at > busy_since.setdefault(name, at):
+                return True
+        return False
+
+    eventually(twice, 20, what="two reports in a row of a busy engine's queue")
 
 
 def chat(url: str, max_tokens: int = 2, session: str = "") -> tuple[int, float]:
@@ -73,7 +104,8 @@ def test_requests_go_to_the_replica_with_the_shorter_engine_queue(
     running, handle = instance
     both = pids(running.url)
     handle.record_routing_stats.remote().result(timeout_s=10)  # the handle's links open
-    time.sleep(0.6)  # and its router learns both engines' queues
+    eventually(lambda: len(engine_queues("route", "LLMServer:m")) == 2, 20,
+               what="the handle's router to hear both engines' queues")
     # Three long generations through the driver's handle, one session: they stick to
     # one replica (within the slack of 2), whose engine runs one and queues two; the
     # proxy's router sent none of them.
@@ -102,7 +134,7 @@ def test_requests_go_to_the_replica_with_the_shorter_engine_queue(
         eventually(lambda: len(first) >= 1, 20, what="the pinned generations to start")
         busy = first[0]
         (idle,) = both - {busy}
-        time.sleep(0.6)  # two reports: every router knows the busy engine's queue
+        heard_busy_twice("route", "LLMServer:m")  # every router knows the busy engine's queue
         # Short requests through the proxy: each goes to the idle engine, not behind the
         # busy one's queue (power of two choices on even in-flight counts would send
         # half of them there, to wait seconds).
@@ -120,17 +152,23 @@ def test_requests_go_to_the_replica_with_the_shorter_engine_queue(
 def test_a_session_sticks_to_one_replica_and_spills_when_it_is_loaded(
         instance: tuple[Running, Any]) -> None:
     running, _ = instance
-    pids(running.url)
-    time.sleep(0.6)  # the last test's queues are reported gone
-    homes = {chat(running.url, session="chat-7")[0] for _ in range(6)}
-    assert len(homes) == 1  # sequential requests of one session: one replica
-    (home,) = homes
-    # Ten at once with that session: the first few stay, the rest spill to the other
-    # replica once the home one holds more than the slack (2) beyond it.
-    with ThreadPoolExecutor(10) as pool:
-        spread = Counter(pool.map(lambda _: chat(running.url, 20, "chat-7")[0], range(10)))
-    assert len(spread) == 2, spread
-    assert spread[home] == max(spread.values()), spread
+    # An app of its own: no other test's generations queue in its engines or their
+    # reports (this test used to wait 0.6 s for the previous test's to be reported gone).
+    two_engines("session", "/session")
+    url = f"{running.url}/session"
+    try:
+        pids(url)
+        homes = {chat(url, session="chat-7")[0] for _ in range(6)}
+        assert len(homes) == 1  # sequential requests of one session: one replica
+        (home,) = homes
+        # Ten at once with that session: the first few stay, the rest spill to the other
+        # replica once the home one holds more than the slack (2) beyond it.
+        with ThreadPoolExecutor(10) as pool:
+            spread = Counter(pool.map(lambda _: chat(url, 20, "chat-7")[0], range(10)))
+        assert len(spread) == 2, spread
+        assert spread[home] == max(spread.values()), spread
+    finally:
+        serve.delete("session")
 
 
 def test_when_every_engine_is_full_the_proxy_refuses_at_once_and_serves_again_after(
@@ -168,7 +206,7 @@ def test_when_every_engine_is_full_the_proxy_refuses_at_once_and_serves_again_af
         thread.start()
     try:
         eventually(lambda: started[0].is_set(), 20, what="the generation to start")
-        time.sleep(0.6)  # two stats periods: the proxy's router hears the engine is full
+        heard_busy_twice("full", "LLMServer:f")  # the proxy's router knows it is full
         # The engine holds its one: a request through the proxy, which has none in
         # flight there, is refused at once with OpenAI's 503 body.
         refused = httpx.post(url, json=short, timeout=30)
