@@ -14,6 +14,7 @@ import hpack
 import pytest
 
 from surge.proxy import h2 as core
+from surge.proxy.h2_send import CLOSED_KEPT, MAX_HELD_BYTES, HeldLimitError
 from surge.proxy.hpack import Header
 
 REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/pkg.Svc/Say"),
@@ -297,3 +298,112 @@ def test_frames_on_an_idle_stream_are_connection_errors(kind: int) -> None:
     with pytest.raises(core.H2Error) as info:
         pair.to_server(core.frame(kind, 0, 7, bytes((0, 0, 0, 1))))
     assert info.value.code == core.PROTOCOL_ERROR
+
+
+def test_a_malformed_request_is_reset_protocol_error_and_never_reaches_the_listener() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    malformed = [*REQUEST, (":path", "/pkg.Svc/Other")]  # a pseudo-header repeated, late
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 1, encoder.encode(malformed))
+                   + core.frame(core.DATA, core.END_STREAM, 1, bytes(5)))
+    assert pair.recorder.events == []
+    assert pair.server.refused == "pseudo-header ':path' after a regular field"
+    assert pair.server.out[-1] == core.frame(core.RST_STREAM, 0, 1, bytes((0, 0, 0, 1)))
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 3, encoder.encode(REQUEST)))
+    assert pair.recorder.events[-1][:2] == ("headers", 3)  # the connection serves on
+
+
+def test_client_trailers_with_a_pseudo_header_reset_the_stream() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 1, encoder.encode(REQUEST))
+                   + core.frame(core.HEADERS, core.END_HEADERS | core.END_STREAM, 1,
+                                encoder.encode([(":path", "/x")])))
+    assert pair.recorder.events[-1] == ("reset", 1, core.PROTOCOL_ERROR)
+
+
+def test_data_that_breaks_its_content_length_resets_the_stream() -> None:
+    pair = Pair()
+    block = hpack.Encoder().encode([*REQUEST, ("content-length", "3")])
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 1, block)
+                   + core.frame(core.DATA, core.END_STREAM, 1, b"ab"))
+    assert pair.recorder.events[-1] == ("reset", 1, core.PROTOCOL_ERROR)
+
+
+@pytest.mark.parametrize("close", ["ended", "client reset"])
+def test_data_on_a_stream_the_client_closed_is_stream_closed(close: str) -> None:
+    pair = Pair()
+    pair.client.send_headers(1, REQUEST, end_stream=close == "ended")
+    if close == "client reset":
+        pair.client.reset_stream(1, 8)
+    pair.to_server()
+    if close == "ended":  # this side answers: the stream is closed both ways
+        pair.server.send_headers(1, b"\x88\x00\x0bgrpc-status\x010", end_stream=True)
+    pair.server.out.clear()
+    pair.to_server(core.frame(core.DATA, 0, 1, b"late"))
+    assert pair.server.out == [core.frame(core.RST_STREAM, 0, 1, bytes((0, 0, 0, 5)))]
+
+
+def test_headers_on_a_stream_the_client_ended_are_a_connection_error() -> None:
+    pair = Pair()
+    pair.client.send_headers(1, REQUEST, end_stream=True)
+    pair.to_server()
+    pair.server.send_headers(1, b"\x88\x00\x0bgrpc-status\x010", end_stream=True)
+    with pytest.raises(core.H2Error) as info:
+        pair.to_server(core.frame(core.HEADERS, core.END_HEADERS | core.END_STREAM, 1,
+                                  hpack.Encoder().encode(REQUEST)))
+    assert info.value.code == core.STREAM_CLOSED
+
+
+def test_a_stream_below_the_last_one_opened_is_a_connection_error() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 5, encoder.encode(REQUEST)))
+    with pytest.raises(core.H2Error) as info:
+        pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, 3, encoder.encode(REQUEST)))
+    assert info.value.code == core.PROTOCOL_ERROR
+
+
+def test_closed_streams_are_remembered_up_to_a_bound() -> None:
+    pair = Pair(max_streams=4096)
+    encoder = hpack.Encoder()
+    for stream_id in range(1, 2 * CLOSED_KEPT + 200, 2):
+        pair.to_server(core.frame(core.HEADERS, core.END_HEADERS, stream_id,
+                                  encoder.encode(REQUEST)))
+        pair.server.reset(stream_id, 8)  # CANCEL
+    assert len(pair.server.closed) == CLOSED_KEPT
+    pair.server.out.clear()
+    pair.to_server(core.frame(core.DATA, 0, 2 * CLOSED_KEPT + 197, b"late"))  # remembered
+    assert pair.server.out == []
+    pair.to_server(core.frame(core.DATA, 0, 1, b"late"))  # forgotten: no longer "in flight"
+    assert pair.server.out == [core.frame(core.RST_STREAM, 0, 1, bytes((0, 0, 0, 5)))]
+    pair.server.out.clear()  # late trailers on it cost that stream, not the connection
+    pair.to_server(core.frame(core.HEADERS, core.END_HEADERS | core.END_STREAM, 3,
+                              encoder.encode([("x-t", "1")])))
+    assert pair.server.out == [core.frame(core.RST_STREAM, 0, 3, bytes((0, 0, 0, 5)))]
+
+
+@pytest.mark.parametrize(("payload", "stream_id", "code"), [
+    (bytes(8), 1, core.PROTOCOL_ERROR),
+    (bytes(7), 0, core.FRAME_SIZE_ERROR),
+])
+def test_a_bad_goaway_is_a_connection_error(payload: bytes, stream_id: int, code: int) -> None:
+    pair = Pair()
+    with pytest.raises(core.H2Error) as info:
+        pair.to_server(core.frame(core.GOAWAY, 0, stream_id, payload))
+    assert info.value.code == code
+
+
+def test_a_stream_holds_a_bounded_amount_for_a_client_that_does_not_read() -> None:
+    pair = Pair()
+    pair.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    pair.client.send_headers(1, REQUEST, end_stream=True)
+    pair.pump()
+    pair.server.send_headers(1, b"\x88")
+    big = bytes(MAX_HELD_BYTES + 10)  # one message past the bound is held whole
+    assert pair.server.send_data(1, big) is False
+    with pytest.raises(HeldLimitError) as info:
+        pair.server.send_data(1, b"more")
+    assert (info.value.held, info.value.limit) == (len(big), MAX_HELD_BYTES)
+    assert str(info.value) == (f"stream 1 holds {len(big)} bytes its client has not read "
+                               f"(the limit is {MAX_HELD_BYTES})")

@@ -41,6 +41,7 @@ from surge.proxy.grpc_wire import (
     trailers,
 )
 from surge.proxy.h2 import H2Connection, H2Error
+from surge.proxy.h2_send import HeldLimitError
 from surge.proxy.hpack import Header
 from surge.router.replica_link import Pending, is_final
 from surge.transport.grpc_methods import pack_metadata
@@ -49,7 +50,7 @@ from surge.transport.messages import Failure, GrpcEnd, GrpcMessage, GrpcRequest,
 if TYPE_CHECKING:
     from surge.proxy.grpc import GrpcIngress
 
-__all__ = ["MAX_STREAMS", "GrpcConnection"]
+__all__ = ["MAX_STREAMS", "REFLECTION_QUEUE", "GrpcConnection"]
 
 log = logging.getLogger("surge.proxy")
 
@@ -58,6 +59,9 @@ log = logging.getLogger("surge.proxy")
 MAX_STREAMS = 1024
 NOT_FOUND_METHOD = "Method not found!"  # grpc's own details for an unknown method
 UNIMPLEMENTED = 12
+# Reflection requests a stream may have waiting for their answers: a reflection client
+# asks one question at a time, so only one that sends and never reads comes near it.
+REFLECTION_QUEUE = 64
 _LINGERING = frozenset((HEALTH_WATCH, REFLECTION))  # local streams a drain does not wait for
 
 
@@ -206,7 +210,7 @@ class GrpcConnection(asyncio.Protocol):
                 return
             call.local = path
             if path == REFLECTION:
-                call.queue = asyncio.Queue()
+                call.queue = asyncio.Queue(REFLECTION_QUEUE)
                 call.task = ingress.loop.create_task(self._reflect(call))
         else:
             target, not_found = choose_app(metadata_value(metadata, "application"),
@@ -251,10 +255,7 @@ class GrpcConnection(asyncio.Protocol):
         if call.streamed:
             if call.queue is not None:  # reflection takes every message at once
                 self.h2.consumed(stream_id, len(data))
-                for body, _ in messages:
-                    call.queue.put_nowait(body)
-                if end_stream:
-                    call.queue.put_nowait(None)
+                self._ask_reflection(call, [body for body, _ in messages], end_stream)
                 return
             call.inbox.extend(messages)
             call.inbox_bytes += sum(size for _, size in messages)
@@ -464,6 +465,18 @@ class GrpcConnection(asyncio.Protocol):
             self.send_message(call, answer, ack=False)
         self.end(call, code, details)
 
+    def _ask_reflection(self, call: GrpcCall, bodies: list[bytes], end_stream: bool) -> None:
+        queue = call.queue
+        assert queue is not None
+        try:
+            for body in bodies:
+                queue.put_nowait(body)
+            if end_stream:
+                queue.put_nowait(None)
+        except asyncio.QueueFull:
+            self.end(call, Code.RESOURCE_EXHAUSTED, f"more than {REFLECTION_QUEUE} reflection "
+                                                    "requests wait for their answers")
+
     async def _reflect(self, call: GrpcCall) -> None:
         queue = call.queue
         assert queue is not None
@@ -476,6 +489,8 @@ class GrpcConnection(asyncio.Protocol):
             async for response in self.ingress.local.reflect(requests()):
                 self.send_message(call, response, ack=False)
             self.end(call, Code.OK, "")
+        except HeldLimitError as exc:  # a client that asks and never reads
+            self.end(call, Code.RESOURCE_EXHAUSTED, str(exc))
         except Exception as exc:
             self.end(call, Code.INTERNAL, truncate(str(exc)))
         self._flush()

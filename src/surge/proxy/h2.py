@@ -23,7 +23,13 @@ frames' vocabulary is proxy/h2_frames.py.
 
 A connection error (bad preface, a frame the protocol forbids, a bad header block, a
 flood of cheap frames) sends GOAWAY with its code and raises `H2Error` for the shell to
-close; a stream error resets only that stream.
+close; a stream error resets only that stream. A new stream's header list is checked
+first (proxy/h2_fields.py, RFC 9113 8.2-8.3): a malformed request is reset PROTOCOL_ERROR
+and the listener never hears of it. How the latest streams closed is remembered
+(h2_send.py), so a frame on a closed stream is told apart: in flight when this side reset
+it (ignored), or sent after the client ended or reset it (STREAM_CLOSED).
+
+(A little over 500 lines: the receiving half of one state machine, read top to bottom.)
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
+from surge.proxy.h2_fields import content_length, request_problem, trailers_problem
 from surge.proxy.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -74,7 +81,7 @@ from surge.proxy.h2_frames import (
     settings,
     unpad,
 )
-from surge.proxy.h2_send import H2Sender, Stream
+from surge.proxy.h2_send import ENDED, RESET_HERE, RESET_THERE, H2Sender, Stream
 from surge.proxy.hpack import TABLE_SIZE, Decoder, Header, HpackError
 
 __all__ = ["H2Connection", "H2Error", "Listener"]
@@ -92,7 +99,7 @@ class H2Connection(H2Sender):
     __slots__ = ("_conn_unacked", "_continuing", "_data_end", "_data_left", "_data_stream",
                  "_decoder", "_end_stream", "_flood", "_header_block", "_initial_window",
                  "_max_header_list", "_need", "_pending", "_pending_size", "_preface",
-                 "_recv_window", "max_streams")
+                 "_recv_window", "_self_dependent", "max_streams", "refused")
 
     def __init__(self, listener: Listener, max_streams: int = 1024,
                  max_header_list: int = 16 * 1024,
@@ -112,6 +119,8 @@ class H2Connection(H2Sender):
         self._continuing = 0  # the stream whose header block CONTINUATIONs complete
         self._header_block = bytearray()
         self._end_stream = False  # the HEADERS frame being continued ended its stream
+        self._self_dependent = False  # its priority named its own stream
+        self.refused = ""  # why the last malformed request was refused (for the logs)
         self._data_left = 0  # payload octets of the DATA frame being read still to come
         self._data_stream = 0  # its stream (0: dropped)
         self._data_end = False  # it ends its stream
@@ -224,21 +233,47 @@ class H2Connection(H2Sender):
                 self._cheap("PING")
                 self.out.append(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
-            if not stream_id or len(payload) != 4:
-                self._fail(PROTOCOL_ERROR, "a bad RST_STREAM")
-            if stream_id > self.last_stream_id:
-                self._fail(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-            self._cheap("RST_STREAM")
-            if self.streams.pop(stream_id, None) is not None:
-                self.blocked.pop(stream_id, None)
-                self.listener.reset(stream_id, int.from_bytes(payload, "big"))
+            self._rst_stream(stream_id, payload)
         elif kind == GOAWAY:
-            pass  # the client opens no more streams; those open run to their end
+            if stream_id:
+                self._fail(PROTOCOL_ERROR, "GOAWAY on a stream")
+            if len(payload) < 8:
+                self._fail(FRAME_SIZE_ERROR, "a GOAWAY shorter than 8 octets")
+            # The client opens no more streams; those open run to their end.
         elif kind == PUSH_PROMISE:
             self._fail(PROTOCOL_ERROR, "a client cannot push")
-        elif kind == PRIORITY and (not stream_id or len(payload) != 5):
-            self._fail(PROTOCOL_ERROR, "a bad PRIORITY")
-        # PRIORITY is advice this server does not take; unknown frame types are ignored.
+        elif kind == PRIORITY:
+            self._priority(stream_id, payload)
+        # Unknown frame types are ignored.
+
+    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            self._fail(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if stream_id > self.last_stream_id:
+            self._fail(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        if len(payload) != 4:
+            self._fail(FRAME_SIZE_ERROR, "an RST_STREAM of a bad size")
+        self._cheap("RST_STREAM")
+        if self.streams.pop(stream_id, None) is not None:
+            self.blocked.pop(stream_id, None)
+            self.remember(stream_id, RESET_THERE)
+            self.listener.reset(stream_id, int.from_bytes(payload, "big"))
+
+    def _priority(self, stream_id: int, payload: bytes) -> None:
+        """Advice this server does not take; checked all the same (RFC 9113 5.3.1, 6.3)."""
+        if not stream_id:
+            self._fail(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        code = (FRAME_SIZE_ERROR if len(payload) != 5 else PROTOCOL_ERROR
+                if int.from_bytes(payload[:4], "big") & MAX_WINDOW == stream_id else 0)
+        if not code:
+            return
+        if stream_id > self.last_stream_id:  # no RST_STREAM may name an idle stream
+            self._fail(code, f"a bad PRIORITY on idle stream {stream_id}")
+        self._cheap("bad PRIORITY")
+        if stream_id in self.streams:
+            self._stream_error(stream_id, code)
+        else:
+            self.refuse(stream_id, code)
 
     def _cheap(self, what: str) -> None:
         if not self._flood.spend():
@@ -256,14 +291,25 @@ class H2Connection(H2Sender):
         if stream is None:
             if stream_id > self.last_stream_id:
                 self._fail(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            stream_id = 0  # in flight when this side ended or reset the stream: dropped
+            if self.closed.get(stream_id) != RESET_HERE:  # else in flight when reset here
+                self._cheap("DATA on a closed stream")
+                self.out.append(frame(RST_STREAM, 0, stream_id,
+                                      STREAM_CLOSED.to_bytes(4, "big")))
+            stream_id = 0  # dropped
         elif stream.remote_closed:
             self._stream_error(stream_id, STREAM_CLOSED)
             stream_id = 0
         else:
             stream.recv_window -= length
+            over = False
+            if stream.expect >= 0:
+                stream.expect -= length
+                over = stream.expect < 0
             if stream.recv_window < 0:  # the client ignored the stream's window
                 self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+                stream_id = 0
+            elif over or (end and stream.expect > 0):
+                self._stream_error(stream_id, PROTOCOL_ERROR)  # not its content-length
                 stream_id = 0
             elif end:
                 stream.remote_closed = True
@@ -311,9 +357,11 @@ class H2Connection(H2Sender):
         block = unpad(payload) if flags & PADDED else payload
         if block is None:
             self._fail(PROTOCOL_ERROR, "bad padding")
+        self._self_dependent = False
         if flags & PRIORITY_FLAG:
             if len(block) < 5:
                 self._fail(PROTOCOL_ERROR, "a HEADERS priority field past its frame")
+            self._self_dependent = int.from_bytes(block[:4], "big") & MAX_WINDOW == stream_id
             block = block[5:]
         self._header_block = bytearray(block)
         self._continuing = stream_id
@@ -333,26 +381,57 @@ class H2Connection(H2Sender):
             headers, size = self._decoder.decode(bytes(block), self._max_header_list)
         except HpackError as exc:
             self._fail(COMPRESSION_ERROR, str(exc))
-        end = self._end_stream
         stream = self.streams.get(stream_id)
-        if stream is not None:  # trailers from the client end its stream
-            if stream.remote_closed:
-                self._stream_error(stream_id, STREAM_CLOSED)
-            elif not end:
-                self._stream_error(stream_id, PROTOCOL_ERROR)  # trailers must end it
-            else:
-                stream.remote_closed = True
-                self.listener.data(stream_id, b"", True)
-            return
-        if stream_id <= self.last_stream_id:
-            return  # trailers in flight when this side ended or reset the stream
+        if stream is not None:
+            self._trailers(stream, headers)
+        elif stream_id <= self.last_stream_id:
+            self._headers_on_closed(stream_id)
+        else:
+            self._request(stream_id, headers, size)
+
+    def _request(self, stream_id: int, headers: list[Header], size: int) -> None:
+        """A new stream's header block: a request, unless malformed (RFC 9113 8.1.1)."""
+        end = self._end_stream
         self.last_stream_id = stream_id
         if len(self.streams) >= self.max_streams or self.goaway_sent:
-            self.out.append(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+            self.refuse(stream_id, REFUSED_STREAM)
+            return
+        expect = content_length(headers) if size <= self._max_header_list else None
+        problem = (request_problem(headers) if size <= self._max_header_list else None) or (
+            "a stream that depends on itself" if self._self_dependent else None) or (
+            "content-length past the stream's end" if end and expect else None)
+        if problem is not None:
+            self.refused = problem
+            self.refuse(stream_id, PROTOCOL_ERROR)
             return
         stream = self.streams[stream_id] = Stream(stream_id, self._initial_window)
         stream.remote_closed = end
+        stream.expect = -1 if expect is None else expect
         self.listener.headers(stream_id, headers, size, end)
+
+    def _trailers(self, stream: Stream, headers: list[Header]) -> None:
+        """A second header block on an open stream: trailers, which must end it."""
+        if stream.remote_closed:
+            self._stream_error(stream.id, STREAM_CLOSED)
+        elif not self._end_stream or stream.expect > 0 or trailers_problem(headers):
+            self._stream_error(stream.id, PROTOCOL_ERROR)
+        else:
+            stream.remote_closed = True
+            self.listener.data(stream.id, b"", True)
+
+    def _headers_on_closed(self, stream_id: int) -> None:
+        how = self.closed.get(stream_id)
+        if how == RESET_HERE:
+            return  # trailers in flight when this side ended or reset the stream
+        if how == RESET_THERE or (how is None and stream_id <= self.forgotten):
+            self._cheap("HEADERS on a closed stream")
+            self.out.append(frame(RST_STREAM, 0, stream_id, STREAM_CLOSED.to_bytes(4, "big")))
+            return
+        if how == ENDED:
+            self._fail(STREAM_CLOSED, f"HEADERS on stream {stream_id}, which the client ended")
+        # Above every stream forgotten and in neither table: never opened (RFC 9113 5.1.1).
+        self._fail(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, below the last one opened "
+                                   f"({self.last_stream_id})")
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:

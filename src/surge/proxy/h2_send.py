@@ -1,7 +1,8 @@
 """The sending half of a server's HTTP/2 connection (proxy/h2.py is the whole): header
 blocks, data framed to the peer's frame size and held, per stream and in order, until
-the peer's windows take it, trailers behind the data, resets and GOAWAY. Everything
-written waits in `out` for the shell."""
+the peer's windows take it (at most MAX_HELD_BYTES past one message), trailers behind
+the data, resets and GOAWAY, and how the latest streams closed. Everything written waits
+in `out` for the shell."""
 
 from __future__ import annotations
 
@@ -26,18 +27,42 @@ from surge.proxy.h2_frames import (
 if TYPE_CHECKING:
     from surge.proxy.h2 import Listener
 
-__all__ = ["H2Sender", "Stream"]
+__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "HeldLimitError", "Stream"]
+
+# How a stream closed, remembered for the frames that may still come on it (RFC 9113
+# 5.1): those in flight when this side reset it are ignored; anything after the client
+# ended or reset it is an error of type STREAM_CLOSED.
+RESET_HERE, ENDED, RESET_THERE = 0, 1, 2
+# Closed streams remembered so, the most recent ones (a busy connection keeps ~10 KiB of
+# them): a frame on one forgotten since is STREAM_CLOSED, whatever closed it.
+CLOSED_KEPT = 128
+# Bytes a stream may hold for its client beyond the message being sent: a routed call's
+# answers are bounded by their replica's credit (transport/flow.py, 512 KiB), so only a
+# stream answered here (reflection) can reach it, by a client that sends and never reads.
+MAX_HELD_BYTES = 4 * 1024 * 1024
+
+
+class HeldLimitError(Exception):
+    """A stream already holds `held` bytes its client has not taken (limit `limit`):
+    nothing more is sent on it."""
+
+    def __init__(self, stream_id: int, held: int, limit: int) -> None:
+        super().__init__(f"stream {stream_id} holds {held} bytes its client has not read "
+                         f"(the limit is {limit})")
+        self.stream_id, self.held, self.limit = stream_id, held, limit
 
 
 class Stream:
-    __slots__ = ("held", "id", "recv_window", "remote_closed", "send_window",
-                 "trailers", "unacked")
+    __slots__ = ("expect", "held", "held_bytes", "id", "recv_window", "remote_closed",
+                 "send_window", "trailers", "unacked")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.send_window = send_window
         self.recv_window = STREAM_WINDOW  # what the client may still send on it
         self.held: deque[bytes | memoryview] = deque()  # what the peer's windows refuse yet
+        self.held_bytes = 0
+        self.expect = -1  # DATA octets its content-length still announces (-1: none)
         self.trailers: bytes | None = None  # a header block to end with, after `held`
         self.remote_closed = False
         self.unacked = 0  # bytes consumed and not yet given back in a WINDOW_UPDATE
@@ -46,12 +71,14 @@ class Stream:
 class H2Sender:
     """What a connection sends. Its receiving half (H2Connection) opens the streams."""
 
-    __slots__ = ("blocked", "goaway_sent", "last_stream_id", "listener", "out", "peer_frame",
-                 "send_window", "streams", "table_update")
+    __slots__ = ("blocked", "closed", "forgotten", "goaway_sent", "last_stream_id", "listener",
+                 "out", "peer_frame", "send_window", "streams", "table_update")
 
     def __init__(self, listener: Listener) -> None:
         self.listener = listener
         self.streams: dict[int, Stream] = {}
+        self.closed: dict[int, int] = {}  # the last CLOSED_KEPT streams closed: how
+        self.forgotten = 0  # the highest stream id no longer in `closed`
         self.blocked: dict[int, None] = {}  # streams with held data, oldest first
         self.last_stream_id = 0
         self.send_window = DEFAULT_WINDOW  # the connection's, for what this side sends
@@ -91,17 +118,22 @@ class H2Sender:
     def send_data(self, stream_id: int, data: bytes) -> bool:
         """Send `data` on the stream; True if all of it went out now (else it is held
         until the peer's windows open, and `drained` follows). Large data is framed and
-        held as views of itself, never copied."""
+        held as views of itself, never copied. Raises HeldLimitError when the stream
+        already holds MAX_HELD_BYTES."""
         stream = self.streams.get(stream_id)
         if stream is None:
             return True
         if stream.held:
+            if stream.held_bytes >= MAX_HELD_BYTES:
+                raise HeldLimitError(stream_id, stream.held_bytes, MAX_HELD_BYTES)
             stream.held.append(data)
+            stream.held_bytes += len(data)
             return False
         sent = self._write_data(stream, data)
         if sent == len(data):
             return True
         stream.held.append(memoryview(data)[sent:])
+        stream.held_bytes += len(data) - sent
         self.blocked[stream_id] = None
         return False
 
@@ -131,6 +163,7 @@ class H2Sender:
         while held:
             data = held[0]
             sent = self._write_data(stream, data)
+            stream.held_bytes -= sent
             if sent < len(data):
                 held[0] = memoryview(data)[sent:]
                 self.blocked.pop(stream.id, None)  # to the back: the others go first
@@ -158,14 +191,30 @@ class H2Sender:
         """This side ended the stream; a client still sending is told to stop."""
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
-        if not stream.remote_closed:
+        if stream.remote_closed:
+            self.remember(stream.id, ENDED)
+        else:
             self.out.append(frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
+            self.remember(stream.id, RESET_HERE)
 
     def reset(self, stream_id: int, code: int) -> None:
         """End the stream at once (RST_STREAM), dropping what it held."""
         if self.streams.pop(stream_id, None) is not None:
             self.blocked.pop(stream_id, None)
-            self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+            self.refuse(stream_id, code)
+
+    def refuse(self, stream_id: int, code: int) -> None:
+        """RST_STREAM for a stream this side holds no state of (any more)."""
+        self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+        self.remember(stream_id, RESET_HERE)
+
+    def remember(self, stream_id: int, how: int) -> None:
+        closed = self.closed
+        closed[stream_id] = how
+        if len(closed) > CLOSED_KEPT:
+            oldest = next(iter(closed))
+            del closed[oldest]
+            self.forgotten = max(self.forgotten, oldest)
 
     def goaway(self) -> None:
         """No new streams (drain): those open run to their end."""
