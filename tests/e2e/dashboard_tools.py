@@ -119,6 +119,15 @@ def total(samples: Samples, name: str, **labels: str) -> float:
                if all(found.get(k) == v for k, v in labels.items()))
 
 
+def at_replicas(app: str) -> int:
+    """The requests of `app` at its replicas now, as /metrics has them from the routers'
+    reports (every tick): the probe for "the call is at its replica"."""
+    address = serve.status().dashboard_address
+    assert address is not None, "this instance has no dashboard"
+    return int(total(scrape(address), "serve_num_ongoing_requests_at_replicas",
+                     application=app))
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -17,6 +17,7 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import free_port, running_instance
+from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.e2e.procs import alive, surge_processes
 from tests.eventually import eventually
@@ -55,7 +56,7 @@ def test_a_stopping_proxy_finishes_its_calls_and_tells_watchers(target: str) -> 
         slow = threading.Thread(target=lambda: replies.append(stub.Slow(
             echo_pb2.EchoRequest(sleep_s=1.5), timeout=20)))
         slow.start()
-        time.sleep(0.5)  # the call is at its replica
+        eventually(lambda: at_replicas("drain") == 1, 10, what="the call at its replica")
         os.kill(proxy, signal.SIGTERM)  # the proxy this test's instance started
         stopped = time.monotonic()
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -18,6 +18,7 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.e2e.procs import rss, surge_processes
 from tests.eventually import eventually
@@ -176,7 +177,8 @@ def test_a_broken_client_stream_frees_its_replica_slot(target: str) -> None:
                                 ("content-type", "application/grpc"), ("te", "trailers"),
                                 ("application", "one")])
         sock.sendall(client.data_to_send())
-        time.sleep(0.5)  # the call is at the replica, holding its one slot
+        eventually(lambda: at_replicas("one") == 1, 10,
+                   what="the call at the replica, holding its one slot")
         client.send_data(1, b"\x01\x00\x00\x00\x01x")
         sock.sendall(client.data_to_send())
         trailers = _trailers_of(sock, client, 1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,7 +24,9 @@ from surge import serve
 from surge.errors import BackPressureError
 from surge.serve.llm import build_openai_app
 from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
+from tests.eventually import eventually
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.e2e
@@ -57,11 +58,17 @@ class OneAtATime:
         return list(self.started)
 
 
-def burst(send: Callable[[int], httpx.Response]) -> list[httpx.Response]:
+def at_its_replica(app: str, count: int) -> None:
+    eventually(lambda: at_replicas(app) == count, 10,
+               what=f"{count} request(s) of {app} at its replica")
+
+
+def burst(app: str, send: Callable[[int], httpx.Response]) -> list[httpx.Response]:
     """Request 0, then (once it holds the replica's one slot) 1, 2 and 3 together."""
+    at_its_replica(app, 0)  # the warm-up requests are reported done
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(send, 0)
-        time.sleep(0.2)
+        at_its_replica(app, 1)
         rest = [pool.submit(send, i) for i in range(1, 4)]
         return [first.result(), *(future.result() for future in rest)]
 
@@ -90,7 +97,7 @@ def test_http_refuses_at_once_what_would_wait_too_long(instance: tuple[Running, 
     url = f"{instance[0].url}/{app}"
     assert httpx.get(url, params={"tag": "warm"}, timeout=30).text == "warm"
 
-    responses = burst(lambda i: httpx.get(url, params={"tag": str(i)}, timeout=30))
+    responses = burst(app, lambda i: httpx.get(url, params={"tag": str(i)}, timeout=30))
     statuses = sorted(r.status_code for r in responses)
     assert statuses == [200, 200, 503, 503], [r.text for r in responses]
     for refused in (r for r in responses if r.status_code == 503):
@@ -124,9 +131,10 @@ def test_grpc_answers_resource_exhausted_past_the_wait_bound(instance: tuple[Run
         stub = echo_pb2_grpc.EchoStub(channel)
         assert stub.Slow(echo_pb2.EchoRequest(sleep_s=SERVICE_S), metadata=metadata,
                          timeout=30).text == "slept"
+        at_its_replica(app, 0)
         first = stub.Slow.future(echo_pb2.EchoRequest(sleep_s=SERVICE_S), metadata=metadata,
                                  timeout=30)
-        time.sleep(0.1)
+        at_its_replica(app, 1)
         rest = [stub.Slow.future(echo_pb2.EchoRequest(sleep_s=SERVICE_S), metadata=metadata,
                                  timeout=30) for _ in range(3)]
         codes, details = [], []
@@ -157,7 +165,7 @@ def test_an_llm_route_refuses_with_the_openai_error_body(instance: tuple[Running
     for _ in range(2):  # measures ~0.6 s (the proxy may learn the model's route after
         assert httpx.post(url, json=body, timeout=30).status_code == 200  # the first)
 
-    responses = burst(lambda i: httpx.post(url, json=body, timeout=30))
+    responses = burst("llmwaits", lambda i: httpx.post(url, json=body, timeout=30))
     statuses = [r.status_code for r in responses]
     assert set(statuses) == {200, 503} and statuses[0] == 200, statuses
     for refused in (r for r in responses if r.status_code == 503):
@@ -172,7 +180,7 @@ def test_a_queued_request_whose_client_left_never_reaches_the_replica(
     holder = threading.Thread(target=lambda: httpx.get(
         url, params={"tag": "holder", "sleep": "3"}, timeout=30))
     holder.start()
-    time.sleep(0.5)  # it holds the slot for 3 s
+    at_its_replica(app, 1)  # it holds the slot for 3 s
     # queued behind it (nothing measured yet on this app: the count bounds the queue),
     # then its client gives up
     with pytest.raises(httpx.ReadTimeout):
