@@ -256,7 +256,7 @@ def test_a_slow_app_holds_its_client_back(instance: Running) -> None:
     with connect(url(instance, "/ws/slow")) as ws:
         sender = threading.Thread(target=flood, args=(ws,), daemon=True)
         sender.start()
-        time.sleep(3.0)
+        time.sleep(3.0)  # the behaviour: a client flooding a slow app for 3 s
         received = stats(instance)["received"]
         after = rss(proxy), rss(replica)
         ws.socket.shutdown(socket.SHUT_RDWR)
@@ -273,9 +273,15 @@ def test_a_client_that_does_not_read_holds_a_chatty_app_back(instance: Running) 
     with connect(url(instance, "/ws/chatty"), max_queue=1) as ws:
         ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         ws.recv(timeout=10)
-        time.sleep(1.0)
-        first = stats(instance)["sent"]
-        time.sleep(1.0)
+        previous = [-1]
+
+        def stopped() -> int | None:  # the same count one interval apart: it waits
+            now = stats(instance)["sent"]
+            still, previous[0] = now == previous[0], now
+            return now if still else None
+
+        first = eventually(stopped, 20, interval_s=0.5, what="the chatty app to stop sending")
+        time.sleep(1.0)  # a hold to prove a negative: it sends nothing more
         second = stats(instance)["sent"]
         ws.socket.shutdown(socket.SHUT_RDWR)  # no close handshake behind 10 MiB unread
     print(f"\nchatty app: stopped after {first >> 10} KiB sent to a client that read 64 KiB")
