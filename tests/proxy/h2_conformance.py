@@ -19,6 +19,8 @@ malformed call makes is never served.
 `run_case` runs one case against a port and says why it failed (None: it passed);
 tests/proxy/test_h2_conformance.py runs every case, bench/h2_conformance.py prints the
 table by section.
+
+(Long for a module: it is a table of 160 cases of a few lines each, in h2spec's order.)
 """
 
 from __future__ import annotations
