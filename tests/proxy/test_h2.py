@@ -407,3 +407,17 @@ def test_a_stream_holds_a_bounded_amount_for_a_client_that_does_not_read() -> No
     assert (info.value.held, info.value.limit) == (len(big), MAX_HELD_BYTES)
     assert str(info.value) == (f"stream 1 holds {len(big)} bytes its client has not read "
                                f"(the limit is {MAX_HELD_BYTES})")
+
+
+def test_a_bad_priority_on_a_closed_stream_leaves_how_it_closed() -> None:
+    pair = Pair()
+    pair.client.send_headers(1, REQUEST, end_stream=True)
+    pair.to_server()
+    pair.server.send_headers(1, b"\x88\x00\x0bgrpc-status\x010", end_stream=True)
+    pair.server.out.clear()
+    pair.to_server(core.frame(core.PRIORITY, 0, 1, bytes(4)))  # 4 octets, not 5
+    assert pair.server.out == [core.frame(core.RST_STREAM, 0, 1, bytes((0, 0, 0, 6)))]
+    with pytest.raises(core.H2Error) as info:  # still a stream the client ended
+        pair.to_server(core.frame(core.HEADERS, core.END_HEADERS | core.END_STREAM, 1,
+                                  hpack.Encoder().encode(REQUEST)))
+    assert info.value.code == core.STREAM_CLOSED

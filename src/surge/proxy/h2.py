@@ -272,8 +272,8 @@ class H2Connection(H2Sender):
         self._cheap("bad PRIORITY")
         if stream_id in self.streams:
             self._stream_error(stream_id, code)
-        else:
-            self.refuse(stream_id, code)
+        else:  # closed: how it closed still decides what later frames on it get
+            self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
 
     def _cheap(self, what: str) -> None:
         if not self._flood.spend():
