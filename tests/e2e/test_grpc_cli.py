@@ -71,7 +71,8 @@ def test_surge_build_writes_grpc_options() -> None:
                    env=_env())
     assert built.returncode == 0, built.stderr
     data = yaml.safe_load(built.stdout)
-    assert data["grpc_options"] == {"port": 9000, "grpc_servicer_functions": [SERVICER]}
+    assert data["grpc_options"] == {"port": 9000, "grpc_servicer_functions": [SERVICER],
+                                    "enable_reflection": True}
     assert list(data).index("grpc_options") == list(data).index("http_options") + 1
 
 

@@ -96,7 +96,8 @@ def test_a_model_sticks_to_its_replica_and_a_hot_one_spreads(one_proxy: Running)
 
     eventually(lambda: holding_hot() == 2, 10, what="two replicas listed holding 'hot'")
     env = dict(os.environ, SURGE_ADDRESS=surge_instance.control_address)
-    text = subprocess.run([sys.executable, "-m", "surge.cli.main", "status", "-n", "spread"],
+    text = subprocess.run([sys.executable, "-m", "surge.cli.main", "status", "-n", "spread",
+                           "--table"],
                           capture_output=True, text=True, env=env, timeout=60).stdout
     assert "models" in text and "hot" in text and "m1" in text, text
     serve.delete("spread")

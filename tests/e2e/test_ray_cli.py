@@ -182,3 +182,72 @@ def test_rays_serve_cli_deploys_reports_updates_and_shuts_down_surge(
                what="every process of the instance gone")
     with pytest.raises(httpx.TransportError):
         httpx.get(url, timeout=5)
+
+
+def _surge(instance: Instance, *args: str) -> subprocess.CompletedProcess[str]:
+    """surge's own CLI, reaching the instance at its control address."""
+    return subprocess.run([sys.executable, "-m", "surge.cli.main", *args], cwd=ROOT,
+                          env=instance.env, capture_output=True, text=True, timeout=120)
+
+
+FAILING = {"name": "greeter", "route_prefix": "/greeter",
+           "import_path": "tests.config.apps.greeter:app",
+           "deployments": [{"name": "Greeter", "ray_actor_options": {
+               "runtime_env": {"env_vars": {"GREETER_FAIL_INIT": "1"}}}}]}
+
+
+def test_surge_status_and_config_print_what_rays_cli_prints(instance: Instance) -> None:
+    # A script that reads `serve status` or `serve config` (yaml.safe_load) reads
+    # `surge status` and `surge config` the same: the same document, byte for byte,
+    # a failed deployment's traceback (a literal block) included.
+    sent = instance.ray("deploy", str(_write(instance.folder, [APP, FAILING])))
+    assert sent.returncode == 0, sent.stderr
+
+    def settled() -> bool:
+        apps = instance.status()["applications"]
+        assert isinstance(apps, dict)
+        return apps["text_ml"]["status"] == "RUNNING" and \
+            apps["greeter"]["status"] == "DEPLOY_FAILED"
+
+    eventually(settled, 90, what="text_ml RUNNING and greeter DEPLOY_FAILED")
+    for args in (("status",), ("status", "-n", "greeter"), ("config",),
+                 ("config", "-n", "text_ml"), ("config", "-n", "nope")):
+        ours, rays = _surge(instance, *args), instance.ray(*args)
+        assert ours.returncode == rays.returncode == 0, ours.stderr + rays.stderr
+        assert ours.stdout == rays.stdout, args
+    status = yaml.safe_load(_surge(instance, "status").stdout)
+    assert set(status) == {"proxies", "applications", "target_capacity"}
+    failed = status["applications"]["greeter"]["deployments"]["Greeter"]
+    assert failed["status_trigger"] == "REPLICA_STARTUP_FAILED"
+    assert "GREETER_FAIL_INIT is set" in failed["message"]
+    table = _surge(instance, "status", "--table")
+    assert "text_ml" in table.stdout and "req/s offered" in table.stdout
+
+
+def test_surge_build_writes_the_config_rays_build_writes(tmp_path: Path,
+                                                          serve_cli: Path) -> None:
+    # The same application, imported once as Ray's and once as surge's: the two files
+    # load to the same config (gRPC's default options included, as Ray writes them).
+    source = ("from PACKAGE import serve\n\n"
+              "@serve.deployment\ndef hello(request):\n    return 'hi'\n\n"
+              "small = hello.bind()\n"
+              "big = hello.options(name='big', num_replicas=2, user_config={'a': 1},\n"
+              "                    ray_actor_options={'num_cpus': 2}).bind()\n")
+    (tmp_path / "ray_side.py").write_text(source.replace("PACKAGE", "ray"))
+    (tmp_path / "surge_side.py").write_text(source.replace("PACKAGE", "surge"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SURGE_", "RAY_"))}
+    env.pop("PYTHONPATH", None)
+    rays = subprocess.run([str(serve_cli), "build", "ray_side:small", "ray_side:big", "-o",
+                           "ray.yaml"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert rays.returncode == 0, rays.stderr
+    ours = subprocess.run([sys.executable, "-m", "surge.cli.main", "build", "surge_side:small",
+                           "surge_side:big", "-d", str(tmp_path), "-o",
+                           str(tmp_path / "surge.yaml")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert ours.returncode == 0, ours.stderr
+    rays_text = (tmp_path / "ray.yaml").read_text()
+    expected = yaml.safe_load(rays_text.replace("ray_side:", "surge_side:"))
+    assert yaml.safe_load((tmp_path / "surge.yaml").read_text()) == expected
+    assert expected["grpc_options"] == {"port": 9000, "grpc_servicer_functions": [],
+                                        "enable_reflection": True}

@@ -196,23 +196,20 @@ def _deploy_dict(target: str, arguments: dict[str, str], name: str | None) -> di
 
 
 def build_command(args: argparse.Namespace) -> int:
-    import yaml
-
     from surge.api.config_apply import build_config
+    from surge.cli.ray_yaml import dump
 
     sys.path.insert(0, os.path.abspath(args.app_dir))
     data = build_config(list(args.import_paths))
-    grpc = grpc_options_of(args)
-    if grpc is not None:  # right after http_options, as Ray writes it
-        entries = list(data.items())
-        at = [key for key, _ in entries].index("http_options") + 1
-        entries.insert(at, ("grpc_options", {"port": 9000, **grpc}))
-        data = dict(entries)
-    # As Ray's ServeDeploySchemaDumper writes it: a blank line between top-level keys.
-    sections = [yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False,
-                               width=80, indent=2) for key, value in data.items()]
+    # Right after http_options, as Ray writes it: its gRPC options, the defaults too.
+    grpc = {"port": 9000, "grpc_servicer_functions": [], "enable_reflection": True,
+            **(grpc_options_of(args) or {})}
+    entries = list(data.items())
+    entries.insert([key for key, _ in entries].index("http_options") + 1,
+                   ("grpc_options", grpc))
     text = ("# Written by `surge build` (Ray Serve's `serve build` format); `surge run`, "
-            "`surge deploy` or `serve deploy` this file.\n\n" + "\n".join(sections))
+            "`surge deploy` or `serve deploy` this file.\n\n"
+            + dump(dict(entries), width=80).rstrip("\n") + "\n")
     print("surge: the applications are named app1, app2, ...; rename them as you like",
           file=sys.stderr)
     if args.output:
@@ -256,21 +253,19 @@ def config_command(args: argparse.Namespace) -> int:
 
 
 def show_configs(args: argparse.Namespace) -> int:
-    """The config each application was last deployed with (as Ray's `serve config`)."""
-    import yaml
-
+    """The config each application was last deployed with, as Ray's `serve config`."""
+    from surge.cli.ray_yaml import dump
     from surge.cli.remote import details
 
     applications = details(args.address).get("applications") or {}
     if args.name is not None:
         app = applications.get(args.name)
         if app is None or not app.get("deployed_app_config"):
-            print(f"No config has been deployed for application {args.name!r}.")
+            print(f'No config has been deployed for application "{args.name}".')
             return 0
-        sys.stdout.write(yaml.safe_dump(app["deployed_app_config"], sort_keys=False))
+        sys.stdout.write(dump(app["deployed_app_config"]))
         return 0
-    configs = [yaml.safe_dump(app["deployed_app_config"], sort_keys=False)
-               for app in applications.values() if app.get("deployed_app_config")]
-    print("\n---\n\n".join(configs).rstrip("\n") if configs else
-          "No configuration was found.")
+    configs = [dump(app["deployed_app_config"]) for app in applications.values()
+               if app.get("deployed_app_config")]
+    sys.stdout.write("\n---\n\n".join(configs) if configs else "No configuration was found.\n")
     return 0

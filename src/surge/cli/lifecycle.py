@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.cli import config_cmds
-from surge.cli.remote import Dashboard, is_dashboard_url, status_from_details
+from surge.cli.remote import Dashboard, details, is_dashboard_url, status_from_details
 from surge.errors import ConfigError, ControllerUnavailableError
 
 __all__ = ["builder_args", "run_command", "shutdown_command", "start_command",
@@ -267,6 +267,8 @@ def _block() -> None:
 
 
 def status_command(args: argparse.Namespace) -> int:
+    if not (args.json or args.table):
+        return _print_ray_status(args)
     if is_dashboard_url(args.address):
         data = status_from_details(Dashboard(args.address).details(), args.address)
     else:
@@ -285,6 +287,21 @@ def status_command(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         _print_status(data)
+    return 0
+
+
+def _print_ray_status(args: argparse.Namespace) -> int:
+    """Ray's `serve status` document (surge.cli.ray_yaml), or one application's part."""
+    from surge.cli import ray_yaml
+
+    status = ray_yaml.serve_status(details(args.address))
+    if args.name is None:
+        sys.stdout.write(ray_yaml.dump(status))
+        return 0
+    if args.name not in status["applications"]:
+        print(f"surge status: application {args.name!r} does not exist", file=sys.stderr)
+        return 1
+    sys.stdout.write(ray_yaml.dump(status["applications"][args.name]))
     return 0
 
 

@@ -63,10 +63,17 @@ def _parser() -> _Parser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _start_parser(commands)
     _run_parser(commands)
-    status = commands.add_parser("status", help="applications, deployments and replicas")
+    status = commands.add_parser(
+        "status", help="applications, deployments and replicas",
+        description="Print the status of every application as Ray's `serve status` does "
+                    "(YAML: proxies, applications, target_capacity); `--table` or "
+                    "`--json` show surge's own, with request rates.")
     _config_cmds.instance_address_flag(status)
     status.add_argument("-n", "--name", help="only this application")
-    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--table", action="store_true",
+                        help="a table with request rates instead of Ray's YAML")
+    status.add_argument("--json", action="store_true",
+                        help="surge's status as JSON, with request rates and replicas")
     shutdown = commands.add_parser("shutdown", help="stop the instance: every application, "
                                                     "replica, proxy and its daemon")
     _config_cmds.instance_address_flag(shutdown)
