@@ -194,8 +194,9 @@ def test_cli_start_deploy_builder_status_config_shutdown(place: Place) -> None:
     assert missing.returncode == 1 and "'nope' does not exist" in missing.stderr
 
     config = place.surge("config", "-n", "g")
-    assert yaml.safe_load(config.stdout) == {
-        "import_path": "greeter:builder", "args": {"word": "yo", "times": "3"}, "name": "g"}
+    assert yaml.safe_load(config.stdout) == {  # what Ray's `serve deploy` sends
+        "name": "g", "import_path": "greeter:builder", "runtime_env": {},
+        "args": {"word": "yo", "times": "3"}}
     over_rest = place.surge("config", "-a", f"http://127.0.0.1:{place.dashboard_port}",
                             "-n", "g")
     assert over_rest.stdout == config.stdout
@@ -208,6 +209,29 @@ def test_cli_start_deploy_builder_status_config_shutdown(place: Place) -> None:
     assert [pid for pid in members if alive(pid)] == []
     nothing = place.surge("shutdown", "-y")
     assert nothing.returncode == 0 and "nothing to shut down" in nothing.stderr
+
+
+def test_cli_deploy_of_an_import_path_takes_its_runtime_env(place: Place) -> None:
+    # As Ray's `serve deploy main:app --runtime-env-json ...`: the application's
+    # runtime_env, so its env_vars reach the replicas; a config file keeps its own.
+    (place.folder / "detector.py").write_text(
+        "import os\nfrom surge import serve\n\n@serve.deployment\n"
+        "def find(request):\n    return os.environ.get('BURIED_ITEM', 'no dice')\n\n"
+        "app = find.bind()\n")
+    assert place.surge("start", "--http-port", str(place.http_port)).returncode == 0
+    env = json.dumps({"env_vars": {"BURIED_ITEM": "lucky coin"}})
+    deployed = place.surge("deploy", "detector:app", "--runtime-env-json", env)
+    assert deployed.returncode == 0, deployed.stderr
+    assert httpx.get(place.url("/"), timeout=10).text == "lucky coin"
+    shown = yaml.safe_load(place.surge("config").stdout)
+    assert shown == {"import_path": "detector:app",
+                     "runtime_env": {"env_vars": {"BURIED_ITEM": "lucky coin"}}, "args": {}}
+    config = place.folder / "config.yaml"
+    config.write_text(yaml.safe_dump({"applications": [{"import_path": "detector:app"}]}))
+    again = place.surge("deploy", str(config), "--runtime-env-json", env)
+    assert again.returncode == 0, again.stderr
+    assert "the runtime_env is ignored with a config file" in again.stderr
+    assert httpx.get(place.url("/"), timeout=10).text == "no dice"
 
 
 def test_cli_refuses_unknown_flags_with_the_closest_one(place: Place) -> None:

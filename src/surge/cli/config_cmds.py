@@ -17,7 +17,7 @@ from surge.errors import ConfigError
 
 __all__ = ["add_parsers", "build_command", "config_command", "deploy_command", "grpc_flags",
            "grpc_options_of", "instance_address_flag", "is_config_path", "lint_command",
-           "run_config"]
+           "run_config", "runtime_env_of"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -156,29 +156,34 @@ def deploy_command(args: argparse.Namespace) -> int:
 
     target = args.config_or_import_path
     arguments = builder_args(args.arguments)
+    runtime_env = runtime_env_of(args)
     if is_config_path(target):
         if arguments:
             raise ConfigError("application arguments cannot be given with a config file")
-        if args.name:
-            print("surge: warning: --name is ignored with a config file", file=sys.stderr)
+        for given, what in ((args.name, "--name"), (runtime_env, "the runtime_env")):
+            if given:
+                print(f"surge: warning: {what} is ignored with a config file",
+                      file=sys.stderr)
+    data = _deploy_dict(target, arguments, args.name, runtime_env)
     if is_dashboard_url(args.address):  # as Ray's `serve deploy`: the REST API does it
-        Dashboard(args.address).deploy(_deploy_dict(target, arguments, args.name))
+        Dashboard(args.address).deploy(data)
         print(f"surge: sent the deploy request to {args.address}; `surge status -a "
               f"{args.address}` follows it", flush=True)
         return 0
     if is_config_path(target):
         config = _load(target)
     else:
-        config = parse_config(_deploy_dict(target, arguments, args.name),
-                              source=f"surge deploy {target}")
+        config = parse_config(data, source=f"surge deploy {target}")
     apply_config(config, start=False, progress=_progress)
     # http_options take effect when surge starts; a running instance keeps its own.
     print(f"surge: deployed {target}", flush=True)
     return 0
 
 
-def _deploy_dict(target: str, arguments: dict[str, str], name: str | None) -> dict[str, Any]:
-    """The ServeDeploySchema to deploy: the file's, or one application's."""
+def _deploy_dict(target: str, arguments: dict[str, str], name: str | None,
+                 runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """The ServeDeploySchema to deploy: the file's, or one application's as Ray's
+    `serve deploy` sends it (name, import_path, runtime_env, args)."""
     if is_config_path(target):
         import yaml
 
@@ -189,10 +194,31 @@ def _deploy_dict(target: str, arguments: dict[str, str], name: str | None) -> di
         if not isinstance(data, dict):
             raise ConfigError(f"{target}: a config file is a mapping with `applications`")
         return data
-    app: dict[str, Any] = {"import_path": target, "args": arguments}
-    if name:
-        app["name"] = name
+    app: dict[str, Any] = {"name": name} if name else {}
+    app.update(import_path=target, runtime_env=runtime_env, args=arguments)
     return {"applications": [app]}
+
+
+def runtime_env_of(args: argparse.Namespace) -> dict[str, Any]:
+    """--runtime-env FILE / --runtime-env-json, with --working-dir over theirs, as Ray."""
+    if args.runtime_env_json:
+        import json
+
+        try:
+            env = json.loads(args.runtime_env_json)
+        except ValueError as exc:
+            raise ConfigError(f"--runtime-env-json is not JSON: {exc}") from None
+    elif args.runtime_env:
+        import yaml
+
+        env = yaml.safe_load(Path(args.runtime_env).read_text())
+    else:
+        env = {}
+    if not isinstance(env, dict):
+        raise ConfigError("a runtime_env is a mapping (env_vars, working_dir, ...)")
+    if args.working_dir:
+        env["working_dir"] = args.working_dir
+    return env
 
 
 def build_command(args: argparse.Namespace) -> int:

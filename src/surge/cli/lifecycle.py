@@ -131,19 +131,7 @@ def _app_dir(args: argparse.Namespace) -> str:
 
 def _runtime_env(args: argparse.Namespace) -> dict[str, Any]:
     """--runtime-env FILE / --runtime-env-json: surge uses env_vars and working_dir."""
-    if args.runtime_env_json:
-        try:
-            env = json.loads(args.runtime_env_json)
-        except ValueError as exc:
-            raise ConfigError(f"--runtime-env-json is not JSON: {exc}") from None
-    elif args.runtime_env:
-        import yaml
-
-        env = yaml.safe_load(Path(args.runtime_env).read_text())
-    else:
-        return {}
-    if not isinstance(env, dict):
-        raise ConfigError("a runtime_env is a mapping (env_vars, working_dir, ...)")
+    env = config_cmds.runtime_env_of(args)
     ignored = sorted(set(env) - {"env_vars", "working_dir"})
     if ignored:
         print(f"surge: warning: runtime_env {', '.join(ignored)} not supported; surge uses "
