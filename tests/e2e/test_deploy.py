@@ -48,6 +48,24 @@ def test_constructor_failure_fails_the_deploy_with_the_reason(surge_instance) ->
     serve.delete("broken")
 
 
+@serve.deployment(max_constructor_retry_count=2)
+class NeverHealthy:
+    def check_health(self) -> None:
+        raise RuntimeError("weights not loaded")
+
+    def __call__(self) -> str:
+        return "never"
+
+
+def test_a_replica_whose_first_health_check_fails_never_serves(surge_instance) -> None:  # type: ignore[no-untyped-def]
+    """As Ray: a replica serves only once its first health check passed, at start, before
+    the first period; failing it is failing to start."""
+    with pytest.raises(DeployFailedError, match="weights not loaded"):
+        serve.run(NeverHealthy.bind(), name="unhealthy", route_prefix="/unhealthy")
+    assert serve.status().applications["unhealthy"].status is ApplicationStatus.DEPLOY_FAILED
+    serve.delete("unhealthy")
+
+
 def test_bad_input_is_rejected_before_anything_runs(surge_instance) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=r"call \.bind"):
         serve.run(Fine, name="x")  # type: ignore[arg-type]

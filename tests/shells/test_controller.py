@@ -281,6 +281,38 @@ def test_three_failed_health_checks_replace_the_replica_on_the_period() -> None:
     run(main)
 
 
+def test_a_failed_health_check_is_unhealthy_until_a_replacement_runs() -> None:
+    """As Ray's test_deploy_2 test_deploy_application_unhealthy: a running replica that
+    fails its health checks makes the application UNHEALTHY, and it stays so while its
+    replacements fail to start (their first health check fails: replica/main.py)."""
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model", health_check_period_s=1.0)))
+        await h.tick()
+        replica = await h.ready("Model-1")
+        assert h.status() is ApplicationStatus.RUNNING
+        replica.answers["check_health"] = RuntimeError("Intentionally failing.")
+        while h.states()["Model-1"] == "RUNNING":
+            await h.tick()
+        overview = h.state.app_status("app")
+        assert overview.status is ApplicationStatus.UNHEALTHY
+        assert overview.message == "The deployments ['Model'] are UNHEALTHY."
+        assert overview.deployments["Model"].message.startswith(
+            "A replica's health check failed.")
+        h.backend.exit("Model-1", -9)
+        await h.tick()
+        await h.api.rpc_replica_started(FakePeer(), replica_id="Model-2",
+                                        error="RuntimeError: Intentionally failing.")
+        h.backend.exit("Model-2", 1)
+        await h.tick(1.0)  # past the backoff after the failed start
+        assert h.status() is ApplicationStatus.UNHEALTHY
+        assert h.states()["Model-3"] == "STARTING"
+        await h.ready("Model-3")
+        assert h.status() is ApplicationStatus.RUNNING
+
+    run(main)
+
+
 @pytest.mark.parametrize("own_health_check", [False, True])
 def test_telemetry_stands_for_the_default_health_check_only(own_health_check: bool) -> None:
     async def main() -> None:

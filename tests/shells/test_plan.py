@@ -95,7 +95,7 @@ def test_a_failed_deployment_starts_nothing_more() -> None:
     (NOW + 1, False, 0, []),  # not due yet
     (NOW, False, 0, [CheckHealth("a")]),  # due now
     (NOW, True, 0, []),  # the last one is still running
-    (NOW, False, 3, [FailReplica("a", "failed its health checks")]),
+    (NOW, False, 3, [FailReplica("a", "failed its health checks", health=True)]),
     (NOW + 1, False, 3, []),  # (the executor fails it at its third failure already)
     (NOW, False, 2, [CheckHealth("a")]),
 ])

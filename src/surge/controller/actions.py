@@ -50,6 +50,9 @@ class FailReplica:
 
     replica_id: str
     reason: str
+    # It failed its health checks: a running one of the current version makes its
+    # deployment UNHEALTHY until the deployment runs again (Ray's HEALTH_CHECK_FAILED).
+    health: bool = False
 
 
 @dataclass(frozen=True)

@@ -330,6 +330,8 @@ class ControlApi:
         state.health.schedule(replica, now + deployment.config.health_check_period_s)
         if replica.version == deployment.version:  # an old one's start proves nothing new
             deployment.constructor_failures, deployment.version_ran = 0, True
+            if state.count_running_current(deployment.id) >= deployment.target:
+                deployment.health_failed = ""  # recovered: every replica passed a check
         deployment.observe_startup(now - replica.started_at)
         log.info("replica %s of %s is %s (pid %d, started in %.2fs)", replica_id,
                  deployment.id, replica.state.value.lower(), pid, now - replica.started_at)

@@ -81,6 +81,7 @@ def _update(state: ControllerState, record: DeploymentRecord, spec: DeploymentSp
                    for r in state.running(record.id)]
     record.spec, record.target, record.sys_path = spec, target, sys_path
     record.constructor_failures, record.last_error, record.deleting = 0, "", False
+    record.health_failed = ""  # a new deploy starts over, as Ray's CONFIG_UPDATE
     return actions
 
 

@@ -38,6 +38,7 @@ from surge.controller.plan import MAX_CONNECTING, NODE_PROXY_PREFIX
 from surge.controller.publish import Publisher
 from surge.controller.state import (
     HEALTH_CHECK_FAILURE_THRESHOLD,
+    HEALTH_FAILED_MESSAGE,
     ControllerState,
     NodeProxy,
     ProxyRecord,
@@ -155,6 +156,10 @@ class Executor:
             was_running = replica.state is ReplicaState.RUNNING
             replica.move(ReplicaState.FAILED)
             log.warning("replica %s failed: %s", replica.replica_id, action.reason)
+            record = self.state.deployments.get(replica.deployment)
+            if (action.health and was_running and record is not None
+                    and replica.version == record.version):
+                record.health_failed = HEALTH_FAILED_MESSAGE
             if was_running:
                 self.publisher.replica_set(replica.deployment)
         self.backend.kill(replica.replica_id)
@@ -187,7 +192,8 @@ class Executor:
             log.warning("health check %d of replica %s failed: %r", replica.health_failures,
                         replica.replica_id, exc)
             if replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD:  # at once, as the
-                self._fail(FailReplica(replica.replica_id, "failed its health checks"))  # plan
+                self._fail(FailReplica(replica.replica_id, "failed its health checks",  # plan
+                                       health=True))
         finally:
             replica.health_check_running = False
 

@@ -231,7 +231,8 @@ def _health(state: ControllerState, now: float, skip: set[str]) -> list[Action]:
                 or replica.peer is None):
             continue
         if replica.health_failures >= HEALTH_CHECK_FAILURE_THRESHOLD:
-            actions.append(FailReplica(replica.replica_id, "failed its health checks"))
+            actions.append(FailReplica(replica.replica_id, "failed its health checks",
+                                       health=True))
         elif not replica.health_check_running:
             actions.append(CheckHealth(replica.replica_id))
             budget -= 1

@@ -43,6 +43,7 @@ from surge.policy.lifecycle import ALIVE, ReplicaState, transition
 
 __all__ = [
     "HEALTH_CHECK_FAILURE_THRESHOLD",
+    "HEALTH_FAILED_MESSAGE",
     "AppRecord",
     "ControllerState",
     "DeploymentRecord",
@@ -54,6 +55,9 @@ __all__ = [
 
 # Consecutive failed health checks before a replica is replaced (Ray Serve's threshold).
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
+# A deployment's status message after a running replica failed its health checks (Ray's).
+HEALTH_FAILED_MESSAGE = ("A replica's health check failed. This deployment will be UNHEALTHY "
+                         "until the replica recovers or a new deploy happens.")
 START_BACKOFF_S = 0.5  # after a replica failed to start; doubles per failure in a row
 START_BACKOFF_MAX_S = 30.0
 
@@ -137,6 +141,9 @@ class DeploymentRecord:
     # A replica of the current version has served: a failure then is UNHEALTHY, not a
     # failed deploy (or update).
     version_ran: bool = False
+    # A running replica of the current version failed its health checks (this message):
+    # UNHEALTHY until as many as its target run again, or a new deploy (as Ray).
+    health_failed: str = ""
     start_not_before: float = float("-inf")  # monotonic: backoff after a failed start
     # Busy share of its node's CPU (all its replicas on the head node), else None; and
     # why that node counts as saturated now ("": it does not; policy/saturation.py).
@@ -299,6 +306,8 @@ class ControllerState:
             status = (DeploymentStatus.UNHEALTHY if record.version_ran
                       else DeploymentStatus.DEPLOY_FAILED)
             message = record.last_error
+        elif record.health_failed:
+            status, message = DeploymentStatus.UNHEALTHY, record.health_failed
         elif current == record.target and not outdated:
             status, message = DeploymentStatus.HEALTHY, ""
         elif current > record.target:
@@ -328,7 +337,11 @@ class ControllerState:
             message = "; ".join(f"deployment {d.id.name!r} failed to start:\n{d.last_error}"
                                 for d in failed)
         elif failed or states & {DeploymentStatus.UNHEALTHY, DeploymentStatus.DEPLOY_FAILED}:
-            status, message = ApplicationStatus.UNHEALTHY, "; ".join(d.last_error for d in failed)
+            unhealthy = [name for name, d in deployments.items()
+                         if d.status is DeploymentStatus.UNHEALTHY]
+            status = ApplicationStatus.UNHEALTHY
+            message = ("; ".join(d.last_error for d in failed)
+                       or f"The deployments {unhealthy} are UNHEALTHY.")
         elif states <= {DeploymentStatus.HEALTHY} or (
                 app.ever_running and DeploymentStatus.UPDATING not in states):
             status, message = ApplicationStatus.RUNNING, ""

@@ -129,6 +129,9 @@ class Replica:
                 if not await self.user.call_optional("reconfigure", spec.user_config):
                     raise TypeError("user_config is set but the deployment has no "
                                     "reconfigure(self, config) method")
+            # As Ray: a replica serves once its first health check passed; failing that
+            # one is failing to start.
+            await self.user.call_optional("check_health")
         except Exception:
             error = users_traceback()
             log.error("replica %s failed to start:\n%s", self.replica_id, error)
