@@ -484,6 +484,46 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "not cancelled: the cleanup can still call other deployments",
         "a handler that cleans up after a cancel should be able to finish doing so",
         "tests/shells/test_child_calls.py::test_a_call_made_after_the_cancel_is_not_cancelled"),
+    Behaviour(
+        "`surge deploy FILE` and `surge run` when an application fails (a constructor "
+        "raises, a module cannot be imported)",
+        "`serve deploy` exits 0 once the request is sent, the other applications deploy "
+        "and `serve status` shows the failed one DEPLOY_FAILED; `serve run` prints the "
+        "traceback and exits 0",
+        "both wait for the outcome and exit 1 with the reason; a file with an application "
+        "that cannot be imported or validated changes nothing (`surge deploy -a "
+        "http://HOST:PORT` returns when the REST API answers, as Ray's)",
+        "a script or CI step learns from the exit code that its deploy failed",
+        "tests/e2e/test_operations.py::"
+        "test_cli_deploy_and_run_wait_and_exit_1_when_an_application_fails"),
+    Behaviour(
+        "`serve run --working-dir URI` (or a runtime_env `working_dir` URI: S3, GCS, a "
+        "zip over HTTP)",
+        "downloads the archive and runs the application from it",
+        "refused with an error naming the URI: the code runs from a local directory "
+        "(`-d/--app-dir`, or a local `working_dir`)",
+        "surge does not fetch or unpack code; deploy the image or directory that holds it",
+        "tests/e2e/test_operations.py::test_cli_run_refuses_a_remote_working_dir"),
+    Behaviour(
+        "`surge status`, `config` or `deploy` with no instance running (after `surge "
+        "shutdown`), and `surge status -n` of an application that does not exist",
+        "after `serve shutdown` the Ray cluster stays: `serve status` prints an empty "
+        "status and `serve deploy` starts Serve again; `status -n` of a missing "
+        "application logs an error and exits 0",
+        "an instance is the cluster and Serve together, and `surge shutdown` stops both: "
+        "the commands say that no instance answers and exit 1 (`surge start` starts "
+        "one); `status -n` of a missing application exits 1",
+        "surge has no cluster apart from its instance; a missing application is an error",
+        "tests/e2e/test_deploy.py::test_cli_reports_a_missing_instance"),
+    Behaviour(
+        "The CLI's progress and result lines (`Sent deploy request successfully.`, "
+        "`Sent shutdown request; applications will be deleted asynchronously.`, ...)",
+        "Ray's wording, on stderr or stdout through Ray's logger",
+        "surge's own lines (`surge: deployed FILE`, `surge: shut down`); the documents a "
+        "script reads (`status`, `config`, `build`) are Ray's, byte for byte",
+        "surge's deploy and shutdown are synchronous, so Ray's sentences would be untrue; "
+        "the exit code tells the outcome",
+        "tests/e2e/test_ray_cli.py::test_surge_status_and_config_print_what_rays_cli_prints"),
 )
 
 

@@ -234,6 +234,61 @@ def test_cli_deploy_of_an_import_path_takes_its_runtime_env(place: Place) -> Non
     assert httpx.get(place.url("/"), timeout=10).text == "no dice"
 
 
+FAILING = """
+from surge import serve
+
+
+@serve.deployment(max_constructor_retry_count=1)
+class ConstructorFailure:
+    def __init__(self) -> None:
+        raise RuntimeError("Intentionally failing.")
+
+
+app = ConstructorFailure.bind()
+"""
+
+
+def test_cli_deploy_and_run_wait_and_exit_1_when_an_application_fails(place: Place) -> None:
+    # Ray's `serve deploy` answers 0 once the request is sent and `serve run` exits 0
+    # after printing the traceback; surge's wait for the outcome and exit 1 with it.
+    (place.folder / "failing.py").write_text(FAILING)
+    (place.folder / "broken.py").write_text("x = (1 + 2\n")
+    ran = place.surge("run", "failing:app", "--port", str(place.http_port))
+    assert ran.returncode == 1
+    assert "Intentionally failing." in ran.stdout + ran.stderr
+    assert _daemon_pid(place) is None  # the instance it started went with it
+
+    assert place.surge("start", "--http-port", str(place.http_port)).returncode == 0
+    config = place.folder / "config.yaml"
+    config.write_text(yaml.safe_dump({"applications": [
+        {"name": "bad", "route_prefix": "/bad", "import_path": "failing:app"}]}))
+    deployed = place.surge("deploy", str(config))
+    assert deployed.returncode == 1
+    assert "Intentionally failing." in deployed.stderr
+    status = yaml.safe_load(place.surge("status").stdout)
+    assert status["applications"]["bad"]["status"] == "DEPLOY_FAILED"
+
+    # A file with an application that cannot be imported changes nothing at all.
+    config.write_text(yaml.safe_dump({"applications": [
+        {"name": "good", "route_prefix": "/good", "import_path": "greeter:app"},
+        {"name": "syntax", "route_prefix": "/syntax", "import_path": "broken:app"}]}))
+    refused = place.surge("deploy", str(config))
+    assert refused.returncode == 1
+    assert "x = (1 + 2" in refused.stderr
+    assert set(yaml.safe_load(place.surge("status").stdout)["applications"]) == {"bad"}
+
+
+def test_cli_run_refuses_a_remote_working_dir(place: Place) -> None:
+    # Ray downloads a working_dir URI for the job; surge runs the code it has here.
+    remote = "https://github.com/ray-project/test_dag/archive/HEAD.zip"
+    for flags in (("--working-dir", remote),
+                  ("--runtime-env-json", json.dumps({"working_dir": remote}))):
+        ran = place.surge("run", "greeter:app", *flags)
+        assert ran.returncode == 1
+        assert f"working_dir '{remote}' is a remote URI" in ran.stderr
+    assert _daemon_pid(place) is None
+
+
 def test_cli_refuses_unknown_flags_with_the_closest_one(place: Place) -> None:
     typo = place.surge("run", "greeter:app", "--non-blockng")
     assert typo.returncode == 2
