@@ -57,9 +57,10 @@ test-llm:
 	else $(LLM_RUN) $(LLM_PY) -m pytest $(LLM_TESTS) -p no:cacheprovider; fi
 
 # The suite's tiers (docs/testing.md, tests/tiers.py): the fast one (unit and in-memory
-# shell tests; no process started) under the coverage gate of pyproject.toml (policy/
-# and the sans-IO cores), then policy/ alone at 100%; the rest without coverage.
-FAST_TIER := $(PY) -m pytest -m fast --cov --cov-report=term
+# shell tests; no process started) in a shuffled order (its seed printed: rerun with
+# --random-order-seed=N) under the coverage gate of pyproject.toml (policy/ and the
+# sans-IO cores), then policy/ alone at 100%; the rest without coverage.
+FAST_TIER := $(PY) -m pytest -m fast --random-order --cov --cov-report=term
 POLICY_GATE := $(VENV)/bin/coverage report --include='src/surge/policy/*' --fail-under=100
 
 test-fast: install
