@@ -278,6 +278,27 @@ def test_cli_deploy_and_run_wait_and_exit_1_when_an_application_fails(place: Pla
     assert set(yaml.safe_load(place.surge("status").stdout)["applications"]) == {"bad"}
 
 
+def test_cli_config_leaves_out_an_application_being_deleted(place: Place) -> None:
+    # As Ray's test_config_with_deleting_app: once a config drops an application, `serve
+    # config` shows only what is still deployed, while `serve status` says DELETING.
+    started = place.surge("start", "--http-port", str(place.http_port))
+    assert started.returncode == 0, started.stderr
+    first = {"name": "first", "route_prefix": "/first", "import_path": "greeter:app"}
+    slow = {"name": "slow", "route_prefix": "/slow",
+            "import_path": "tests.config.apps.slow_delete:app",
+            "runtime_env": {"env_vars": {"SLOW_DELETE_S": "10"}}}
+    config = place.folder / "config.yaml"
+    config.write_text(yaml.safe_dump({"applications": [first, slow]}))
+    assert place.surge("deploy", str(config)).returncode == 0
+    config.write_text(yaml.safe_dump({"applications": [first]}))
+    dashboard = f"http://127.0.0.1:{place.dashboard_port}"
+    sent = place.surge("deploy", str(config), "-a", dashboard)  # answers before it is gone
+    assert sent.returncode == 0, sent.stderr
+    status = yaml.safe_load(place.surge("status").stdout)
+    assert status["applications"]["slow"]["status"] == "DELETING"
+    assert list(yaml.safe_load_all(place.surge("config").stdout)) == [first]
+
+
 def test_cli_run_refuses_a_remote_working_dir(place: Place) -> None:
     # Ray downloads a working_dir URI for the job; surge runs the code it has here.
     remote = "https://github.com/ray-project/test_dag/archive/HEAD.zip"

@@ -116,7 +116,9 @@ def _application(state: ControllerState, name: str,
     return {"name": name, "route_prefix": app.route_prefix, "docs_path": None,
             "status": status.value, "message": overview.message,
             "last_deployed_time_s": app.deployed_at,
-            "deployed_app_config": dict(app.source_config) if app.source_config else None,
+            # Ray clears a deleted application's config at once: it is no longer deployed.
+            "deployed_app_config": (dict(app.source_config)
+                                    if app.source_config and not app.deleting else None),
             "source": _source(state, name),
             "deployments": deployments, "external_scaler_enabled": False}
 
