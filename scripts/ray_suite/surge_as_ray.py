@@ -324,8 +324,10 @@ def pytest_configure(config: Any) -> None:
         alias()
         _replace_helpers()
     import ray
-    ray.init(num_cpus=16, namespace="serve", include_dashboard=False, log_to_driver=False,
-             ignore_reinit_error=True)
+    # A cluster of its own ("local"): without it ray.init joins any cluster already running
+    # on the machine (another session's), which refuses num_cpus and fails the whole file.
+    ray.init(address="local", num_cpus=16, namespace="serve", include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True)
     original_init = ray.init
 
     def init_once(*args: Any, **kwargs: Any) -> Any:  # a test's own ray.init joins ours
