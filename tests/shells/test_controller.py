@@ -29,7 +29,14 @@ from surge.controller.controller import Controller
 from surge.controller.publish import UNAVAILABLE_FAILED
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.errors import ConfigError
-from surge.model import ApplicationStatus, DeploymentId, LoadReport, ReplicaSet, RouteTable
+from surge.model import (
+    ApplicationStatus,
+    DeploymentId,
+    DeploymentStatus,
+    LoadReport,
+    ReplicaSet,
+    RouteTable,
+)
 from surge.observability.recorder import TelemetryReport
 from surge.policy.autoscaling import DecisionKind
 from surge.testing import FakeBackend, FakeClock, FakePeer
@@ -202,6 +209,28 @@ def test_a_replica_that_exits_before_it_reaches_the_controller_is_no_failed_star
         await h.tick(1.0)
         assert h.backend.started() == ["Model-1", "Model-2"]
         assert h.status() is ApplicationStatus.DEPLOY_FAILED
+
+    run(main)
+
+
+def test_a_deployment_retrying_its_start_shows_the_last_error() -> None:
+    # As Ray's `serve status` while it retries: UPDATING, with the constructor's error.
+    async def main() -> None:
+        h = Harness()
+        await h.deploy(app(DeploymentConfig(name="Model")))
+        await h.tick()
+        await h.api.rpc_replica_started(FakePeer(), replica_id="Model-1",
+                                        error="ZeroDivisionError: division by zero")
+        h.backend.exit("Model-1", 1)
+        await h.tick()
+        overview = h.state.app_status("app")
+        assert overview.status is ApplicationStatus.DEPLOYING
+        deployment = overview.deployments["Model"]
+        assert deployment.status is DeploymentStatus.UPDATING
+        assert deployment.message == (
+            "0 of 1 replicas running; a replica failed to start 1 time(s) in a row (its "
+            "constructor or first health check), retrying. Error:\n"
+            "ZeroDivisionError: division by zero")
 
     run(main)
 

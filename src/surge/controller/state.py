@@ -315,6 +315,10 @@ class ControllerState:
         else:
             status = DeploymentStatus.UPDATING
             message = f"{current} of {record.target} replicas running"
+            if record.constructor_failures:  # as Ray: the error while it retries
+                message += (f"; a replica failed to start {record.constructor_failures} "
+                            "time(s) in a row (its constructor or first health check), "
+                            f"retrying. Error:\n{record.last_error}")
         if record.node_saturated and not self.failed(did):
             saturated = f"node CPU saturated, not adding replicas: {record.node_saturated}"
             message = f"{message}; {saturated}" if message else saturated
