@@ -517,10 +517,13 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "tests/e2e/test_deploy.py::test_cli_reports_a_missing_instance"),
     Behaviour(
         "The CLI's progress and result lines (`Sent deploy request successfully.`, "
-        "`Sent shutdown request; applications will be deleted asynchronously.`, ...)",
-        "Ray's wording, on stderr or stdout through Ray's logger",
-        "surge's own lines (`surge: deployed FILE`, `surge: shut down`); the documents a "
-        "script reads (`status`, `config`, `build`) are Ray's, byte for byte",
+        "`Sent shutdown request; applications will be deleted asynchronously.`, ...) and "
+        "its config errors",
+        "Ray's wording, on stderr or stdout through Ray's logger; a bad file is a pydantic "
+        "`ValidationError` naming `ServeDeploySchema`",
+        "surge's own lines (`surge: deployed FILE`, `surge: shut down`), and one line per "
+        "error as `FILE:LINE: FIELD: what is wrong`; the documents a script reads "
+        "(`status`, `config`, `build`) are Ray's, byte for byte",
         "surge's deploy and shutdown are synchronous, so Ray's sentences would be untrue; "
         "the exit code tells the outcome",
         "tests/e2e/test_ray_cli.py::test_surge_status_and_config_print_what_rays_cli_prints"),
