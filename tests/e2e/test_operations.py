@@ -329,6 +329,8 @@ def test_cli_build_writes_what_ray_writes(place: Place) -> None:
     data = yaml.safe_load(out.read_text())
     assert data["proxy_location"] == "EveryNode"
     assert data["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    assert data["grpc_options"] == {"port": 9000, "grpc_servicer_functions": [],
+                                    "enable_reflection": True}
     assert data["logging_config"]["encoding"] == "TEXT"
     assert data["applications"][0]["import_path"] == "greeter:app"
     assert data["applications"][0]["deployments"] == [{"name": "Greeter"}]
