@@ -2,7 +2,7 @@
 
 The proxy process serves gRPC beside its HTTP server, on the same event loop, on
 `gRPCOptions.port` (every worker of a node binds it with SO_REUSEPORT), with HTTP/2 of
-its own (proxy/h2.py, proxy/grpc_wire.py: no grpcio server, whose per-call costs were
+its own (codecs/h2.py, codecs/grpc_wire.py: no grpcio server, whose per-call costs were
 most of the proxy's CPU). It knows the methods of the servicers named in
 `grpc_servicer_functions` (learned by calling each with a recording server,
 transport/grpc_methods.py) by path and kind only: a request's bytes go to the replica in
@@ -57,13 +57,18 @@ class GrpcIngress:
         self.connections: set[GrpcConnection] = set()
         self.watchers: set[GrpcCall] = set()  # Health/Watch streams told SERVING
         self.local = LocalServices(lambda: self.apps(), {m.service for m in methods.values()},
-                                   lambda: self.proxy.site.draining, health, reflection)
+                                   lambda: self.proxy.site.draining, self._unready, health,
+                                   reflection)
         self._apps: dict[str, RouteTarget] = {}
         self._table: RouteTable | None = None
 
     def __repr__(self) -> str:
         return (f"<GrpcIngress methods={len(self.methods)} apps={len(self._apps)} "
                 f"connections={len(self.connections)} ongoing={self.ongoing}>")
+
+    def _unready(self) -> str:
+        answer = self.proxy.site.unready()
+        return "" if answer is None else answer.body.decode()
 
     def protocol(self) -> GrpcConnection:
         return GrpcConnection(self)

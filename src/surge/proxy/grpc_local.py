@@ -33,10 +33,12 @@ class LocalServices:
     status and its change when the proxy drains; reflection is a stream both ways."""
 
     def __init__(self, apps: Callable[[], Iterable[str]], services: Iterable[str],
-                 draining: Callable[[], bool], health: bool, reflection: bool) -> None:
+                 draining: Callable[[], bool], unready: Callable[[], str],
+                 health: bool, reflection: bool) -> None:
         self._apps = apps
         self._services = set(services)
         self._draining = draining
+        self._unready = unready  # why the API service answers UNAVAILABLE ("": it does not)
         self.unary: dict[str, Callable[[bytes], Answer]] = {
             LIST_APPLICATIONS: self._list_applications, HEALTHZ: self._healthz}
         self.watch = health  # HEALTH_WATCH is served
@@ -53,12 +55,14 @@ class LocalServices:
                 or (self._reflection is not None and path == REFLECTION))
 
     def _list_applications(self, request: bytes) -> Answer:
+        if unready := self._unready():  # as Ray's: while draining or no route yet
+            return Code.UNAVAILABLE, unready, b""
         # ListApplicationsResponse: field 1, repeated string application_names.
         return Code.OK, "", b"".join(field(1, name.encode()) for name in self._apps())
 
     def _healthz(self, request: bytes) -> Answer:
-        if self._draining():
-            return Code.UNAVAILABLE, DRAINING, b""
+        if unready := self._unready():  # HTTP /-/healthz's check and message
+            return Code.UNAVAILABLE, unready, b""
         return Code.OK, "", field(1, b"success")  # HealthzResponse: field 1, string message
 
     def serving(self, request: bytes) -> int:

@@ -4,9 +4,10 @@ A `Site` belongs to its `Proxy`. Its compiled routes follow the route table the
 controller last pushed (`RouteSource.routes`): an identity check per request, and a
 compile (`proxy/routes.py`) only when the table changed.
 
-`/-/healthz` and `/-/routes` answer 503 as Ray's proxy does: while the proxy drains,
-and until a route table with a route has come (an instance with no application, or
-only applications without a route prefix); once one has, for the proxy's life.
+`/-/healthz` and `/-/routes` answer 503 as Ray's proxy does (and gRPC's Healthz and
+ListApplications UNAVAILABLE, from `unready`): while the proxy drains, and until a route
+table with a route has come (an instance with no application, or only applications
+without a route prefix); once one has, for the proxy's life.
 """
 
 from __future__ import annotations
@@ -70,14 +71,23 @@ class Site:
             self.populated = self.populated or bool(table.targets)
         return compiled
 
+    def unready(self) -> Answer | None:
+        """Why the proxy is not ready for traffic (None when it is): Ray's answer to its
+        health and route requests, over HTTP and gRPC alike."""
+        self.routes()
+        if self.draining:
+            return DRAINING
+        return None if self.populated else NO_ROUTES
+
     def builtin(self, path: str) -> tuple[Answer, tuple[str, str, str]]:
         """The answer to a /-/ path, and its metric labels."""
         if path in _BUILTIN_LABELS:
-            routes = self.routes()
-            if self.draining or not self.populated:
-                answer = DRAINING if self.draining else NO_ROUTES
+            unready = self.unready()
+            if unready is not None:
+                answer = unready
             else:
-                answer = HEALTHY if path == HEALTHZ else Answer(200, routes.listing, (), JSON)
+                answer = HEALTHY if path == HEALTHZ else \
+                    Answer(200, self._compiled.listing, (), JSON)
         else:
             answer = Answer(404, f"Path '{path}' not found.".encode())
         return answer, _BUILTIN_LABELS.get(path, _OTHER_LABELS)
