@@ -339,7 +339,7 @@ def test_declined_over_the_cap() -> None:
 @pytest.mark.parametrize(("failure", "status", "extra"), [
     (BackPressureError(deployment="d", num_queued_requests=3, max_queued_requests=3,
                        retry_after_s=2.5), 503, {"retry-after": "3"}),
-    (DeploymentUnavailableError("gone for good"), 503, {"retry-after": "1"}),
+    (DeploymentUnavailableError("gone for good"), 503, {}),
     (ReplicaDiedError("replica r1 died"), 500, {}),
     (RequestCancelledError("cancelled"), 499, {}),
     (RuntimeError("a bug"), 500, {}),
@@ -355,6 +355,15 @@ def test_failures_become_statuses(failure: BaseException, status: int,
     assert all(response.headers[k] == v for k, v in extra.items())
     assert ("unavailable" in {r[2] for r in w.rejections}) is isinstance(
         failure, DeploymentUnavailableError)
+
+
+def test_an_unavailable_deployment_has_no_retry_after() -> None:
+    """Ray's proxy answers DeploymentUnavailableError 503 without Retry-After."""
+    w = wire()
+    w.send(request())
+    w.waiting.pop().fail(DeploymentUnavailableError("failed to start"))
+    [response] = w.responses()
+    assert response.status == 503 and "retry-after" not in response.headers
 
 
 def test_backpressure_without_advice_has_no_retry_after() -> None:

@@ -106,5 +106,7 @@ def admit(queued: int, limit: int, drain_per_s: float, max_wait_s: float | None 
 
 
 def retry_after_header(seconds: float) -> str:
-    """HTTP Retry-After takes whole seconds; round up so clients never come back early."""
-    return str(max(1, math.ceil(seconds)))
+    """HTTP Retry-After takes whole seconds (RFC 9110 delay-seconds, never negative);
+    round up so clients never come back early. A configured 0 stays 0, as Ray's; surge's
+    own estimates are never under MIN_RETRY_AFTER_S, so they advise at least 1."""
+    return str(max(0, math.ceil(seconds)))

@@ -143,7 +143,7 @@ class Exchange:
         elif isinstance(exc, DeploymentUnavailableError):
             app, deployment, _ = self.head.labels
             self.conn.rejections.append((app, deployment, "unavailable"))
-            self.error(503, str(exc), ((b"retry-after", b"1"),))
+            self.error(503, str(exc))  # no Retry-After, as Ray's: retrying will not help
         elif isinstance(exc, ReplicaDiedError):
             self.error(500, f"{exc}; the request may or may not have run.")
         elif isinstance(exc, RequestCancelledError):
