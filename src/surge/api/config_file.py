@@ -12,7 +12,6 @@ errors are collected and raised together as one `ConfigError`, one per line, eac
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from surge.config import (
     gRPCOptions,
     route_prefix_problem,
 )
+from surge.config.schema import FieldError, suggestion
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
 from surge.proxy.tls import check_tls_files
@@ -209,13 +209,16 @@ class _Checker:
                 self.warn((*path, key), f"Ray Serve's {key!r} is accepted but surge does not "
                                         f"implement it{what}; it is ignored")
             else:
-                self.error((*path, key), f"unknown key.{_suggest(key, known + ray_only)}")
+                self.error((*path, key), f"unknown key.{suggestion(key, known + ray_only)}")
         return used
 
-
-def _suggest(key: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else f" Known keys: {', '.join(known)}."
+    def failed(self, path: KeyPath, options: Mapping[str, Any], exc: ConfigError,
+               where: str) -> None:
+        """A section's validation error, at the key it blames."""
+        if isinstance(exc, FieldError):
+            self.error((*path, *exc.path), _strip(exc.problem, where))
+        else:
+            self.error(_blame(path, options, str(exc)), _strip(str(exc), where))
 
 
 def parse_config(data: Any, *, source: str = "<config>",
@@ -257,7 +260,7 @@ def _http_options(check: _Checker, used: Mapping[str, Any]) -> HTTPOptions:
     try:
         http = from_mapping(HTTPOptions, options, "http_options")
     except ConfigError as exc:
-        check.error(_blame(path, options, str(exc)), _strip(str(exc), "http_options"))
+        check.failed(path, options, exc, "http_options")
         return HTTPOptions()
     try:
         check_tls_files(http)
@@ -277,7 +280,7 @@ def _grpc_options(check: _Checker, value: Any) -> gRPCOptions:
     try:
         return from_mapping(gRPCOptions, dict(data), "grpc_options")
     except ConfigError as exc:
-        check.error(_blame(path, data, str(exc)), _strip(str(exc), "grpc_options"))
+        check.failed(path, data, exc, "grpc_options")
         return gRPCOptions()
 
 
@@ -296,7 +299,7 @@ def _logging(check: _Checker, value: Any) -> LoggingConfig | None:
     try:
         return from_mapping(LoggingConfig, used, "logging_config")
     except ConfigError as exc:
-        check.error(_blame(path, used, str(exc)), _strip(str(exc), "logging_config"))
+        check.failed(path, used, exc, "logging_config")
         return None
 
 
@@ -370,7 +373,7 @@ def _auth(check: _Checker, value: Any, path: KeyPath) -> AuthConfig | None:
     try:
         return from_mapping(AuthConfig, used, "auth")
     except ConfigError as exc:
-        check.error(_blame(path, used, str(exc)), _strip(str(exc), "auth"))
+        check.failed(path, used, exc, "auth")
         return None
 
 
@@ -438,7 +441,7 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
     try:
         build_deployment_config(name, used, "@")
     except ConfigError as exc:
-        check.error(_blame(path, used, str(exc)), _strip(str(exc), "@"))
+        check.failed(path, used, exc, "@")
     return DeploymentOverride(name=name, options=used, path=path)
 
 
@@ -453,7 +456,8 @@ def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]
 
 
 def _blame(path: KeyPath, options: Mapping[str, Any], message: str) -> KeyPath:
-    """The key a validation message is about: the longest name from `options` it mentions."""
+    """The key a message without a FieldError's path is about: the longest name from
+    `options` it mentions."""
     candidates: list[KeyPath] = [(key,) for key in options]
     for key, value in options.items():
         if isinstance(value, Mapping):

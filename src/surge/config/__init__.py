@@ -5,10 +5,10 @@ Configs are built from keyword arguments or from dicts (YAML); unknown keys are 
 with a suggestion, and every error names the field and what to do. One module per
 concept: http.py (HTTPOptions, proxy locations), autoscaling.py (AutoscalingConfig,
 schedules), deployment.py (DeploymentConfig and its parts, DeploymentSpec), app.py
-(AppSpec, AuthConfig); _check.py holds the validators they share.
+(AppSpec, AuthConfig); schema.py is the one mechanism they (and every other
+config-like input: scenarios, pulse options, LLM configs) check their input with.
 """
 
-from surge.config._check import from_mapping, unreadable
 from surge.config.app import AppSpec, AuthConfig, route_prefix_problem
 from surge.config.autoscaling import (
     AutoscalingConfig,
@@ -50,6 +50,7 @@ from surge.config.http import (
     default_proxy_workers,
     gRPCOptions,
 )
+from surge.config.schema import from_mapping, unreadable
 
 # Ray Serve's classes that surge provides only so that code using them loads: where Ray
 # takes one surge accepts it with a warning and does not use it; and the fields of the

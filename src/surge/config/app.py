@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.config._check import _require
 from surge.config.deployment import DeploymentSpec
+from surge.config.schema import require
 from surge.model import AccessTokens, ModelRoutes
 
 
@@ -28,19 +28,19 @@ class AuthConfig:
 
     def __post_init__(self) -> None:
         env = self.tokens_env
-        _require(env is None or (isinstance(env, str) and env.isidentifier()),
-                 f"tokens_env must name an environment variable (like APP_TOKENS), "
-                 f"got {env!r}.")
-        _require(self.tokens_file is None or (isinstance(self.tokens_file, str)
-                                              and bool(self.tokens_file)),
-                 f"tokens_file must be the path of a file, got {self.tokens_file!r}.")
-        _require(isinstance(self.tokens, list | tuple)
-                 and all(isinstance(t, str) for t in self.tokens),
-                 "tokens must be a list of strings.")
+        require(env is None or (isinstance(env, str) and env.isidentifier()),
+                f"tokens_env must name an environment variable (like APP_TOKENS), "
+                f"got {env!r}.")
+        require(self.tokens_file is None or (isinstance(self.tokens_file, str)
+                                             and bool(self.tokens_file)),
+                f"tokens_file must be the path of a file, got {self.tokens_file!r}.")
+        require(isinstance(self.tokens, list | tuple)
+                and all(isinstance(t, str) for t in self.tokens),
+                "tokens must be a list of strings.")
         object.__setattr__(self, "tokens", tuple(self.tokens))
-        _require(env is not None or self.tokens_file is not None or bool(self.tokens),
-                 "auth needs tokens_env (an environment variable holding the tokens) or "
-                 "tokens_file (a file with one token per line).")
+        require(env is not None or self.tokens_file is not None or bool(self.tokens),
+                "auth needs tokens_env (an environment variable holding the tokens) or "
+                "tokens_file (a file with one token per line).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,14 +61,14 @@ class AppSpec:
     model_routes: ModelRoutes | None = None
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.name, str), "application name must be a string.")
+        require(isinstance(self.name, str), "application name must be a string.")
         problem = route_prefix_problem(self.route_prefix)
-        _require(problem is None, problem or "")
+        require(problem is None, problem or "")
         names = [d.config.name for d in self.deployments]
-        _require(len(names) == len(set(names)),
-                 f"application {self.name!r} has two deployments with the same name; give "
-                 "one of them another name with .options(name=...).")
-        _require(self.ingress in names, f"ingress {self.ingress!r} is not among the deployments.")
+        require(len(names) == len(set(names)),
+                f"application {self.name!r} has two deployments with the same name; give "
+                "one of them another name with .options(name=...).")
+        require(self.ingress in names, f"ingress {self.ingress!r} is not among the deployments.")
 
 
 def route_prefix_problem(prefix: object) -> str | None:

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.config._check import _integer, _number, _positive, _require
 from surge.config.defaults import AUTO_MAX_REPLICAS
+from surge.config.schema import number, require
 from surge.errors import ConfigError
 
 
@@ -70,10 +70,10 @@ class AutoscalingPolicy:
     policy_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.policy_function, str) or callable(self.policy_function),
-                 "policy_function must be an import path ('module:function') or a callable.")
-        _require(isinstance(self.policy_kwargs, Mapping),
-                 "policy_kwargs must be a mapping of keyword arguments.")
+        require(isinstance(self.policy_function, str) or callable(self.policy_function),
+                "policy_function must be an import path ('module:function') or a callable.")
+        require(isinstance(self.policy_kwargs, Mapping),
+                "policy_kwargs must be a mapping of keyword arguments.")
 
     def as_mapping(self) -> dict[str, Any]:
         return {"policy_function": self.policy_function,
@@ -104,36 +104,36 @@ class AutoscalingConfig:
     schedule: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        _integer("min_replicas", self.min_replicas, minimum=0)
-        _integer("max_replicas", self.max_replicas, minimum=1)
-        _require(self.min_replicas <= self.max_replicas,
-                 f"min_replicas ({self.min_replicas}) must be <= max_replicas "
-                 f"({self.max_replicas}).")
+        number("min_replicas", self.min_replicas, ge=0, integer=True)
+        number("max_replicas", self.max_replicas, ge=1, integer=True)
+        require(self.min_replicas <= self.max_replicas,
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas "
+                f"({self.max_replicas}).")
         if self.initial_replicas is not None:
-            _integer("initial_replicas", self.initial_replicas, minimum=0)
-            _require(self.min_replicas <= self.initial_replicas <= self.max_replicas,
-                     "initial_replicas must lie within [min_replicas, max_replicas].")
-        _positive("target_ongoing_requests", self.target_ongoing_requests)
+            number("initial_replicas", self.initial_replicas, ge=0, integer=True)
+            require(self.min_replicas <= self.initial_replicas <= self.max_replicas,
+                    "initial_replicas must lie within [min_replicas, max_replicas].")
+        number("target_ongoing_requests", self.target_ongoing_requests, gt=0)
         for name in ("metrics_interval_s", "look_back_period_s", "downscale_delay_s",
                      "upscale_delay_s"):
-            _number(name, getattr(self, name), minimum=0)
-        _number("downscale_to_zero_delay_s", self.downscale_to_zero_delay_s, minimum=0,
-                allow_none=True)
+            number(name, getattr(self, name), ge=0)
+        number("downscale_to_zero_delay_s", self.downscale_to_zero_delay_s, ge=0,
+               allow_none=True)
         for name in ("smoothing_factor", "upscale_smoothing_factor",
                      "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor"):
-            _positive(name, getattr(self, name), allow_none=True)
-        _require(self.aggregation_function in ("mean", "max", "min"),
-                 "aggregation_function must be one of 'mean', 'max', 'min'.")
-        _integer("standby_replicas", self.standby_replicas, minimum=0)
-        _require(isinstance(self.schedule, list | tuple),
-                 "schedule must be a list of windows like "
-                 "{start: '23:50', end: '00:30', min_replicas: 8}.")
+            number(name, getattr(self, name), gt=0, allow_none=True)
+        require(self.aggregation_function in ("mean", "max", "min"),
+                "aggregation_function must be one of 'mean', 'max', 'min'.")
+        number("standby_replicas", self.standby_replicas, ge=0, integer=True)
+        require(isinstance(self.schedule, list | tuple),
+                "schedule must be a list of windows like "
+                "{start: '23:50', end: '00:30', min_replicas: 8}.")
         object.__setattr__(self, "schedule", tuple(self.schedule))
         parse_schedule(self.schedule)
         if isinstance(self.policy, AutoscalingPolicy):
             object.__setattr__(self, "policy", self.policy.as_mapping())
         if self.policy is not None:
-            _require(isinstance(self.policy, Mapping) and set(self.policy) <= {
+            require(isinstance(self.policy, Mapping) and set(self.policy) <= {
                 "policy_function", "policy_kwargs"},
                 "policy must be a mapping with policy_function and optional policy_kwargs.")
 

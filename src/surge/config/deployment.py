@@ -9,14 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.config._check import (
-    _integer,
-    _is_number,
-    _number,
-    _require,
-    _suggest,
-    from_mapping,
-)
 from surge.config.autoscaling import AutoscalingConfig
 from surge.config.defaults import (
     DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S,
@@ -29,6 +21,7 @@ from surge.config.defaults import (
     DEFAULT_MAX_QUEUED_REQUESTS,
     QUEUE_SAFETY_LIMIT,
 )
+from surge.config.schema import FieldError, from_mapping, number, require, suggestion
 from surge.errors import ConfigError
 
 log = logging.getLogger("surge.config")
@@ -59,9 +52,7 @@ class RequestRouterConfig:
 
     def __post_init__(self) -> None:
         for name in ("request_routing_stats_period_s", "request_routing_stats_timeout_s"):
-            value = getattr(self, name)
-            _require(_is_number(value) and value > 0 and math.isfinite(value),
-                     f"request_router_config.{name} must be a number > 0, got {value!r}.")
+            number(f"request_router_config.{name}", getattr(self, name), gt=0)
 
 
 DEFAULT_REQUEST_ROUTER_CLASS = RequestRouterConfig.request_router_class
@@ -78,13 +69,13 @@ class BackpressureConfig:
     retry_after_s: float | None = None
 
     def __post_init__(self) -> None:
-        _require(self.status_code in (503, 429) and not isinstance(self.status_code, bool),
-                 f"backpressure_config.status_code must be 503 or 429, got "
-                 f"{self.status_code!r}.")
-        _number("backpressure_config.retry_after_s", self.retry_after_s, minimum=0,
-                allow_none=True)
-        _require(self.retry_after_s is None or math.isfinite(self.retry_after_s),
-                 "backpressure_config.retry_after_s must be finite.")
+        require(self.status_code in (503, 429) and not isinstance(self.status_code, bool),
+                f"backpressure_config.status_code must be 503 or 429, got "
+                f"{self.status_code!r}.")
+        number("backpressure_config.retry_after_s", self.retry_after_s, ge=0,
+               allow_none=True)
+        require(self.retry_after_s is None or math.isfinite(self.retry_after_s),
+                "backpressure_config.retry_after_s must be finite.")
 
 
 def runtime_env_uploads(ray_actor_options: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -120,27 +111,27 @@ class ReplicaResources:
         for key in ignored:
             if key not in RAY_ACTOR_OPTION_KEYS_ACCEPTED:
                 raise ConfigError(f"{where}: unknown key {key!r}."
-                                  f"{_suggest(key, list(RAY_ACTOR_OPTION_KEYS_IMPLEMENTED))}")
+                                  f"{suggestion(key, list(RAY_ACTOR_OPTION_KEYS_IMPLEMENTED))}")
         if ignored:
             log.warning("%s: %s accepted but not used by the local backend", where,
                         ", ".join(sorted(ignored)))
         runtime_env = options.get("runtime_env") or {}
-        _require(isinstance(runtime_env, Mapping),
-                 f"{where}.runtime_env must be a mapping, got {type(runtime_env).__name__}.")
+        require(isinstance(runtime_env, Mapping),
+                f"{where}.runtime_env must be a mapping, got {type(runtime_env).__name__}.")
         runtime_env = dict(runtime_env)
         env_vars = runtime_env.pop("env_vars", None) or {}
         if runtime_env:
             log.warning("%s.runtime_env: %s not supported by surge; only env_vars is "
                         "honoured", where, ", ".join(sorted(runtime_env)))
-        _require(isinstance(env_vars, Mapping) and all(
+        require(isinstance(env_vars, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()),
             f"{where}.runtime_env.env_vars must map strings to strings.")
         num_cpus = options.get("num_cpus", 1.0)
         num_gpus = options.get("num_gpus", 0.0)
-        _number(f"{where}.num_cpus", num_cpus, minimum=0)
-        _number(f"{where}.num_gpus", num_gpus, minimum=0)
+        number(f"{where}.num_cpus", num_cpus, ge=0, path=("ray_actor_options", "num_cpus"))
+        number(f"{where}.num_gpus", num_gpus, ge=0, path=("ray_actor_options", "num_gpus"))
         custom = options.get("resources") or {}
-        _require(isinstance(custom, Mapping) and all(
+        require(isinstance(custom, Mapping) and all(
             isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
             and v >= 0 for k, v in custom.items()),
             f"{where}.resources must map resource names to amounts >= 0, e.g. {{'tpu': 1}}.")
@@ -175,39 +166,39 @@ class DeploymentConfig:
     max_surge_percent: int | None = None  # Ray's: extra replicas allowed during it
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.name, str) and bool(self.name) and "#" not in self.name,
-                 f"deployment name must be a non-empty string without '#', got {self.name!r}.")
+        require(isinstance(self.name, str) and bool(self.name) and "#" not in self.name,
+                f"deployment name must be a non-empty string without '#', got {self.name!r}.")
         if self.num_replicas is not None:
-            _number("num_replicas", self.num_replicas, minimum=0)
-            _require(isinstance(self.num_replicas, int), "num_replicas must be an integer.")
-        _integer("max_ongoing_requests", self.max_ongoing_requests, minimum=1)
-        _require(isinstance(self.max_queued_requests, int)
-                 and not isinstance(self.max_queued_requests, bool)
-                 and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
-                 f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
-                 f"{self.max_queued_requests!r}.")
-        _require(self.max_queue_wait_s is None
-                 or (_is_number(self.max_queue_wait_s) and self.max_queue_wait_s > 0),
-                 f"max_queue_wait_s must be a number of seconds > 0, or None to bound the "
-                 f"queue by count alone, got {self.max_queue_wait_s!r}.")
+            number("num_replicas", self.num_replicas, ge=0, integer=True)
+        number("max_ongoing_requests", self.max_ongoing_requests, ge=1, integer=True)
+        require(isinstance(self.max_queued_requests, int)
+                and not isinstance(self.max_queued_requests, bool)
+                and (self.max_queued_requests == -1 or self.max_queued_requests >= 0),
+                f"max_queued_requests must be -1 (no explicit limit) or an integer >= 0, got "
+                f"{self.max_queued_requests!r}.")
+        require(self.max_queue_wait_s is None or (
+                   isinstance(self.max_queue_wait_s, int | float)
+                   and not isinstance(self.max_queue_wait_s, bool)
+                   and math.isfinite(self.max_queue_wait_s) and self.max_queue_wait_s > 0),
+                f"max_queue_wait_s must be a number of seconds > 0, or None to bound the "
+                f"queue by count alone, got {self.max_queue_wait_s!r}.")
         for name in ("health_check_period_s", "health_check_timeout_s",
                      "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s"):
-            _number(name, getattr(self, name), minimum=0)
+            number(name, getattr(self, name), ge=0)
         if isinstance(self.backpressure_config, Mapping):
             object.__setattr__(self, "backpressure_config", from_mapping(
                 BackpressureConfig, self.backpressure_config, "backpressure_config"))
         elif self.backpressure_config is None:
             object.__setattr__(self, "backpressure_config", BackpressureConfig())
-        _require(isinstance(self.backpressure_config, BackpressureConfig),
-                 "backpressure_config must be a dict or BackpressureConfig.")
+        require(isinstance(self.backpressure_config, BackpressureConfig),
+                "backpressure_config must be a dict or BackpressureConfig.")
         self._check_router()
-        _integer("max_constructor_retry_count", self.max_constructor_retry_count, minimum=1)
+        number("max_constructor_retry_count", self.max_constructor_retry_count, ge=1,
+               integer=True)
         rate = self.rolling_update_percentage
-        _require(rate is None or (_is_number(rate) and 0 < rate <= 1),
-                 f"rolling_update_percentage must be in (0.0, 1.0], got {rate!r}.")
-        _integer("max_surge_percent", self.max_surge_percent, minimum=0, allow_none=True)
-        _require(self.max_surge_percent is None or self.max_surge_percent <= 100,
-                 f"max_surge_percent must be in [0, 100], got {self.max_surge_percent!r}.")
+        number("rolling_update_percentage", rate, gt=0, le=1, allow_none=True)
+        number("max_surge_percent", self.max_surge_percent, ge=0, le=100, integer=True,
+               allow_none=True)
 
     def _check_router(self) -> None:
         router = self.request_router_config
@@ -215,8 +206,8 @@ class DeploymentConfig:
             router = from_mapping(RequestRouterConfig, router, "request_router_config")
         elif router is None:
             router = RequestRouterConfig()
-        _require(isinstance(router, RequestRouterConfig),
-                 "request_router_config must be a dict or RequestRouterConfig.")
+        require(isinstance(router, RequestRouterConfig),
+                "request_router_config must be a dict or RequestRouterConfig.")
         object.__setattr__(self, "request_router_config", router)
         if router.request_router_class != DEFAULT_REQUEST_ROUTER_CLASS:
             log.warning("deployment %r: request_router_class %r is not used; surge routes "
@@ -255,7 +246,8 @@ def build_deployment_config(name: str, options: Mapping[str, Any],
         base = AutoscalingConfig.default()
         merged = ({"min_replicas": base.min_replicas, "max_replicas": base.max_replicas,
                    **autoscaling} if auto else autoscaling)
-        autoscaling = from_mapping(AutoscalingConfig, merged, f"{where}.autoscaling_config")
+        autoscaling = from_mapping(AutoscalingConfig, merged, f"{where}.autoscaling_config",
+                                   ("autoscaling_config",))
     elif auto and isinstance(autoscaling, AutoscalingConfig):
         # An object cannot say which fields were set: keep those that differ from defaults.
         given = {f.name: getattr(autoscaling, f.name) for f in dataclasses.fields(autoscaling)
@@ -269,8 +261,8 @@ def build_deployment_config(name: str, options: Mapping[str, Any],
         # As Ray's pydantic field takes it: an integer written as a string ("3", e.g. a
         # builder's CLI argument) is that integer.
         if not num_replicas.strip().lstrip("+-").isdigit():
-            raise ConfigError(f"{where}.num_replicas must be an integer or 'auto', "
-                              f"got {num_replicas!r}.")
+            raise FieldError(f"{where}.num_replicas must be an integer or 'auto', "
+                             f"got {num_replicas!r}.", ("num_replicas",))
         num_replicas = int(num_replicas)
     elif num_replicas is not None and autoscaling is not None:
         raise ConfigError(f"{where}: num_replicas and autoscaling_config cannot both be set; "
@@ -280,10 +272,14 @@ def build_deployment_config(name: str, options: Mapping[str, Any],
     known = {f.name for f in dataclasses.fields(DeploymentConfig)} - {"name", "resources"}
     for key in options:
         if key not in known:
-            raise ConfigError(f"{where}: unknown option {key!r}.{_suggest(key, sorted(known))}")
+            hint = suggestion(key, sorted(known))
+            raise FieldError(f"{where}: unknown option {key!r}.{hint}", (key,),
+                             f"unknown option.{hint}")
     try:
         return DeploymentConfig(name=name, num_replicas=num_replicas,
                                 autoscaling_config=autoscaling, resources=resources, **options)
+    except FieldError as exc:
+        raise exc.within(where) from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

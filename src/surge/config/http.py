@@ -6,7 +6,6 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from surge.config._check import _integer, _number, _require
 from surge.config.defaults import (
     CERT_REQS,
     DEFAULT_HTTP_HOST,
@@ -20,6 +19,7 @@ from surge.config.defaults import (
     DEFAULT_WEBSOCKET_IDLE_TIMEOUT_S,
     DEFAULT_WEBSOCKET_MAX_MESSAGE_BYTES,
 )
+from surge.config.schema import number, require
 
 
 class ProxyLocation(enum.StrEnum):
@@ -70,25 +70,26 @@ class HTTPOptions:
     ssl_cert_reqs: str | int | None = None  # "none" | "optional" | "required" (or 0/1/2)
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.port, int) and not isinstance(self.port, bool)
-                 and 0 <= self.port <= 65535,
-                 f"port must be an integer in 0..65535, got {self.port!r}.")
-        _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
-        _number("keep_alive_timeout_s", self.keep_alive_timeout_s, minimum=0)
-        _number("max_body_bytes", self.max_body_bytes, minimum=0)
-        _require(float(self.max_body_bytes).is_integer(),
-                 f"max_body_bytes must be a whole number of bytes, got {self.max_body_bytes!r}.")
+        require(isinstance(self.port, int) and not isinstance(self.port, bool)
+                and 0 <= self.port <= 65535,
+                f"port must be an integer in 0..65535, got {self.port!r}.")
+        number("request_timeout_s", self.request_timeout_s, ge=0, allow_none=True)
+        number("keep_alive_timeout_s", self.keep_alive_timeout_s, ge=0)
+        number("max_body_bytes", self.max_body_bytes, ge=0)
+        require(float(self.max_body_bytes).is_integer(),
+                f"max_body_bytes must be a whole number of bytes, got {self.max_body_bytes!r}.")
         object.__setattr__(self, "max_body_bytes", int(self.max_body_bytes))  # 1e6 is fine
-        _integer("max_header_bytes", self.max_header_bytes, minimum=1024)
-        _number("request_header_timeout_s", self.request_header_timeout_s, minimum=0.1)
-        _number("request_body_timeout_s", self.request_body_timeout_s, minimum=0.1)
-        _integer("max_connections", self.max_connections, minimum=1)
-        _integer("websocket_max_message_bytes", self.websocket_max_message_bytes, minimum=1)
-        _number("websocket_idle_timeout_s", self.websocket_idle_timeout_s, minimum=0.1)
+        number("max_header_bytes", self.max_header_bytes, ge=1024, integer=True)
+        number("request_header_timeout_s", self.request_header_timeout_s, ge=0.1)
+        number("request_body_timeout_s", self.request_body_timeout_s, ge=0.1)
+        number("max_connections", self.max_connections, ge=1, integer=True)
+        number("websocket_max_message_bytes", self.websocket_max_message_bytes, ge=1,
+               integer=True)
+        number("websocket_idle_timeout_s", self.websocket_idle_timeout_s, ge=0.1)
         if self.proxy_workers is not None:
-            _integer("proxy_workers", self.proxy_workers, minimum=1)
-        _require(self.location in PROXY_LOCATIONS,
-                 f"proxy location must be one of {PROXY_LOCATIONS}, got {self.location!r}.")
+            number("proxy_workers", self.proxy_workers, ge=1, integer=True)
+        require(self.location in PROXY_LOCATIONS,
+                f"proxy location must be one of {PROXY_LOCATIONS}, got {self.location!r}.")
         object.__setattr__(self, "location", str(self.location))  # a ProxyLocation too
         self._check_tls_shape()
 
@@ -96,20 +97,20 @@ class HTTPOptions:
         """The TLS keys fit together; proxy/tls.py checks the files themselves."""
         for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
             value = getattr(self, name)
-            _require(value is None or (isinstance(value, str) and bool(value)),
-                     f"{name} must be the path of a PEM file, got {value!r}.")
-        _require(self.ssl_certfile is not None or (self.ssl_keyfile is None
-                                                   and self.ssl_ca_certs is None),
-                 "ssl_keyfile and ssl_ca_certs need ssl_certfile (the server's certificate).")
+            require(value is None or (isinstance(value, str) and bool(value)),
+                    f"{name} must be the path of a PEM file, got {value!r}.")
+        require(self.ssl_certfile is not None or (self.ssl_keyfile is None
+                                                  and self.ssl_ca_certs is None),
+                "ssl_keyfile and ssl_ca_certs need ssl_certfile (the server's certificate).")
         reqs = self.ssl_cert_reqs
         if isinstance(reqs, int) and not isinstance(reqs, bool) and reqs in (0, 1, 2):
             reqs = CERT_REQS[reqs]  # uvicorn's spelling: ssl.CERT_NONE/OPTIONAL/REQUIRED
-        _require(reqs is None or reqs in CERT_REQS,
-                 f"ssl_cert_reqs must be one of {', '.join(CERT_REQS)}, got "
-                 f"{self.ssl_cert_reqs!r}.")
-        _require(reqs in (None, "none") or self.ssl_ca_certs is not None,
-                 f"ssl_cert_reqs {reqs!r} needs ssl_ca_certs: the CA bundle that client "
-                 "certificates are verified against.")
+        require(reqs is None or reqs in CERT_REQS,
+                f"ssl_cert_reqs must be one of {', '.join(CERT_REQS)}, got "
+                f"{self.ssl_cert_reqs!r}.")
+        require(reqs in (None, "none") or self.ssl_ca_certs is not None,
+                f"ssl_cert_reqs {reqs!r} needs ssl_ca_certs: the CA bundle that client "
+                "certificates are verified against.")
         if reqs is None:
             reqs = "required" if self.ssl_ca_certs is not None else "none"
         object.__setattr__(self, "ssl_cert_reqs", reqs)
@@ -132,12 +133,12 @@ class gRPCOptions:
     enable_health_service: bool = False
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.port, int) and not isinstance(self.port, bool)
-                 and 0 <= self.port <= 65535,
-                 f"grpc port must be an integer in 0..65535, got {self.port!r}.")
+        require(isinstance(self.port, int) and not isinstance(self.port, bool)
+                and 0 <= self.port <= 65535,
+                f"grpc port must be an integer in 0..65535, got {self.port!r}.")
         functions = self.grpc_servicer_functions
-        _require(not isinstance(functions, str) and all(isinstance(f, str) for f in functions),
-                 "grpc_servicer_functions must be a list of import paths like "
-                 "'my_pb2_grpc:add_MyServiceServicer_to_server'.")
+        require(not isinstance(functions, str) and all(isinstance(f, str) for f in functions),
+                "grpc_servicer_functions must be a list of import paths like "
+                "'my_pb2_grpc:add_MyServiceServicer_to_server'.")
         object.__setattr__(self, "grpc_servicer_functions", tuple(functions))
-        _number("request_timeout_s", self.request_timeout_s, minimum=0, allow_none=True)
+        number("request_timeout_s", self.request_timeout_s, ge=0, allow_none=True)

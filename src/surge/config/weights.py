@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from surge.config._check import _require, from_mapping
+from surge.config.schema import from_mapping, require
 
 __all__ = ["DEFAULT_WEIGHT_STORE_DIRECTORY", "WeightStoreOptions"]
 
@@ -33,15 +33,15 @@ class WeightStoreOptions:
     budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.enabled, bool), f"enabled must be true or false, got "
-                 f"{self.enabled!r}.")
-        _require(isinstance(self.directory, str) and os.path.isabs(self.directory),
-                 f"directory must be an absolute path, got {self.directory!r}.")
-        _require(self.budget_bytes is None or (isinstance(self.budget_bytes, int)
-                                               and not isinstance(self.budget_bytes, bool)
-                                               and self.budget_bytes > 0),
-                 f"budget_bytes must be a positive integer or None, got "
-                 f"{self.budget_bytes!r}.")
+        require(isinstance(self.enabled, bool), f"enabled must be true or false, got "
+                f"{self.enabled!r}.")
+        require(isinstance(self.directory, str) and os.path.isabs(self.directory),
+                f"directory must be an absolute path, got {self.directory!r}.")
+        require(self.budget_bytes is None or (isinstance(self.budget_bytes, int)
+                                              and not isinstance(self.budget_bytes, bool)
+                                              and self.budget_bytes > 0),
+                f"budget_bytes must be a positive integer or None, got "
+                f"{self.budget_bytes!r}.")
 
     @classmethod
     def from_any(cls, value: WeightStoreOptions | Mapping[str, Any] | bool | None
