@@ -478,6 +478,18 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "tests/shells/test_router_reservations.py::"
         "test_a_dispatch_the_chosen_replica_rejects_is_retried_there_only"),
     Behaviour(
+        "`DeploymentHandle.init_options` and `.request_counter`",
+        "the handle's private `InitHandleOptions` (None until its first call starts its "
+        "router) and its `serve_handle_request_counter` metrics Counter",
+        "`init_options` is always None and `request_counter` raises `AttributeError`; "
+        "neither is taken for a deployment method (`handle_id` is Ray's: random, shared "
+        "by the handles `.options()` makes)",
+        "surge's handles start no router of their own (the process's runtime routes for "
+        "all of them), and calls are counted per deployment "
+        "(`serve_deployment_request_counter_total`), not per handle",
+        "tests/test_handle_attributes.py::"
+        "test_init_options_and_request_counter_are_not_deployment_methods"),
+    Behaviour(
         "Handle calls made in a cancelled request's cleanup (`except CancelledError: "
         "await other.remote()`)",
         "cancelled too if still waiting for a replica when the handler exits",

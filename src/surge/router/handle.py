@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import secrets
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
@@ -541,14 +542,24 @@ class DeploymentHandle:
 
     Any attribute that is not the handle's own API (`options`, `remote`,
     `choose_replica`, `dispatch`, `shutdown`, `shutdown_async`, `deployment_name`,
-    `app_name`, `deployment_id`, `handle_options`) is a method of the deployment."""
+    `app_name`, `deployment_id`, `handle_options`, `handle_id`, `init_options`, and
+    Ray's internal `request_counter`, which surge has not) is a method of the deployment.
+    """
+
+    # Ray's handles keep InitHandleOptions here once their router starts; surge's handles
+    # have none of their own (routers belong to the process's runtime, shared by all).
+    init_options: None = None
 
     def __init__(self, deployment_name: str, app_name: str, *,
-                 handle_options: HandleOptions | None = None) -> None:
+                 handle_options: HandleOptions | None = None,
+                 _handle_id: str | None = None) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.deployment_id = DeploymentId(app_name, deployment_name)
         self.handle_options = handle_options or HandleOptions()
+        # As Ray's: random per handle, shared with the handles `.options()` and
+        # `.method` make from it; a handle rebuilt from a pickle gets a new one.
+        self.handle_id = _handle_id or secrets.token_hex(4)
 
     def __repr__(self) -> str:
         options = self.handle_options
@@ -563,11 +574,18 @@ class DeploymentHandle:
             old.method_name if method_name is None else method_name,
             old.stream if stream is None else stream,
             old.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id,
-            old.session_id if session_id is None else session_id))
+            old.session_id if session_id is None else session_id), _handle_id=self.handle_id)
 
     def __getattr__(self, name: str) -> DeploymentHandle:
         if name.startswith("__"):  # Python's protocols; `_private` methods are callable
             raise AttributeError(name)
+        if name == "request_counter":  # an attribute on Ray's handles, so never a method
+            raise AttributeError(
+                "'DeploymentHandle' has no 'request_counter': Ray's per-handle metrics "
+                "Counter is internal; surge counts calls per deployment "
+                "(serve_deployment_request_counter_total, docs/observability.md). Call a "
+                "deployment method of that name with "
+                "handle.options(method_name='request_counter').")
         return self.options(method_name=name)
 
     def remote(self, *args: Any, **kwargs: Any
@@ -600,7 +618,8 @@ class DeploymentHandle:
                                "been dispatched.")
         selection._dispatched = True
         chooser = DeploymentHandle(self.deployment_name, self.app_name,
-                                   handle_options=selection._options or HandleOptions())
+                                   handle_options=selection._options or HandleOptions(),
+                                   _handle_id=self.handle_id)
         request = _Request(chooser, args, kwargs, selection._reservation)
         if chooser.handle_options.stream:
             return DeploymentResponseGenerator(request)
