@@ -126,3 +126,27 @@ def test_the_yaml_loader_places_a_nested_range_error_on_its_own_line(tmp_path: P
     assert str(caught.value) == (
         f"{path}:8: applications[0].deployments[0].autoscaling_config.min_replicas: "
         "min_replicas must be an integer >= 0, got -1.")
+
+
+def test_a_pulse_scenario_error_names_file_line_and_key(tmp_path: Path) -> None:
+    from surge.loadtest.options import load_scenario
+
+    path = tmp_path / "pulse.yaml"
+    path.write_text("url: http://x/\nworkers: 0\nllm: {kindd: chat}\n")
+    with pytest.raises(ValueError) as caught:
+        load_scenario(path)
+    assert str(caught.value) == f"{path}:2: workers: workers must be an integer >= 1, got 0."
+    path.write_text("url: http://x/\nllm:\n  kindd: chat\n")
+    with pytest.raises(ValueError) as caught:
+        load_scenario(path)
+    assert str(caught.value) == f"{path}:3: llm.kindd: unknown key. Did you mean 'kind'?"
+
+
+def test_an_llm_config_words_an_unknown_key_as_every_config() -> None:
+    from surge.llm.config import LoraConfig
+
+    with pytest.raises(FieldError, match=r"^lora_config: unknown key 'zzz'\. Known keys: "):
+        LoraConfig.from_dict({"zzz": 1}, "lora_config")
+    with pytest.raises(FieldError, match=r"^lora_config\.max_num_adapters_per_replica must be "
+                                         r"an integer >= 1, got 0\.$"):
+        LoraConfig(max_num_adapters_per_replica=0)

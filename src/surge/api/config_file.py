@@ -1,12 +1,11 @@
 """Ray Serve's `serve deploy` YAML, read and validated with file and line in every error.
 
-The file is parsed twice by PyYAML: `yaml.compose` gives the node tree, whose marks map
-each key path (`("applications", 0, "deployments", 1, "max_replicas")`) to its line;
-`yaml.safe_load` gives the data. Validation walks the data with one table of known keys
-per section: a key surge implements is used, a Ray key surge does not implement is
-named in a warning, anything else is rejected with a "Did you mean" suggestion. All
-errors are collected and raised together as one `ConfigError`, one per line, each
-`FILE:LINE: PATH: what is wrong`.
+The file is read by config/schema.py's `load_yaml`: the data, and each key path
+(`("applications", 0, "deployments", 1, "max_replicas")`) mapped to its line.
+Validation walks the data with one table of known keys per section: a key surge
+implements is used, a Ray key surge does not implement is named in a warning, anything
+else is rejected with a "Did you mean" suggestion. All errors are collected and raised
+together as one `ConfigError`, one per line, each `FILE:LINE: PATH: what is wrong`.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from surge.config import (
     PROXY_LOCATIONS,
@@ -33,14 +30,12 @@ from surge.config import (
     gRPCOptions,
     route_prefix_problem,
 )
-from surge.config.schema import FieldError, suggestion
+from surge.config.schema import FieldError, KeyPath, dotted, line_of, load_yaml, suggestion
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
 from surge.proxy.tls import check_tls_files
 
 __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "parse_config"]
-
-KeyPath = tuple[str | int, ...]
 
 TOP_KEYS = ("proxy_location", "http_options", "grpc_options", "applications", "logging_config",
             "backend")
@@ -117,10 +112,7 @@ class ServeConfig:
 
     def line_of(self, path: KeyPath) -> int | None:
         """The line of `path`, else of its nearest enclosing key that has one."""
-        for end in range(len(path), -1, -1):
-            if path[:end] in self.lines:
-                return self.lines[path[:end]]
-        return None
+        return line_of(self.lines, path)
 
     def where(self, path: KeyPath) -> str:
         line = self.line_of(path)
@@ -131,13 +123,6 @@ class ServeConfig:
         return next((a for a in self.applications if a.name == name), None)
 
 
-def dotted(path: KeyPath) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text or "(top level)"
-
-
 def load_config(path: str | Path) -> ServeConfig:
     """Read, parse and validate a config file; raises ConfigError naming file and line."""
     source = str(path)
@@ -145,30 +130,8 @@ def load_config(path: str | Path) -> ServeConfig:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read the config file: {exc.strerror}") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{line}: not valid YAML: {problem}") from None
-    lines: dict[KeyPath, int] = {}
-    if node is not None:
-        _index_lines(node, (), lines)
+    data, lines = load_yaml(text, source)
     return parse_config(data, source=source, lines=lines)
-
-
-def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = (*path, str(key.value))
-            lines[child] = key.start_mark.line + 1
-            _index_lines(value, child, lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(item, (*path, index), lines)
 
 
 class _Checker:

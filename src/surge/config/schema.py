@@ -27,11 +27,14 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
+import yaml
 
 from surge.errors import ConfigError
 
-__all__ = ["FieldError", "KeyPath", "check_keys", "choice", "closest", "decode",
-           "from_mapping", "number", "require", "suggestion", "unknown_key", "unreadable"]
+__all__ = ["FieldError", "KeyPath", "at_line", "check_keys", "choice", "closest", "decode",
+           "dotted",
+           "from_mapping", "key_lines", "line_of", "load_yaml", "number", "require",
+           "suggestion", "unknown_key", "unreadable"]
 
 T = TypeVar("T")
 KeyPath = tuple[str | int, ...]
@@ -62,27 +65,25 @@ def closest(key: str, known: Iterable[str], cutoff: float = SUGGEST_CUTOFF) -> s
     return match[0] if match else None
 
 
-def suggestion(key: str, known: Collection[str], *, list_known: bool = True) -> str:
-    """" Did you mean 'x'?", else the known keys (or nothing, if `list_known` is false)."""
+def suggestion(key: str, known: Collection[str]) -> str:
+    """" Did you mean 'x'?", else the known keys."""
     close = closest(key, known)
     if close is not None:
         return f" Did you mean {close!r}?"
-    return f" Known keys: {', '.join(known)}." if list_known and known else ""
+    return f" Known keys: {', '.join(known)}." if known else ""
 
 
-def unknown_key(key: str, known: Collection[str], where: str, *,
-                list_known: bool = True) -> FieldError:
+def unknown_key(key: str, known: Collection[str], where: str) -> FieldError:
     """The error for one unknown key of the mapping at `where`."""
-    hint = suggestion(key, known, list_known=list_known)
+    hint = suggestion(key, known)
     return FieldError(f"{where}: unknown key {key!r}.{hint}", (key,), f"unknown key.{hint}")
 
 
-def check_keys(data: Mapping[Any, Any], known: Collection[str], where: str, *,
-               list_known: bool = True) -> None:
+def check_keys(data: Mapping[Any, Any], known: Collection[str], where: str) -> None:
     """Raise a FieldError for the first key of `data` not in `known`."""
     for key in data:
         if key not in known:
-            raise unknown_key(str(key), known, where, list_known=list_known)
+            raise unknown_key(str(key), known, where)
 
 
 def require(ok: bool, message: str) -> None:
@@ -170,6 +171,66 @@ def choice(name: str, value: Any, options: Collection[Any], *,
     return value
 
 
+# -- where each key was written --------------------------------------------------------------
+
+
+def key_lines(node: yaml.Node | None) -> dict[KeyPath, int]:
+    """Each key path of a composed YAML document (`yaml.compose`) -> its 1-based line."""
+    lines: dict[KeyPath, int] = {}
+    if node is not None:
+        _index_lines(node, (), lines)
+    return lines
+
+
+def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*path, str(key.value))
+            lines[child] = key.start_mark.line + 1
+            _index_lines(value, child, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), lines)
+
+
+def line_of(lines: Mapping[KeyPath, int], path: KeyPath) -> int | None:
+    """The line of `path`, else of its nearest enclosing key that has one."""
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def dotted(path: KeyPath) -> str:
+    """`applications[0].deployments[1].name`, as the user would write it."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int]]:
+    """A YAML document's data and `key_lines`; bad YAML is a ConfigError at its line."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}{line}: not valid YAML: {problem}") from None
+    return data, key_lines(node)
+
+
+def at_line(source: str, lines: Mapping[KeyPath, int], error: FieldError) -> ConfigError:
+    """`FILE:LINE: PATH: problem` for an error in a file read with `load_yaml`."""
+    line = line_of(lines, error.path)
+    where = f"{source}:{line}" if line else source
+    return FieldError(f"{where}: {dotted(error.path)}: {error.problem}", error.path,
+                      error.problem)
+
+
 # -- msgspec --------------------------------------------------------------------------------
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
@@ -210,7 +271,7 @@ def _field_error(cls: type, data: Any, text: str, where: str) -> FieldError:
         tail = f"{missing['key']} is required."
         return FieldError(f"{name}.{tail}", (*path, missing["key"]), tail)
     if expected := _EXPECTED.match(what):
-        kind = _KINDS.get(expected["type"], expected["type"])
+        kind = " or ".join(_KINDS.get(t, t) for t in expected["type"].split(" | "))
         rest = expected["rest"].removeprefix(",").strip()
         bound = "" if rest.startswith("got") else " " + re.sub(r"(\d)\.0\b", r"\1", rest)
         tail = f"must be {kind}{bound.rstrip()}, got {_value_at(data, path)!r}."

@@ -10,13 +10,13 @@ when nothing says), the docstring of the field says so.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
+from surge.config.schema import check_keys, number
 from surge.errors import ConfigError
 
 __all__ = ["LLMConfig", "LLMServingArgs", "LoraConfig", "ModelLoadingConfig",
@@ -32,15 +32,6 @@ _RAY_ONLY = ("placement_group_config", "callback_config")
 _warned: set[str] = set()
 
 
-def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
-    names = [f.name for f in fields(cls)]
-    for key in data:
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}: unknown key {key!r}.{hint}")
-
-
 class _Config:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | Self, where: str = "") -> Self:
@@ -49,7 +40,8 @@ class _Config:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where or cls.__name__}: expected a mapping, got "
                               f"{type(data).__name__}")
-        _check_keys(cls, data, where or cls.__name__)
+        check_keys(data, [f.name for f in fields(cls)],  # type: ignore[arg-type]
+                   where or cls.__name__)
         return cls(**data)
 
     def model_dump(self) -> dict[str, Any]:
@@ -94,9 +86,8 @@ class LoraConfig(_Config):
                                   f"or start with one of {', '.join(LORA_SCHEMES[:-1])}; got "
                                   f"{path!r}")
             self.dynamic_lora_loading_path = path.rstrip("/")
-        if not isinstance(self.max_num_adapters_per_replica, int) \
-                or self.max_num_adapters_per_replica < 1:
-            raise ConfigError("lora_config.max_num_adapters_per_replica must be an int >= 1")
+        number("lora_config.max_num_adapters_per_replica", self.max_num_adapters_per_replica,
+               ge=1, integer=True)
 
 
 @dataclass(kw_only=True)

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from surge.config.schema import check_keys
+
 __all__ = ["PRESETS", "LLMPreset", "StreamTracker", "parse_range"]
 
 PRESETS = ("chat", "completions")
@@ -65,10 +67,8 @@ class LLMPreset:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> LLMPreset:
-        known = {"kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed"}
-        unknown = set(spec) - known
-        if unknown:
-            raise ValueError(f"llm: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        check_keys(spec, ("kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed"),
+                   "llm")
         return cls(**dict(spec))
 
     def to_spec(self) -> dict[str, Any]:

@@ -22,14 +22,15 @@ streamed requests instead of one fixed body (surge.loadtest.llm):
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+import msgspec
+from msgspec import UNSET, UnsetType
 
+from surge.config.schema import FieldError, at_line, choice, decode, load_yaml, number
 from surge.loadtest.generator import Plan
 from surge.loadtest.llm import LLMPreset
 from surge.loadtest.schedule import ARRIVALS, Schedule
@@ -47,9 +48,26 @@ DEFAULT_TIMEOUT_S = 10.0
 # 2k req/s. The generator raises its descriptor limit to fit.
 DEFAULT_CONNECTIONS = 1024
 
-_SCENARIO_KEYS = ("url", "schedule", "method", "headers", "body", "arrivals", "seed",
-                  "slo_ms", "timeout_s", "connections", "max_time_s", "workers",
-                  "surge_address", "llm")
+
+
+class _ScenarioFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The keys a scenario file may set; an unset one is left to the flag or default.
+    `schedule` and `llm` are checked by Schedule.from_spec and LLMPreset.from_spec."""
+
+    url: str | UnsetType = UNSET
+    schedule: Any = UNSET
+    method: str | UnsetType = UNSET
+    headers: dict[str, Any] | list[str] | UnsetType = UNSET
+    body: str | int | float | UnsetType = UNSET
+    arrivals: str | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
+    slo_ms: Annotated[float, msgspec.Meta(gt=0)] | UnsetType = UNSET
+    timeout_s: float | UnsetType = UNSET
+    connections: int | UnsetType = UNSET
+    max_time_s: float | UnsetType | None = UNSET
+    workers: Annotated[int, msgspec.Meta(ge=1)] | UnsetType = UNSET
+    surge_address: str | UnsetType | None = UNSET
+    llm: dict[str, Any] | UnsetType = UNSET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,12 +99,9 @@ class PulseOptions:
             if not any(name.lower() == "content-type" for name, _ in self.headers):
                 object.__setattr__(self, "headers",
                                    (*self.headers, ("content-type", "application/json")))
-        if self.arrivals not in ARRIVALS:
-            raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}")
-        if not self.slo_ms > 0:
-            raise ValueError("slo_ms must be > 0")
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError("workers must be an integer >= 1")
+        choice("arrivals", self.arrivals, ARRIVALS)
+        number("slo_ms", self.slo_ms, gt=0)
+        number("workers", self.workers, ge=1, integer=True)
         if self.connections < self.workers:
             raise ValueError("connections must be >= workers (each worker needs one)")
         self.plan()  # validates url, method, timeout, connections, max_time
@@ -110,12 +125,10 @@ class PulseOptions:
                 "llm": self.llm.to_spec() if self.llm is not None else None}
 
 
-def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+def _headers(value: dict[str, Any] | list[str]) -> tuple[tuple[str, str], ...]:
     if isinstance(value, Mapping):
         return tuple((str(k), str(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return tuple(parse_header(str(item)) for item in value)
-    raise ValueError("headers must be a mapping or a list of 'name: value' strings")
+    return tuple(parse_header(item) for item in value)
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -126,26 +139,29 @@ def parse_header(text: str) -> tuple[str, str]:
 
 
 def load_scenario(path: str | Path) -> dict[str, Any]:
-    """The scenario file as PulseOptions keyword arguments (unknown keys rejected)."""
-    data = yaml.safe_load(Path(path).read_text())
+    """The scenario file as PulseOptions keyword arguments; a bad key or value is an error
+    at its FILE:LINE (config/schema.py, as `surge run`'s config)."""
+    source = str(path)
+    data, lines = load_yaml(Path(path).read_text(), source)
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: a scenario is a mapping of options")
-    options: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in _SCENARIO_KEYS:
-            close = difflib.get_close_matches(str(key), _SCENARIO_KEYS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{path}: unknown key {key!r}.{hint}")
-        if key == "schedule":
-            value = Schedule.from_spec(value)
-        elif key == "headers":
-            value = _headers(value)
-        elif key == "body":
-            value = str(value).encode()
-        elif key == "llm":
-            if not isinstance(value, Mapping):
-                raise ValueError(f"{path}: llm is a mapping (kind, model, prompt_words, "
-                                 "max_tokens, ignore_eos, seed)")
-            value = LLMPreset.from_spec(value)
-        options[key] = value
+        raise ValueError(f"{source}: a scenario is a mapping of options")
+    try:
+        return _options(decode(_ScenarioFile, data, source))
+    except FieldError as exc:
+        raise at_line(source, lines, exc) from None
+
+
+def _options(scenario: _ScenarioFile) -> dict[str, Any]:
+    options = {f: getattr(scenario, f) for f in scenario.__struct_fields__
+               if getattr(scenario, f) is not UNSET}
+    for key, convert in (("schedule", Schedule.from_spec), ("headers", _headers),
+                         ("body", lambda body: str(body).encode()),
+                         ("llm", LLMPreset.from_spec)):
+        if key in options:
+            try:
+                options[key] = convert(options[key])
+            except FieldError as exc:
+                raise exc.within(key, (key,)) from None
+            except ValueError as exc:
+                raise FieldError(f"{key}: {exc}", (key,), str(exc)) from None
     return options
