@@ -89,6 +89,9 @@ _RETRIES = "default 3 process starts, not Ray's 20"
 _ENV_VARS = "`env_vars` only; Ray's other runtime_env keys are accepted with a warning"
 _SILENT_RUN = "no warning: serve.run's `**kwargs` takes it silently"
 _SILENT_HANDLE = "no warning: DeploymentHandle.options' `**kwargs` takes it silently"
+_PLACEMENT = ("refused where Ray refuses it, with Ray's message (config/placement.py: the "
+              "strategy, the bundles' shape, the first bundle holding the replica's "
+              "`ray_actor_options`); no placement group is made")
 # Differences on purpose, one line each: (table, item) -> note. The item must exist on both
 # sides (in Ray's surface, and implemented or accepted by surge), or the script fails.
 NOTES: dict[tuple[str, str], str] = {
@@ -99,6 +102,10 @@ NOTES: dict[tuple[str, str], str] = {
                                          "replica; see docs/grpc.md",
     ("ray.serve:deployment", "max_queued_requests"): _QUEUE,
     ("ray.serve:deployment", "max_constructor_retry_count"): _RETRIES,
+    ("ray.serve:deployment", "placement_group_bundles"): _PLACEMENT,
+    ("ray.serve:deployment", "placement_group_strategy"): _PLACEMENT,
+    ("ray.serve:Deployment.options", "placement_group_bundles"): _PLACEMENT,
+    ("ray.serve:Deployment.options", "placement_group_strategy"): _PLACEMENT,
     ("ray.serve:Deployment.options", "max_queued_requests"): _QUEUE,
     ("ray.serve:Deployment.options", "max_constructor_retry_count"): _RETRIES,
     ("ray.serve:run", "controller_options"): _SILENT_RUN,
@@ -117,7 +124,7 @@ NOTES: dict[tuple[str, str], str] = {
         "default `proactive` (surge's); `ray_default` is Ray's default policy",
     ("ray.serve.config:BackpressureConfig", "retry_after_s"):
         "unset: no Retry-After, as Ray, except on surge's wait bound (max_queued_requests "
-        "unset), which advises its estimate of the queue's drain time; 0 is sent as 1",
+        "unset), which advises its estimate of the queue's drain time",
     ("ray.serve.schema:LoggingConfig", "enable_access_log"):
         "access lines sampled: at most 10/s per process unless `access_log_max_per_s: 0`",
     ("ray.serve.schema:ServeApplicationSchema", "runtime_env"): _ENV_VARS,

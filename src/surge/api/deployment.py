@@ -22,6 +22,7 @@ from surge.config import (
     build_deployment_config,
     runtime_env_uploads,
 )
+from surge.config.placement import placement_group_problem
 from surge.errors import ConfigError, DeployFailedError
 from surge.model import AccessTokens, ImportedTarget, ModelRoutes
 from surge.replica.ingress import INGRESS_ATTRIBUTE
@@ -82,6 +83,9 @@ class Deployment:
                           if k not in _IGNORED and k not in ("name", "route_prefix")}
         self.config: DeploymentConfig = build_deployment_config(
             name, config_options, f"deployment {name!r}")
+        problem = placement_group_problem(options)  # after ray_actor_options' own checks
+        if problem is not None:
+            raise ConfigError(problem)
 
     @property
     def name(self) -> str:
