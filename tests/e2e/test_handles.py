@@ -476,7 +476,7 @@ def test_threads_calls_across_a_replica_kill_all_end(surge_instance) -> None:  #
     router = driver_router("pidkill", "Pids")
     eventually(lambda: router.in_flight == 0, 10, what="nothing left in flight")
     eventually(lambda: {link.replica_id for link in router.own_links.links if not link.is_closed}
-               <= set(router._by_id), 20, what="own links only to live replicas")
+               <= set(router.pool.by_id), 20, what="own links only to live replicas")
     # A sync method composing from its worker thread, through the replacement too.
     eventually(lambda: len({handle.remote(0).result(timeout_s=10)[0] for _ in range(20)}
                            - {victim}) == 2, 30, what="two live replicas again")

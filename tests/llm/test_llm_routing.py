@@ -57,7 +57,7 @@ def engine_queues(app: str, deployment: str) -> dict[str, tuple[int, float]]:
     """What the driver's router last heard from each replica's engine: {replica: (queue,
     when)}. The one place this file reads the router's internals."""
     router = current_runtime().routers[DeploymentId(app, deployment)]
-    return {name: (link.stats.queue, link.stats_at) for name, link in router._links.items()
+    return {name: (link.stats.queue, link.stats_at) for name, link in router.pool.links.items()
             if link.stats is not None}
 
 

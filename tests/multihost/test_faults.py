@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from surge.router.router import UNACKED_TIMEOUT_S
+from surge.router.dial import UNACKED_TIMEOUT_S
 from tests.eventually import eventually
 from tests.multihost.cluster import HostsCluster
 from tests.multihost.load import Load, Outcome

@@ -7,12 +7,12 @@ report is ignored; a session id sticks to one replica until it is over the slack
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 from surge.router.engine_choice import request_key
 from surge.router.replica_link import Pending
 from surge.router.router import Router
+from surge.testing import FakeClock
 from surge.transport.messages import Call, GrpcRequest, HttpRequest, RoutingStats
 from tests.eventually import eventually_async
 from tests.shells.test_router import WAIT_S, FakeReplica, Sink, answer, routing, run
@@ -29,7 +29,7 @@ async def report(router: Router, replica: FakeReplica, queue: int,
     frame = RoutingStats(0, queue, 0.5, period_s)
     for connection in replica.connections:
         connection.send(frame)
-    link = router._links[replica.name]
+    link = router.pool.links[replica.name]
     await eventually_async(lambda: link.stats == frame, WAIT_S,
                            what=f"the router to learn {replica.name}'s queue")
 
@@ -58,10 +58,13 @@ def test_requests_go_to_the_shorter_engine_queue() -> None:
 def test_a_stale_report_is_ignored() -> None:
     async def main() -> None:
         a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
-        async with routing(a, b, max_ongoing=50) as router:
+        clock = FakeClock(monotonic=0.0)
+        async with routing(a, b, max_ongoing=50, clock=clock) as router:
             await report(router, a, 30, period_s=0.01)  # stale after 0.07 s
             await report(router, b, 0, period_s=10.0)
-            await asyncio.sleep(0.1)  # the behaviour: time passes and a's report ages
+            # time passes on the router's clock (its only one: the reports are stamped
+            # on it too) and a's report ages
+            clock.advance(0.1)
             for i in range(20):
                 router.submit(call(str(i)))
             # a's report no longer counts: its score is the router's own in flight

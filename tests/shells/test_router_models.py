@@ -32,7 +32,7 @@ async def advertise(router: Router, replica: FakeReplica, ids: list[str], *,
     """The replica says which models it holds; returns once the router has it."""
     for connection in replica.connections:
         connection.send(Models(0, ids, max_copies, matching_timeout_s))
-    link = router._links[replica.name]
+    link = router.pool.links[replica.name]
     await eventually_async(lambda: link.model_set == frozenset(ids), WAIT_S,
                            what=f"the router to learn {replica.name}'s models")
 

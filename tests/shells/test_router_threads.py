@@ -322,7 +322,7 @@ def test_a_thread_s_calls_for_a_model_go_where_the_model_is() -> None:
                 assert isinstance(answer, Result) and answer.payload == f"b:{i}".encode()
             assert any(link.owner == caller.ident and link.replica_id == "b"
                        for link in router.own_links.links)
-            assert router._by_id["b"].reserved == {}  # every answer released its model
+            assert router.pool.by_id["b"].reserved == {}  # every answer released its model
             assert (router.arrived, router.completed) == (10, 10)
         caller.close()
 

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -146,7 +147,8 @@ class ReplicaLink(ThreadSafeProtocol):
     def __init__(self, replica_id: str, on_final: Callable[[ReplicaLink, Pending, Message], None],
                  on_lost: Callable[[ReplicaLink], None],
                  on_models: Callable[[ReplicaLink], None] | None = None,
-                 lock: threading.RLock | None = None, *, owner: int | None = None) -> None:
+                 lock: threading.RLock | None = None, *, owner: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(lock)
         self.replica_id = replica_id
         self.owner = owner  # the thread whose own link this is (None: the router's)
@@ -156,8 +158,9 @@ class ReplicaLink(ThreadSafeProtocol):
         self.models: Models | None = None
         self.model_set: frozenset[str] = frozenset()
         self._on_models = on_models
-        # The replica's last RoutingStats (its engine's queue), when it came (loop time),
-        # and how many of this link's requests were in flight then.
+        # The replica's last RoutingStats (its engine's queue), when it came (on `clock`,
+        # the router's), and how many of this link's requests were in flight then.
+        self._clock = clock
         self.stats: RoutingStats | None = None
         self.stats_at = 0.0
         self.in_flight_at_stats = 0
@@ -222,7 +225,7 @@ class ReplicaLink(ThreadSafeProtocol):
                 if self._on_models is not None:
                     self._on_models(self)
             elif isinstance(message, RoutingStats):
-                self.stats, self.stats_at = message, self._loop.time()
+                self.stats, self.stats_at = message, self._clock()
                 self.in_flight_at_stats = len(self.in_flight)
                 if self.on_stats is not None:
                     self.on_stats(self)

@@ -1,5 +1,12 @@
 """The router of one deployment: queue, pick a replica, send, retry on rejection.
 
+This is the shell: it holds the queue, the timers and the lock, and does what
+policy/dispatch.py decides on plain data (queue or refuse, which queued requests go,
+what an answer means) with the time of its one injected clock; its replicas (one link
+each, the routable ones and their load) are router/pool.py's. (It is over 500 lines
+because every way a request goes through it lives here: submitted on the loop or from a
+caller's thread, queued, reserved and dispatched, answered, rejected, lost.)
+
 It keeps one link per replica and counts its own in-flight requests there. A request
 goes straight to a replica with room (power of two choices); otherwise it waits in a
 bounded FIFO queue and is sent when a response frees a slot. The queue is bounded by
@@ -26,10 +33,7 @@ a session id or a long shared prompt prefix prefers one replica, within a bound
 
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
-hosts use TCP keepalive (an idle link) and TCP_USER_TIMEOUT (a link with requests sent
-and not yet acknowledged: keepalive never probes those), so a replica whose host
-vanished without closing the connection fails its in-flight requests within seconds
-instead of hanging them until the kernel gives up (~15 minutes of retransmissions).
+hosts notice a vanished host within seconds (router/dial.py).
 
 Threads: the router lives on its runtime's loop, but a caller on another thread (a
 driver's main thread, a replica's worker running a sync method) may start a request
@@ -46,7 +50,6 @@ import asyncio
 import itertools
 import logging
 import random
-import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -55,16 +58,26 @@ from surge.clock import SYSTEM, Clock
 from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
-from surge.policy.admission import admit, drain_rate, smoothed
+from surge.policy.admission import smoothed
+from surge.policy.dispatch import (
+    MODEL_SCAN_LIMIT,
+    CompletionRate,
+    answer,
+    drain,
+    model_settings,
+    next_matching_due,
+    refuse,
+)
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
+from surge.router.dial import dial
 from surge.router.engine_choice import choose_by_engine
 from surge.router.own_links import OwnLinks
+from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending, ReplicaLink, Reservation
-from surge.router.slots import Loads, Slot
+from surge.router.slots import Slot
 from surge.transport.handshake import HandshakeFailed
 from surge.transport.messages import Cancel, Message, Rejected
-from surge.transport.rpc import split_address
 
 __all__ = ["Router"]
 
@@ -72,18 +85,6 @@ log = logging.getLogger("surge.router")
 
 # How long a replica that rejected is treated as full if it sends us nothing else.
 SATURATION_HOLD_S = 0.02
-# A replica on another node must complete the token handshake within this.
-HANDSHAKE_TIMEOUT_S = 10.0
-# TCP keepalive on links to replicas (idle s, interval s, probes): a dead host is noticed
-# in about 5 + 3 * 1 = 8 s, without a heartbeat of our own on the data path.
-KEEPALIVE = (5, 1, 3)
-# Data unacknowledged this long closes a link to a replica on another host: as long as the
-# keepalive verdict, and far above a lossy link's retransmission backoff.
-UNACKED_TIMEOUT_S = 8.0
-# Queue entries one drain looks at for a model request that can go (the rest wait).
-MODEL_SCAN_LIMIT = 64
-# Until a multiplexed replica tells its own (Models frames).
-MATCHING_TIMEOUT_S = 1.0
 
 
 class Router:
@@ -93,30 +94,24 @@ class Router:
         self.lock = threading.RLock()
         self.node_id = node_id
         self.token: str | None = None  # the control token, for replicas reached over TCP
-        self._local = 0  # the first `_local` routable slots are on this router's node
         self._rng = rng or random.Random()
         self._now = clock.monotonic
         self._loop = asyncio.get_running_loop()
-        self._links: dict[str, ReplicaLink] = {}
         self.own_links = OwnLinks(self._loop, self._own_link, self._dial_replica,
-                             lambda replica_id: replica_id in self._by_id)
+                                  lambda replica_id: replica_id in self.pool.by_id)
+        self.pool = ReplicaPool(node_id, self.own_links)
         self._loop_thread = threading.get_ident()
-        self._routable: list[Slot] = []
-        self._by_id: dict[str, Slot] = {}
         self._queue: deque[Pending] = deque()
         self._max_ongoing = 1
         self._queue_limit = QUEUE_SAFETY_LIMIT  # until the controller sends the share
         self._max_queue_wait_s: float | None = None  # the wait bound, once a set says it
         self._service_s = 0.0  # this router's requests' service time, smoothed (0: none yet)
-        self._loads = Loads(self._routable, 1, self.own_links)
         self.replica_set: ReplicaSet | None = None
         # Set once a replica set arrived and the links it named have been tried.
         self.ready = asyncio.Event()
         self._connecting = 0
         self._tasks: set[asyncio.Task[None]] = set()  # keeps connect tasks alive
-        self._rate_started = self._now()
-        self._completed_in_window = 0
-        self._drain_per_s = 0.0
+        self._rate = CompletionRate(self._now())
         self.completed = 0
         self.rejected = 0
         self.arrived = 0
@@ -132,7 +127,7 @@ class Router:
 
     def __repr__(self) -> str:
         with self.lock:
-            return (f"<Router {self.deployment} replicas={len(self._routable)} "
+            return (f"<Router {self.deployment} replicas={len(self.pool)} "
                     f"queued={len(self._queue)}/{self._queue_limit} "
                     f"in_flight={self.in_flight} completed={self.completed} "
                     f"rejected={self.rejected} own_links={len(self.own_links.links)} "
@@ -142,8 +137,7 @@ class Router:
     @property
     def in_flight(self) -> int:
         with self.lock:
-            return (sum(len(link.in_flight) for link in self._links.values())
-                    + self.own_links.in_flight())
+            return self.pool.in_flight
 
     @property
     def queued(self) -> int:
@@ -160,19 +154,19 @@ class Router:
         self._max_ongoing = replica_set.max_ongoing_requests
         self._queue_limit = replica_set.queue_limit
         self._max_queue_wait_s = replica_set.max_queue_wait_s
-        self._loads.capacity = self._max_ongoing
+        self.pool.loads.capacity = self._max_ongoing
         wanted = {info.replica_id: info for info in replica_set.replicas}
-        for replica_id in list(self._by_id):
+        for replica_id in list(self.pool.by_id):
             if replica_id not in wanted:
-                self._unroute(replica_id)
+                self.pool.unroute(replica_id)
         for replica_id, info in wanted.items():
-            if replica_id not in self._links:
+            if replica_id not in self.pool.links:
                 # Registered now, not when the task runs: a second update arriving before
                 # then must not open a second link (and a second slot) to the same replica.
                 link = ReplicaLink(replica_id, self._on_final, self._on_lost,
-                                   self._on_models, self.lock)
+                                   self._on_models, self.lock, clock=self._now)
                 link.on_stats = self._on_stats
-                self._links[replica_id] = link
+                self.pool.links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
                 self._tasks.add(task)
@@ -205,18 +199,7 @@ class Router:
                     self.ready.set()
 
     async def _dial(self, info: ReplicaInfo, link: ReplicaLink) -> None:
-        """Connect `link` to the replica; it is trusted when this returns."""
-        if info.address.startswith("unix:"):
-            await self._loop.create_unix_connection(lambda: link, info.address[5:])
-        elif info.local_address and info.node_id == self.node_id:  # same node: no TCP
-            await self._loop.create_unix_connection(lambda: link, info.local_address[5:])
-        else:
-            if self.token:  # TCP replicas take requests only after the handshake
-                link.require_handshake(self.token)
-            host, port = split_address(info.address)
-            transport, _ = await self._loop.create_connection(lambda: link, host, port)
-            _keepalive(transport.get_extra_info("socket"))
-        await asyncio.wait_for(link.trusted, HANDSHAKE_TIMEOUT_S)
+        await dial(self._loop, info, link, self.node_id, self.token)
 
     async def _open_link(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         try:
@@ -225,7 +208,7 @@ class Router:
             log.warning("cannot reach replica %s at %s: %r", info.replica_id, info.address,
                         exc)
             with self.lock:
-                self._links.pop(info.replica_id, None)
+                self.pool.links.pop(info.replica_id, None)
                 link.close()
             return
         with self.lock:
@@ -233,51 +216,25 @@ class Router:
 
     def _route(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         """A link is open and trusted: send it requests (if its replica is still wanted)."""
-        if self._links.get(info.replica_id) is not link:  # the router closed meanwhile
+        if self.pool.links.get(info.replica_id) is not link:  # the router closed meanwhile
             link.close()
             return
         current = self.replica_set
         if current is None or all(r.replica_id != info.replica_id for r in current.replicas):
-            self._links.pop(info.replica_id, None)
+            self.pool.links.pop(info.replica_id, None)
             link.close()
             return
-        slot = Slot(info, link)
-        self._by_id[info.replica_id] = slot
-        if info.node_id == self.node_id:
-            self._routable.insert(self._local, slot)
-            self._local += 1
-        else:
-            self._routable.append(slot)
+        self.pool.add(info, link)
         self._drain()
-
-    def _remove_slot(self, slot: Slot) -> None:
-        index = self._routable.index(slot)
-        del self._routable[index]
-        if index < self._local:
-            self._local -= 1
-
-    def _unroute(self, replica_id: str) -> None:
-        slot = self._by_id.pop(replica_id, None)
-        if slot is not None:
-            self._remove_slot(slot)
-            for link in [slot.link, *self.own_links.unroute(replica_id)]:
-                if not link.in_flight:  # the others close when their last answer comes
-                    self._retire(link)
-
-    def _retire(self, link: ReplicaLink) -> None:
-        link.close()
-        self.own_links.links.discard(link)
-        if self._links.get(link.replica_id) is link:
-            del self._links[link.replica_id]
 
     # -- callers' threads' own links ---------------------------------------------------
 
     def _own_link(self, replica_id: str, thread: int) -> ReplicaLink:
         return ReplicaLink(replica_id, self._on_final, self._on_own_lost, lock=self.lock,
-                           owner=thread)
+                           owner=thread, clock=self._now)
 
     async def _dial_replica(self, replica_id: str, link: ReplicaLink) -> None:
-        slot = self._by_id.get(replica_id)
+        slot = self.pool.by_id.get(replica_id)
         if slot is None:
             raise OSError(f"replica {replica_id} is gone")
         await self._dial(slot.info, link)
@@ -321,23 +278,24 @@ class Router:
         """Send to the replica that power of two choices (or, for a model, the model
         routing) picks; False if all are full or others wait before it. `thread`: the
         caller's, for its own link."""
-        model = pending.message.model_id
-        if model:  # queued requests of other models must not hold it up: no FIFO check
-            index = self._choose_for_model(model, False)
-        elif self._queue:
-            return False
-        else:
-            index = self._pick(pending)
+        if not pending.message.model_id and self._queue:
+            return False  # FIFO; queued requests of other models do not hold a model's up
+        index = self._choose(pending, False)
         if index < 0:
             return False
-        slot = self._routable[index]
+        self._go(pending, index, thread)
+        return True
+
+    def _go(self, pending: Pending, index: int, thread: int | None = None) -> None:
+        """Send `pending` to the routable replica at `index` (its model reserved there)."""
+        slot = self.pool.routable[index]
+        model = pending.message.model_id
         if model:
             slot.reserve(model)
         link = slot.link
         if thread is not None:
             link = self.own_links.get(slot.info.replica_id, thread) or link
         self._send(link, pending)
-        return True
 
     def _send(self, link: ReplicaLink, pending: Pending) -> None:
         pending.sent_at = self._now()
@@ -358,25 +316,19 @@ class Router:
         unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
-        wait_s = self._max_queue_wait_s
-        # bounded by count: Retry-After from the completions measured; by time: from the
-        # requests in flight and their service time
-        drain = (self._drain_rate() if wait_s is None
-                 else drain_rate(self.in_flight, self._service_s))
-        rejection = admit(len(self._queue), self._queue_limit, drain, wait_s, self._service_s)
-        if rejection is not None:
+        current = self.replica_set
+        refusal = refuse(
+            len(self._queue), self._queue_limit, self._max_queue_wait_s, self.in_flight,
+            self._service_s, self._rate.per_s(self._now()),
+            current.retry_after_s if current is not None else None,
+            current.backpressure_status if current is not None else 503)
+        if refusal is not None:
             self.rejected += 1
-            current = self.replica_set
-            fixed = current.retry_after_s if current is not None else None
             raise BackPressureError(
-                deployment=str(self.deployment), num_queued_requests=rejection.queued,
-                max_queued_requests=rejection.limit,
-                retry_after_s=rejection.retry_after_s if fixed is None else fixed,
-                status_code=current.backpressure_status if current is not None else 503,
-                reason="" if wait_s is None else rejection.reason,
-                # Ray's count bound: a Retry-After only when configured (as Ray);
-                # surge's wait bound: always its estimate
-                advise_retry=fixed is not None or wait_s is not None)
+                deployment=str(self.deployment), num_queued_requests=refusal.queued,
+                max_queued_requests=refusal.limit, retry_after_s=refusal.retry_after_s,
+                status_code=refusal.status_code, reason=refusal.reason,
+                advise_retry=refusal.advise_retry)
         self._queue.append(pending)
         if model:
             pending.queued_at = self._now()
@@ -413,11 +365,11 @@ class Router:
                 self._cancel(reservation)  # still queued (or never held)
             elif self._unhold(link, reservation):
                 model = reservation.message.model_id
-                slot = self._by_id.get(link.replica_id)
+                slot = self.pool.by_id.get(link.replica_id)
                 if model and slot is not None:
                     slot.release(model)
                 if slot is None and not link.in_flight:
-                    self._retire(link)
+                    self.pool.retire(link)
                 self._drain()
 
     def dispatch(self, reservation: Reservation, pending: Pending) -> None:
@@ -425,7 +377,7 @@ class Router:
         ReplicaUnavailableError if that replica has gone (its slot is freed)."""
         with self.lock:
             link = reservation.link
-            if link is None or link.replica_id not in self._by_id:
+            if link is None or link.replica_id not in self.pool.by_id:
                 self.release(reservation)
                 raise ReplicaUnavailableError(link.replica_id if link else "(none held)")
             if not self._unhold(link, reservation):  # the link was lost meanwhile
@@ -435,7 +387,7 @@ class Router:
 
     def replica_info(self, replica_id: str) -> ReplicaInfo | None:
         with self.lock:
-            slot = self._by_id.get(replica_id)
+            slot = self.pool.by_id.get(replica_id)
             return None if slot is None else slot.info
 
     @staticmethod
@@ -451,7 +403,7 @@ class Router:
         with self.lock:
             if pending.cancelled:
                 return
-            slot = self._by_id.get(pending.pinned)
+            slot = self.pool.by_id.get(pending.pinned)
             if slot is None:
                 pending.sink.fail(ReplicaUnavailableError(pending.pinned))
             else:
@@ -459,27 +411,38 @@ class Router:
                     slot.reserve(pending.message.model_id)  # as sending it first did
                 self._send(slot.link, pending)
 
+    # -- choosing (policy/dispatch.py decides; the choice itself is policy/*routing.py) -
+
     def _drain(self) -> None:
         with self.lock:
-            queue = self._queue
-            while queue:
-                if queue[0].message.model_id:
-                    self._drain_models()
-                    return
-                index = self._pick(queue[0])
-                if index < 0:
-                    return
-                pending = queue.popleft()
-                if not pending.cancelled:
-                    self._send(self._routable[index].link, pending)
+            if self._queue:
+                self._queue = drain(self._queue, _model_of, _cancelled, self._chooser(),
+                                    self._go)
 
-    def _pick(self, pending: Pending) -> int:
-        """Power of two choices on in-flight counts, or on the engines' queues with
-        affinity once a replica reports them (router/engine_choice.py)."""
+    def _chooser(self) -> Callable[[Pending], int]:
+        """`_choose` for one drain: a model request falls back to any replica once it
+        waited the matching timeout (read once, and only if a model request is seen)."""
+        when: list[float] = []  # [now, matching timeout], once a model request is seen
+
+        def choose(pending: Pending) -> int:
+            if pending.message.model_id and not when:
+                when.extend((self._now(), self._matching_timeout()))
+            return self._choose(pending, bool(when) and when[0] - pending.queued_at >= when[1])
+
+        return choose
+
+    def _choose(self, pending: Pending, fallback: bool) -> int:
+        """The routable replica's index for `pending`, or NO_REPLICA: by its model
+        (policy/model_routing.py), on the engines' queues with affinity once a replica
+        reports them (router/engine_choice.py), else power of two choices on in-flight
+        counts. `fallback`: a model request that waited long enough may go anywhere."""
+        model = pending.message.model_id
+        if model:
+            return self._choose_for_model(model, fallback)
         if self._by_engine:
-            return choose_by_engine(self._loads, self._max_ongoing, self._rng, self._local,
-                                    pending.message, self._loop.time())
-        return choose_replica(self._loads, self._max_ongoing, self._rng, self._local)
+            return choose_by_engine(self.pool.loads, self._max_ongoing, self._rng,
+                                    self.pool.local, pending.message, self._now())
+        return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
 
     def _on_stats(self, link: ReplicaLink) -> None:
         self._by_engine = True
@@ -488,71 +451,30 @@ class Router:
 
     # -- multiplexed models (policy/model_routing.py) ----------------------------------
 
-    def _settings(self) -> tuple[int, float]:
-        """(max_copies, matching_timeout_s), as the replicas' Models frames say."""
-        for slot in self._routable:
-            models = slot.link.models
-            if models is not None:
-                copies = models.max_copies or max(2, len(self._routable) // 2)
-                return copies, models.matching_timeout_s
-        return max(2, len(self._routable) // 2), MATCHING_TIMEOUT_S
-
     def _matching_timeout(self) -> float:
-        return self._settings()[1]
+        return model_settings(self.pool.model_frames(), len(self.pool))[1]
 
     def _choose_for_model(self, model: str, fallback: bool) -> int:
-        slots = self._routable
+        slots = self.pool.routable
         if not slots:
             return NO_REPLICA
-        max_copies, _ = self._settings()
+        max_copies, _ = model_settings(self.pool.model_frames(), len(slots))
         now = self._now()
-        return choose_for_model(self._loads, self._max_ongoing,
+        return choose_for_model(self.pool.loads, self._max_ongoing,
                                 [slot.holds(model) for slot in slots],
                                 [slot.models_held() for slot in slots], max_copies,
                                 self._rng, fallback,
                                 [slot.coldest(self._heat, now) for slot in slots])
 
-    def _start_model(self, slot: Slot, pending: Pending, model: str) -> None:
-        slot.reserve(model)
-        self._send(slot.link, pending)
-
-    def _drain_models(self) -> None:
-        """Send what can go among the first MODEL_SCAN_LIMIT queued requests, in order."""
-        queue, kept = self._queue, deque[Pending]()
-        now, timeout = self._now(), self._matching_timeout()
-        scanned = 0
-        while queue and scanned < MODEL_SCAN_LIMIT:
-            pending = queue.popleft()
-            if pending.cancelled:
-                continue
-            scanned += 1
-            model = pending.message.model_id
-            if model:
-                index = self._choose_for_model(model, now - pending.queued_at >= timeout)
-            else:
-                index = self._pick(pending)
-            if index < 0:
-                kept.append(pending)
-                if not model:  # every replica is full: nothing else can go either
-                    break
-                continue
-            if model:
-                self._start_model(self._routable[index], pending, model)
-            else:
-                self._send(self._routable[index].link, pending)
-        kept.extend(queue)
-        self._queue = kept
-
     def _matching_timed_out(self) -> None:
         with self.lock:
             self._matching_timer = None
             self._drain()
-            waiting = [p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
-                       if p.message.model_id]
-            if waiting:
-                due = min(waiting) + self._matching_timeout() - self._now()
-                self._matching_timer = self._loop.call_later(max(due, 0.01),
-                                                             self._matching_timed_out)
+            due = next_matching_due(
+                (p.queued_at for p in itertools.islice(self._queue, MODEL_SCAN_LIMIT)
+                 if p.message.model_id), self._matching_timeout(), self._now())
+            if due is not None:
+                self._matching_timer = self._loop.call_later(due, self._matching_timed_out)
 
     def _on_models(self, link: ReplicaLink) -> None:
         if link.models is not None and link.models.lora_base:
@@ -560,33 +482,37 @@ class Router:
         if self._queue:
             self._drain()  # a replica took a model on: requests waiting for it may go
 
+    # -- answers -----------------------------------------------------------------------
+
     def _on_final(self, link: ReplicaLink, pending: Pending, message: Message) -> None:
         # (the link calls these two with the lock held; this one on an own link's thread
         # too, where the loop's own calls must be handed to the loop)
-        slot = self._by_id.get(link.replica_id)
+        slot = self.pool.by_id.get(link.replica_id)
         model = pending.message.model_id
         if model and slot is not None:
             slot.release(model)
-        if isinstance(message, Rejected):
+        rejected = isinstance(message, Rejected)
+        if rejected:
             pending.link = None
-            if slot is not None and not slot.saturated:
-                slot.saturated = True
+        todo = answer(rejected, slot is not None, slot is not None and slot.saturated,
+                      bool(pending.pinned), pending.cancelled)
+        if slot is not None and (todo.saturate or todo.unsaturate):
+            slot.saturated = todo.saturate
+            if todo.saturate:
                 self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._unsaturate,
                               slot)
-            if pending.pinned:  # into a reservation: that replica or none
-                self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._resend, pending)
-            elif not pending.cancelled:
-                self._queue.appendleft(pending)
-        else:
-            if slot is not None:
-                slot.saturated = False
+        if todo.resend_later:  # into a reservation: that replica or none
+            self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._resend, pending)
+        if todo.requeue:
+            self._queue.appendleft(pending)
+        if todo.completed:
             self.completed += 1
-            self._completed_in_window += 1
+            self._rate.completed()
             self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
-            if not pending.cancelled:
-                pending.sink.deliver(message)
+        if todo.deliver:
+            pending.sink.deliver(message)
         if slot is None and not link.in_flight:
-            self._retire(link)
+            self.pool.retire(link)
         elif link.owner is not None and not link.in_flight and not link.lent:
             link.lend()  # reclaimed, and all answered: its thread may read it again
         self._drain()
@@ -603,24 +529,11 @@ class Router:
             self._drain()
 
     def _on_lost(self, link: ReplicaLink) -> None:
-        if self._links.get(link.replica_id) is link:
-            del self._links[link.replica_id]
-        slot = self._by_id.pop(link.replica_id, None)
-        if slot is not None:
-            self._remove_slot(slot)
-            self.own_links.reclaim_replica(link.replica_id)  # their transports see it go, too
+        if self.pool.lost(link):
             level = logging.DEBUG if self.closing else logging.WARNING
             log.log(level, "lost connection to replica %s of %s", link.replica_id,
                     self.deployment)
         self._loop.call_soon(self._drain)
-
-    def _drain_rate(self) -> float:
-        now = self._now()
-        elapsed = now - self._rate_started
-        if elapsed >= 0.5:
-            self._drain_per_s = self._completed_in_window / elapsed
-            self._rate_started, self._completed_in_window = now, 0
-        return self._drain_per_s
 
     def load_report(self) -> LoadReport | None:
         """What changed since the last report, or None when nothing did."""
@@ -639,25 +552,12 @@ class Router:
             if self._matching_timer is not None:
                 self._matching_timer.cancel()
                 self._matching_timer = None
-            self._routable.clear()  # no caller's thread may start a request any more
-            self._by_id.clear()
-            self._local = 0
-            for link in self._links.values():
-                link.close()
-            self._links.clear()
-            self.own_links.close()
+            self.pool.close()
 
 
-def _keepalive(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    idle, interval, probes = KEEPALIVE
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                        int(UNACKED_TIMEOUT_S * 1000))
-    except (OSError, AttributeError):  # not every platform has the TCP_KEEP* options
-        pass
+def _model_of(pending: Pending) -> str:
+    return pending.message.model_id
+
+
+def _cancelled(pending: Pending) -> bool:
+    return pending.cancelled

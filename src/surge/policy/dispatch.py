@@ -1,0 +1,177 @@
+"""The router's decisions on plain data: refuse or queue, drain the queue, what an
+answer means, the multiplexed models' settings and the completion rate.
+
+router/router.py is the shell: it holds the links (router/pool.py), the queue and the
+timers, asks these functions what to do, and does it. Nothing here does I/O, touches
+a loop or takes a lock; time is passed in (the router's injected clock). The choice of
+a replica itself is policy/routing.py (power of two choices), policy/model_routing.py
+(multiplexed models) and policy/engine_routing.py (engines' queues, affinity).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from surge.policy.admission import admit, drain_rate
+
+__all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "Answer", "CompletionRate", "Refusal",
+           "answer", "drain", "model_settings", "next_matching_due", "refuse"]
+
+# Until a multiplexed replica tells its own (Models frames).
+MATCHING_TIMEOUT_S = 1.0
+# Queue entries one drain looks at for a model request that can go (the rest wait).
+MODEL_SCAN_LIMIT = 64
+# The window over which the completion rate (a count bound's Retry-After) is measured.
+RATE_WINDOW_S = 0.5
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request not queued: BackPressureError's fields."""
+
+    queued: int
+    limit: int
+    retry_after_s: float
+    status_code: int
+    reason: str
+    advise_retry: bool
+
+
+def refuse(queued: int, limit: int, max_wait_s: float | None, in_flight: int,
+           service_s: float, completions_per_s: float, fixed_retry_after_s: float | None,
+           status_code: int) -> Refusal | None:
+    """None to queue a request with `queued` ahead of it; else why not.
+
+    Bounded by count (`max_wait_s` None, Ray's way) the Retry-After comes from the
+    completions measured and is advised only when the deployment fixes one (as Ray);
+    bounded by time it comes from the requests in flight and their service time and is
+    always advised (policy/admission.py)."""
+    rate = (completions_per_s if max_wait_s is None else drain_rate(in_flight, service_s))
+    rejection = admit(queued, limit, rate, max_wait_s, service_s)
+    if rejection is None:
+        return None
+    return Refusal(
+        queued=rejection.queued, limit=rejection.limit,
+        retry_after_s=(rejection.retry_after_s if fixed_retry_after_s is None
+                       else fixed_retry_after_s),
+        status_code=status_code,
+        reason="" if max_wait_s is None else rejection.reason,
+        advise_retry=fixed_retry_after_s is not None or max_wait_s is not None)
+
+
+class CompletionRate:
+    """Completions a second, measured over windows of at least RATE_WINDOW_S."""
+
+    __slots__ = ("_count", "_per_s", "_started")
+
+    def __init__(self, now: float) -> None:
+        self._started = now
+        self._count = 0
+        self._per_s = 0.0
+
+    def completed(self) -> None:
+        self._count += 1
+
+    def per_s(self, now: float) -> float:
+        elapsed = now - self._started
+        if elapsed >= RATE_WINDOW_S:
+            self._per_s = self._count / elapsed
+            self._started, self._count = now, 0
+        return self._per_s
+
+
+def model_settings(frames: Iterable[tuple[int, float] | None], replicas: int,
+                   ) -> tuple[int, float]:
+    """(max_copies, matching_timeout_s): the first replica's that says (its Models
+    frame's `max_copies`, 0 for the default, and `matching_timeout_s`); the default
+    copies are half the replicas, at least 2."""
+    default_copies = max(2, replicas // 2)
+    for frame in frames:
+        if frame is not None:
+            copies, timeout_s = frame
+            return copies or default_copies, timeout_s
+    return default_copies, MATCHING_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What to do with a request's final frame."""
+
+    saturate: bool  # hold its replica as full for a moment (it rejected)
+    unsaturate: bool  # its replica answered: it has room again as far as this one knows
+    resend_later: bool  # try the same replica again in a moment (pinned)
+    requeue: bool  # back to the head of the queue
+    deliver: bool  # hand the frame to the caller
+    completed: bool  # count it done (and its service time)
+
+
+def answer(rejected: bool, routable: bool, saturated: bool, pinned: bool,
+           cancelled: bool) -> Answer:
+    """A rejection holds its replica as full (if still routable and not held already)
+    and sends the request again: to the replica it is pinned to, else through the
+    queue's head; anything else is done, frees its replica and reaches the caller
+    unless cancelled."""
+    if rejected:
+        return Answer(saturate=routable and not saturated, unsaturate=False,
+                      resend_later=pinned, requeue=not pinned and not cancelled,
+                      deliver=False, completed=False)
+    return Answer(saturate=False, unsaturate=routable, resend_later=False, requeue=False,
+                  deliver=not cancelled, completed=True)
+
+
+def drain(queue: deque[T], model_of: Callable[[T], str], cancelled: Callable[[T], bool],
+          choose: Callable[[T], int], send: Callable[[T, int], None]) -> deque[T]:
+    """Send queued requests while they can go; the queue left.
+
+    In order, while the head can go (`choose` gives a replica's index, negative for
+    none). Once a request for a multiplexed model is at the head, the first
+    MODEL_SCAN_LIMIT live entries are each tried in order, so one waiting for its model
+    does not hold up the rest; a plain request that cannot go ends the scan (every
+    replica is full). `send` is called for each one that goes, before the next choice
+    (it changes the loads)."""
+    while queue:
+        head = queue[0]
+        if model_of(head):
+            return _scan(queue, model_of, cancelled, choose, send)
+        index = choose(head)
+        if index < 0:
+            return queue
+        queue.popleft()
+        if not cancelled(head):
+            send(head, index)
+    return queue
+
+
+def _scan(queue: deque[T], model_of: Callable[[T], str], cancelled: Callable[[T], bool],
+          choose: Callable[[T], int], send: Callable[[T, int], None]) -> deque[T]:
+    kept: deque[T] = deque()
+    scanned = 0
+    while queue and scanned < MODEL_SCAN_LIMIT:
+        entry = queue.popleft()
+        if cancelled(entry):
+            continue
+        scanned += 1
+        index = choose(entry)
+        if index < 0:
+            kept.append(entry)
+            if not model_of(entry):  # every replica is full: nothing else can go either
+                break
+            continue
+        send(entry, index)
+    kept.extend(queue)
+    return kept
+
+
+def next_matching_due(queued_at: Iterable[float], timeout_s: float, now: float,
+                      ) -> float | None:
+    """Seconds until the earliest waiting model request may go to any replica (at
+    least 10 ms: a timer, not a spin); None when none waits."""
+    waiting = list(queued_at)
+    if not waiting:
+        return None
+    return max(min(waiting) + timeout_s - now, 0.01)
