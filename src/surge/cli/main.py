@@ -6,7 +6,8 @@ simulate).
 
 Commands that talk to a running instance find it at `-a/--address`: a control address
 host:port (default SURGE_ADDRESS, else 127.0.0.1:52800), or, for deploy, status, config
-and shutdown, a dashboard URL http://host:port spoken to through Ray's REST API. For
+and shutdown, a dashboard URL http://host:port spoken to through Ray's REST API (with
+no -a and no SURGE_ADDRESS, RAY_DASHBOARD_ADDRESS names it, as for Ray's `serve`). For
 start and run, `--address auto` or ray://... (or --backend ray) names a Ray cluster.
 `surge pulse` loads any HTTP URL (see surge.loadtest).
 """
@@ -145,10 +146,19 @@ def _run_parser(commands: Any) -> None:
     _config_cmds._runtime_env_flags(run)
 
 
+# The commands Ray's CLI points at a dashboard (its -a default: RAY_DASHBOARD_ADDRESS).
+DASHBOARD_COMMANDS = ("deploy", "status", "config", "shutdown")
+
+
 def _addresses(args: argparse.Namespace) -> None:
     """Split -a into the control address (SURGE_ADDRESS) and a Ray cluster's address."""
     args.ray_address = None
     address = getattr(args, "address", None)
+    dashboard = os.environ.get("RAY_DASHBOARD_ADDRESS")
+    if (args.command in DASHBOARD_COMMANDS and not address and dashboard
+            and not os.environ.get("SURGE_ADDRESS")):
+        # As Ray's serve CLI, whose -a defaults to it; without a scheme, HTTP (as Ray's)
+        args.address = dashboard if "://" in dashboard else f"http://{dashboard}"
     if args.command in ("start", "run") and address and (
             args.backend == "ray" or address == "auto" or address.startswith("ray://")):
         args.ray_address, args.address = address, None
