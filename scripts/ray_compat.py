@@ -452,7 +452,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "builds the environment for the replicas",
         "accepted with one warning and not used: replicas run in the driver's environment "
         "(a deployment's `working_dir` or `py_modules` given as a local path fails to "
-        "deploy, as in Ray)",
+        "deploy, and is refused in a config file, as in Ray)",
         "building environments per deployment is Ray's cluster machinery; install what an "
         "app needs in its image or venv (docs/using.md)",
         "tests/config/test_config_file.py::"

@@ -116,6 +116,26 @@ def test_yaml_num_replicas_replaces_code_autoscaling_and_back() -> None:
      "    max_replicas_per_node: 2\n    placement_group_bundles: [{CPU: 1}]\n",
      ":6: applications[0].deployments[0].max_replicas_per_node: Setting "
      "max_replicas_per_node is not allowed when placement_group_bundles is provided."),
+    # Ray's RayActorOptionsSchema: a deployment's working_dir / py_modules must be URIs
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    ray_actor_options:\n      runtime_env:\n        working_dir: ./src\n",
+     ":8: applications[0].deployments[0].ray_actor_options.runtime_env.working_dir: "
+     "runtime_envs in the Serve config support only remote URIs in working_dir and "
+     "py_modules, or \"local://\" URIs for directories that already exist on every node. "
+     "Got error when parsing URI: Expected URI but received path ./src"),
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    ray_actor_options:\n      runtime_env:\n        py_modules: [s3://b/m.zip, lib]\n",
+     ":8: applications[0].deployments[0].ray_actor_options.runtime_env.py_modules: "
+     "runtime_envs in the Serve config support only remote URIs"),
+    # Ray's placement-group checks that an override fails whatever the code sets
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    placement_group_bundles: [{CPU: 1}]\n    placement_group_strategy: BAD\n",
+     ":7: applications[0].deployments[0].placement_group_strategy: Invalid placement group "
+     "strategy BAD."),
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    placement_group_bundles: []\n",
+     ":6: applications[0].deployments[0].placement_group_bundles: Bundles must be a "
+     "non-empty list"),
     ("backend: k8s\n", ":1: backend: backend 'k8s' is not available"),
     ("http_options:\n  port: 99999\n", ":2: http_options.port: port must be an integer"),
     ("applications: [\n", ":2: not valid YAML"),

@@ -30,6 +30,8 @@ from surge.config import (
     gRPCOptions,
     route_prefix_problem,
 )
+from surge.config.deployment import local_paths
+from surge.config.placement import override_problem
 from surge.config.schema import FieldError, KeyPath, dotted, line_of, load_yaml, suggestion
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
@@ -69,6 +71,10 @@ ROUTER_KEYS = tuple(f.name for f in dataclasses.fields(RequestRouterConfig))
 # Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
 RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
            "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
+# Ray's RayActorOptionsSchema refuses a deployment's local working_dir / py_modules.
+LOCAL_PATH = ('runtime_envs in the Serve config support only remote URIs in working_dir and '
+              'py_modules, or "local://" URIs for directories that already exist on every '
+              "node. Got error when parsing URI:")
 BACKENDS = ("local", "ray")  # backends/choice.py (the ray one needs `surge[ray]`)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -383,6 +389,11 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
             and data.get("placement_group_bundles") is not None):
         check.error((*path, "max_replicas_per_node"), "Setting max_replicas_per_node is not "
                     "allowed when placement_group_bundles is provided.")
+    placement = override_problem(data)  # what Ray refuses whatever the code sets
+    if placement is not None:
+        strategy = placement.startswith("Invalid placement group strategy")
+        key = "placement_group_strategy" if strategy else "placement_group_bundles"
+        check.error((*path, key), placement)
     if "autoscaling_config" in used:
         scaling_path = (*path, "autoscaling_config")
         scaling = check.mapping(used["autoscaling_config"], scaling_path)
@@ -413,7 +424,10 @@ def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]
     used = check.keys(data, path, RAY_ACTOR_OPTION_KEYS_IMPLEMENTED,
                       RAY_ACTOR_OPTION_KEYS_ACCEPTED, " on the local backend")
     if "runtime_env" in used:
-        env_vars = _runtime_env(check, used["runtime_env"], (*path, "runtime_env"))
+        env_path = (*path, "runtime_env")
+        for key, uri in local_paths(used["runtime_env"]):  # as Ray's config schema
+            check.error((*env_path, key), f"{LOCAL_PATH} Expected URI but received path {uri}")
+        env_vars = _runtime_env(check, used["runtime_env"], env_path)
         used["runtime_env"] = {"env_vars": env_vars} if env_vars else {}
     return used
 

@@ -84,12 +84,19 @@ def runtime_env_uploads(ray_actor_options: Mapping[str, Any] | None) -> tuple[st
     2.60 uploads those only for a whole job (`ray.init`, `serve run --working-dir`):
     such a deployment fails to deploy there, so it fails in surge too."""
     runtime_env = (ray_actor_options or {}).get("runtime_env")
+    return tuple(f"runtime_env.{key} {value!r} is not a URI"
+                 for key, value in local_paths(runtime_env))
+
+
+def local_paths(runtime_env: Any) -> tuple[tuple[str, str], ...]:
+    """The `working_dir` and `py_modules` entries of a runtime_env given as local paths
+    (no `scheme://`): (key, path) each."""
     if not isinstance(runtime_env, Mapping):
         return ()
     modules = runtime_env.get("py_modules") or []
     given = [("working_dir", runtime_env.get("working_dir")),
              *(("py_modules", m) for m in (modules if isinstance(modules, list) else []))]
-    return tuple(f"runtime_env.{key} {value!r} is not a URI" for key, value in given
+    return tuple((key, value) for key, value in given
                  if isinstance(value, str) and "://" not in value)
 
 

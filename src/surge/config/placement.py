@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["STRATEGIES", "placement_group_problem"]
+__all__ = ["STRATEGIES", "override_problem", "placement_group_problem"]
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _STRATEGY_SET = "{" + ", ".join(repr(s) for s in STRATEGIES) + "}"  # as Ray prints its set
@@ -31,12 +31,19 @@ def placement_group_problem(options: Mapping[str, Any]) -> str | None:
             if options.get(key) is not None:
                 return f"If `{key}` is provided, `placement_group_bundles` must also be provided."
         return None
+    return override_problem(options) or _fit_problem(bundles[0],
+                                                     options.get("ray_actor_options") or {})
+
+
+def override_problem(options: Mapping[str, Any]) -> str | None:
+    """The part of the check that a config file's deployment override fails on its own
+    (the strategy, the bundles' shape); the rest depends on the code's options too."""
     strategy = options.get("placement_group_strategy")
     if strategy is not None and strategy not in STRATEGIES:
         return (f"Invalid placement group strategy {strategy}. "
                 f"Supported strategies are: {_STRATEGY_SET}.")
-    return _bundles_problem(bundles) or _fit_problem(bundles[0],
-                                                     options.get("ray_actor_options") or {})
+    bundles = options.get("placement_group_bundles")
+    return None if bundles is None else _bundles_problem(bundles)
 
 
 def _bundles_problem(bundles: Any) -> str | None:
