@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,11 @@ from surge.api.config_file import load_config
 from surge.config import AutoscalingConfig, from_mapping
 from surge.config.schema import FieldError, check_keys, choice, closest, decode, number
 from surge.errors import ConfigError
+from surge.llm.config import LoraConfig
+from surge.loadtest.options import load_scenario
+from surge.sim.distributions import parse_distribution
+from surge.sim.multiplexing import parse_multiplexing
+from surge.sim.traffic import parse_schedule
 
 
 class _Step(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -129,8 +135,6 @@ def test_the_yaml_loader_places_a_nested_range_error_on_its_own_line(tmp_path: P
 
 
 def test_a_pulse_scenario_error_names_file_line_and_key(tmp_path: Path) -> None:
-    from surge.loadtest.options import load_scenario
-
     path = tmp_path / "pulse.yaml"
     path.write_text("url: http://x/\nworkers: 0\nllm: {kindd: chat}\n")
     with pytest.raises(ValueError) as caught:
@@ -143,10 +147,29 @@ def test_a_pulse_scenario_error_names_file_line_and_key(tmp_path: Path) -> None:
 
 
 def test_an_llm_config_words_an_unknown_key_as_every_config() -> None:
-    from surge.llm.config import LoraConfig
-
     with pytest.raises(FieldError, match=r"^lora_config: unknown key 'zzz'\. Known keys: "):
         LoraConfig.from_dict({"zzz": 1}, "lora_config")
     with pytest.raises(FieldError, match=r"^lora_config\.max_num_adapters_per_replica must be "
                                          r"an integer >= 1, got 0\.$"):
         LoraConfig(max_num_adapters_per_replica=0)
+
+
+@pytest.mark.parametrize(("parse", "message"), [
+    (lambda: parse_schedule(
+        {"diurnal": {"min_rps": 1, "max_rps": 2, "period": 60}}, "s.traffic.schedule"),
+     "s.traffic.schedule.diurnal: unknown key 'period'. Did you mean 'period_s'?"),
+    (lambda: parse_schedule(
+        {"diurnal": {"min_rps": -1, "max_rps": 2}}, "s.traffic.schedule"),
+     "s.traffic.schedule.diurnal.min_rps must be a number >= 0, got -1."),
+    (lambda: parse_multiplexing(
+        {"models": 2, "load_time_s": 1, "advertise_interval_s": 0}, "s.multiplex"),
+     "s.multiplex.advertise_interval_s must be a number > 0, got 0."),
+    (lambda: parse_distribution(
+        -2, "s.service.service_time_ms"),
+     "s.service.service_time_ms must be a number >= 0, got -2."),
+])
+def test_simulate_scenarios_word_errors_as_every_config(parse: Callable[[], object],
+                                                        message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse()
+    assert message in str(caught.value)

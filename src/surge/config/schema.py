@@ -33,7 +33,7 @@ from surge.errors import ConfigError
 
 __all__ = ["FieldError", "KeyPath", "at_line", "check_keys", "choice", "closest", "decode",
            "dotted",
-           "from_mapping", "key_lines", "line_of", "load_yaml", "number", "require",
+           "from_mapping", "key_lines", "line_of", "load_yaml", "number", "number_in", "require",
            "suggestion", "unknown_key", "unreadable"]
 
 T = TypeVar("T")
@@ -160,6 +160,15 @@ def number(name: str, value: Any, *, ge: float | None = None, gt: float | None =
         raise FieldError(f"{name} must be {kind}{_bounds(ge, gt, le, lt)}{null}, "
                          f"got {value!r}.", tuple(name.split(".")) if path is None else path)
     return value
+
+
+def number_in(section: Mapping[str, Any], key: str, where: str, default: Any = None, *,
+              ge: float | None = None, gt: float | None = None, le: float | None = None,
+              lt: float | None = None, integer: bool = False,
+              allow_none: bool = False) -> Any:
+    """`number` for `section[key]` (`default` when absent), named `where.key`."""
+    return number(f"{where}.{key}", section.get(key, default), ge=ge, gt=gt, le=le, lt=lt,
+                  integer=integer, allow_none=allow_none, path=(key,))
 
 
 def choice(name: str, value: Any, options: Collection[Any], *,

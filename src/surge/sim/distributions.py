@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
+from surge.config.schema import number, number_in
+
 __all__ = ["Distribution", "parse_distribution"]
 
 _NORMAL = NormalDist()
@@ -106,19 +108,11 @@ class Distribution:
         return Distribution(self.kind, self.a * factor, self.b * factor)
 
 
-def _number(spec: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float:
-    value = spec.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{where}.{key} must be a number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{where}.{key} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
 def _lognormal(spec: Mapping[str, Any], where: str) -> Distribution:
     keys = set(spec) - {"distribution"}
     if keys == {"mean", "p99"}:
-        mean, p99 = _number(spec, "mean", where), _number(spec, "p99", where)
+        mean = float(number_in(spec, "mean", where, gt=0))
+        p99 = float(number_in(spec, "p99", where, gt=0))
         # ln(p99 / mean) = z*sigma - sigma^2/2: the smaller root is the usual shape.
         gap = math.log(p99 / mean)
         if p99 <= mean or _Z99 * _Z99 - 2 * gap < 0:
@@ -128,7 +122,8 @@ def _lognormal(spec: Mapping[str, Any], where: str) -> Distribution:
         sigma = _Z99 - math.sqrt(_Z99 * _Z99 - 2 * gap)
         return Distribution("lognormal", math.log(mean) - sigma * sigma / 2, sigma)
     if keys == {"median", "sigma"}:
-        median, sigma = _number(spec, "median", where), _number(spec, "sigma", where)
+        median = float(number_in(spec, "median", where, gt=0))
+        sigma = float(number_in(spec, "sigma", where, gt=0))
         return Distribution("lognormal", math.log(median), sigma)
     raise ValueError(f"{where}: a lognormal takes {{mean, p99}} or {{median, sigma}}, got "
                      f"{sorted(keys)}")
@@ -137,22 +132,21 @@ def _lognormal(spec: Mapping[str, Any], where: str) -> Distribution:
 def parse_distribution(spec: Any, where: str) -> Distribution:
     """A number (constant) or {distribution: kind, ...}; errors name `where`."""
     if isinstance(spec, int | float) and not isinstance(spec, bool):
-        return Distribution("constant", _number({"value": spec}, "value", where,
-                                                positive=False))
+        return Distribution("constant", float(number(where, spec, ge=0, path=())))
     if not isinstance(spec, Mapping) or "distribution" not in spec:
         raise ValueError(f"{where} must be a number or a mapping like {{distribution: "
                          f"lognormal, mean: 5, p99: 15}}, got {spec!r}")
     kind = spec["distribution"]
     keys = set(spec) - {"distribution"}
     if kind == "constant" and keys == {"value"}:
-        return Distribution("constant", _number(spec, "value", where, positive=False))
+        return Distribution("constant", float(number_in(spec, "value", where, ge=0)))
     if kind == "lognormal":
         return _lognormal(spec, where)
     if kind == "exponential" and keys == {"mean"}:
-        return Distribution("exponential", _number(spec, "mean", where))
+        return Distribution("exponential", float(number_in(spec, "mean", where, gt=0)))
     if kind == "uniform" and keys == {"low", "high"}:
-        low = _number(spec, "low", where, positive=False)
-        high = _number(spec, "high", where, positive=False)
+        low = float(number_in(spec, "low", where, ge=0))
+        high = float(number_in(spec, "high", where, ge=0))
         if high < low:
             raise ValueError(f"{where}: uniform high ({high:g}) is below low ({low:g})")
         return Distribution("uniform", low, high)

@@ -17,14 +17,14 @@ router policy/model_routing.py (`surge`) or Ray's MultiplexMixin (`ray`): sim/mu
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from surge.config.schema import check_keys, choice, number_in
 from surge.sim.distributions import Distribution, parse_distribution
 
 __all__ = ["KEYS", "LOADS", "ROUTINGS", "Multiplexing", "Popularity", "parse_multiplexing"]
@@ -92,33 +92,6 @@ class Multiplexing:
         return max(self.max_num_models_per_replica, 0)
 
 
-def _int(section: Mapping[str, Any], key: str, where: str, default: Any, minimum: int) -> int:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}.{key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _seconds(section: Mapping[str, Any], key: str, where: str, default: Any,
-             allow_null: bool = False) -> float | None:
-    value = section.get(key, default)
-    if value is None and allow_null:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or value < 0:
-        null = " (or null)" if allow_null else ""
-        raise ValueError(f"{where}.{key} must be a number of seconds >= 0{null}, "
-                         f"got {value!r}")
-    return float(value)
-
-
-def _choice(section: Mapping[str, Any], key: str, where: str, options: Sequence[str]) -> str:
-    value = section.get(key, options[0])
-    if value not in options:
-        raise ValueError(f"{where}.{key} must be one of {', '.join(options)}, got {value!r}")
-    return str(value)
-
-
 def parse_popularity(spec: Any, models: int, where: str) -> Popularity:
     """{distribution: zipf, s: 1.1}, `uniform` (or {distribution: uniform}), or weights."""
     if isinstance(spec, list):
@@ -146,12 +119,8 @@ def parse_popularity(spec: Any, models: int, where: str) -> Popularity:
 
 def parse_multiplexing(section: Mapping[str, Any], where: str) -> Multiplexing:
     """The validated section; ValueError names `where` and the field."""
-    for key in section:
-        if key not in KEYS:
-            close = difflib.get_close_matches(str(key), KEYS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else f" Known: {', '.join(KEYS)}."
-            raise ValueError(f"{where}: unknown key {key!r}.{hint}")
-    models = _int(section, "models", where, None, 1)
+    check_keys(section, KEYS, where)
+    models: int = number_in(section, "models", where, ge=1, integer=True)
     if "load_time_s" not in section:
         raise ValueError(f"{where}.load_time_s is missing: how long one model load takes "
                          "(a number of seconds or a distribution)")
@@ -161,23 +130,22 @@ def parse_multiplexing(section: Mapping[str, Any], where: str) -> Multiplexing:
             per_replica != -1 and per_replica <= 0):
         raise ValueError(f"{where}.max_num_models_per_replica must be a positive integer or "
                          f"-1 (unlimited), got {per_replica!r}")
-    routing = _choice(section, "routing", where, ROUTINGS)
-    timeout = _seconds(section, "matching_timeout_s", where, DEFAULT_MATCHING_TIMEOUT_S,
-                       allow_null=True)
+    routing = choice(f"{where}.routing", section.get("routing", ROUTINGS[0]), ROUTINGS)
+    timeout = number_in(section, "matching_timeout_s", where, DEFAULT_MATCHING_TIMEOUT_S,
+                        ge=0, allow_none=True)
     if timeout is None and routing == "ray":
         raise ValueError(f"{where}.matching_timeout_s: Ray's routing always has one "
                          "(null is for surge routing: never fall back)")
-    interval = _seconds(section, "advertise_interval_s", where, DEFAULT_ADVERTISE_INTERVAL_S)
-    if not interval:
-        raise ValueError(f"{where}.advertise_interval_s must be > 0, got {interval!r}")
+    interval = float(number_in(section, "advertise_interval_s", where,
+                               DEFAULT_ADVERTISE_INTERVAL_S, gt=0))
     return Multiplexing(
         models=models,
         popularity=parse_popularity(section.get("popularity", "uniform"), models,
                                     f"{where}.popularity"),
         load_time_s=load, max_num_models_per_replica=per_replica,
         routing=routing,
-        loads=_choice(section, "loads", where, LOADS),
-        max_replicas_per_model=_int(section, "max_replicas_per_model", where,
-                                    DEFAULT_MAX_REPLICAS_PER_MODEL, 0),
-        matching_timeout_s=timeout,
+        loads=choice(f"{where}.loads", section.get("loads", LOADS[0]), LOADS),
+        max_replicas_per_model=number_in(section, "max_replicas_per_model", where,
+                                         DEFAULT_MAX_REPLICAS_PER_MODEL, ge=0, integer=True),
+        matching_timeout_s=None if timeout is None else float(timeout),
         advertise_interval_s=interval)

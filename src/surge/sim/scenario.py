@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import yaml
 
 from surge.config import AutoscalingConfig, DeploymentConfig, build_deployment_config
+from surge.config.schema import FieldError, check_keys, closest, number_in
 from surge.errors import ConfigError
 from surge.loadtest.schedule import ARRIVALS, Schedule
 from surge.model import DeploymentId
@@ -196,6 +195,8 @@ class Scenario:
             return _build(data, source, base)
         except ScenarioError:
             raise
+        except FieldError as exc:  # its message names the file already
+            raise ScenarioError(str(exc)) from None
         except (ConfigError, ValueError, TypeError) as exc:
             raise ScenarioError(f"{source}: {exc}") from None
 
@@ -208,14 +209,6 @@ class Scenario:
 # -- validation -----------------------------------------------------------------------------
 
 
-def _unknown(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else f" Known: {', '.join(known)}."
-            raise ScenarioError(f"{where}: unknown key {key!r}.{hint}")
-
-
 def _section(data: Mapping[str, Any], key: str, known: Sequence[str], where: str,
              required: bool = True) -> Mapping[str, Any]:
     section = data.get(key)
@@ -224,21 +217,8 @@ def _section(data: Mapping[str, Any], key: str, known: Sequence[str], where: str
     if not isinstance(section, Mapping):
         raise ScenarioError(f"{where}.{key} must be a mapping"
                             f"{'' if section is not None else ' (it is missing)'}")
-    _unknown(section, known, f"{where}.{key}")
+    check_keys(section, known, f"{where}.{key}")
     return section
-
-
-def _number(section: Mapping[str, Any], key: str, where: str, default: Any = None, *,
-            integer: bool = False, minimum: float = 0.0, strict: bool = False) -> Any:
-    value = section.get(key, default)
-    ok = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
-    if ok and not integer:
-        ok = math.isfinite(value)
-    if not ok or value < minimum or (strict and value == minimum):
-        kind = "an integer" if integer else "a number"
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ScenarioError(f"{where}.{key} must be {kind} {bound}, got {value!r}")
-    return value
 
 
 def _start_time(value: Any, where: str) -> int:
@@ -276,13 +256,13 @@ def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
                                 "to serve (a number of seconds or a distribution), or "
                                 "process_start_s and weight_load_s")
     return Cluster(
-        nodes=_number(section, "nodes", w, integer=True, minimum=1),
-        replicas_per_node=_number(section, "replicas_per_node", w, integer=True, minimum=1),
-        proxies_per_node=_number(section, "proxies_per_node", w, 1, integer=True, minimum=1),
+        nodes=number_in(section, "nodes", w, ge=1, integer=True),
+        replicas_per_node=number_in(section, "replicas_per_node", w, ge=1, integer=True),
+        proxies_per_node=number_in(section, "proxies_per_node", w, 1, ge=1, integer=True),
         startup_s=startup,
-        standby_activation_s=float(_number(section, "standby_activation_s", w,
-                                           DEFAULT_STANDBY_ACTIVATION_S)),
-        drain_s=float(_number(section, "drain_s", w, DEFAULT_DRAIN_S)),
+        standby_activation_s=float(number_in(section, "standby_activation_s", w,
+                                           DEFAULT_STANDBY_ACTIVATION_S, ge=0)),
+        drain_s=float(number_in(section, "drain_s", w, DEFAULT_DRAIN_S, ge=0)),
         weights=weights)
 
 
@@ -320,11 +300,11 @@ def _service(data: Mapping[str, Any], where: str) -> Service:
         b = _section(section, "batching", _BATCHING, w)
         bw = f"{w}.batching"
         batching = Batching(
-            max_batch_size=_number(b, "max_batch_size", bw, integer=True, minimum=1),
-            batch_wait_timeout_s=float(_number(b, "batch_wait_timeout_s", bw, 0.0)),
-            per_item_s=float(_number(b, "per_item_ms", bw, 0.0)) / 1000)
+            max_batch_size=number_in(b, "max_batch_size", bw, ge=1, integer=True),
+            batch_wait_timeout_s=float(number_in(b, "batch_wait_timeout_s", bw, 0.0, ge=0)),
+            per_item_s=float(number_in(b, "per_item_ms", bw, 0.0, ge=0)) / 1000)
     return Service(time_s=time_ms.scaled(0.001),
-                   overhead_s=float(_number(section, "overhead_ms", w, 0.0)) / 1000,
+                   overhead_s=float(number_in(section, "overhead_ms", w, 0.0, ge=0)) / 1000,
                    batching=batching)
 
 
@@ -343,7 +323,7 @@ def _traffic(data: Mapping[str, Any], where: str, base: Path | None) -> Traffic:
         raise ScenarioError(f"{w}.arrivals must be one of {', '.join(ARRIVALS)}, got "
                             f"{arrivals!r}")
     return Traffic(schedule, arrivals,
-                   float(_number(section, "timeout_s", w, DEFAULT_TIMEOUT_S, strict=True)))
+                   float(number_in(section, "timeout_s", w, DEFAULT_TIMEOUT_S, gt=0)))
 
 
 def _deployment(data: Mapping[str, Any], where: str) -> DeploymentConfig:
@@ -397,7 +377,7 @@ def _control(data: Mapping[str, Any], where: str, base: Path | None = None) -> C
     explicit = [k for k in ("decision_s", "fanout_s") if section.get(k) is not None]
     decision = section.get("decision_s", measured.get("decision_s"))
     if decision is not None:
-        decision = float(_number({"decision_s": decision}, "decision_s", w))
+        decision = float(number_in({"decision_s": decision}, "decision_s", w, ge=0))
     source = measured.get("source", ASSUMED_CONTROL)
     if explicit:
         source = f"given in the scenario ({', '.join(explicit)})" + (
@@ -407,14 +387,14 @@ def _control(data: Mapping[str, Any], where: str, base: Path | None = None) -> C
         raise ScenarioError(f"{w}.urgent_decisions must be true or false, got {urgent!r}")
     offset = section.get("clock_offset_s")
     return Control(
-        report_interval_s=float(_number(section, "report_interval_s", w,
-                                        DEFAULT_REPORT_INTERVAL_S)),
+        report_interval_s=float(number_in(section, "report_interval_s", w,
+                                        DEFAULT_REPORT_INTERVAL_S, ge=0)),
         urgent_decisions=urgent,
         clock_offset_s=None if offset is None else float(
-            _number(section, "clock_offset_s", w)),
+            number_in(section, "clock_offset_s", w, ge=0)),
         decision_s=decision,
-        fanout_s=float(_number({"fanout_s": section.get("fanout_s", measured.get(
-            "fanout_s", 0.0))}, "fanout_s", w)),
+        fanout_s=float(number_in({"fanout_s": section.get("fanout_s", measured.get(
+            "fanout_s", 0.0))}, "fanout_s", w, ge=0)),
         source=source)
 
 
@@ -448,19 +428,19 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{source}: a scenario is a mapping (cluster, service, traffic, "
                             "deployment, ...)")
-    _unknown(data, _TOP, source)
+    check_keys(data, _TOP, source)
     where = source
     variants = _variants(data, where)
     service = _service(data, where)
     scenario = Scenario(
         name=str(data.get("name") or Path(source).stem),
-        seed=_number(data, "seed", where, 0, integer=True),
+        seed=number_in(data, "seed", where, 0, ge=0, integer=True),
         start_time_s=_start_time(data.get("start_time"), where),
         cluster=_cluster(data, where), service=service,
         traffic=_traffic(data, where, base), deployment=_deployment(data, where),
-        slo_ms=float(_number(data, "slo_ms", where, 200.0, strict=True)),
-        fine_step_s=float(_number(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
-                                  strict=True)) / 1000,
+        slo_ms=float(number_in(data, "slo_ms", where, 200.0, gt=0)),
+        fine_step_s=float(number_in(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
+                                    gt=0)) / 1000,
         control=_control(data, where, base), multiplex=_multiplex(data, service, where),
         variants=variants,
         description=str(data.get("description") or ""),
@@ -483,8 +463,8 @@ def resolve_key(key: str) -> str:
         return ALIASES[key]
     if key in _TOP:
         return key
-    close = difflib.get_close_matches(key, [*ALIASES, *_TOP], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    close = closest(key, [*ALIASES, *_TOP])
+    hint = f" Did you mean {close!r}?" if close else ""
     raise ScenarioError(f"unknown scenario key {key!r}: give a dotted path like "
                         f"deployment.autoscaling_config.min_replicas or an alias.{hint}")
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from surge.config.schema import check_keys, number_in
 from surge.loadtest.schedule import Schedule, Segment
 
 __all__ = ["TrafficShape", "oracle_replica_seconds", "parse_schedule"]
@@ -29,29 +30,16 @@ __all__ = ["TrafficShape", "oracle_replica_seconds", "parse_schedule"]
 _DIURNAL_KEYS = {"min_rps", "max_rps", "period_s", "duration_s", "trough_s", "step_s"}
 
 
-def _positive(spec: Mapping[str, Any], key: str, where: str, default: float | None = None,
-              zero_ok: bool = False) -> float:
-    value = spec.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{where}.{key} must be a number {'>= 0' if zero_ok else '> 0'}, "
-                         f"got {value!r}")
-    return float(value)
-
-
 def _diurnal(spec: Any, where: str) -> Schedule:
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a mapping with {sorted(_DIURNAL_KEYS)}")
-    unknown = set(spec) - _DIURNAL_KEYS
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: "
-                         f"{sorted(_DIURNAL_KEYS)}")
-    low = _positive(spec, "min_rps", where, zero_ok=True)
-    high = _positive(spec, "max_rps", where, zero_ok=True)
-    period = _positive(spec, "period_s", where, 86400.0)
-    duration = _positive(spec, "duration_s", where, period)
-    trough = _positive(spec, "trough_s", where, 0.0, zero_ok=True)
-    step = _positive(spec, "step_s", where, period / 96)
+    check_keys(spec, sorted(_DIURNAL_KEYS), where)
+    low = float(number_in(spec, "min_rps", where, ge=0))
+    high = float(number_in(spec, "max_rps", where, ge=0))
+    period = float(number_in(spec, "period_s", where, 86400.0, gt=0))
+    duration = float(number_in(spec, "duration_s", where, period, gt=0))
+    trough = float(number_in(spec, "trough_s", where, 0.0, ge=0))
+    step = float(number_in(spec, "step_s", where, period / 96, gt=0))
 
     def rate(t: float) -> float:
         return low + (high - low) * (1 - math.cos(2 * math.pi * (t - trough) / period)) / 2
