@@ -56,7 +56,8 @@ def test_parsed_window_fields() -> None:
     ([{"start": "10:00", "end": "11:00"}], "sets no floor"),
     ([{"start": "10:00", "end": "11:00", "min_replicas": -1}], "integer >= 0"),
     ([{"start": "10:00", "end": "11:00", "min_replicas": True}], "integer >= 0"),
-    ([{"start": "10:00", "end": "11:00", "floor": 3}], "unknown keys \\['floor'\\]"),
+    ([{"start": "10:00", "end": "11:00", "floor": 3}],
+     "schedule\\[0\\]: unknown key 'floor'. Known keys: start, end, min_replicas"),
     (["10:00-11:00"], "must be a mapping"),
 ])
 def test_bad_windows_are_rejected_with_the_field(windows: list[object], message: str) -> None:

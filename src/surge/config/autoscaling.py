@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from surge.config.defaults import AUTO_MAX_REPLICAS
-from surge.config.schema import number, require
+from surge.config.schema import check_keys, number, number_in, require
 from surge.errors import ConfigError
 
 
@@ -39,15 +39,9 @@ def parse_schedule(windows: Sequence[Mapping[str, Any]]) -> tuple[ScheduleWindow
         where = f"schedule[{index}]"
         if not isinstance(window, Mapping):
             raise ConfigError(f"{where} must be a mapping with start, end and floors")
-        unknown = set(window) - {"start", "end", "min_replicas", "standby_replicas"}
-        if unknown:
-            raise ConfigError(f"{where} has unknown keys {sorted(unknown)}; use start, end, "
-                             "min_replicas, standby_replicas")
-        floors = {k: window.get(k) for k in ("min_replicas", "standby_replicas")}
-        for key, value in floors.items():
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 0):
-                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}")
+        check_keys(window, ("start", "end", "min_replicas", "standby_replicas"), where)
+        floors = {k: number_in(window, k, where, ge=0, integer=True, allow_none=True)
+                  for k in ("min_replicas", "standby_replicas")}
         if floors["min_replicas"] is None and floors["standby_replicas"] is None:
             raise ConfigError(f"{where} sets no floor; give min_replicas or standby_replicas")
         start = _clock(window.get("start"), f"{where}.start")

@@ -70,9 +70,7 @@ class HTTPOptions:
     ssl_cert_reqs: str | int | None = None  # "none" | "optional" | "required" (or 0/1/2)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.port, int) and not isinstance(self.port, bool)
-                and 0 <= self.port <= 65535,
-                f"port must be an integer in 0..65535, got {self.port!r}.")
+        number("port", self.port, ge=0, le=65535, integer=True)
         number("request_timeout_s", self.request_timeout_s, ge=0, allow_none=True)
         number("keep_alive_timeout_s", self.keep_alive_timeout_s, ge=0)
         number("max_body_bytes", self.max_body_bytes, ge=0)
@@ -133,9 +131,7 @@ class gRPCOptions:
     enable_health_service: bool = False
 
     def __post_init__(self) -> None:
-        require(isinstance(self.port, int) and not isinstance(self.port, bool)
-                and 0 <= self.port <= 65535,
-                f"grpc port must be an integer in 0..65535, got {self.port!r}.")
+        number("grpc port", self.port, ge=0, le=65535, integer=True, path=("port",))
         functions = self.grpc_servicer_functions
         require(not isinstance(functions, str) and all(isinstance(f, str) for f in functions),
                 "grpc_servicer_functions must be a list of import paths like "

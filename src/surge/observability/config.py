@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.config import from_mapping
+from surge.config.schema import number
 from surge.errors import ConfigError
 
 __all__ = [
@@ -84,15 +85,10 @@ class LoggingConfig:
             raise ConfigError("additional_log_standard_attrs must be a list of LogRecord "
                               "attribute names, e.g. [name, lineno].")
         object.__setattr__(self, "additional_log_standard_attrs", tuple(attrs))
-        rate = self.access_log_sample_rate
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ConfigError(f"access_log_sample_rate must be a number in [0, 1], got "
-                              f"{rate!r}.")
+        number("access_log_sample_rate", self.access_log_sample_rate, ge=0, le=1)
         for name, minimum in (("access_log_max_per_s", 0), ("max_bytes", 1024),
                               ("backup_count", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+            number(name, getattr(self, name), ge=minimum, integer=True)
 
     @property
     def level(self) -> str:
@@ -126,10 +122,7 @@ class DashboardOptions:
     required: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or \
-                not 0 <= self.port <= 65535:
-            raise ConfigError(f"dashboard port must be an integer in 0..65535, got "
-                              f"{self.port!r}.")
+        number("dashboard port", self.port, ge=0, le=65535, integer=True, path=("port",))
 
     @classmethod
     def parse(cls, text: str) -> DashboardOptions:
