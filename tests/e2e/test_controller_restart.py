@@ -23,6 +23,7 @@ from surge.api.instance import current
 from surge.control_auth import find_token, token_path
 from surge.errors import ControlAuthError
 from surge.serve.config import AuthConfig
+from surge.serve.handle import DeploymentHandle
 from surge.transport.framing import FrameDecoder, FrameEncoder
 from surge.transport.messages import Reply, Rpc
 from surge.transport.rpc import connect_rpc
@@ -40,6 +41,10 @@ class Echo:
 
     def double(self, value: int) -> int:
         return value * 2
+
+    def rank(self) -> tuple[str, int]:
+        context = serve.get_replica_context()
+        return context.replica_id.unique_id, context.rank.rank
 
 
 @pytest.fixture
@@ -162,6 +167,39 @@ def test_replica_killed_while_controller_is_down_is_replaced(instance: Running) 
                interval_s=0.2, what=f"two RUNNING replicas, {victim_id} (killed) not among them")
     with httpx.Client(timeout=10) as client:
         assert client.get(f"{instance.url}/echo").status_code == 200
+
+
+def ranks(handle: DeploymentHandle) -> dict[str, int]:
+    """Each replica's ReplicaContext.rank, by replica id, asked until both answered."""
+    seen: dict[str, int] = {}
+
+    def both() -> bool:
+        replica_id, rank = handle.rank.remote().result(timeout_s=10)
+        seen[replica_id] = rank
+        return len(seen) == 2 and set(seen) == set(replica_pids())
+
+    eventually(both, 30, interval_s=0.05, what="both replicas to say their rank")
+    return seen
+
+
+def test_ranks_survive_a_controller_restart(instance: Running) -> None:
+    """The replica re-attached keeps its rank, and the one started for the replica that
+    died takes the free rank, not the survivor's."""
+    handle = serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+    before = ranks(handle)
+    assert sorted(before.values()) == [0, 1]
+    victim_id = next(r for r, rank in before.items() if rank == 1)
+    survivor_id = next(r for r in before if r != victim_id)
+    victim = replica_pids()[victim_id]
+    instance_ = current()
+    assert instance_ is not None and instance_.process is not None
+    os.kill(instance_.process.pid, signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)
+    eventually(lambda: len(pids := replica_pids()) == 2 and victim_id not in pids, 30,
+               interval_s=0.2, what=f"a new replica for {victim_id}")
+    after = ranks(handle)
+    assert after[survivor_id] == 0
+    assert sorted(after.values()) == [0, 1]
 
 
 def test_control_api_refuses_a_wrong_or_missing_token(instance: Running) -> None:

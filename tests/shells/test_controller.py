@@ -708,6 +708,26 @@ def test_a_readopted_replica_keeps_what_it_said_of_its_health_check(tmp_path: Pa
     run(main)
 
 
+def test_a_readopted_replica_keeps_its_rank_and_a_new_one_does_not_take_it(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        _, pids = await first_controller(tmp_path)
+        h = await restarted(tmp_path)
+        await h.api.rpc_hello(FakePeer("proxy", proxy_id="proxy-0"), role="proxy",
+                              pid=pids["proxy-0"], proxy_id="proxy-0", address="127.0.0.1:8000")
+        await rejoin(h, "Model-1", pids["Model-1"], rank=0)  # Model-2 (rank 1) is gone
+        assert h.state.replicas["Model-1"].rank == 0
+        while h.controller.recovery.active:
+            await h.tick(0.125)
+        await h.tick()  # a new replica for the missing one
+        assert h.backend.started() == ["Model-100"]
+        spec = await h.api.rpc_replica_spec(FakePeer("replica", replica_id="Model-100"),
+                                            "Model-100")
+        assert (spec.rank, spec.world_size) == (1, 2)
+
+    run(main)
+
+
 def test_a_member_that_never_comes_back_is_killed_and_replaced_at_the_deadline(
         tmp_path: Path) -> None:
     async def main() -> None:

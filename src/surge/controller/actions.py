@@ -121,6 +121,7 @@ class AdoptReplica:
     peer: Peer  # its control connection
     gpus: tuple[str, ...] = ()
     own_health_check: bool = True  # its class defines check_health (ReplicaRecord)
+    rank: int = -1  # the ReplicaContext.rank it was given (-1: it did not say)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,7 @@ class Executor:
             info.replica_id, info.deployment, action.version, now, state=ReplicaState.RUNNING,
             pid=info.pid, info=info, peer=action.peer,
             next_health_check=now + record.config.health_check_period_s,
-            own_health_check=action.own_health_check))
+            own_health_check=action.own_health_check, rank=action.rank))
         self.backend.adopt(info.replica_id, info.pid, list(action.gpus),
                            record.config.resources.num_gpus)
         log.info("re-attached replica %s of %s (pid %d)", info.replica_id, info.deployment,

@@ -116,8 +116,10 @@ class Recovery:
         where = ReplicaInfo(replica_id, did, info["address"], pid,
                             info.get("node_id", LOCAL_NODE), info.get("local_address", ""))
         gpus = tuple(g for g in str(info.get("gpus", "")).split(",") if g)
+        # Its rank stays its own: a replica started later must not be given it too.
         return [AdoptReplica(where, int(info["version"]), peer, gpus,
-                             bool(info.get("own_health_check", True)))]
+                             bool(info.get("own_health_check", True)),
+                             int(info.get("rank", -1)))]
 
     # -- the end -----------------------------------------------------------------------
 

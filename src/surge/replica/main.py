@@ -189,7 +189,7 @@ class Replica:
         self.runtime.hello.update(
             app=self.spec.deployment.app, deployment=self.spec.deployment.name,
             version=self.spec.version, gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            own_health_check=own_check, **where)
+            own_health_check=own_check, rank=self.spec.rank, **where)
         await self.stop.wait()
         self.hooks.stop()
         if not self.server.draining:
