@@ -125,7 +125,7 @@ def test_the_worker_that_ran_a_call_answers_it() -> None:
             assert r.server.answered_by_workers == 5
             assert (r.server.ongoing, r.server.served) == (0, 5)
             assert threading.get_ident() not in r.model.threads  # never on the loop
-            assert r.server.connections and not next(iter(r.server.connections)).tasks
+            assert r.server.connections and not next(iter(r.server.connections)).requests
 
     run(main())
 
@@ -287,3 +287,27 @@ def test_a_baton_goes_to_whoever_takes_it_first() -> None:
     assert worker_first.claim() and not worker_first.take()
     assert loop_first.take() and not loop_first.claim()
     assert repr(worker_first) == "<Baton worker>" and repr(Baton()) == "<Baton running>"
+
+
+def test_a_request_is_kept_while_it_runs_and_each_way_it_ends_leaves_nothing() -> None:
+    async def main() -> None:
+        async with replica() as r:
+            [connection] = r.server.connections
+            r.model.gate.clear()
+            held = r.send("gated", "x")
+            await eventually_async(lambda: r.model.entered.is_set(), WAIT_S,
+                                   what="the call running on its worker")
+            request = connection.requests[held]  # one object holds what the call has
+            assert request.baton is not None and request.task is None
+            assert request.children is not None and request.route == "gated"
+            r.connection.send(Cancel(id=held))  # cancelled on its worker
+            await r.answers(1)
+            assert held not in connection.requests and request.children is None
+            r.model.gate.set()
+            assert await r.call("echo", 1) == 1  # answered by its worker
+            assert await r.call("later", 2) == 2  # handed back to a task
+            assert await r.call("aecho", 3) == 3  # a task from the start
+            assert isinstance(await r.call("fail"), Boom)  # raised on its worker
+            assert connection.requests == {}
+
+    run(main())

@@ -9,7 +9,9 @@ Cancel ends it through its `Baton`. Either way a Cancel then cancels the handle 
 the request made that have not finished, and so on down the call tree
 (router/children.py: the request's context carries them). A request's own stream (a
 streamed upload's parts, a WebSocket's messages) reaches its task through an `Inbox`
-(replica/streams.py); WebSockets are served by replica/websocket.py. A multiplexed
+(replica/streams.py); WebSockets are served by replica/websocket.py. Everything a
+connection keeps of one request (its task or baton, calls, stream, window) is one
+`Request` (replica/request.py), from admission until it is answered. A multiplexed
 replica sends its routers a `Models` frame whenever the models it holds or loads change
 (at most one per loop turn), and to each new router at once; one whose class reports
 routing stats sends a `RoutingStats` frame every period the same way
@@ -38,6 +40,7 @@ from surge.replica import multiplex
 from surge.replica.context import RequestContext, request_context_var
 from surge.replica.grpc import GrpcMethods, pull_sender, serve_call
 from surge.replica.grpc_context import RayServegRPCContext, gRPCInputStream
+from surge.replica.request import Request
 from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.sync_calls import Baton, Ran, SyncCalls
 from surge.replica.user_code import UserCode, asgi_scope
@@ -252,18 +255,9 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         # Set until the router has proved it knows the instance's token.
         self.handshake = ServerHandshake(token, secrets.token_bytes(NONCE_BYTES)) \
             if token else None
-        self.tasks: dict[int, asyncio.Task[bool]] = {}
-        # Calls on the pool: their baton, method and start; guarded by `lock`.
-        self.sync: dict[int, tuple[Baton, str, float]] = {}
-        self.disconnects: dict[int, asyncio.Event] = {}
-        # Streams' flow control (transport/flow.py): what each may still send, and the
-        # generator waiting for credit, if any.
-        self.windows: dict[int, SendWindow] = {}
-        self.waiting: dict[int, asyncio.Future[None]] = {}
-        self.inputs: dict[int, Any] = {}  # gRPC client streams (gRPCInputStream) by id
-        self.inboxes: dict[int, Inbox] = {}  # requests' own streams (streams.py)
-        # The handle calls each request made, cancelled with it (router/children.py).
-        self.children: dict[int, ChildCalls] = {}
+        # The requests admitted and not yet answered, by id (replica/request.py); a
+        # worker answering a sync call removes its own with `lock` held.
+        self.requests: dict[int, Request] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -279,69 +273,63 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             return
         if isinstance(message, HttpRequest | Call | GrpcRequest):
             self._request(message)
-        elif isinstance(message, Credit):
-            window = self.windows.get(message.id)
-            if window is not None:
-                window.credit(message.amount)
-                if window.open:
-                    waiter = self.waiting.pop(message.id, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(None)
-        elif isinstance(message, GrpcMessage):
-            stream = self.inputs.get(message.id)
-            if stream is not None:
-                stream.feed(message.body, message.more)
-        elif isinstance(message, HttpBody | WsData | WsClose):
-            inbox = self.inboxes.get(message.id)
-            if inbox is not None:
-                inbox.put(message)
-        elif isinstance(message, Cancel):
-            inbox = self.inboxes.get(message.id)
-            if inbox is not None:
-                inbox.close()
-            event = self.disconnects.get(message.id)
-            if event is not None:
-                event.set()
-            running = self.tasks.get(message.id)
-            if running is not None:
-                running.cancel()
-            self._cancel_sync(message.id)
-            # After its task: the handler sees CancelledError, not its calls' errors.
-            children = self.children.pop(message.id, None)
-            if children is not None:
-                children.cancel()
+        elif isinstance(message, Credit | GrpcMessage | HttpBody | WsData | WsClose | Cancel):
+            request = self.requests.get(message.id)
+            if request is None:
+                return  # it ended already
+            if isinstance(message, Credit):
+                request.credit(message.amount)
+            elif isinstance(message, GrpcMessage):
+                if request.input is not None:
+                    request.input.feed(message.body, message.more)
+            elif isinstance(message, Cancel):
+                self._cancel(request)
+            elif request.inbox is not None:
+                request.inbox.put(message)
         else:  # a router sends nothing else: whatever sent this is not one of ours
             log.warning("%s: closing a connection that sent a %s frame", self.server.name,
                         type(message).__name__)
             self.close()
+
+    def _cancel(self, request: Request) -> None:
+        if request.inbox is not None:
+            request.inbox.close()
+        if request.disconnected is not None:
+            request.disconnected.set()
+        if request.task is not None:
+            request.task.cancel()
+        self._cancel_sync(request)
+        # After its task: the handler sees CancelledError, not its calls' errors.
+        children, request.children = request.children, None
+        if children is not None:
+            children.cancel()
 
     def _request(self, message: HttpRequest | Call | GrpcRequest) -> None:
         if not self.server.admit():
             self.send(Rejected(id=message.id, ongoing=self.server.ongoing))
             return
         started = self.server.clock.monotonic()
+        route = message.route_prefix if isinstance(message, HttpRequest) else message.method
+        request = self.requests[message.id] = Request(message.id, route, started)
         if isinstance(message, HttpRequest):
-            coro, route = (serve_websocket(self, message) if message.upgrade
-                           else self._http(message)), message.route_prefix
+            coro = (serve_websocket(self, request, message) if message.upgrade
+                    else self._http(request, message))
         elif isinstance(message, GrpcRequest):
-            coro, route = self._grpc(message), message.method
+            coro = self._grpc(request, message)
         else:
-            if self._start_sync(message, started):
+            if self._start_sync(request, message):
                 return
-            coro, route = self._call(message), message.method
-        self._run(message.id, coro, route, started)
+            coro = self._call(message)
+        self._run(request, coro)
 
-    def _run(self, request_id: int, coro: Coroutine[Any, Any, bool], route: str,
-             started: float) -> None:
+    def _run(self, request: Request, coro: Coroutine[Any, Any, bool]) -> None:
         """Run a request as a task whose context carries its `ChildCalls`."""
-        children = self.children.get(request_id)
-        if children is None:
-            children = self.children[request_id] = ChildCalls()
+        if request.children is None:
+            request.children = ChildCalls()
         context = contextvars.copy_context()
-        context.run(child_calls_var.set, children)
-        task = self._loop.create_task(coro, context=context)
-        self.tasks[request_id] = task
-        task.add_done_callback(functools.partial(self._finished, request_id, route, started))
+        context.run(child_calls_var.set, request.children)
+        task = request.task = self._loop.create_task(coro, context=context)
+        task.add_done_callback(functools.partial(self._finished, request))
 
     def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -361,34 +349,29 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
 
     async def _send_stream(self, message: HttpStart | HttpBody | Item, nbytes: int) -> None:
         """Send a non-final stream frame once the consumer's window allows it."""
-        request_id = message.id
-        window = self.windows.get(request_id)
+        request = self.requests[message.id]  # (its task is running: it is there)
+        window = request.window
         if window is None:
-            window = self.windows[request_id] = SendWindow()
+            window = request.window = SendWindow()
         while not window.open:  # the consumer is a window behind: wait for its credit
-            waiter = self.waiting[request_id] = self._loop.create_future()
+            waiter = request.waiter = self._loop.create_future()
             await waiter
         window.sent(nbytes)
         self.send(message)
 
-    def _finished(self, request_id: int, route: str, started: float,
-                  task: asyncio.Task[bool]) -> None:
-        self.tasks.pop(request_id, None)
-        self.children.pop(request_id, None)  # what it left running goes on
-        self.disconnects.pop(request_id, None)
-        self.windows.pop(request_id, None)
-        self.waiting.pop(request_id, None)
-        self.inputs.pop(request_id, None)
-        self.inboxes.pop(request_id, None)
+    def _finished(self, request: Request, task: asyncio.Task[bool]) -> None:
+        # what it left running goes on: its children are not cancelled
+        if self.requests.get(request.id) is request:
+            del self.requests[request.id]
         self.server.release()
         if task.cancelled():  # cancelled before it ran: its own handler never saw it
-            self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
+            self.send(Failure(id=request.id, kind="cancelled", message="request cancelled"))
         if self.server.metrics:
             ok = task.cancelled() or (task.exception() is None and task.result())
-            elapsed = self.server.clock.monotonic() - started
-            self.server.recorder.processed(route, elapsed * 1000.0, ok)
+            elapsed = self.server.clock.monotonic() - request.started
+            self.server.recorder.processed(request.route, elapsed * 1000.0, ok)
 
-    def _start_sync(self, message: Call, started: float) -> bool:
+    def _start_sync(self, request: Request, message: Call) -> bool:
         """A unary call to a plain method: on the pool, answered by its worker."""
         sync = self.server.sync_calls
         method = None if message.stream else sync.method(message.method)
@@ -401,20 +384,18 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         baton = Baton()
         children = ChildCalls()
         with self.lock:  # before its worker may answer and remove it
-            self.sync[message.id] = (baton, message.method, started)
-            self.children[message.id] = children
+            request.baton, request.children = baton, children
         try:
             sync.run(method, call, message, baton, children,
-                     functools.partial(self._answer_on_worker, message, started),
-                     functools.partial(self._hand_back, message, baton, started))
+                     functools.partial(self._answer_on_worker, request, message),
+                     functools.partial(self._hand_back, request, message, baton))
         except RuntimeError:  # the pool is shut down: the replica is stopping
             with self.lock:
-                self.sync.pop(message.id, None)
-                self.children.pop(message.id, None)
+                request.baton = request.children = None
             return False
         return True
 
-    def _answer_on_worker(self, message: Call, started: float, ran: Ran) -> None:
+    def _answer_on_worker(self, request: Request, message: Call, ran: Ran) -> None:
         """(On the worker that ran the call, holding its baton.) Free the slot, then
         send the answer from this thread, then leave its latency for the loop."""
         error = ran.error
@@ -429,32 +410,36 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             frame = _failure(message.id, error)
         assert frame is not None
         with self.lock:
-            self.sync.pop(message.id, None)
-            self.children.pop(message.id, None)
+            request.baton = request.children = None
+            if self.requests.get(request.id) is request:
+                del self.requests[request.id]
         self.server.release_from_worker(functools.partial(self.send, frame))
         if self.server.metrics:
-            self.server.record_from_worker(message.method, (ran.finished - started) * 1000.0,
-                                           "" if error is None else type(error).__name__)
+            self.server.record_from_worker(
+                message.method, (ran.finished - request.started) * 1000.0,
+                "" if error is None else type(error).__name__)
 
-    def _hand_back(self, message: Call, baton: Baton, started: float, ran: Ran) -> None:
+    def _hand_back(self, request: Request, message: Call, baton: Baton, ran: Ran) -> None:
         """(The loop.) The method returned an awaitable: a task awaits it."""
         with self.lock:
-            self.sync.pop(message.id, None)
+            request.baton = None
         if not baton.take():
             return  # cancelled meanwhile: answered and freed already
-        self._run(message.id, self._call(message, ran), message.method, started)
+        self._run(request, self._call(message, ran))
 
-    def _cancel_sync(self, request_id: int) -> None:
+    def _cancel_sync(self, request: Request) -> None:
         """A Cancel, or the connection gone: end the call now if its worker has not."""
         with self.lock:
-            entry = self.sync.pop(request_id, None)
-        if entry is None or not entry[0].take():
+            baton, request.baton = request.baton, None
+            if baton is not None and self.requests.get(request.id) is request:
+                del self.requests[request.id]
+        if baton is None or not baton.take():
             return
-        self.send(Failure(id=request_id, kind="cancelled", message="request cancelled"))
+        self.send(Failure(id=request.id, kind="cancelled", message="request cancelled"))
         self.server.release()  # the worker may still be running it: a task's slot was too
         if self.server.metrics:
-            elapsed = self.server.clock.monotonic() - entry[2]
-            self.server.recorder.processed(entry[1], elapsed * 1000.0, True)
+            elapsed = self.server.clock.monotonic() - request.started
+            self.server.recorder.processed(request.route, elapsed * 1000.0, True)
 
     async def _result(self, message: Call, ran: Ran | None) -> Any:
         if ran is None:
@@ -489,25 +474,26 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
             return False
         return True
 
-    async def _grpc(self, message: GrpcRequest) -> bool:
+    async def _grpc(self, request: Request, message: GrpcRequest) -> bool:
         """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
         context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
-        request = RequestContext(message.method, message.request_id, self.server.app,
-                                 message.model_id, client=message.client)
-        request.grpc_context = context
-        request_context_var.set(request)
+        request_context = RequestContext(message.method, message.request_id,
+                                         self.server.app, message.model_id,
+                                         client=message.client)
+        request_context.grpc_context = context
+        request_context_var.set(request_context)
         stream = None
         if message.streamed:
-            stream = self.inputs[rid] = gRPCInputStream(None, pull_sender(rid, self.send))
+            stream = request.input = gRPCInputStream(None, pull_sender(rid, self.send))
         ok = await serve_call(message, self.server.user, self.server.grpc, context, stream,
                               self.send, self._send_stream)
         if not ok and self.server.metrics:
             self.server.recorder.exception(message.method, "gRPCError")
         return ok
 
-    async def _http(self, message: HttpRequest) -> bool:
+    async def _http(self, request: Request, message: HttpRequest) -> bool:
         """Serve an HTTP request; False when the user's code raised."""
         rid = message.id
         request_id_var.set(message.request_id)
@@ -518,7 +504,7 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
         scope = asgi_scope(message.method, message.path, message.query, message.headers,
                            message.client, message.route_prefix, message.http_version,
                            message.root_path, message.raw_path, message.scheme)
-        disconnected = self.disconnects[rid] = asyncio.Event()
+        disconnected = request.disconnected = asyncio.Event()
         body_sent = False
 
         async def first_frame() -> MutableMapping[str, Any]:
@@ -531,7 +517,8 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
 
         receive: Receive = first_frame
         if message.more_body:  # the body streams in after this frame
-            receive = upload_receiver(self, self.inboxes, message, disconnected)
+            request.inbox = Inbox(self, rid)
+            receive = upload_receiver(request.inbox, message, disconnected)
 
         start: MutableMapping[str, Any] | None = None
         started = False
@@ -583,20 +570,27 @@ class _Connection(ThreadSafeProtocol):  # workers answer sync calls from their t
 
     def closed(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        for inbox in self.inboxes.values():
-            inbox.close()
-        self.waiting.clear()  # their tasks are cancelled below
-        for event in self.disconnects.values():
-            event.set()
-        for stream in self.inputs.values():
-            stream.cancel()
-        for task in self.tasks.values():
-            task.cancel()
         with self.lock:
-            running = list(self.sync)
-            children = list(self.children.values())
-            self.children.clear()
-        for request_id in running:
-            self._cancel_sync(request_id)
+            requests = list(self.requests.values())
+        for request in requests:
+            if request.inbox is not None:
+                request.inbox.close()
+        for request in requests:
+            request.waiter = None  # their tasks are cancelled below
+            if request.disconnected is not None:
+                request.disconnected.set()
+        for request in requests:
+            if request.input is not None:
+                request.input.cancel()
+        for request in requests:
+            if request.task is not None:
+                request.task.cancel()
+        with self.lock:
+            children = [request.children for request in requests]
+            for request in requests:
+                request.children = None
+        for request in requests:
+            self._cancel_sync(request)
         for calls in children:
-            calls.cancel()
+            if calls is not None:
+                calls.cancel()

@@ -33,7 +33,7 @@ class Inbox:
     __slots__ = ("_credits", "_frames", "_link", "_waiter", "closed", "ended", "on_end",
                  "request_id")
 
-    def __init__(self, link: FramedProtocol, inboxes: dict[int, Inbox], request_id: int) -> None:
+    def __init__(self, link: FramedProtocol, request_id: int) -> None:
         self._link = link
         self.request_id = request_id
         self._credits = Credits()
@@ -42,7 +42,6 @@ class Inbox:
         self.closed = False  # the request was cancelled, or its router went away
         self.ended = False  # the stream's last frame arrived (the body's end, a close)
         self.on_end: Callable[[], None] | None = None  # told of a close or a cancel
-        inboxes[request_id] = self
 
     def __repr__(self) -> str:
         return (f"<Inbox {self.request_id} frames={len(self._frames)} closed={self.closed} "
@@ -94,11 +93,11 @@ def _size(frame: HttpBody | WsData) -> int:
     return len(frame.body) if isinstance(frame, HttpBody) else len(frame.data)
 
 
-def upload_receiver(link: FramedProtocol, inboxes: dict[int, Inbox], message: HttpRequest,
-                    disconnected: asyncio.Event) -> Receive:
-    """ASGI `receive` for a streamed body: its parts as they come (`more_body=True` until
-    the last), then `http.disconnect` once the client is gone."""
-    inbox = Inbox(link, inboxes, message.id)
+def upload_receiver(inbox: Inbox, message: HttpRequest, disconnected: asyncio.Event,
+                    ) -> Receive:
+    """ASGI `receive` for a streamed body (its parts reach `inbox`): its parts as they
+    come (`more_body=True` until the last), then `http.disconnect` once the client is
+    gone."""
     inbox.grant()
     first = True
     done = False

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from surge.observability.logs import request_id_var
 from surge.replica.context import RequestContext, request_context_var
+from surge.replica.request import Request
 from surge.replica.streams import Inbox
 from surge.replica.user_code import asgi_scope
 from surge.transport.flow import SendWindow
@@ -61,14 +62,15 @@ def websocket_scope(message: HttpRequest) -> dict[str, Any]:
 
 
 class _Session:
-    __slots__ = ("accepted", "conn", "denial", "disconnect", "finished", "inbox", "rid",
-                 "window")
+    __slots__ = ("accepted", "conn", "denial", "disconnect", "finished", "inbox", "request",
+                 "rid", "window")
 
-    def __init__(self, conn: _Connection, rid: int) -> None:
+    def __init__(self, conn: _Connection, request: Request) -> None:
         self.conn = conn
-        self.rid = rid
-        self.inbox = Inbox(conn, conn.inboxes, rid)
-        self.window = conn.windows[rid] = SendWindow()
+        self.request = request
+        self.rid = request.id
+        self.inbox = request.inbox = Inbox(conn, request.id)
+        self.window = request.window = SendWindow()
         self.accepted = False
         self.finished = False  # the final frame (close or HTTP answer) went out
         self.disconnect: dict[str, Any] | None = None  # once the app has heard it
@@ -132,14 +134,14 @@ class _Session:
 
     async def _windowed(self, frame: WsData | WsAccept) -> None:
         """Send once the proxy's window allows: a slow client holds a chatty app back."""
-        conn, window = self.conn, self.window
+        window = self.window
         while not window.open:
             if self.client_gone:
                 raise ClientDisconnected("the WebSocket's client has closed it")
-            waiter = conn.waiting[self.rid] = asyncio.get_running_loop().create_future()
+            waiter = self.request.waiter = asyncio.get_running_loop().create_future()
             await waiter
         window.sent(len(frame.data) if isinstance(frame, WsData) else 0)
-        conn.send(frame)
+        self.conn.send(frame)
 
     def _final(self, frame: WsClose | HttpStart) -> None:
         self.finished = True
@@ -147,9 +149,7 @@ class _Session:
 
     def client_left(self) -> None:
         """A close came from the client: an app waiting for window room gives up."""
-        waiter = self.conn.waiting.pop(self.rid, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.request.wake()
 
     def end(self, failed: bool) -> None:
         """The app returned (or raised): close as uvicorn would if it did not."""
@@ -162,7 +162,7 @@ class _Session:
                                   body=b"Internal Server Error", more=False))
 
 
-async def serve_websocket(conn: _Connection, message: HttpRequest) -> bool:
+async def serve_websocket(conn: _Connection, request: Request, message: HttpRequest) -> bool:
     """Run the app for one WebSocket; False when it raised."""
     server = conn.server
     rid = message.id
@@ -175,7 +175,7 @@ async def serve_websocket(conn: _Connection, message: HttpRequest) -> bool:
     if app is None:
         conn.send(HttpStart(id=rid, status=403, headers=_TEXT, body=NOT_ASGI, more=False))
         return True
-    websocket = _Session(conn, rid)
+    websocket = _Session(conn, request)
     websocket.inbox.on_end = websocket.client_left
     connected = False
 
