@@ -200,6 +200,24 @@ def test_overrides_keep_the_graph_shape() -> None:
     assert root.deployment.config.max_ongoing_requests == 5  # the original is untouched
 
 
+def test_placement_groups_are_checked_with_the_codes_options_as_ray(tmp_path: Path) -> None:
+    """Ray checks a deployment's placement group against its ray_actor_options once the
+    file's options are on top of the code's: bundles from the file, num_cpus from the
+    code (Translator sets none: 1, Ray's default for a replica)."""
+    path = write(tmp_path, "applications:\n- name: a\n  import_path: "
+                           "tests.config.apps.text_ml:app\n  deployments:\n"
+                           "  - name: Translator\n    placement_group_bundles: [{GPU: 1}]\n")
+    with pytest.raises(ConfigError, match=r":5: applications\[0\]\.deployments\[0\]: When "
+                                          r"using `placement_group_bundles`.*`num_cpus` for "
+                                          r"the actor is 1, but the bundle only has 0 `CPU`"):
+        build_specs(load_config(path))
+    path = write(tmp_path, "applications:\n- name: a\n  import_path: "
+                           "tests.config.apps.text_ml:app\n  deployments:\n"
+                           "  - name: Translator\n    placement_group_bundles: [{CPU: 1}]\n")
+    (spec,) = build_specs(load_config(path))  # fits: accepted (and not used)
+    assert {d.config.name for d in spec.deployments} == {"Summarizer", "Translator"}
+
+
 def test_grpc_options_are_read_and_checked(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, """
 grpc_options:

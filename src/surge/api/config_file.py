@@ -71,6 +71,8 @@ ROUTER_KEYS = tuple(f.name for f in dataclasses.fields(RequestRouterConfig))
 # Ray's names from before 2.10, still accepted by Ray with a deprecation warning.
 RENAMED = {"max_concurrent_queries": "max_ongoing_requests",
            "target_num_ongoing_requests_per_replica": "target_ongoing_requests"}
+PLACEMENT_KEYS = ("placement_group_bundles", "placement_group_strategy",
+                  "placement_group_bundle_label_selector", "max_replicas_per_node")
 # Ray's RayActorOptionsSchema refuses a deployment's local working_dir / py_modules.
 LOCAL_PATH = ('runtime_envs in the Serve config support only remote URIs in working_dir and '
               'py_modules, or "local://" URIs for directories that already exist on every '
@@ -416,7 +418,10 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
         build_deployment_config(name, used, "@")
     except ConfigError as exc:
         check.failed(path, used, exc, "@")
-    return DeploymentOverride(name=name, options=used, path=path)
+    # Ray's placement keys go along, unused, so that the deployment built with them is
+    # checked as Ray checks it: the file's and the code's options together.
+    placement = {key: data[key] for key in PLACEMENT_KEYS if data.get(key) is not None}
+    return DeploymentOverride(name=name, options={**used, **placement}, path=path)
 
 
 def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]:
