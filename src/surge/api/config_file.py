@@ -420,8 +420,8 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
         check.failed(path, used, exc, "@")
     # Ray's placement keys go along, unused, so that the deployment built with them is
     # checked as Ray checks it: the file's and the code's options together.
-    placement = {key: data[key] for key in PLACEMENT_KEYS if data.get(key) is not None}
-    return DeploymentOverride(name=name, options={**used, **placement}, path=path)
+    ray_placement = {key: data[key] for key in PLACEMENT_KEYS if data.get(key) is not None}
+    return DeploymentOverride(name=name, options={**used, **ray_placement}, path=path)
 
 
 def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]:
