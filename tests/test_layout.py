@@ -23,7 +23,7 @@ ROOT = "surge"  # src/surge/__init__.py: the public API, a top-layer module
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli", "serve", "api", "llm", ROOT}),
     frozenset({"controller", "proxy", "router", "replica", "loadtest", "sim"}),
-    frozenset({"transport", "backends", "weights"}),
+    frozenset({"transport", "codecs", "backends", "weights"}),
     frozenset({"policy"}),
     frozenset({"model", "config", "errors", "clock", "process", "control_auth", "launch",
                "observability"}),
@@ -40,6 +40,11 @@ ALLOWED: dict[tuple[str, str], str] = {
 SIM_FORBIDDEN = frozenset({"proxy", "router", "replica", "transport"})
 POLICY_FORBIDDEN_MODULES = frozenset(
     {"asyncio", "socket", "time", "logging", "datetime", "threading"})
+# A codec (src/surge/codecs) reads and writes a protocol's bytes: no event loop, no socket,
+# no thread, no log; the adapter above it (proxy/) does the I/O and decides.
+CODEC_FORBIDDEN_MODULES = frozenset(
+    {"asyncio", "socket", "ssl", "selectors", "threading", "logging", "uvloop"})
+CODEC_FORBIDDEN_PARTS = frozenset({"proxy", "router", "replica", "controller"})
 
 
 def rank(part: str) -> int:
@@ -223,6 +228,37 @@ def test_sim_never_imports_the_data_path() -> None:
     bad = [f"{m.name} -> {target}" for m, target, _ in edges()
            if m.part == "sim" and target in SIM_FORBIDDEN]
     assert bad == []
+
+
+def codec_modules() -> list[Module]:
+    found = [m for m in modules() if m.part == "codecs"]
+    assert found
+    return found
+
+
+def test_codecs_import_no_adapter() -> None:
+    # The layers say it already (codecs sit below the runtime parts); said here by name
+    # because it is the point of the package.
+    bad = [f"{m.name}:{line} -> {target}" for m, target, line in edges()
+           if m.part == "codecs" and target in CODEC_FORBIDDEN_PARTS]
+    assert bad == []
+    assert edge_problem("codecs", "proxy") is not None
+    assert edge_problem("proxy", "codecs") is None
+    assert edge_problem("replica", "codecs") is None
+
+
+@pytest.mark.parametrize("module", codec_modules(), ids=lambda m: m.name)
+def test_codecs_are_sans_io(module: Module) -> None:
+    problems = []
+    for node in ast.walk(module.tree()):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                 and not node.level else [])
+        problems += [f"line {node.lineno}: imports {name}" for name in names
+                     if name.split(".")[0] in CODEC_FORBIDDEN_MODULES]
+        if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith):
+            problems.append(f"line {node.lineno}: async code")
+    assert problems == []
 
 
 def policy_modules() -> list[Module]:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surge.proxy.grpc_wire import MessageReader, WireError, frame_message, read_head, trailers
+from surge.codecs.grpc_wire import MessageReader, WireError, frame_message, read_head, trailers
 
 BASE = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Say"),
         (b":authority", b"h:1"), (b"content-type", b"application/grpc+proto"),

@@ -1,4 +1,4 @@
-"""The gRPC ingress's own HTTP/2 (proxy/h2.py) against an independent client,
+"""The gRPC ingress's own HTTP/2 (codecs/h2.py) against an independent client,
 python-hyper's h2: the handshake, streams, header blocks in pieces, flow control both
 ways, PING, resets, GOAWAY, and the connection errors that close it."""
 
@@ -13,9 +13,9 @@ import h2.settings
 import hpack
 import pytest
 
-from surge.proxy import h2 as core
-from surge.proxy.h2_send import CLOSED_KEPT, MAX_HELD_BYTES, HeldLimitError
-from surge.proxy.hpack import Header
+from surge.codecs import h2 as core
+from surge.codecs.h2_send import CLOSED_KEPT, MAX_HELD_BYTES, HeldLimitError
+from surge.codecs.hpack import Header
 
 REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/pkg.Svc/Say"),
            (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")]

@@ -1,10 +1,10 @@
-"""proxy/h2_fields.py: which request and trailer lists RFC 9113 8.2-8.3 calls malformed."""
+"""codecs/h2_fields.py: which request and trailer lists RFC 9113 8.2-8.3 calls malformed."""
 
 from __future__ import annotations
 
 import pytest
 
-from surge.proxy.h2_fields import content_length, request_problem, trailers_problem
+from surge.codecs.h2_fields import content_length, request_problem, trailers_problem
 
 CALL = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Say"),
         (b":authority", b"localhost"), (b"content-type", b"application/grpc"),

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surge.proxy import h2 as core
-from surge.proxy.hpack import Decoder, Header, HpackError
+from surge.codecs import h2 as core
+from surge.codecs.hpack import Decoder, Header, HpackError
 
 
 class Answering:

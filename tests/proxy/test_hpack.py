@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surge.proxy import huffman
-from surge.proxy.hpack import STATIC, Decoder, HpackError, integer, literal
+from surge.codecs import huffman
+from surge.codecs.hpack import STATIC, Decoder, HpackError, integer, literal
 
 names = st.sampled_from([b":path", b":method", b"content-type", b"grpc-timeout", b"x-a",
                          b"x-trace-bin", b"user-agent", b"application"])

@@ -8,8 +8,8 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
+from surge.codecs.grpc_wire import MessageReader, Metadata
 from surge.errors import RequestCancelledError
-from surge.proxy.grpc_wire import MessageReader, Metadata
 from surge.router.replica_link import Pending
 from surge.transport.grpc_methods import GrpcMethod, unpack_metadata
 from surge.transport.messages import Failure, Message

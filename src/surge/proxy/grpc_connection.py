@@ -1,4 +1,4 @@
-"""The asyncio shell of one gRPC connection: HTTP/2 (proxy/h2.py) in, calls through
+"""The asyncio shell of one gRPC connection: HTTP/2 (codecs/h2.py) in, calls through
 their routers, answers out.
 
 Everything about a call is decided when its headers (and, for a unary request, its
@@ -25,12 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from surge.errors import BackPressureError, DeploymentUnavailableError
-from surge.policy.auth import check_bearer
-from surge.proxy.grpc_call import GrpcCall, call_trailers, failure_of
-from surge.proxy.grpc_local import DRAINING, HEALTH_WATCH, REFLECTION, SERVING, status_message
-from surge.proxy.grpc_status import Code, Timeout, choose_app, metadata_value, status_of, truncate
-from surge.proxy.grpc_wire import (
+from surge.codecs.grpc_wire import (
     ACCEPT_ENCODING,
     RESPONSE_HEADERS,
     Metadata,
@@ -40,9 +35,14 @@ from surge.proxy.grpc_wire import (
     read_head,
     trailers,
 )
-from surge.proxy.h2 import H2Connection, H2Error
-from surge.proxy.h2_send import HeldLimitError
-from surge.proxy.hpack import Header
+from surge.codecs.h2 import H2Connection, H2Error
+from surge.codecs.h2_send import HeldLimitError
+from surge.codecs.hpack import Header
+from surge.errors import BackPressureError, DeploymentUnavailableError
+from surge.policy.auth import check_bearer
+from surge.proxy.grpc_call import GrpcCall, call_trailers, failure_of
+from surge.proxy.grpc_local import DRAINING, HEALTH_WATCH, REFLECTION, SERVING, status_message
+from surge.proxy.grpc_status import Code, Timeout, choose_app, metadata_value, status_of, truncate
 from surge.router.replica_link import Pending, is_final
 from surge.transport.grpc_methods import pack_metadata
 from surge.transport.messages import Failure, GrpcEnd, GrpcMessage, GrpcRequest, Item, Message, Pull

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import httptools
 
+from surge.codecs.websocket import is_websocket_upgrade
 from surge.proxy.exchange import Exchange
 from surge.proxy.h1_state import (
     CONNECTION,
@@ -49,7 +50,6 @@ from surge.proxy.head import HeadFields, RequestHead, new_request_id, read_head
 from surge.proxy.responses import CONTINUE, simple
 from surge.proxy.site import Site
 from surge.proxy.upstream import Upstream
-from surge.proxy.websocket import is_websocket_upgrade
 from surge.proxy.ws_exchange import WsExchange
 from surge.transport.messages import Message
 

@@ -5,7 +5,7 @@ before any upgrade). The app's `websocket.accept` arrives as `WsAccept` and the 
 out (phase OPEN); a close or denial before that is an ordinary HTTP response (403, or
 the app's own). Once open:
 
-- client messages (proxy/websocket.py parses them) go to the replica as `WsData`
+- client messages (codecs/websocket.py parses them) go to the replica as `WsData`
   within the window it grants; past it the connection stops reading from the client;
 - the app's `WsData` become frames, acknowledged once written (as streamed bodies are),
   so a slow reader holds back a chatty app;
@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from surge.proxy.exchange import Exchange
-from surge.proxy.h1_state import EXCHANGE, Phase, PhaseEvent
-from surge.proxy.upstream import Upstream
-from surge.proxy.websocket import (
+from surge.codecs.websocket import (
     BINARY,
     GOING_AWAY,
     INTERNAL_ERROR,
@@ -35,6 +32,9 @@ from surge.proxy.websocket import (
     close_frame,
     frame,
 )
+from surge.proxy.exchange import Exchange
+from surge.proxy.h1_state import EXCHANGE, Phase, PhaseEvent
+from surge.proxy.upstream import Upstream
 from surge.transport.messages import Credit, Message, WsAccept, WsClose, WsData
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """A WebSocket at the replica: the ASGI `websocket` scope and events over whole messages.
 
-The proxy speaks the WebSocket protocol with the client (proxy/websocket.py); here the
+The proxy speaks the WebSocket protocol with the client (codecs/websocket.py); here the
 app sees ASGI's events: `websocket.connect`, then `websocket.receive` per message (its
 `WsData`) and `websocket.disconnect` with the client's code (its `WsClose`: 1000 and
 the like, 1006 if it vanished, 1009 for a message over the limit, 1001 when idle). What

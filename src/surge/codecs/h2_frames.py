@@ -1,4 +1,4 @@
-"""HTTP/2's vocabulary (RFC 9113) for proxy/h2.py: frame types, flags, error codes,
+"""HTTP/2's vocabulary (RFC 9113) for codecs/h2.py: frame types, flags, error codes,
 settings, this side's limits, frames written, and the guard against floods of cheap
 frames."""
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from surge.proxy.huffman import HuffmanError
-from surge.proxy.huffman import decode as huffman_decode
+from surge.codecs.huffman import HuffmanError
+from surge.codecs.huffman import decode as huffman_decode
 
 __all__ = ["Decoder", "HpackError", "integer", "literal"]
 

@@ -18,13 +18,13 @@ keeps the rest on the stream, in order, until a WINDOW_UPDATE opens them; traile
 (`send_headers(end_stream=True)`) wait behind that data. When a stream's held data is
 all written, the listener hears `drained`.
 
-What is sent is the sending half's (proxy/h2_send.py, which this class extends); the
-frames' vocabulary is proxy/h2_frames.py.
+What is sent is the sending half's (codecs/h2_send.py, which this class extends); the
+frames' vocabulary is codecs/h2_frames.py.
 
 A connection error (bad preface, a frame the protocol forbids, a bad header block, a
 flood of cheap frames) sends GOAWAY with its code and raises `H2Error` for the shell to
 close; a stream error resets only that stream. A new stream's header list is checked
-first (proxy/h2_fields.py, RFC 9113 8.2-8.3): a malformed request is reset PROTOCOL_ERROR
+first (codecs/h2_fields.py, RFC 9113 8.2-8.3): a malformed request is reset PROTOCOL_ERROR
 and the listener never hears of it. How the latest streams closed is remembered
 (h2_send.py), so a frame on a closed stream is told apart: in flight when this side reset
 it (ignored), or sent after the client ended or reset it (STREAM_CLOSED).
@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
-from surge.proxy.h2_fields import content_length, request_problem, trailers_problem
-from surge.proxy.h2_frames import (
+from surge.codecs.h2_fields import content_length, request_problem, trailers_problem
+from surge.codecs.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
     CONNECTION_WINDOW,
@@ -81,8 +81,8 @@ from surge.proxy.h2_frames import (
     settings,
     unpad,
 )
-from surge.proxy.h2_send import ENDED, RESET_HERE, RESET_THERE, H2Sender, Stream
-from surge.proxy.hpack import TABLE_SIZE, Decoder, Header, HpackError
+from surge.codecs.h2_send import ENDED, RESET_HERE, RESET_THERE, H2Sender, Stream
+from surge.codecs.hpack import TABLE_SIZE, Decoder, Header, HpackError
 
 __all__ = ["H2Connection", "H2Error", "Listener"]
 

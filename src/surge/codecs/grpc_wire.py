@@ -15,7 +15,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
-from surge.proxy.hpack import Header, literal
+from surge.codecs.hpack import Header, literal
 
 __all__ = ["ACCEPT_ENCODING", "RESPONSE_HEADERS", "CallHead", "MessageReader", "WireError",
            "frame_message", "http_error", "read_head", "trailers"]

@@ -1,4 +1,4 @@
-"""The sending half of a server's HTTP/2 connection (proxy/h2.py is the whole): header
+"""The sending half of a server's HTTP/2 connection (codecs/h2.py is the whole): header
 blocks, data framed to the peer's frame size and held, per stream and in order, until
 the peer's windows take it (at most MAX_HELD_BYTES past one message), trailers behind
 the data, resets and GOAWAY, and how the latest streams closed. Everything written waits
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from surge.proxy.h2_frames import (
+from surge.codecs.h2_frames import (
     CONTINUATION,
     DATA,
     DEFAULT_FRAME,
@@ -25,7 +25,7 @@ from surge.proxy.h2_frames import (
 )
 
 if TYPE_CHECKING:
-    from surge.proxy.h2 import Listener
+    from surge.codecs.h2 import Listener
 
 __all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "HeldLimitError", "Stream"]
 

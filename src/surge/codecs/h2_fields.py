@@ -17,14 +17,14 @@ call is never served. The rules:
 * `content-length`, when sent, is one decimal number: `content_length` reads it for the
   connection to compare with the DATA that follows (8.1.1).
 
-No I/O, no connection state: the caller (proxy/h2.py) decides what a problem costs.
+No I/O, no connection state: the caller (codecs/h2.py) decides what a problem costs.
 """
 
 from __future__ import annotations
 
 import re
 
-from surge.proxy.hpack import Header
+from surge.codecs.hpack import Header
 
 __all__ = ["content_length", "request_problem", "trailers_problem"]
 
