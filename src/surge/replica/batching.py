@@ -11,6 +11,7 @@ next call would take the size past it) and ready when full or
 is free (`max_concurrent_batches`); while every slot is busy, calls keep gathering and the
 oldest ready batch leaves the moment a slot frees. (Ray Serve flushes on the timeout
 anyway and queues tiny batches behind a slow one.)
+These decisions are policy/batching.py's; this module holds the calls and runs batches.
 
 A coroutine function returns one result per call; an async generator function yields
 lists, and each caller streams its own element of each (`StopIteration` ends that
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import ConfigError, RayServeException
+from surge.policy.batching import fill, next_deadline, oldest_ready
 from surge.replica.context import RequestContext, request_context_var
 
 __all__ = ["batch"]
@@ -288,19 +290,14 @@ class _Group:
         self.limit = 0  # the max_batch_size it was measured with
 
     def measure(self, limit: int, size_fn: Callable[[list[Any]], int] | None) -> bool:
-        """Whether the next batch is full; `head` says how many calls it takes."""
+        """Whether the next batch is full; `head` says how many calls it takes
+        (policy/batching.py)."""
         if limit != self.limit:
             self.head, self.full, self.limit = 0, False, limit
-        if size_fn is None:
-            self.head, self.full = min(len(self.calls), limit), len(self.calls) >= limit
-            return self.full
-        while not self.full and self.head < len(self.calls):  # grows as calls arrive
-            size = size_fn([c.item for c in self.calls[: self.head + 1]])
-            if size > limit and self.head > 0:
-                self.full = True  # the next call would not fit: it starts the batch after
-            else:
-                self.head += 1
-                self.full = size >= limit
+        calls = self.calls
+        size_of = None if size_fn is None else (
+            lambda n: size_fn([c.item for c in calls[:n]]))
+        self.head, self.full = fill(len(calls), limit, size_of, self.head, self.full)
         return self.full
 
     def take(self) -> list[_Call]:
@@ -365,11 +362,15 @@ class BatchQueue:
 
     def _next_ready(self, now: float) -> _Group | None:
         """The ready group (full, or past its deadline) whose first call is oldest."""
-        timeout = self.settings.batch_wait_timeout_s
-        ready = [g for g in list(self.groups.values())
-                 if self._measure(g) or (g.key in self.groups
-                                         and g.calls[0].arrived + timeout <= now)]
-        return min(ready, key=lambda g: g.calls[0].arrived, default=None)
+        groups, full = [], []
+        for group in list(self.groups.values()):
+            measured = self._measure(group)
+            if group.key in self.groups:  # (not failed by its batch_size_fn)
+                groups.append(group)
+                full.append(measured)
+        index = oldest_ready([(g.calls[0].arrived, f) for g, f in zip(groups, full, strict=True)],
+                             self.settings.batch_wait_timeout_s, now)
+        return None if index is None else groups[index]
 
     def _pump(self, now: float) -> None:
         """Start ready batches while slots are free; then wait for the next deadline."""
@@ -389,10 +390,9 @@ class BatchQueue:
     def _arm_timer(self, now: float) -> None:
         """Wake at the next deadline; one already past matters only while a slot is free
         (a 0 s timeout: the calls of this loop iteration go together on the next)."""
-        timeout = self.settings.batch_wait_timeout_s
-        free = self.running < self.settings.max_concurrent_batches
-        when = min((g.calls[0].arrived + timeout for g in self.groups.values()
-                    if free or g.calls[0].arrived + timeout > now), default=None)
+        when = next_deadline([g.calls[0].arrived for g in self.groups.values()],
+                             self.settings.batch_wait_timeout_s, now,
+                             self.running < self.settings.max_concurrent_batches)
         if when == self.timer_at:
             return
         if self.timer is not None:
