@@ -123,11 +123,12 @@ def test_from_spec_pulse_and_steps() -> None:
 
 @pytest.mark.parametrize("spec, message", [
     ({"baseline_rps": 1}, "peak_rps"),
-    ({"baseline_rps": 1, "peak_rps": 2, "hold": 3}, "unknown pulse keys"),
+    ({"baseline_rps": 1, "peak_rps": 2, "hold": 3},
+     "pulse: unknown key 'hold'. Did you mean 'hold_s'\\?"),
     ([{"rps": 1}], "step 1"),
     ([{"rps": 1, "for_s": 1}, 5], "step 2"),
     ("fast", "pulse mapping"),
-    ([{"rps": -1, "for_s": 1}], "start_rps"),
+    ([{"rps": -1, "for_s": 1}], "start_rps must be a number >= 0, got -1."),
     ([], "at least one segment"),
 ])
 def test_from_spec_rejects(spec: object, message: str) -> None:

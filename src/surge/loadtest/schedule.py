@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from surge.config import schema
+
 __all__ = [
     "ARRIVALS",
     "Schedule",
@@ -58,11 +60,7 @@ class Segment:
 
     def __post_init__(self) -> None:
         for name in ("duration_s", "start_rps", "end_rps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, float(schema.number(name, getattr(self, name), ge=0)))
 
     @property
     def expected(self) -> float:
@@ -182,10 +180,7 @@ class Schedule:
         the previous rate), `{from_rps: A, to_rps: B, for_s: S}` (explicit).
         """
         if isinstance(spec, Mapping):
-            unknown = set(spec) - set(_PULSE_KEYS)
-            if unknown:
-                raise ValueError(f"unknown pulse keys {sorted(unknown)}; known: "
-                                 f"{', '.join(_PULSE_KEYS)}")
+            schema.check_keys(spec, _PULSE_KEYS, "pulse")
             for key in ("baseline_rps", "peak_rps"):
                 if key not in spec:
                     raise ValueError(f"a pulse needs {key}")
