@@ -23,6 +23,7 @@ from surge.config import (
     runtime_env_uploads,
 )
 from surge.config.placement import placement_group_problem
+from surge.config.schema import FieldError, suggestion
 from surge.errors import ConfigError, DeployFailedError
 from surge.model import AccessTokens, ImportedTarget, ModelRoutes
 from surge.replica.ingress import INGRESS_ATTRIBUTE
@@ -59,12 +60,9 @@ class Deployment:
                               "manages deployment versions internally.")
         unknown = set(options) - _OPTION_KEYS - _IGNORED
         if unknown:
-            import difflib
-
             key = sorted(unknown)[0]
-            close = difflib.get_close_matches(key, sorted(_OPTION_KEYS), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown deployment option {key!r}.{hint}")
+            raise FieldError(f"unknown deployment option {key!r}."
+                             f"{suggestion(key, sorted(_OPTION_KEYS))}", (key,))
         if (options.get("max_replicas_per_node") is not None
                 and options.get("placement_group_bundles") is not None):
             raise ConfigError("Setting max_replicas_per_node is not allowed when "

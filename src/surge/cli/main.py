@@ -15,7 +15,6 @@ start and run, `--address auto` or ray://... (or --backend ray) names a Ray clus
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from typing import Any, NoReturn
@@ -27,6 +26,7 @@ from surge.cli.pulse import add_parser as _pulse_parser
 from surge.cli.pulse import pulse_command as _pulse
 from surge.cli.simulate import add_parser as _simulate_parser
 from surge.cli.simulate import simulate_command as _simulate
+from surge.config.schema import closest
 from surge.errors import RayServeException
 
 __all__ = ["main"]
@@ -44,8 +44,8 @@ class _Parser(argparse.ArgumentParser):
             known = [o for action in self._all_actions() for o in action.option_strings]
             hints = []
             for flag in flags:
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.5)
-                hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+                close = closest(flag, known, cutoff=0.5)
+                hints.append(f"{flag} (did you mean {close}?)" if close else flag)
             if hints:
                 message = f"unknown flag{'s' if len(hints) > 1 else ''}: {', '.join(hints)}"
         super().error(message)

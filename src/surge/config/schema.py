@@ -6,15 +6,17 @@ wherever it is made:
 
 * `check_keys` rejects an unknown key with the closest known one ("Did you mean"), the
   only place that computes a suggestion (`closest`);
-* `number` and `choice` check one value, every range in one message format
-  (`NAME must be an integer >= 1, got 0.`);
+* `number` (`number_in` for `section[key]`) and `choice` check one value, every range
+  in one message format (`NAME must be an integer >= 1, got 0.`);
 * `decode` builds a msgspec Struct (typed fields, `forbid_unknown_fields=True`, ranges
   as `msgspec.Meta`) from plain data and words msgspec's failures the same way.
 
 Each failure is a `FieldError`: a ConfigError that also carries the key path it blames,
 relative to the mapping that was checked, so a loader that knows where each key was
-written (api/config_file.py: `FILE:LINE: PATH: message`) places it without reading the
-message. `within(where)` prefixes an outer location and keeps the path.
+written places it without reading the message: `load_yaml` gives a file's data and each
+key path's line, `at_line` turns a FieldError into `FILE:LINE: PATH: problem`
+(api/config_file.py collects many such lines; `surge pulse` scenarios raise the first).
+`within(where, at)` prefixes an outer location and the key the inner mapping was under.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ import yaml
 from surge.errors import ConfigError
 
 __all__ = ["FieldError", "KeyPath", "at_line", "check_keys", "choice", "closest", "decode",
-           "dotted",
-           "from_mapping", "key_lines", "line_of", "load_yaml", "number", "number_in", "require",
-           "suggestion", "unknown_key", "unreadable"]
+           "dotted", "from_mapping", "key_lines", "line_of", "load_yaml", "number",
+           "number_in", "require", "suggestion", "unknown_key", "unreadable"]
 
 T = TypeVar("T")
 KeyPath = tuple[str | int, ...]
@@ -66,7 +67,7 @@ def closest(key: str, known: Iterable[str], cutoff: float = SUGGEST_CUTOFF) -> s
 
 
 def suggestion(key: str, known: Collection[str]) -> str:
-    """" Did you mean 'x'?", else the known keys."""
+    """The hint after an unknown key: the closest known key, else all of them."""
     close = closest(key, known)
     if close is not None:
         return f" Did you mean {close!r}?"
