@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import hpack
 import pytest
 
-from surge.proxy.grpc_connection import REFLECTION_QUEUE
+from surge.proxy.grpc_core import REFLECTION_QUEUE
 from surge.proxy.grpc_local import REFLECTION
 from tests.proxy.h2_client import CALL, END_STREAM, HEADERS, Client, serving
 from tests.proxy.h2_conformance import CASES, Case, run_case

@@ -12,8 +12,9 @@ in the replica, the only process that needs the user's `_pb2`.
 A call names its application in the `application` metadata (any name, or none, picks the
 only one) and reaches the deployment's method named like the RPC, through the app's
 ingress Router: the admission path, queue limits and backpressure of HTTP. Each
-connection is a `GrpcConnection` (proxy/grpc_connection.py: how a call is decided,
-timed, cancelled and flow-controlled; proxy/grpc_call.py: its state); this module holds
+connection is a sans-IO `GrpcCore` (proxy/grpc_core.py: how a call is decided, timed,
+cancelled and flow-controlled; proxy/grpc_call.py: its state) in an asyncio shell,
+`GrpcConnection` (proxy/grpc_connection.py); this module holds
 what they share (`GrpcIngress`) and starts the server. Statuses are decided in
 proxy/grpc_status.py; `request_id` always comes back in the trailing metadata.
 """
@@ -29,7 +30,7 @@ from surge.errors import ConfigError
 from surge.model import DeploymentId, RouteTable, RouteTarget
 from surge.proxy.grpc_call import GrpcCall
 from surge.proxy.grpc_connection import GrpcConnection
-from surge.proxy.grpc_local import NOT_SERVING, LocalServices, status_message
+from surge.proxy.grpc_local import LocalServices
 from surge.proxy.grpc_status import CODE_NAMES
 from surge.transport.grpc_methods import GrpcMethod, methods_of
 
@@ -55,7 +56,6 @@ class GrpcIngress:
         self.max_header_bytes = proxy.spec.max_header_bytes
         self.ongoing = 0  # calls submitted and not yet ended
         self.connections: set[GrpcConnection] = set()
-        self.watchers: set[GrpcCall] = set()  # Health/Watch streams told SERVING
         self.local = LocalServices(lambda: self.apps(), {m.service for m in methods.values()},
                                    lambda: self.proxy.site.draining, self._unready, health,
                                    reflection)
@@ -80,14 +80,15 @@ class GrpcIngress:
             self._apps = {target.app: target for target in table.targets}
         return self._apps
 
+    @property
+    def draining(self) -> bool:
+        return self.proxy.site.draining
+
     def router(self, target: RouteTarget) -> Router:
         return self.proxy.runtime.router(DeploymentId(target.app, target.deployment))
 
     def drain(self) -> None:
         """No new calls on any connection (GOAWAY); health watchers hear NOT_SERVING."""
-        for call in list(self.watchers):
-            call.conn.send_message(call, status_message(NOT_SERVING), ack=False)
-        self.watchers.clear()
         for connection in list(self.connections):
             connection.going_away()
 

@@ -1,12 +1,14 @@
 """One gRPC call's state in the proxy (`GrpcCall`): what its stream brought, where it
-went, what it still owes its client and its replica. proxy/grpc_connection.py drives it.
+went, what it still owes its client and its replica. proxy/grpc_core.py decides on it;
+the shell (proxy/grpc_connection.py) keeps its I/O handles here (`timer`, `task`,
+`router`) and hears its router's frames through it (`sink`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from surge.codecs.grpc_wire import MessageReader, Metadata
 from surge.errors import RequestCancelledError
@@ -16,26 +18,33 @@ from surge.transport.messages import Failure, Message
 
 if TYPE_CHECKING:
     from surge.model import RouteTarget
-    from surge.proxy.grpc_connection import GrpcConnection
     from surge.router.router import Router
 
-__all__ = ["MAX_MESSAGE_BYTES", "GrpcCall", "call_trailers", "failure_of"]
+__all__ = ["MAX_MESSAGE_BYTES", "CallSink", "GrpcCall", "call_trailers", "failure_of"]
 
 # Ray Serve's message size limit, both ways: 2 GiB - 1 (grpc's own default is 4 MiB in).
 MAX_MESSAGE_BYTES = 2**31 - 1
 _DONE = MessageReader(0)  # an ended call's (it reads nothing more), for its parts to go
 
 
+class CallSink(Protocol):
+    """Where a call's router frames go: its connection's shell."""
+
+    def delivered(self, call: GrpcCall, message: Message) -> None: ...
+
+    def failed(self, call: GrpcCall, exc: BaseException) -> None: ...
+
+
 class GrpcCall:
     """One RPC: what its stream carried so far, and the router's sink for it."""
 
-    __slots__ = ("body", "client_done", "conn", "end_sent", "ended", "headers_sent", "inbox",
+    __slots__ = ("body", "client_done", "end_sent", "ended", "headers_sent", "inbox",
                  "inbox_bytes", "labels", "local", "metadata", "method", "pending", "pulls",
-                 "queue", "reader", "request_id", "router", "started", "stream_id",
-                 "submitted", "target", "task", "timer", "unacked", "unreturned")
+                 "questions", "reader", "request_id", "router", "sink", "started", "stream_id",
+                 "submitted", "target", "task", "timer", "unacked", "unreturned", "watching")
 
-    def __init__(self, conn: GrpcConnection, stream_id: int, started: float) -> None:
-        self.conn = conn
+    def __init__(self, sink: CallSink, stream_id: int, started: float) -> None:
+        self.sink = sink
         self.stream_id = stream_id
         self.started = started
         self.request_id = ""
@@ -62,8 +71,10 @@ class GrpcCall:
         self.headers_sent = False
         self.unacked = 0  # response bytes written but not yet acknowledged to the replica
         self.ended = False
-        self.queue: asyncio.Queue[bytes | None] | None = None  # reflection's requests
+        # Reflection's requests not yet taken by its task (None: the end of its stream).
+        self.questions: deque[bytes | None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.watching = False  # a Health/Watch stream told SERVING: NOT_SERVING follows
 
     def __repr__(self) -> str:
         path = self.method.path if self.method is not None else self.local
@@ -74,13 +85,13 @@ class GrpcCall:
         """The client streams its messages (a streaming method, or reflection)."""
         if self.method is not None:
             return self.method.request_streaming
-        return self.queue is not None
+        return self.questions is not None
 
     def deliver(self, message: Message) -> None:
-        self.conn.delivered(self, message)
+        self.sink.delivered(self, message)
 
     def fail(self, exc: BaseException) -> None:
-        self.conn.failed(self, exc)
+        self.sink.failed(self, exc)
 
     def release(self) -> None:
         """The call ended: its messages go now, not with a collection of the cycle it
