@@ -9,9 +9,10 @@ the close, not as a bare close). Header blocks are encoded by python-hyper's `hp
 implementation independent of surge's.
 
 `serving()` starts the gRPC ingress surge ships (proxy/grpc.py: GrpcIngress,
-GrpcConnection, codecs/h2.py) on a loopback port in a thread of its own, on a `Proxy`
-whose runtime has no applications: its calls are the ones the port answers itself
-(Ray's RayServeAPIService/Healthz, health, reflection), so no replica is needed.
+GrpcConnection round GrpcCore, codecs/h2.py) on a loopback port in a thread of its own,
+on a `Proxy` whose one application is never called: its calls are the ones the port
+answers itself (Ray's RayServeAPIService/Healthz, health, reflection), so no replica is
+needed.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 from surge.codecs.h2_fields import content_length, request_problem, trailers_problem
 from surge.codecs.h2_frames import (
@@ -81,18 +81,10 @@ from surge.codecs.h2_frames import (
     settings,
     unpad,
 )
-from surge.codecs.h2_send import ENDED, RESET_HERE, RESET_THERE, H2Sender, Stream
+from surge.codecs.h2_send import ENDED, RESET_HERE, RESET_THERE, H2Sender, Listener, Stream
 from surge.codecs.hpack import TABLE_SIZE, Decoder, Header, HpackError
 
 __all__ = ["H2Connection", "H2Error", "Listener"]
-
-
-class Listener(Protocol):
-    def headers(self, stream_id: int, headers: list[Header], size: int,
-                end_stream: bool) -> None: ...
-    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None: ...
-    def reset(self, stream_id: int, code: int) -> None: ...
-    def drained(self, stream_id: int) -> None: ...
 
 
 class H2Connection(H2Sender):

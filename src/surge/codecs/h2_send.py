@@ -7,7 +7,7 @@ in `out` for the shell."""
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from surge.codecs.h2_frames import (
     CONTINUATION,
@@ -23,11 +23,20 @@ from surge.codecs.h2_frames import (
     STREAM_WINDOW,
     frame,
 )
+from surge.codecs.hpack import Header
 
-if TYPE_CHECKING:
-    from surge.codecs.h2 import Listener
+__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "HeldLimitError", "Listener",
+           "Stream"]
 
-__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "HeldLimitError", "Stream"]
+class Listener(Protocol):
+    """What the connection tells its user (codecs/h2.py receives, this half drains)."""
+
+    def headers(self, stream_id: int, headers: list[Header], size: int,
+                end_stream: bool) -> None: ...
+    def data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None: ...
+    def reset(self, stream_id: int, code: int) -> None: ...
+    def drained(self, stream_id: int) -> None: ...
+
 
 # How a stream closed, remembered for the frames that may still come on it (RFC 9113
 # 5.1): those in flight when this side reset it are ignored; anything after the client

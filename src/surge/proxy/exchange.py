@@ -16,14 +16,15 @@ connection (`H1Connection.acknowledge`, performed as `Pending.consumed`): at onc
 while the transport has paused writing, when it resumes. A single-frame response never
 is. The other way, a streamed upload's body parts wait in the exchange's `Upstream`
 (proxy/upstream.py) until the replica grants room for them (`Credit`). Nothing here
-performs I/O: decisions go to the connection's lists, and `deliver` and
-`fail` (the Sink the router calls) then wake the shell to carry them out.
+performs I/O: decisions go to the connection's `Outbox`, what only the connection
+decides (the responses' order, the upload's window) is asked of it (`Line`), and
+`deliver` and `fail` (the Sink the router calls) then wake the shell to carry them out.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from surge.errors import (
     BackPressureError,
@@ -38,10 +39,7 @@ from surge.proxy.responses import LAST_CHUNK, chunk, forbids_body, head, openai_
 from surge.proxy.upstream import Upstream
 from surge.transport.messages import Credit, Failure, HttpBody, HttpStart, Message
 
-if TYPE_CHECKING:
-    from surge.proxy.h1 import H1Connection
-
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "Line", "Outbox"]
 
 JSON = b"application/json"
 
@@ -55,15 +53,57 @@ _CUT, _GONE, _DETACH = PhaseEvent.CUT, PhaseEvent.GONE, PhaseEvent.DETACH
 _FRAME, _SETTLE = PhaseEvent.FRAME, PhaseEvent.SETTLE
 
 
+class Outbox:
+    """What a connection's exchanges decided, for the shell (proxy/http.py) to carry out;
+    H1Connection's docstring gives the order. The connection makes one and hands it to
+    each exchange: an exchange writes its decisions here, never into its connection."""
+
+    __slots__ = ("acks", "cancels", "dispatch", "out", "records", "rejections", "sends",
+                 "settled")
+
+    def __init__(self) -> None:
+        self.dispatch: list[Exchange] = []
+        self.sends: list[tuple[Exchange, Message]] = []
+        self.out: list[bytes] = []
+        self.cancels: list[Exchange] = []
+        self.acks: list[tuple[Exchange, int]] = []
+        self.records: list[Exchange] = []
+        self.settled: list[Exchange] = []
+        self.rejections: list[tuple[str, str, str]] = []  # (app, deployment, reason)
+
+
+class Line(Protocol):
+    """What an exchange asks of its connection (proxy/h1.py's H1Connection), which keeps
+    the responses' order and the upload's window: the connection decides those."""
+
+    @property
+    def outbox(self) -> Outbox: ...
+
+    def wake(self) -> None: ...
+
+    def now(self) -> float: ...
+
+    def is_first(self, exchange: Exchange) -> bool: ...
+
+    def advance_line(self) -> None: ...
+
+    def acknowledge(self, exchange: Exchange, nbytes: int) -> None: ...
+
+    def upload_window(self, exchange: Exchange, paused: bool) -> None: ...
+
+    def close_now(self, exchange: Exchange) -> None: ...
+
+
 class Exchange:
     """One request/response on a connection."""
 
-    __slots__ = ("body", "buffer", "buffered", "conn", "head", "held", "keep_alive", "pending",
-                 "phase", "reset", "started", "status", "timer", "upstream")
+    __slots__ = ("body", "buffer", "buffered", "head", "held", "keep_alive", "line", "outbox",
+                 "pending", "phase", "reset", "started", "status", "timer", "upstream")
 
-    def __init__(self, conn: H1Connection, head: RequestHead, body: bytes, keep_alive: bool,
+    def __init__(self, line: Line, head: RequestHead, body: bytes, keep_alive: bool,
                  started: float) -> None:
-        self.conn = conn
+        self.line = line
+        self.outbox = line.outbox
         self.head = head
         self.body = body  # the request body, for the router
         self.keep_alive = keep_alive  # False: the connection closes after this response
@@ -95,20 +135,20 @@ class Exchange:
             self.on_frame(message)
         except H1StateError:
             log.exception("dropped %s for %r", type(message).__name__, self)
-        self.conn.wake()
+        self.line.wake()
 
     def fail(self, exc: BaseException) -> None:
         try:
             self.on_failure(exc)
         except H1StateError:
             log.exception("dropped the failure %r for %r", exc, self)
-        self.conn.wake()
+        self.line.wake()
 
     # -- decisions -------------------------------------------------------------------------
 
     def dispatch(self) -> None:
         self.phase = EXCHANGE[self.phase][_DISPATCH]
-        self.conn.dispatch.append(self)
+        self.outbox.dispatch.append(self)
 
     def on_frame(self, message: Message) -> None:
         if self.phase is DETACHED:
@@ -142,7 +182,7 @@ class Exchange:
             self.error(exc.status_code, str(exc), advice if exc.advise_retry else ())
         elif isinstance(exc, DeploymentUnavailableError):
             app, deployment, _ = self.head.labels
-            self.conn.rejections.append((app, deployment, "unavailable"))
+            self.outbox.rejections.append((app, deployment, "unavailable"))
             self.error(503, str(exc))  # no Retry-After, as Ray's: retrying will not help
         elif isinstance(exc, ReplicaDiedError):
             self.error(500, f"{exc}; the request may or may not have run.")
@@ -166,7 +206,7 @@ class Exchange:
             self._cut()
         else:
             self._settle()  # detached: its client is gone, its deadline holds
-        self.conn.cancels.append(self)
+        self.outbox.cancels.append(self)
 
     def gone(self) -> None:
         """The client went away: cancel the request wherever it is (logged as 499)."""
@@ -177,14 +217,14 @@ class Exchange:
         detach = self.head.detached and phase is not QUEUED
         self.phase = EXCHANGE[phase][_DETACH if detach else _GONE]
         self.status = 499  # logged and counted as 499, as Ray Serve does
-        conn = self.conn
-        conn.records.append(self)
+        outbox = self.outbox
+        outbox.records.append(self)
         if not detach and phase is not QUEUED:  # a detached one runs on, to its deadline
-            conn.cancels.append(self)
+            outbox.cancels.append(self)
 
     def answer(self, answer: Answer) -> None:
         if answer.reason:
-            self.conn.rejections.append(("", "", answer.reason))
+            self.outbox.rejections.append(("", "", answer.reason))
         self.respond(answer.status, answer.body, answer.extra, answer.content_type)
 
     def error(self, status: int, message: str,
@@ -219,13 +259,12 @@ class Exchange:
                         True, http_10)
             if body and not (request.head_only or forbids_body(status)):
                 data += body
-            conn = self.conn
             if self.upstream is not None:
                 self._stop_upload()
-            conn.records.append(self)
-            if conn.exchanges[0] is self:
-                conn.out.append(data)
-                conn.advance_line()
+            self.outbox.records.append(self)
+            if self.line.is_first(self):
+                self.outbox.out.append(data)
+                self.line.advance_line()
             else:
                 self.buffer = [data]  # nothing of it was written before: this is all
         elif request.head_only or forbids_body(status):
@@ -234,7 +273,7 @@ class Exchange:
             self.phase = EXCHANGE[self.phase][_END]
             self._write(head(status, message.headers, request.request_id, None, self.keep_alive,
                              not http_10, http_10))
-            self.conn.cancels.append(self)
+            self.outbox.cancels.append(self)
             self._finish()
         else:
             self.phase = EXCHANGE[self.phase][_STREAM]
@@ -270,7 +309,7 @@ class Exchange:
 
     def _settle(self) -> None:
         self.phase = EXCHANGE[self.phase][_SETTLE]
-        self.conn.settled.append(self)
+        self.outbox.settled.append(self)
 
     def _dropped(self, message: Message) -> None:
         """A frame for a detached request: nobody reads it, but the stream must go on."""
@@ -281,9 +320,9 @@ class Exchange:
             final, streamed = True, 0
         self.phase = EXCHANGE[self.phase][_SETTLE if final else _FRAME]
         if streamed:
-            self.conn.acks.append((self, streamed))
+            self.outbox.acks.append((self, streamed))
         if final:
-            self.conn.settled.append(self)
+            self.outbox.settled.append(self)
 
     # -- the request's own stream: a streamed upload ---------------------------------------
 
@@ -307,7 +346,7 @@ class Exchange:
         else:
             return
         if phase is not QUEUED:
-            self.conn.cancels.append(self)
+            self.outbox.cancels.append(self)
 
     def credit(self, amount: int) -> None:
         """The replica granted room for `amount` more of the request's stream."""
@@ -319,22 +358,20 @@ class Exchange:
     def send_ready(self) -> None:
         upstream = self.upstream
         assert upstream is not None
-        conn = self.conn
+        sends = self.outbox.sends
         for frame in upstream.ready():
-            conn.sends.append((self, frame))
-        if conn.uploading is self:
-            conn.upload_paused = upstream.paused
+            sends.append((self, frame))
+        self.line.upload_window(self, upstream.paused)
 
     # -- output ----------------------------------------------------------------------------
 
     def _write(self, data: bytes, body: int = 0) -> None:
         """`data` goes out now if this exchange is first in line, else waits its turn;
         `body` of its bytes are a streamed response's body (acknowledged once written)."""
-        conn = self.conn
-        if conn.exchanges[0] is self:
-            conn.out.append(data)
+        if self.line.is_first(self):
+            self.outbox.out.append(data)
             if body:
-                conn.acknowledge(self, body)
+                self.line.acknowledge(self, body)
         else:
             if self.buffer is None:
                 self.buffer = [data]
@@ -347,22 +384,20 @@ class Exchange:
         buffer = self.buffer
         if buffer is not None:
             self.buffer = None
-            self.conn.out.extend(buffer)
+            self.outbox.out.extend(buffer)
             if self.buffered:
-                self.conn.acknowledge(self, self.buffered)
+                self.line.acknowledge(self, self.buffered)
                 self.buffered = 0
 
     def _stop_upload(self) -> None:
         """Answered before its upload ended: the rest is read and dropped."""
         assert self.upstream is not None
         self.upstream.drop()
-        if self.conn.uploading is self:
-            self.conn.upload_paused = False
+        self.line.upload_window(self, False)
 
     def _finish(self) -> None:
-        conn = self.conn
         if self.upstream is not None:
             self._stop_upload()
-        conn.records.append(self)
-        if conn.exchanges[0] is self:
-            conn.advance_line()
+        self.outbox.records.append(self)
+        if self.line.is_first(self):
+            self.line.advance_line()

@@ -16,19 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from surge.codecs.h2 import H2Error
 from surge.codecs.h2_send import HeldLimitError
 from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.proxy.grpc_call import GrpcCall
 from surge.proxy.grpc_core import GrpcCore
+from surge.proxy.grpc_ingress import GrpcIngress
 from surge.proxy.grpc_status import Code, truncate
 from surge.router.replica_link import is_final
 from surge.transport.messages import Message
-
-if TYPE_CHECKING:
-    from surge.proxy.grpc import GrpcIngress
 
 __all__ = ["GrpcConnection"]
 

@@ -75,7 +75,7 @@ _LINGERING = frozenset((HEALTH_WATCH, REFLECTION))  # local streams a drain does
 
 
 class GrpcSite(Protocol):
-    """What every connection's core reads of the ingress (proxy/grpc.py's GrpcIngress)."""
+    """What every connection's core reads of the ingress (proxy/grpc_ingress.py)."""
 
     local: LocalServices
     request_timeout_s: float | None

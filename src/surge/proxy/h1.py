@@ -36,7 +36,7 @@ from collections.abc import Callable
 import httptools
 
 from surge.codecs.websocket import is_websocket_upgrade
-from surge.proxy.exchange import Exchange
+from surge.proxy.exchange import Exchange, Outbox
 from surge.proxy.h1_state import (
     CONNECTION,
     EXCHANGE,
@@ -51,7 +51,6 @@ from surge.proxy.responses import CONTINUE, simple
 from surge.proxy.site import Site
 from surge.proxy.upstream import Upstream
 from surge.proxy.ws_exchange import WsExchange
-from surge.transport.messages import Message
 
 __all__ = ["MAX_PIPELINED", "UPLOAD_STREAM_BYTES", "H1Connection"]
 
@@ -95,9 +94,9 @@ def _nothing() -> None:
 class H1Connection:
     __slots__ = ("_max_body", "_max_header", "acks", "body", "body_at", "body_size", "cancels",
                  "dispatch", "exchanges", "fields", "head", "header_bytes", "headers", "holding",
-                 "idle_since", "out", "parser", "reading_paused", "received_at", "records",
-                 "rejections", "reset", "sends", "settled", "site", "started_at", "state",
-                 "upload_paused", "uploading", "url", "wake", "writing_paused")
+                 "idle_since", "out", "outbox", "parser", "reading_paused", "received_at",
+                 "records", "rejections", "reset", "sends", "settled", "site", "started_at",
+                 "state", "upload_paused", "uploading", "url", "wake", "writing_paused")
 
     def __init__(self, site: Site, wake: Callable[[], None] = _nothing) -> None:
         self.site = site
@@ -107,15 +106,17 @@ class H1Connection:
         self.parser = httptools.HttpRequestParser(self)
         self.state = IDLE
         self.exchanges: deque[Exchange] = deque()  # owed responses, in request order
-        # Decisions, for the shell:
-        self.dispatch: list[Exchange] = []
-        self.cancels: list[Exchange] = []
-        self.out: list[bytes] = []
-        self.acks: list[tuple[Exchange, int]] = []
-        self.sends: list[tuple[Exchange, Message]] = []
-        self.records: list[Exchange] = []
-        self.settled: list[Exchange] = []
-        self.rejections: list[tuple[str, str, str]] = []  # (app, deployment, reason)
+        # Decisions, for the shell: this connection's and its exchanges' (the same lists,
+        # named here too for the shell)
+        outbox = self.outbox = Outbox()
+        self.dispatch = outbox.dispatch
+        self.cancels = outbox.cancels
+        self.out = outbox.out
+        self.acks = outbox.acks
+        self.sends = outbox.sends
+        self.records = outbox.records
+        self.settled = outbox.settled
+        self.rejections = outbox.rejections
         self.reset = False  # once CLOSED: close with a TCP reset rather than a FIN
         self.reading_paused = False  # wanted: MAX_PIPELINED responses are owed
         self.writing_paused = False  # the transport's buffer is full: acknowledgements wait
@@ -379,6 +380,21 @@ class H1Connection:
                             self.site.now())
         self.exchanges.append(exchange)
         exchange.respond(status, body)
+
+    # -- what its exchanges ask of it (exchange.Line) --------------------------------------
+
+    def now(self) -> float:
+        return self.site.now()
+
+    def is_first(self, exchange: Exchange) -> bool:
+        """`exchange` is the one whose response is being written."""
+        return self.exchanges[0] is exchange
+
+    def upload_window(self, exchange: Exchange, paused: bool) -> None:
+        """The replica's window for `exchange`'s upload shut or opened: reading follows
+        it while that upload is the one being read."""
+        if self.uploading is exchange:
+            self.upload_paused = paused
 
     def advance_line(self) -> None:
         """Pass the written responses at the head of the line; the next one's turn comes."""

@@ -16,19 +16,16 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 import httptools
 
 from surge.policy.auth import Refusal, check_bearer
-from surge.proxy.routes import Route
+from surge.proxy.routes import CompiledRoutes, Route
 
-if TYPE_CHECKING:
-    from surge.proxy.site import Site
-
-__all__ = ["NO_ROUTE", "TEXT", "Answer", "HeadFields", "RequestHead", "new_request_id",
-           "read_head", "split_target", "usable_request_id"]
+__all__ = ["NO_ROUTE", "TEXT", "Answer", "HeadFields", "RequestHead", "Routing",
+           "new_request_id", "read_head", "split_target", "usable_request_id"]
 
 NO_ROUTE = ("", "", "")  # metric labels of a request that reached no application
 TEXT = b"text/plain; charset=utf-8"
@@ -186,8 +183,22 @@ class RequestHead:
                 f"id={self.request_id.decode()} -> {where}>")
 
 
+class Routing(Protocol):
+    """What reading a head asks of the proxy's site (proxy/site.py's `Site`)."""
+
+    @property
+    def default_timeout(self) -> float | None: ...
+
+    def routes(self) -> CompiledRoutes[Any]: ...
+
+    def builtin(self, path: str) -> tuple[Answer, tuple[str, str, str]]: ...
+
+    def not_found(self, path: str) -> Answer: ...
+
+
 def read_head(method: bytes, url: bytes, http_version: str,
-              headers: list[tuple[bytes, bytes]], fields: HeadFields, site: Site) -> RequestHead:
+              headers: list[tuple[bytes, bytes]], fields: HeadFields,
+              site: Routing) -> RequestHead:
     """Decide once, from the request line and the noted headers, what becomes of it."""
     name = _METHODS.get(method) or method.decode("latin-1")
     request_id = fields.request_id or b"%s-%x" % (_ID_PREFIX, next(_ids))

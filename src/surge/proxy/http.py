@@ -23,20 +23,18 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from surge.errors import BackPressureError, DeploymentUnavailableError
 from surge.policy.llm_models import decode_model, lora_model_id, path_model
 from surge.proxy.exchange import Exchange
 from surge.proxy.h1 import H1Connection
 from surge.proxy.h1_state import Conn, Phase
+from surge.proxy.host import Host
 from surge.proxy.routes import Route
 from surge.proxy.ws_exchange import WsExchange
 from surge.router.replica_link import Pending
 from surge.transport.messages import HttpRequest, Message
-
-if TYPE_CHECKING:
-    from surge.proxy.server import Proxy
 
 __all__ = ["HttpConnection"]
 
@@ -61,7 +59,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("_acting", "_again", "_reading_paused", "client", "core", "proxy",
                  "transport")
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Host) -> None:
         self.proxy = proxy
         self.core = H1Connection(proxy.site, self._act)
         self.transport: asyncio.Transport | None = None

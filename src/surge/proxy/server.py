@@ -15,9 +15,8 @@ import io
 import logging
 import os
 import signal
-import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.clock import SYSTEM, Clock
 from surge.errors import ConfigError
@@ -34,11 +33,15 @@ from surge.process import (
     watch_supervisor,
 )
 from surge.proxy.exchange import Exchange
+from surge.proxy.host import bind
 from surge.proxy.http import HttpConnection
 from surge.proxy.site import Site
 from surge.proxy.tls import server_context
 from surge.router.router import Router
 from surge.router.runtime import RouterRuntime, set_runtime
+
+if TYPE_CHECKING:
+    from surge.proxy.grpc_ingress import GrpcIngress
 
 __all__ = ["Proxy", "main"]
 
@@ -66,7 +69,7 @@ class Proxy:
         shortest = min(spec.keep_alive_timeout_s, spec.request_header_timeout_s,
                        spec.request_body_timeout_s)
         self._sweep_interval = min(1.0, max(0.05, shortest / 4))
-        self.grpc: Any = None  # the GrpcIngress (proxy/grpc.py) when gRPC is served
+        self.grpc: GrpcIngress | None = None  # when gRPC is served (proxy/grpc.py)
         self.loop.call_later(self._sweep_interval, self._sweep)
 
     def _router_for(self, target: RouteTarget) -> Router:
@@ -228,23 +231,15 @@ async def _serve_grpc(proxy: Proxy, spec: ProxySpec) -> Any:
     started = await start_grpc(proxy, spec.host, spec.grpc_port, spec.grpc_servicer_functions,
                                spec.grpc_request_timeout_s, spec.grpc_enable_reflection,
                                spec.grpc_enable_health)
-    return None if started is None else started[0]
+    if started is None:
+        return None
+    server, proxy.grpc, _ = started
+    return server
 
 
 def _advertised_host(host: str, node_ip: str | None) -> str:
     """Where clients reach this proxy: its node's IP when it listens on every interface."""
     return (node_ip or host) if host in ("0.0.0.0", "::", "") else host
-
-
-def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:  # proxy workers share the port; the kernel spreads connections
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.setblocking(False)
-    return sock
 
 
 def main(quiet_without_spec: bool = False) -> int:

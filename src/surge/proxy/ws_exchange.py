@@ -32,13 +32,12 @@ from surge.codecs.websocket import (
     close_frame,
     frame,
 )
-from surge.proxy.exchange import Exchange
+from surge.proxy.exchange import Exchange, Line
 from surge.proxy.h1_state import EXCHANGE, Phase, PhaseEvent
 from surge.proxy.upstream import Upstream
 from surge.transport.messages import Credit, Message, WsAccept, WsClose, WsData
 
 if TYPE_CHECKING:
-    from surge.proxy.h1 import H1Connection
     from surge.proxy.head import RequestHead
 
 __all__ = ["WsExchange"]
@@ -54,9 +53,9 @@ SWITCHING = 101
 class WsExchange(Exchange):
     __slots__ = ("close_code", "ws")
 
-    def __init__(self, conn: H1Connection, head: RequestHead, key: bytes,
+    def __init__(self, line: Line, head: RequestHead, key: bytes,
                  max_message: int, started: float) -> None:
-        super().__init__(conn, head, b"", False, started)
+        super().__init__(line, head, b"", False, started)
         self.ws = WsSession(key, max_message, started)
         self.upstream = Upstream()
         self.close_code = 0  # how it closed, once it did
@@ -86,15 +85,15 @@ class WsExchange(Exchange):
     def _client_closed(self, close: WsClose, in_line: bool = True) -> None:
         if self.phase is WAITING:  # closed before the handshake finished: give it up
             self.ws.out.clear()
-            self.conn.close_now(self)
+            self.line.close_now(self)
             return
         self.close_code = close.code
-        self.conn.sends.append((self, close))  # past the window: the app must hear it
+        self.outbox.sends.append((self, close))  # past the window: the app must hear it
         self.phase = EXCHANGE[self.phase][_END]
         if in_line:
             self._finish()
         else:  # the connection already let go of it
-            self.conn.records.append(self)
+            self.outbox.records.append(self)
 
     def idle(self, now: float, limit: float) -> None:
         """The sweeper's tick: close a socket quiet for `limit` seconds (1001 both ways)."""
@@ -116,8 +115,8 @@ class WsExchange(Exchange):
         elif phase is WAITING:  # never detached: a socket without its client is nothing
             self.phase = EXCHANGE[phase][_GONE]
             self.status = 499
-            self.conn.records.append(self)
-            self.conn.cancels.append(self)
+            self.outbox.records.append(self)
+            self.outbox.cancels.append(self)
         else:
             super().gone()
 
@@ -132,7 +131,7 @@ class WsExchange(Exchange):
         if phase is OPEN:
             if isinstance(message, WsData):
                 self.phase = EXCHANGE[phase][_MESSAGE]
-                self.ws.last_active = self.conn.site.now()
+                self.ws.last_active = self.line.now()
                 self._write(frame(TEXT if message.text else BINARY, message.data),
                             len(message.data))
             elif isinstance(message, Credit):
@@ -159,7 +158,7 @@ class WsExchange(Exchange):
     def _accept(self, message: WsAccept) -> None:
         self.phase = EXCHANGE[self.phase][_ACCEPT]
         self.status = SWITCHING
-        self.ws.last_active = self.conn.site.now()
+        self.ws.last_active = self.line.now()
         self._write(accept_head(self.ws.key, message.subprotocol, message.headers,
                                 self.head.request_id))
         self._flush_ws()
