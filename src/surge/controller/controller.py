@@ -13,10 +13,7 @@ It is never on the request path. Its parts, each in its own module:
 * `Observer` (observer.py): metrics and the dashboard's timeline;
 * the node's CPU (node_cpu.py, when the process entry point gives a reader): once a
   second, the busy share of the head node's cores, fed to the autoscaling step of each
-  deployment whose replicas all run there (policy/saturation.py);
-* `HeapKeeper` (heap.py, when the process entry point gives one): after each tick,
-  freezes the long-lived heap out of the cyclic collector once a full collection is
-  slow (policy/heap.py), so one does not stall a tick at 10,000 replicas.
+  deployment whose replicas all run there (policy/saturation.py).
 
 This class wires them and runs the loop: every `TICK_S` it takes the backend's exits,
 closes the load bucket, runs each autoscaled deployment's step, applies the plan, and
@@ -47,7 +44,6 @@ from surge.controller.autoscaler import Autoscaler, LoadTracker
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.engine_load import EngineTracker
 from surge.controller.executor import DRAIN_GRACE_S, Executor
-from surge.controller.heap import HeapKeeper
 from surge.controller.node_cpu import NODE_CPU_INTERVAL_S, NodeCpu
 from surge.controller.observer import Observer
 from surge.controller.pace import LoopPace, TickSample
@@ -98,8 +94,7 @@ class Controller:
     def __init__(self, address: str, http: HTTPOptions, backend: Backend,
                  checkpoint: Checkpoint | None = None, *, clock: Clock = SYSTEM,
                  new_replica_id: Callable[[str], str] = random_replica_id,
-                 grpc: gRPCOptions | None = None, node_cpu: NodeCpu | None = None,
-                 heap: HeapKeeper | None = None) -> None:
+                 grpc: gRPCOptions | None = None, node_cpu: NodeCpu | None = None) -> None:
         workers = http.proxy_workers
         self.state = ControllerState(address, http,
                                      workers if workers is not None else default_proxy_workers(),
@@ -113,7 +108,6 @@ class Controller:
         self._intervals_at = -math.inf  # when the report intervals were last reviewed
         self._node_cpu = node_cpu
         self._node_cpu_at = -math.inf  # when the node's CPU was last read
-        self._heap = heap  # the process's collector (its entry point's), else left alone
         self.load = LoadTracker(TICK_S)
         self.engines = EngineTracker()  # the engines' own load reports (LLM replicas)
         self.autoscaler = Autoscaler()
@@ -250,8 +244,6 @@ class Controller:
             ended = clock.monotonic()
             self.pace.record(TickSample(started, ended - started, thread_cpu_s() - cpu,
                                         max(0.0, started - due)))
-            if self._heap is not None:
-                self._heap.step(len(self.state.replicas) + len(self.publisher.routers))
             await self.api.notify()
             due = clock.monotonic() + TICK_S
             await asyncio.sleep(TICK_S)

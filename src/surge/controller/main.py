@@ -25,7 +25,6 @@ from surge.backends.base import Backend
 from surge.backends.choice import BackendChoice, build_backend
 from surge.controller.checkpoint import Checkpoint
 from surge.controller.controller import Controller
-from surge.controller.heap import HeapKeeper
 from surge.controller.node_cpu import ProcStatCpu
 from surge.controller.recovery import RECOVERY_TIMEOUT_S
 from surge.controller.rest import RestApi
@@ -86,7 +85,7 @@ async def serve(spec: ControllerProcessSpec,
         return 1
     # The controller runs on the head node: it reads that node's CPU (node_cpu.py).
     controller = Controller(bound, spec.http, backend, Checkpoint(spec.state_dir),
-                            grpc=spec.grpc, node_cpu=ProcStatCpu(), heap=HeapKeeper())
+                            grpc=spec.grpc, node_cpu=ProcStatCpu())
     holder.append(controller)
     if spec.lifetime.detached:
         controller.state.daemon_pid = spec.lifetime.supervisor_pid
