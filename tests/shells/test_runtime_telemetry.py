@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from surge.model import DeploymentId
 from surge.observability.recorder import Recorder, TelemetryReport
 from surge.policy.cadence import (
     MAX_LOAD_REPORT_INTERVAL_S,
@@ -12,12 +13,15 @@ from surge.policy.cadence import (
     TELEMETRY_INTERVAL_S,
     TELEMETRY_KEEPALIVE_S,
 )
+from surge.router.replica_link import Pending
 from surge.router.runtime import (
     LOAD_REPORT_INTERVAL_S,
     RouterRuntime,
     telemetry_quiet,
 )
 from surge.testing import FakeClock, FakePeer
+from surge.transport.messages import Call
+from tests.eventually import eventually_async
 
 
 def test_idle_reports_are_sent_only_as_keepalives() -> None:
@@ -99,3 +103,34 @@ def test_a_member_sends_telemetry_as_often_as_its_controller_says_within_bounds(
         runtime.close()
 
     asyncio.run(main())
+
+
+def test_settle_gives_up_on_the_runtime_s_clock() -> None:
+    """RouterRuntime.settle's bound is read on the injected clock, the one its routers
+    use: a call still queued makes it wait until that clock passes the bound."""
+    async def main() -> None:
+        clock = FakeClock()
+        runtime = RouterRuntime("127.0.0.1:1", "replica", token="t", clock=clock)
+        router = runtime.router(DeploymentId("app", "d"))
+        router.submit(Pending(Call(id=0, method="f", payload=b""), _Sink()))
+        assert router.queued == 1  # no replica yet: it waits
+        settling = asyncio.ensure_future(runtime.settle(600.0))
+
+        def time_passes() -> bool:
+            clock.advance(60.0)
+            return settling.done()
+
+        # on the loop's clock it would wait ten real minutes: eventually gives up first
+        await eventually_async(time_passes, 30.0, what="settle to give up")
+        assert settling.result() is False
+        runtime.close()
+
+    asyncio.run(main())
+
+
+class _Sink:
+    def deliver(self, message: object) -> None:
+        pass
+
+    def fail(self, exc: BaseException) -> None:
+        pass

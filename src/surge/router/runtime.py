@@ -273,10 +273,10 @@ class RouterRuntime:
     async def settle(self, timeout_s: float) -> bool:
         """Wait, at most `timeout_s`, until no call this process made is queued or in
         flight (e.g. one a replica's `__del__` fired and forgot): whether they all ended."""
-        deadline = self.loop.time() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         await asyncio.sleep(0.01)  # calls just made start on the loop's next turns
         while any(router.in_flight or router.queued for router in self.routers.values()):
-            if self.loop.time() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.01)
         return True
