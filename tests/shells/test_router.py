@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
+from surge import testing
 from surge.errors import BackPressureError, ReplicaDiedError
 from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
 from surge.policy.admission import MAX_RETRY_AFTER_S
 from surge.router.replica_link import Pending
 from surge.router.router import Router
 from surge.testing import FakeClock
-from surge.transport.connection import FramedProtocol
-from surge.transport.messages import Call, Cancel, Failure, Message, Rejected, Result
+from surge.transport.messages import Call, Message, Result
 from tests.eventually import eventually_async
 
 DEP = DeploymentId("app", "d")
@@ -39,86 +39,14 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), 20))
 
 
-class FakeReplica:
-    """Serves frames: answer, hold until released, or reject above `reject_above` held."""
-
-    def __init__(self, name: str, *, hold: bool = False, reject_above: int | None = None):
-        self.name = name
-        self.hold = hold
-        self.reject_above = reject_above
-        self.calls: list[bytes] = []  # payloads, in arrival order (rejected ones too)
-        self.rejected: list[bytes] = []
-        self.cancels: list[int] = []
-        self.held: list[tuple[_ReplicaConnection, Call]] = []
-        self.connections: list[_ReplicaConnection] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> ReplicaInfo:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: _ReplicaConnection(self), "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return ReplicaInfo(replica_id=self.name, deployment=DEP, address=f"127.0.0.1:{port}",
-                           pid=0)
-
-    def on_call(self, connection: _ReplicaConnection, call: Call) -> None:
-        self.calls.append(call.payload)
-        if self.reject_above is not None and len(self.held) >= self.reject_above:
-            self.rejected.append(call.payload)
-            connection.send(Rejected(id=call.id, ongoing=len(self.held)))
-        elif self.hold:
-            self.held.append((connection, call))
-        else:
-            connection.send(self.result(call))
-
-    def on_cancel(self, connection: _ReplicaConnection, cancel: Cancel) -> None:
-        self.cancels.append(cancel.id)
-        for entry in self.held:
-            if entry[0] is connection and entry[1].id == cancel.id:
-                self.held.remove(entry)
-                connection.send(Failure(id=cancel.id, kind="cancelled", message="cancelled"))
-
-    def result(self, call: Call) -> Result:
-        return Result(id=call.id, payload=self.name.encode() + b":" + call.payload)
-
-    def release(self, count: int | None = None) -> None:
-        count = len(self.held) if count is None else count
-        for connection, call in self.held[:count]:
-            connection.send(self.result(call))
-        del self.held[:count]
-
-    def drop(self) -> None:
-        """The replica process dies: every connection closes."""
-        for connection in self.connections:
-            connection.close()
+class FakeReplica(testing.FakeReplica):
+    """surge.testing's fake replica, with a wait on its state."""
 
     async def wait_for(self, predicate: Callable[[FakeReplica], bool]) -> None:
         code = predicate.__code__
         line = linecache.getline(code.co_filename, code.co_firstlineno).strip()
         await eventually_async(lambda: predicate(self), WAIT_S,
                                what=f"replica {self.name}: {line}")
-
-    async def close(self) -> None:
-        self.drop()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-        await self.wait_for(lambda r: all(c.is_closed for c in r.connections))
-
-
-class _ReplicaConnection(FramedProtocol):
-    def __init__(self, replica: FakeReplica) -> None:
-        super().__init__()
-        self.replica = replica
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.replica.connections.append(self)
-
-    def message_received(self, message: Message) -> None:
-        if isinstance(message, Call):
-            self.replica.on_call(self, message)
-        elif isinstance(message, Cancel):
-            self.replica.on_cancel(self, message)
 
 
 class Sink:

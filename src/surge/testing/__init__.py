@@ -8,6 +8,8 @@
 * `FakeLLMEngine`: a deterministic `surge.llm.engine.LLMEngine` (words are tokens), for
   tests of the OpenAI layer without a model: `LLMConfig(llm_engine=
   "surge.testing:FakeLLMEngine", ...)`.
+* `FakeReplica`: a replica as a router sees it, a frame server on loopback that
+  answers, holds, rejects or dies on cue (the router's shell tests run on it).
 * `FakeObjectStore`: cloud object storage in memory (`surge.llm.lora_cloud.ObjectStore`),
   for LoRA adapter downloads that fail on cue.
 """
@@ -17,6 +19,7 @@ from surge.testing.clock import FakeClock
 from surge.testing.llm import FakeLLMEngine
 from surge.testing.objects import FakeObjectStore
 from surge.testing.peer import FakePeer
+from surge.testing.replica import FakeReplica
 
 __all__ = ["FakeBackend", "FakeClock", "FakeLLMEngine", "FakeObjectStore", "FakePeer",
-           "FakeProcess"]
+           "FakeProcess", "FakeReplica"]
