@@ -10,6 +10,7 @@ a replica itself is policy/routing.py (power of two choices), policy/model_routi
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ def model_settings(frames: Iterable[tuple[int, float] | None], replicas: int,
     return default_copies, MATCHING_TIMEOUT_S
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Answer:
     """What to do with a request's final frame."""
 
@@ -110,6 +111,7 @@ class Answer:
     completed: bool  # count it done (and its service time)
 
 
+@functools.cache  # (every answer asks: 32 cases, made once each)
 def answer(rejected: bool, routable: bool, saturated: bool, pinned: bool,
            cancelled: bool) -> Answer:
     """A rejection holds its replica as full (if still routable and not held already)
