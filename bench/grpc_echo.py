@@ -1,7 +1,7 @@
 """gRPC echo: surge's gRPC ingress vs Ray Serve 2.60's gRPC proxy, in one run.
 
     python bench/grpc_echo.py [--duration 5] [--clients 2] [--inflight 16]
-                              [--systems raw,surge,ray]
+                              [--systems raw,surge,ray] [--rounds 1]
 
 Each system serves bench/apps/grpc_echo_app.py (the same code; Ray's API); `raw` is the
 anchor, grpcio's own asyncio server answering in its one process
@@ -14,7 +14,11 @@ measures, per system:
 - server streaming, 50 messages of 100 B per call: messages/s;
 - a 10 MB unary request, one at a time: p50 latency.
 For surge it also runs wrk against the same app over HTTP (c=8) for the CPU per request
-of its HTTP echo. The last line is `summary: key=value ...`.
+of its HTTP echo. `hyper` is surge with python-hyper's h2 behind its gRPC core instead
+of its own HTTP/2 (bench/h2_hyper.py, through bench/h2_hyper_site/sitecustomize.py): the
+A/B of issue 32 item 2. `--rounds N` measures every system N times, interleaved (the
+order turned around each round), and reports each round and the medians. The last line
+is `summary: key=value ...` (medians; `hyper_*` when it ran).
 """
 
 from __future__ import annotations
@@ -172,20 +176,32 @@ def big_unary(target: str, proto_dir: str, calls: int = 7) -> float:
     return statistics.median(times)
 
 
+HYPER_SITE = Path(__file__).resolve().parent / "h2_hyper_site"
+
+
 def measure(name: str, args: argparse.Namespace, proto_dir: str) -> dict[str, float]:
     http_port, grpc_port = free_port(), free_port()
     python = ray_python() if name == "ray" else sys.executable
+    surge = name in ("surge", "hyper")
     env = {"PYTHONPATH": os.pathsep.join([proto_dir, str(APPS.parent.parent / "src")])
-           if name == "surge" else proto_dir, "SURGE_LOG_LEVEL": "WARNING"}
-    if name == "surge":
+           if surge else proto_dir, "SURGE_LOG_LEVEL": "WARNING"}
+    marks = Path(tempfile.gettempdir()) / f"surge-bench-h2-{os.getpid()}-{grpc_port}"
+    if name == "hyper":  # its processes swap the gRPC core's HTTP/2 for h2's
+        env["PYTHONPATH"] += os.pathsep + str(HYPER_SITE)
+        env["SURGE_BENCH_H2_MARKS"] = str(marks)
+    if surge:
         env["SURGE_ADDRESS"] = f"127.0.0.1:{free_port()}"
-    argv = [python, str(APPS / "grpc_echo_app.py"), name, str(http_port), str(grpc_port)]
+    argv = [python, str(APPS / "grpc_echo_app.py"), "surge" if surge else name, str(http_port),
+            str(grpc_port)]
     if name == "raw":
         argv = [python, str(APPS / "grpc_raw_echo.py"), str(grpc_port)]
     print(f"== {name}", flush=True)
     with start_system(name, argv, env, timeout_s=240) as system:
         target = system.info["grpc"]
         serving = system.serving_pids()
+        if name == "hyper":
+            _check_hyper(marks, serving)
+            marks.unlink()
         out: dict[str, float] = {}
         profiler = None
         if args.profile and name == "surge":  # py-spy on the proxy and the replica
@@ -211,7 +227,9 @@ def measure(name: str, args: argparse.Namespace, proto_dir: str) -> dict[str, fl
         big = big_unary(target, proto_dir)
         print(f"   10 MB      p50 {big:7.1f} ms", flush=True)
         out.update(rps=unary["rps"], p50_ms=unary["p50_ms"], p99_ms=unary["p99_ms"],
-                   cpu_us_per_req=unary["cpu_us_per_call"], moderate_p50_ms=moderate["p50_ms"],
+                   cpu_us_per_req=unary["cpu_us_per_call"],
+                   proxy_cpu_us_per_req=unary["proxy_us_per_call"],
+                   moderate_p50_ms=moderate["p50_ms"],
                    moderate_p99_ms=moderate["p99_ms"], stream_msgs_per_s=stream["msgs_per_s"],
                    big_p50_ms=big)
         if name == "surge":
@@ -222,29 +240,57 @@ def measure(name: str, args: argparse.Namespace, proto_dir: str) -> dict[str, fl
         return out
 
 
+def _check_hyper(marks: Path, serving: list[int]) -> None:
+    """The proxy of the `hyper` system runs h2 (its sitecustomize wrote its pid)."""
+    wrote = {int(line) for line in marks.read_text().split()} if marks.exists() else set()
+    proxies = {pid for pid in serving if "surge:proxy" in cmdline(pid)}
+    if not proxies or not proxies <= wrote:
+        raise SystemExit(f"hyper: proxies {sorted(proxies)} did not load h2 (marks: "
+                         f"{sorted(wrote)})")
+    print(f"   h2 behind the gRPC core of proxy {sorted(proxies)}", flush=True)
+
+
+def _median(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--inflight", type=int, default=16, help="calls in flight per client")
-    parser.add_argument("--systems", default="raw,surge,ray")
+    parser.add_argument("--systems", default="raw,surge,ray",
+                        help="of raw, surge, hyper (surge on python-hyper's h2), ray")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times, interleaved")
     parser.add_argument("--profile", action="store_true",
                         help="sample surge's serving processes with py-spy during the unary run")
     args = parser.parse_args()
     proto_dir = compiled()
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores: above 2, other work "
           "competes with the systems and the client)", flush=True)
-    results = {name: measure(name, args, proto_dir) for name in args.systems.split(",") if name}
+    names = [name for name in args.systems.split(",") if name]
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for number in range(args.rounds):
+        for name in names if number % 2 == 0 else names[::-1]:
+            rounds[name].append(measure(name, args, proto_dir))
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    results = {name: _median(measured) for name, measured in rounds.items()}
     surge, ray, raw = results.get("surge", {}), results.get("ray", {}), results.get("raw", {})
+    hyper = results.get("hyper", {})
     nan = float("nan")
     print()
-    print("| system | unary calls/s | p50 ms | p99 ms | CPU µs/call | moderate p99 ms "
+    print("| system | unary calls/s | p50 ms | p99 ms | CPU µs/call (proxy) | moderate p99 ms "
           "| stream msgs/s | 10 MB p50 ms |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{r['cpu_us_per_req']:,.0f} | {r['moderate_p99_ms']:.2f} | "
+    rows = [(f"{name} (round {i + 1})", r) for name, measured in rounds.items()
+            for i, r in enumerate(measured)] if args.rounds > 1 else []
+    rows += [(f"{name} (median)" if args.rounds > 1 else name, r)
+             for name, r in results.items()]
+    for label, r in rows:
+        print(f"| {label} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+              f"{r['cpu_us_per_req']:,.0f} ({r['proxy_cpu_us_per_req']:,.0f}) | "
+              f"{r['moderate_p99_ms']:.2f} | "
               f"{r['stream_msgs_per_s']:,.0f} | {r['big_p50_ms']:.1f} |")
     if surge and ray:
         print(f"surge/ray unary: {surge['rps'] / ray['rps']:.1f}x; stream: "
@@ -266,6 +312,12 @@ def main() -> None:
         "big_p50_ms": surge.get("big_p50_ms", nan), "ray_big_p50_ms": ray.get("big_p50_ms", nan),
         "raw_rps": raw.get("rps", nan), "raw_p99_ms": raw.get("moderate_p99_ms", nan),
     }
+    if hyper:
+        fields.update({f"hyper_{key}": hyper[key] for key in (
+            "rps", "moderate_p99_ms", "cpu_us_per_req", "proxy_cpu_us_per_req",
+            "stream_msgs_per_s", "big_p50_ms")})
+    if surge:
+        fields["proxy_cpu_us_per_req"] = surge["proxy_cpu_us_per_req"]
     print("summary: " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
 
 

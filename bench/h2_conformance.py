@@ -1,6 +1,6 @@
 """The HTTP/2 conformance table of surge's gRPC port, by section.
 
-    python bench/h2_conformance.py [--target HOST:PORT] [--against REF]
+    python bench/h2_conformance.py [--target HOST:PORT] [--against REF] [--codec hyper]
 
 Runs every case of tests/proxy/h2_conformance.py (h2spec 2.6's 147 cases for RFC 9113
 and RFC 7541, written again as gRPC calls, and surge's own extra rules) and prints, per
@@ -10,7 +10,9 @@ process (the same port the tests use); with it, it runs against any gRPC server 
 answers Ray's `/ray.serve.RayServeAPIService/Healthz` (a running `surge run`, or Ray
 Serve's own gRPC proxy). `--against REF` runs the same table, in a child process, against
 the ingress of git revision REF too (its `src/`, extracted to a temporary directory), so
-a change's before and after come from one run. The last line is `summary: ...`.
+a change's before and after come from one run. `--codec hyper` runs the ingress with
+python-hyper's h2 behind its gRPC core instead of surge's own HTTP/2 (bench/h2_hyper.py).
+The last line is `summary: ...`.
 """
 
 from __future__ import annotations
@@ -85,8 +87,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", help="HOST:PORT of a running gRPC server")
     parser.add_argument("--against", help="a git revision whose ingress runs the table too")
+    parser.add_argument("--codec", choices=("surge", "hyper"), default="surge",
+                        help="the HTTP/2 stack of the in-process ingress")
     parser.add_argument("--label", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.codec == "hyper":
+        from bench.h2_hyper import install
+
+        install()
     started = time.monotonic()
     if args.target:
         host, port = args.target.rsplit(":", 1)
@@ -95,7 +103,8 @@ def main() -> int:
     else:
         with serving() as port:
             results = run_table(port, "127.0.0.1")
-        label = f"surge's gRPC ingress at {args.label or 'this checkout'}"
+        label = f"surge's gRPC ingress at {args.label or 'this checkout'}" + (
+            ", on python-hyper's h2" if args.codec == "hyper" else "")
     print(report(results, f"{label} ({len(CASES)} cases, {time.monotonic() - started:.1f} s)"))
     line = summary(results, "")
     if args.against:
