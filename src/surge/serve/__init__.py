@@ -25,7 +25,8 @@ from surge.api.lazy_serve import serve_names as __dir__  # noqa: F401
 from surge.config import AutoscalingConfig, HTTPOptions
 from surge.replica.context import get_replica_context
 from surge.replica.ingress import ingress
-from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from surge.router.handle import DeploymentHandle
+from surge.router.responses import DeploymentResponse, DeploymentResponseGenerator
 from surge.serve import config, context, exceptions, handle, schema
 
 if TYPE_CHECKING:

@@ -1,6 +1,7 @@
 """`surge.serve.handle`, as `ray.serve.handle`."""
 
-from surge.router.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from surge.router.handle import DeploymentHandle
+from surge.router.responses import DeploymentResponse, DeploymentResponseGenerator
 from surge.router.selection import ReplicaSelection
 
 __all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator",
