@@ -1,6 +1,6 @@
 """One request's state at the replica, from admission until it is answered.
 
-A connection (replica/server.py) keeps one `Request` per request id it admitted; the
+A connection (replica/connection.py) keeps one `Request` per request id it admitted; the
 frames that follow the request (credit, its own stream's parts, a cancel) find it there,
 and it leaves when the request ends: its task finished, or its worker answered a sync
 call (sync_calls.py), or the call was cancelled.

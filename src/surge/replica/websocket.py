@@ -31,7 +31,7 @@ from surge.transport.flow import SendWindow
 from surge.transport.messages import HttpRequest, HttpStart, WsAccept, WsClose, WsData
 
 if TYPE_CHECKING:
-    from surge.replica.server import _Connection
+    from surge.replica.connection import RouterConnection
 
 __all__ = ["ClientDisconnected", "serve_websocket", "websocket_scope"]
 
@@ -65,7 +65,7 @@ class _Session:
     __slots__ = ("accepted", "conn", "denial", "disconnect", "finished", "inbox", "request",
                  "rid", "window")
 
-    def __init__(self, conn: _Connection, request: Request) -> None:
+    def __init__(self, conn: RouterConnection, request: Request) -> None:
         self.conn = conn
         self.request = request
         self.rid = request.id
@@ -162,7 +162,7 @@ class _Session:
                                   body=b"Internal Server Error", more=False))
 
 
-async def serve_websocket(conn: _Connection, request: Request, message: HttpRequest) -> bool:
+async def serve_websocket(conn: RouterConnection, request: Request, message: HttpRequest) -> bool:
     """Run the app for one WebSocket; False when it raised."""
     server = conn.server
     rid = message.id
