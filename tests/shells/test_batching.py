@@ -12,13 +12,8 @@ from typing import Any
 import pytest
 
 from surge.errors import ConfigError, RayServeException
-from surge.replica.batching import (
-    STREAM_AHEAD_ITEMS,
-    BatchSettings,
-    batch,
-    batch_group_key,
-    wrap,
-)
+from surge.replica.batch_stream import STREAM_AHEAD_ITEMS
+from surge.replica.batching import BatchSettings, batch, batch_group_key, wrap
 from tests.eventually import eventually_async
 
 LONG = 1000.0  # a wait timeout no test waits out: those batches leave when full

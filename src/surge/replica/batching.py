@@ -12,12 +12,13 @@ is free (`max_concurrent_batches`); while every slot is busy, calls keep gatheri
 oldest ready batch leaves the moment a slot frees. (Ray Serve flushes on the timeout
 anyway and queues tiny batches behind a slow one.)
 These decisions are policy/batching.py's; this module holds the calls and runs batches.
+A batch's arguments are replica/batch_arguments.py's.
 
 A coroutine function returns one result per call; an async generator function yields
 lists, and each caller streams its own element of each (`StopIteration` ends that
 caller's stream). A batch's generator runs at most `STREAM_AHEAD_ITEMS` items ahead of
-its slowest listening caller; a caller that goes away leaves the batch, and a batch with
-no caller left is closed, which frees its slot.
+its slowest listening caller (replica/batch_stream.py); a caller that goes away leaves
+the batch, and a batch with no caller left is closed, which frees its slot.
 """
 
 from __future__ import annotations
@@ -27,21 +28,17 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from surge.errors import ConfigError, RayServeException
+from surge.errors import ConfigError
 from surge.policy.batching import fill, next_deadline, oldest_ready
+from surge.replica.batch_arguments import BatchSignature, per_call_results
+from surge.replica.batch_stream import CallerStream
 from surge.replica.context import RequestContext, request_context_var
 
 __all__ = ["batch"]
-
-STREAM_AHEAD_ITEMS = 16  # per caller: rides out a slow reader's hiccup, bounds its memory
-
-_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
-_VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 
 
 def batch_group_key() -> str:
@@ -107,143 +104,7 @@ class BatchSettings:
                 f"{self.max_concurrent_batches}, batch_size_fn={self.batch_size_fn!r})")
 
 
-# -- arguments ----------------------------------------------------------------------------
-
-
-class _Signature:
-    """A call's arguments bound by name, and a batch's: one list per argument."""
-
-    def __init__(self, func: Callable[..., Any]) -> None:
-        self.signature = inspect.signature(func)
-        self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
-        self.first = next(iter(self.kinds), "")
-
-    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-             method: bool) -> tuple[dict[str, Any], Hashable]:
-        """The call's arguments (without `self`) and its shape: which ones it passed."""
-        try:
-            arguments = dict(self.signature.bind(*args, **kwargs).arguments)
-        except TypeError as exc:  # Ray's message, without bind's traceback
-            raise TypeError(str(exc)) from None
-        if method:
-            del arguments[self.first]
-        return arguments, tuple(self._shape(name, value) for name, value in arguments.items())
-
-    def first_item(self, arguments: dict[str, Any]) -> Any:
-        """What `batch_size_fn` measures: the call's first argument (Ray: its first
-        positional one)."""
-        for name, value in arguments.items():
-            if self.kinds[name] is _VAR_POSITIONAL or self.kinds[name] is _VAR_KEYWORD:
-                entries = list(value.values() if isinstance(value, dict) else value)
-                if not entries:
-                    continue
-                return entries[0]
-            return value
-        return None
-
-    def _shape(self, name: str, value: Any) -> Hashable:
-        if self.kinds[name] is _VAR_POSITIONAL:
-            return name, len(value)
-        if self.kinds[name] is _VAR_KEYWORD:
-            return name, tuple(sorted(value))
-        return name
-
-    def batched(self, owner: Any, calls: list[dict[str, Any]]) -> tuple[tuple[Any, ...],
-                                                                          dict[str, Any]]:
-        """Positional and keyword arguments for one call of the function with `calls`."""
-        columns: dict[str, Any] = {} if owner is None else {self.first: owner}
-        for name, value in calls[0].items():  # every call in a batch has the same shape
-            if self.kinds[name] is _VAR_POSITIONAL:
-                columns[name] = tuple([c[name][i] for c in calls] for i in range(len(value)))
-            elif self.kinds[name] is _VAR_KEYWORD:
-                columns[name] = {key: [c[name][key] for c in calls] for key in value}
-            else:
-                columns[name] = [c[name] for c in calls]
-        bound = inspect.BoundArguments(self.signature, columns)
-        return bound.args, bound.kwargs
-
-
-def _results(results: Any, expected: int) -> list[Any]:
-    try:
-        length = len(results)
-    except TypeError:
-        raise TypeError("a @serve.batch function must return (or yield) a list with one "
-                        f"result per call, got {type(results).__name__}") from None
-    if length != expected:
-        raise RayServeException(
-            "Batched function doesn't preserve batch size. The input list has length "
-            f"{expected} but the returned list has length {length}.")
-    return list(results)
-
-
 # -- one caller -----------------------------------------------------------------------------
-
-
-def _ends_stream(item: Any) -> bool:
-    return (item is StopIteration or item is StopAsyncIteration
-            or isinstance(item, StopIteration | StopAsyncIteration))
-
-
-class _Stream:
-    """One caller's share of a streaming batch: its elements, in order, until it ends."""
-
-    def __init__(self) -> None:
-        self.items: deque[Any] = deque()
-        self.ended = False
-        self.error: BaseException | None = None
-        self.gone = False  # the caller went away
-        self.readable = asyncio.Event()
-        self.room: asyncio.Event | None = None  # the batch's: set when this stream drains
-
-    @property
-    def open(self) -> bool:
-        """Whether the batch still sends to it."""
-        return not (self.ended or self.gone)
-
-    def full(self) -> bool:
-        return self.open and len(self.items) >= STREAM_AHEAD_ITEMS
-
-    def put(self, item: Any) -> None:
-        if not self.open:
-            return
-        if _ends_stream(item):
-            self.finish(None)
-        else:
-            self.items.append(item)
-            self.readable.set()
-
-    def finish(self, error: BaseException | None) -> None:
-        """End the stream after what it holds: normally, or raising `error`."""
-        if self.open:
-            self.ended, self.error = True, error
-            self.readable.set()
-
-    def leave(self) -> None:
-        self.gone = True
-        self.items.clear()
-        self._drained()
-
-    # An async iterator, not a getter returning an end marker: the wrapper that reads it
-    # travels by value with a class defined in a function (functools.wraps gives it the
-    # user's qualname), and a marker in its globals would be a copy, never the end.
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> Any:
-        while not self.items and not self.ended:
-            self.readable.clear()
-            await self.readable.wait()
-        if self.items:
-            item = self.items.popleft()
-            self._drained()
-            return item
-        if self.error is not None:
-            raise self.error
-        raise StopAsyncIteration
-
-    def _drained(self) -> None:
-        if self.room is not None:
-            self.room.set()
 
 
 @dataclass(eq=False)
@@ -252,7 +113,7 @@ class _Call:
     item: Any  # what batch_size_fn measures
     arrived: float
     future: asyncio.Future[Any]  # a coroutine batch's result for this caller
-    stream: _Stream | None  # a streaming batch's elements for this caller
+    stream: CallerStream | None  # a streaming batch's elements for this caller
 
     def abandoned(self) -> bool:
         return self.stream.gone if self.stream is not None else self.future.cancelled()
@@ -313,7 +174,7 @@ class BatchQueue:
     Decides on three events: a group filled up (at a call), a deadline passed (a timer),
     a batch ended (its slot frees)."""
 
-    def __init__(self, func: Callable[..., Any], signature: _Signature,
+    def __init__(self, func: Callable[..., Any], signature: BatchSignature,
                  settings: BatchSettings, owner: Any, group_key: Callable[[], Hashable],
                  on_idle: Callable[[BatchQueue], None]) -> None:
         self.func = func
@@ -337,7 +198,7 @@ class BatchQueue:
                 f"{self.settings.max_concurrent_batches} batches running>")
 
     def submit(self, arguments: dict[str, Any], item: Any, shape: Hashable,
-               stream: _Stream | None) -> _Call:
+               stream: CallerStream | None) -> _Call:
         call = _Call(arguments, item, self.loop.time(), self.loop.create_future(), stream)
         key = (self.group_key(), shape)
         group = self.groups.get(key)
@@ -432,7 +293,7 @@ class BatchQueue:
     async def _once(self, calls: list[_Call], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> None:
         try:
-            results = _results(await self.func(*args, **kwargs), len(calls))
+            results = per_call_results(await self.func(*args, **kwargs), len(calls))
         except Exception as exc:
             for call in calls:
                 call.fail(exc)
@@ -451,7 +312,7 @@ class BatchQueue:
             generator: AsyncGenerator[Any, None] = self.func(*args, **kwargs)
             async with contextlib.aclosing(generator):
                 async for yielded in generator:
-                    for stream, item in zip(streams, _results(yielded, len(streams)),
+                    for stream, item in zip(streams, per_call_results(yielded, len(streams)),
                                             strict=True):
                         stream.put(item)
                     if not any(s.open for s in streams):
@@ -478,7 +339,7 @@ class _Queues:
         self.func = func
         self.settings = settings
         self.group_key = group_key
-        self.signature = _Signature(func)
+        self.signature = BatchSignature(func)
         self.wrapper: Callable[..., Any] | None = None
         # A queue holds its owner while it has calls, so its id is not reused meanwhile.
         self.queues: dict[int, BatchQueue] = {}
@@ -492,7 +353,7 @@ class _Queues:
         return None
 
     def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-               stream: _Stream | None) -> _Call:
+               stream: CallerStream | None) -> _Call:
         owner = self.owner(args)
         arguments, shape = self.signature.bind(args, kwargs, owner is not None)
         item = self.signature.first_item(arguments)
@@ -525,7 +386,7 @@ def wrap(func: Callable[..., Any], settings: BatchSettings, *,
     if inspect.isasyncgenfunction(func):
         @functools.wraps(func)
         async def stream_wrapper(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            stream = _Stream()
+            stream = CallerStream()
             queues.submit(args, kwargs, stream)
             try:
                 async for item in stream:
