@@ -2,16 +2,15 @@
 
 `load_scenario(path)` reads and validates one (every error names the file and the
 field); `Scenario.from_mapping` does the same for a dict, so sweeps re-validate each
-variant. Overrides use dotted paths into the YAML (`deployment.autoscaling_config.
-min_replicas`) or short aliases (`min_replicas`, `policy`, `startup_s`: see ALIASES).
-A scenario may name `variants`: mappings of overrides, run with `--sweep variant=a,b`.
-The annotated example is examples/scenarios/pulse-1m-qps.yaml.
+variant. Overrides use dotted paths into the YAML or short aliases (the keys, the
+aliases and `apply_overrides` are sim/scenario_keys.py's). A scenario may name
+`variants`: mappings of overrides, run with `--sweep variant=a,b`. The annotated
+example is examples/scenarios/pulse-1m-qps.yaml.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,14 +20,25 @@ from typing import Any
 import yaml
 
 from surge.config import AutoscalingConfig, DeploymentConfig, build_deployment_config
-from surge.config.schema import FieldError, check_keys, closest, number_in
+from surge.config.schema import FieldError, check_keys, number_in
 from surge.errors import ConfigError
 from surge.loadtest.schedule import ARRIVALS, Schedule
 from surge.model import DeploymentId
 from surge.policy.resolve import resolve_policy
 from surge.sim.distributions import Distribution, parse_distribution
-from surge.sim.multiplexing import KEYS as _MULTIPLEX
 from surge.sim.multiplexing import Multiplexing, parse_multiplexing
+from surge.sim.scenario_keys import (
+    ALIASES,
+    BATCHING_KEYS,
+    CLUSTER_KEYS,
+    CONTROL_KEYS,
+    SERVICE_KEYS,
+    TOP_KEYS,
+    TRAFFIC_KEYS,
+    ScenarioError,
+    apply_overrides,
+    resolve_key,
+)
 from surge.sim.traffic import parse_schedule
 
 __all__ = ["ALIASES", "Batching", "Cluster", "Control", "Scenario", "ScenarioError",
@@ -51,38 +61,9 @@ DEFAULT_REPORT_INTERVAL_S = 0.1
 # slowest of 7 replicas starting at once at 22-45 ms (a 2 GiB model, 256 tensors, 2 cores).
 DEFAULT_STORE_LOAD_S = 0.05
 
-_TOP = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
-        "deployment", "slo_ms", "control", "fine_step_ms", "multiplex", "variants")
-_CONTROL = ("report_interval_s", "urgent_decisions", "clock_offset_s", "decision_s",
-            "fanout_s", "measured")
 # Without measured figures, the controller is assumed to act at once.
 ASSUMED_CONTROL = ("assumed: a decision 5 ms after a router's queue starts to grow (its "
                    "report's delay), a ready replica routable at once")
-_CLUSTER = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",
-            "process_start_s", "weight_load_s", "weight_store", "store_load_s",
-            "standby_activation_s", "drain_s")
-_SERVICE = ("service_time_ms", "overhead_ms", "batching")
-_BATCHING = ("max_batch_size", "batch_wait_timeout_s", "per_item_ms")
-_TRAFFIC = ("schedule", "arrivals", "timeout_s")
-
-_AUTOSCALING_FIELDS = tuple(f.name for f in dataclasses.fields(AutoscalingConfig))
-ALIASES: dict[str, str] = {
-    **{name: f"deployment.autoscaling_config.{name}" for name in _AUTOSCALING_FIELDS
-       if name != "policy"},
-    "policy": "deployment.autoscaling_config.policy.policy_function",
-    "policy_kwargs": "deployment.autoscaling_config.policy.policy_kwargs",
-    **{name: f"deployment.{name}" for name in ("num_replicas", "max_ongoing_requests",
-                                               "max_queued_requests", "max_queue_wait_s")},
-    **{name: f"cluster.{name}" for name in _CLUSTER},
-    **{name: f"service.{name}" for name in _SERVICE},
-    **{name: f"traffic.{name}" for name in ("arrivals", "timeout_s")},
-    **{name: f"control.{name}" for name in _CONTROL},
-    **{name: f"multiplex.{name}" for name in _MULTIPLEX},
-}  # `schedule` is the autoscaling floors' schedule; traffic's is `traffic.schedule`
-
-
-class ScenarioError(ConfigError):
-    """A scenario file (or an override) is invalid; the message names file and field."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +227,7 @@ def _distribution(section: Mapping[str, Any], key: str, where: str,
 
 
 def _cluster(data: Mapping[str, Any], where: str) -> Cluster:
-    section = _section(data, "cluster", _CLUSTER, where)
+    section = _section(data, "cluster", CLUSTER_KEYS, where)
     w = f"{where}.cluster"
     weights = _weight_loading(section, w)
     if weights is not None:  # startup_s, if given too, is what the split replaces
@@ -289,7 +270,7 @@ def _weight_loading(section: Mapping[str, Any], w: str) -> WeightLoading | None:
 
 
 def _service(data: Mapping[str, Any], where: str) -> Service:
-    section = _section(data, "service", _SERVICE, where)
+    section = _section(data, "service", SERVICE_KEYS, where)
     w = f"{where}.service"
     time_ms = _distribution(section, "service_time_ms", w, " (a number of ms or a "
                             "distribution like {distribution: lognormal, mean: 5, p99: 15})")
@@ -297,7 +278,7 @@ def _service(data: Mapping[str, Any], where: str) -> Service:
         raise ScenarioError(f"{w}.service_time_ms must have a mean > 0")
     batching = None
     if section.get("batching") is not None:
-        b = _section(section, "batching", _BATCHING, w)
+        b = _section(section, "batching", BATCHING_KEYS, w)
         bw = f"{w}.batching"
         batching = Batching(
             max_batch_size=number_in(b, "max_batch_size", bw, ge=1, integer=True),
@@ -309,7 +290,7 @@ def _service(data: Mapping[str, Any], where: str) -> Service:
 
 
 def _traffic(data: Mapping[str, Any], where: str, base: Path | None) -> Traffic:
-    section = _section(data, "traffic", _TRAFFIC, where)
+    section = _section(data, "traffic", TRAFFIC_KEYS, where)
     w = f"{where}.traffic"
     if "schedule" not in section:
         raise ScenarioError(f"{w}.schedule is missing (the `surge pulse` format: "
@@ -371,7 +352,7 @@ def _measured(section: Mapping[str, Any], w: str, base: Path | None) -> dict[str
 
 
 def _control(data: Mapping[str, Any], where: str, base: Path | None = None) -> Control:
-    section = _section(data, "control", _CONTROL, where, required=False)
+    section = _section(data, "control", CONTROL_KEYS, where, required=False)
     w = f"{where}.control"
     measured = _measured(section, w, base)
     explicit = [k for k in ("decision_s", "fanout_s") if section.get(k) is not None]
@@ -428,7 +409,7 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{source}: a scenario is a mapping (cluster, service, traffic, "
                             "deployment, ...)")
-    check_keys(data, _TOP, source)
+    check_keys(data, TOP_KEYS, source)
     where = source
     variants = _variants(data, where)
     service = _service(data, where)
@@ -450,42 +431,6 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
         varied.pop("variants", None)
         _build(varied, f"{source} (variant {name!r})", base)
     return scenario
-
-
-# -- overrides ------------------------------------------------------------------------------
-
-
-def resolve_key(key: str) -> str:
-    """A dotted path into the scenario, from itself or a short alias."""
-    if "." in key:
-        return key
-    if key in ALIASES:
-        return ALIASES[key]
-    if key in _TOP:
-        return key
-    close = closest(key, [*ALIASES, *_TOP])
-    hint = f" Did you mean {close!r}?" if close else ""
-    raise ScenarioError(f"unknown scenario key {key!r}: give a dotted path like "
-                        f"deployment.autoscaling_config.min_replicas or an alias.{hint}")
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any],
-                    where: str = "override") -> dict[str, Any]:
-    """A deep copy of `data` with each dotted path (or alias) set to its value."""
-    result: dict[str, Any] = copy.deepcopy(dict(data))
-    for key, value in overrides.items():
-        path = resolve_key(str(key)).split(".")
-        node: Any = result
-        for depth, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                raise ScenarioError(f"{where}: cannot set {key!r}: "
-                                    f"{'.'.join(path[:depth + 1])} is not a mapping")
-            node = child
-        node[path[-1]] = copy.deepcopy(value)
-    return result
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -1,7 +1,7 @@
 """Runs of a scenario: one (`simulate`), or a sweep over settings side by side.
 
 `--sweep key=v1,v2,...` is one axis; several axes run their cartesian product. A key is
-a dotted path or alias (see sim/scenario.py), or `variant` (the scenario's named sets
+a dotted path or alias (see sim/scenario_keys.py), or `variant` (the scenario's named sets
 of overrides); values are YAML scalars (`null`, `0.5`, `proactive`). Each run becomes
 one row: its settings, the fraction of requests within the SLO, the failed fraction,
 time to capacity, the pulse's p99, replica-seconds and their ratio to the oracle's;
@@ -25,7 +25,8 @@ from surge.config import AutoscalingConfig
 from surge.sim.engine import Simulation
 from surge.sim.mux_report import mux_sweep_table
 from surge.sim.report import build_report, write_sim_report
-from surge.sim.scenario import Scenario, ScenarioError, load_scenario, resolve_key
+from surge.sim.scenario import Scenario, ScenarioError, load_scenario
+from surge.sim.scenario_keys import resolve_key
 
 __all__ = ["Run", "SweepAxis", "describe", "parse_sweep", "plan_runs", "run_sweep",
            "simulate", "sweep_table", "variant_overrides"]
