@@ -4,9 +4,10 @@
 
 Runs the benchmark command `--rounds` times for each side, interleaved (A B, then B A, ...,
 so neither side always runs first on a warmer or busier host). Both sides run this
-checkout's bench/ files; side B imports surge from a `git worktree` of REF
-(PYTHONPATH=WORKTREE/src, inherited by every process the benchmark starts: driver,
-controller, proxies, replicas), so only the serving code differs. Before measuring, each
+checkout's bench/ files; side A imports surge from this checkout's src/, side B from a
+`git worktree` of REF (PYTHONPATH, inherited by every process the benchmark starts:
+driver, controller, proxies, replicas), so only the serving code differs. Run it from a
+clean clone to measure a commit rather than a working tree. Before measuring, each
 side is checked to import surge from where it should. Each run's last `summary: k=v ...`
 line is read; the table gives, per key both sides print, each side's median and B/A
 (ratio of medians) with every run's value, and the last line is `summary:` of the
@@ -44,11 +45,12 @@ def figures_of(output: str) -> dict[str, float]:
             if isinstance(value, (int, float)) and value == value}
 
 
-def side_env(src: Path | None) -> dict[str, str]:
+def side_env(src: Path) -> dict[str, str]:
+    """Every process the bench starts imports surge from `src` (also side A: the venv's
+    editable install may point at another checkout than the one this file is in)."""
     env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
     return env
 
 
@@ -105,7 +107,7 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), args.ref],
                        cwd=ROOT, check=True)
         try:
-            a_env, b_env = side_env(None), side_env(worktree / "src")
+            a_env, b_env = side_env(ROOT / "src"), side_env(worktree / "src")
             check_import(a_env, ROOT / "src")
             check_import(b_env, worktree / "src")
             a_runs: list[dict[str, float]] = []
