@@ -377,9 +377,8 @@ class ControllerState:
         its rank: the lowest its deployment's other replicas do not hold."""
         replica.spec_sent = True
         self.connecting.discard(replica.replica_id)
-        if replica.rank < 0:
-            taken = {r.rank for r in self.replicas_of(replica.deployment)}
-            replica.rank = next(rank for rank in range(len(taken) + 1) if rank not in taken)
+        if replica.rank < 0 and replica.group is not None:
+            replica.group.give_rank(replica)
 
     def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
         replica = self.replicas.pop(replica_id, None)
