@@ -146,11 +146,13 @@ class Cluster:
         return count >= self.routers
 
     async def set_load(self, fraction: float, queued: int) -> float:
-        """Every router reports this fraction of the replicas' target load; when the
-        first router host applied it."""
-        in_flight = round(fraction * self.replicas * TARGET_ONGOING / self.routers)
-        answers = await self.routers_ask({"cmd": "load", "rps": in_flight / SERVICE_S,
-                                          "in_flight": in_flight, "queued": queued}, "applied")
+        """The routers report this fraction of the replicas' target load in all (each
+        host spreads it over its routers in whole requests); when the first router host
+        applied it."""
+        in_flight = fraction * self.replicas * TARGET_ONGOING / self.routers  # a mean
+        answers = await self.routers_ask({"cmd": "load", "in_flight": in_flight,
+                                          "service_s": SERVICE_S, "queued": queued},
+                                         "applied")
         return min(a["t"] for a in answers)
 
     async def stop(self) -> None:

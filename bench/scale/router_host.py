@@ -15,7 +15,10 @@ opens no link to any replica.
 What it measures: the size of every push it gets (the frame's payload), and per
 replica id the first time it was in a router's set and the time it left it (kept per
 host: how many routers saw it, and the latest of their times). Commands on stdin:
-`load` (rps, in_flight, queued per router; `applied` event with its time), `status`,
+`load` (in_flight: the routers' mean requests in flight, spread over this host's routers
+as whole requests that add up to it, so a slowly rising load rises one router's request
+at a time, not every router's at once; service_s: their service time, which gives each
+router's rate; queued per router; `applied` event with its time), `status`,
 `seen` / `gone` (ids), `pushes` (sizes by topic since the last reset).
 """
 
@@ -286,8 +289,12 @@ class Host:
     def handle(self, command: dict[str, Any]) -> None:
         kind = command["cmd"]
         if kind == "load":
-            for router in self.routers:
-                router.set_load(Load(command["rps"], command["in_flight"], command["queued"]))
+            count = len(self.routers)
+            base, extra = divmod(round(command["in_flight"] * count), count)
+            for i, router in enumerate(self.routers):
+                in_flight = base + (1 if i < extra else 0)
+                router.set_load(Load(in_flight / command["service_s"], in_flight,
+                                     command["queued"]))
             emit("applied", t=time.monotonic())
         elif kind == "status":
             sizes = [len(ids) for r in self.routers for ids in r.ids.values()]
