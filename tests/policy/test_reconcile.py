@@ -16,7 +16,6 @@ from surge.policy.reconcile import (
     StartReplicas,
     StopReplica,
     reconcile,
-    reconcile_counts,
 )
 
 S = ReplicaState
@@ -328,42 +327,3 @@ def test_every_rollout_finishes_within_its_bounds(target: int, percentage: float
         assert max(live for live, _ in history) <= target + rollout.surge
     if rollout.surge is None:  # surge's default: capacity never dips
         assert min(running for _, running in history) >= target
-
-
-# -- from counts alone ---------------------------------------------------------------------
-
-# (target, standby wanted, running, standing by, starting, outdated) -> the decision
-COUNTS = [
-    ((3, 0, 3, 0, 0, 0), []),  # settled
-    ((3, 0, 1, 0, 1, 0), [StartReplicas(1, "2 of 3 live")]),  # scaling up
-    ((11_250, 0, 10_000, 0, 1_024, 0), [StartReplicas(226, "11024 of 11250 live")]),
-    ((3, 1, 3, 0, 0, 0), [StartReplicas(1, "3 of 4 live")]),  # refill the standby pool
-    ((3, 1, 3, 1, 0, 0), []),  # a full pool, nothing to activate
-    ((3, 1, 2, 1, 0, 0), None),  # a standby to activate: which one
-    ((3, 0, 4, 0, 0, 0), None),  # scaling down: which ones
-    ((3, 0, 3, 0, 0, 1), None),  # an old version live (or draining): the rollout's rules
-]
-
-
-def test_reconcile_counts_decides_what_needs_no_replica() -> None:
-    for counts, expected in COUNTS:
-        assert reconcile_counts(*counts) == expected, counts
-
-
-@given(st.integers(0, 6), st.integers(0, 2), st.integers(1, 2),
-       st.lists(st.tuples(st.sampled_from(list(S)), st.integers(1, 2)), max_size=12))
-def test_reconcile_counts_agrees_with_reconcile(
-        target: int, standby: int, version: int, specs: list[tuple[ReplicaState, int]]) -> None:
-    replicas = [ObservedReplica(f"r{i}", state, v, float(i))
-                for i, (state, v) in enumerate(specs)]
-    current = [r for r in replicas if r.version == version]
-
-    def count(state: ReplicaState) -> int:
-        return sum(1 for r in current if r.state is state)
-
-    outdated = sum(1 for r in replicas if r.version != version and r.state in
-                   (S.STARTING, S.STANDBY, S.RUNNING, S.DRAINING))
-    decided = reconcile_counts(target, standby, count(S.RUNNING), count(S.STANDBY),
-                               count(S.STARTING), outdated)
-    if decided is not None:
-        assert decided == reconcile(target, version, replicas, standby)

@@ -84,7 +84,6 @@ class Harness:
     async def tick(self, seconds: float = TICK_S) -> None:
         self.clock.advance(seconds)
         self.controller.tick()
-        await turn()  # the publisher's flush of what the tick changed (as in `run`)
         await self.controller.settle()
 
     async def ready(self, replica_id: str, own_health_check: bool = True) -> FakePeer:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from surge.backends.base import LOCAL_PLACEMENT
 from surge.config import AppSpec, DeploymentConfig, DeploymentSpec, HTTPOptions
 from surge.controller import desired
@@ -162,95 +159,6 @@ def test_flushes_are_paced_by_what_the_last_one_cost() -> None:
     publisher.replica_set(DID)
     assert asked[-1][0] == 0.0
     assert push_gap(0.0001) == 0.0002 and push_gap(1.0) == PUSH_GAP_MAX_S
-
-
-def test_replicas_ready_within_a_pace_interval_are_one_delta_per_router() -> None:
-    """What writing to the routers costs counts in the pace: 40 replicas ready while a
-    flush's pace runs are one delta per router, carrying all 40."""
-    state, _, _ = setup()
-    clock = FakeClock()
-    asked: list[tuple[float, Callable[[], None]]] = []
-    publisher = Publisher(state, schedule=lambda delay, due: asked.append((delay, due)),
-                          clock=clock)
-    routers = [SlowPeer(clock, 0.001) for _ in range(10)]
-    for router in routers:
-        router.info[DELTAS] = True
-        publisher.watch(router, DID)
-    ready(state, "r000")
-    publisher.replica_set(DID)
-    asked.pop()[1]()  # the whole sets: 10 ms of writes, so the next waits 20 ms
-    for i in range(1, 41):
-        ready(state, f"r{i:03}")
-        publisher.replica_set(DID)
-    assert [round(delay, 6) for delay, _ in asked] == [0.02]
-    clock.advance(0.02)
-    asked.pop()[1]()
-    for router in routers:
-        delta: ReplicaSetDelta = router.pushed("replica_set_delta")[0]
-        assert len(router.pushed("replica_set_delta")) == 1
-        assert [r.replica_id for r in delta.added] == [f"r{i:03}" for i in range(1, 41)]
-        assert delta.apply(router.pushed("replica_set")[0]) is not None
-
-
-MOVES = st.lists(st.tuples(st.sampled_from(["ready", "drain", "remove", "standby", "flush"]),
-                           st.integers(0, 5)), max_size=40)
-
-
-@settings(max_examples=200)
-@given(MOVES)
-def test_routers_hold_exactly_the_running_replicas_after_every_flush(
-        moves: list[tuple[str, int]]) -> None:
-    """Whatever replicas come, go and come back between flushes, a router applying
-    deltas and one taking whole sets both hold the deployment's RUNNING replicas."""
-    state, publisher, flushes = setup()
-    whole, deltas = FakePeer("proxy"), FakePeer("proxy", **{DELTAS: True})
-    publisher.watch(whole, DID)
-    publisher.watch(deltas, DID)
-    for move, n in [*moves, ("flush", 0)]:
-        replica = state.replicas.get(f"r{n}")
-        if move == "ready" and replica is None:
-            ready(state, f"r{n}")
-        elif move == "drain" and replica is not None and replica.state in (
-                ReplicaState.RUNNING, ReplicaState.STANDBY):
-            replica.move(ReplicaState.DRAINING)
-        elif move == "standby" and replica is None:  # ready as a standby
-            standby = ReplicaRecord(f"r{n}", DID, 1, 0.0)
-            state.add_replica(standby)
-            standby.info = ReplicaInfo(f"r{n}", DID, f"unix:/s/r{n}", 1)
-            standby.move(ReplicaState.STANDBY)
-        elif move == "standby" and replica is not None and replica.state is ReplicaState.STANDBY:
-            replica.move(ReplicaState.RUNNING)  # activated
-        elif move == "remove" and replica is not None:
-            state.remove_replica(replica.replica_id)
-        elif move == "flush":
-            flush(flushes)
-            running = sorted(state.group(DID).by_state[ReplicaState.RUNNING])
-            (topic, held), *later = deltas.pushes  # a whole set first, then deltas
-            assert topic == "replica_set" and held.generation == 1
-            for topic, delta in later:
-                assert topic == "replica_set_delta"
-                held = delta.apply(held)
-                assert held is not None  # each delta made against the one before
-            assert held == whole.pushed("replica_set")[-1]
-            assert [r.replica_id for r in held.replicas] == running
-        publisher.replica_set(DID)
-
-
-def test_a_group_made_anew_is_published_from_its_replicas() -> None:
-    """A deployment whose replicas all left (its group dropped) and came back: the set
-    is rebuilt from the new group, not followed from the old one's changes."""
-    state, publisher, flushes = setup()
-    router = FakePeer("proxy", **{DELTAS: True})
-    publisher.watch(router, DID)
-    ready(state, "a")
-    flush(flushes)
-    state.remove_replica("a")
-    state.groups.pop(DID)  # as ControllerState does once a deleted deployment is empty
-    ready(state, "b")
-    publisher.replica_set(DID)
-    flush(flushes)
-    delta: ReplicaSetDelta = router.pushed("replica_set_delta")[-1]
-    assert ([r.replica_id for r in delta.added], delta.removed) == (["b"], ("a",))
 
 
 def test_routers_are_told_a_longer_load_interval_once_and_new_ones_when_they_watch() -> None:

@@ -55,33 +55,3 @@ def test_broadcast_pickles_once_and_repeated_payloads_are_the_same_value() -> No
     assert a == b == c == d == REPORT
     assert a is b  # memo topic: the repeat was not unpickled
     assert c is not d  # not a memo topic
-
-
-def test_broadcast_write_now_writes_before_it_returns() -> None:
-    """The publisher times its flushes, writes included: with write_now the frame is in
-    the socket when broadcast returns, before the loop turns."""
-    import socket
-
-    async def main() -> tuple[bytes, bytes]:
-        ours, theirs = socket.socketpair()
-        theirs.setblocking(False)
-        loop = asyncio.get_running_loop()
-        _, peer = await loop.create_connection(lambda: RpcPeer(None), sock=ours)
-        broadcast([peer], "load", REPORT)
-        before = _read(theirs)  # written at the end of the turn: nothing yet
-        broadcast([peer], "load", REPORT, write_now=True)
-        now = _read(theirs)
-        peer.close()
-        theirs.close()
-        return before, now
-
-    before, now = asyncio.run(main())
-    assert before == b""
-    assert len(now) > 0 and now.count(b"load") == 2  # the buffered push went first
-
-
-def _read(sock: Any) -> bytes:
-    try:
-        return bytes(sock.recv(65536))
-    except BlockingIOError:
-        return b""

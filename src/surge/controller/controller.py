@@ -17,14 +17,12 @@ It is never on the request path. Its parts, each in its own module:
 
 This class wires them and runs the loop: every `TICK_S` it takes the backend's exits,
 closes the load bucket, runs each autoscaled deployment's step, applies the plan, and
-checkpoints the members; the replica sets it changed go out in the publisher's own
-flush, paced by what flushes cost (publish.py), not inside the tick. A router whose
-queue starts to grow reports within URGENT_REPORT_DELAY_S (`load_urgent`), and the
-deployment is decided and reconciled without waiting a tick: at the end of the event
-loop's turn, so that the reports of every router that saw the same burst are in the sum,
-and, when the last urgent decision was under URGENT_DECISION_INTERVAL_S ago, as soon as
-that interval ends; so is everything a member's report changes (a proxy that serves, a
-replica that is ready).
+checkpoints the members. A router whose queue starts to grow reports within
+URGENT_REPORT_DELAY_S (`load_urgent`), and the deployment is decided and reconciled
+without waiting a tick: at the end of the event loop's turn, so that the reports of
+every router that saw the same burst are in the sum, and, when the last urgent decision
+was under URGENT_DECISION_INTERVAL_S ago, as soon as that interval ends; so is
+everything a member's report changes (a proxy that serves, a replica that is ready).
 """
 
 from __future__ import annotations
@@ -268,6 +266,7 @@ class Controller:
         if now - self._intervals_at >= INTERVALS_REVIEW_S:
             self._intervals_at = now
             self._review_intervals()
+        self.publisher.flush()
 
     def _note_node_cpu(self, busy: float | None) -> None:
         """The head node's CPU, given to each deployment whose replicas all run there

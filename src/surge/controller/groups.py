@@ -5,9 +5,7 @@
 remove_replica, ReplicaRecord.move) and marks itself `dirty`, so the plan reconciles a
 deployment only when one of its replicas changed or its own inputs did
 (`reconcile_inputs`). It also counts the live replicas per reported node and those whose
-node nobody knows yet, for proxy placement, and keeps the ids that entered or left
-RUNNING since the publisher last took them (`take_running_changes`), so a replica-set
-push costs the replicas that moved, not a pass over the set.
+node nobody knows yet, for proxy placement.
 
 `HealthSchedule` keeps the replicas whose health checks are scheduled, in the order
 they come due (a sorted list: inserts are a memmove, due ones a slice), so the plan
@@ -95,9 +93,6 @@ class ReplicaGroup:
         self.unplaced = 0  # live, past STARTING, and no node reported
         self.reconfiguring: set[str] = set()  # ids a new user_config is on its way to
         self._counted: dict[str, str] = {}  # replica id -> its node counted ("": unplaced)
-        self._running_changes: set[str] = set()  # ids in or out of RUNNING since taken
-        self._ranks: dict[int, int] = {}  # rank -> how many members hold it
-        self._free_from = 0  # every rank below this one is held
         self.dirty = True  # reconcile it at the next plan
         self.reconciled_inputs: tuple[object, ...] | None = None  # as last reconciled
 
@@ -124,29 +119,6 @@ class ReplicaGroup:
         """Live replicas a new user_config is on its way to."""
         return sum(1 for replica_id in self.reconfiguring if self.members[replica_id].alive)
 
-    def take_running_changes(self) -> set[str]:
-        """The ids that entered or left RUNNING since the last call (the publisher's)."""
-        changes, self._running_changes = self._running_changes, set()
-        return changes
-
-    def give_rank(self, replica: ReplicaRecord) -> None:
-        """The lowest rank no member holds (amortised O(1): a herd of replicas asking for
-        their specs is not a pass over the group each)."""
-        while self._ranks.get(self._free_from):
-            self._free_from += 1
-        replica.rank = self._free_from
-        self._hold_rank(replica.rank, +1)
-
-    def _hold_rank(self, rank: int, sign: int) -> None:
-        if rank < 0:
-            return
-        held = self._ranks.get(rank, 0) + sign
-        if held > 0:
-            self._ranks[rank] = held
-            return
-        self._ranks.pop(rank, None)
-        self._free_from = min(self._free_from, rank)
-
     # -- what ControllerState and ReplicaRecord tell it -----------------------------------
 
     def set_reconfiguring(self, replica: ReplicaRecord, on: bool) -> None:
@@ -157,14 +129,12 @@ class ReplicaGroup:
 
     def add(self, replica: ReplicaRecord) -> None:
         self.members[replica.replica_id] = replica
-        self._hold_rank(replica.rank, +1)
         self._enter(replica, replica.state)
         if replica.state in SERVING and replica.next_health_check > 0:
             self.health.schedule(replica, replica.next_health_check)
 
     def remove(self, replica: ReplicaRecord) -> None:
         if self.members.pop(replica.replica_id, None) is not None:
-            self._hold_rank(replica.rank, -1)
             self._leave(replica, replica.state)
             self.health.unschedule(replica.replica_id)
             self.reconfiguring.discard(replica.replica_id)
@@ -177,8 +147,6 @@ class ReplicaGroup:
 
     def _enter(self, replica: ReplicaRecord, state: ReplicaState) -> None:
         self.by_state[state][replica.replica_id] = replica
-        if state is ReplicaState.RUNNING:
-            self._running_changes.add(replica.replica_id)
         key = (state, replica.version)
         self.counts[key] = self.counts.get(key, 0) + 1
         self._node(replica, state, +1)
@@ -187,8 +155,6 @@ class ReplicaGroup:
 
     def _leave(self, replica: ReplicaRecord, state: ReplicaState) -> None:
         self.by_state[state].pop(replica.replica_id, None)
-        if state is ReplicaState.RUNNING:
-            self._running_changes.add(replica.replica_id)
         key = (state, replica.version)
         left = self.counts.get(key, 0) - 1
         if left > 0:

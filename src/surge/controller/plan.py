@@ -178,18 +178,15 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
     starts while it backs off after a failed one; at most `room` starts, by default
     `start_room`, the rest deferred to a later wave)."""
     record = state.deployments[did]
-    if state.failed(did):
+    if state.failed(did) or (replicas is None and _at_target(state, record)):
         return []
-    decided = _from_counts(state, record) if replicas is None else None
-    if decided is None:
-        config = record.config
-        rollout = policy.Rollout.of(record.target, config.rolling_update_percentage,
-                                    config.max_surge_percent)
-        decided = policy.reconcile(record.target, record.version,
-                                   state.replicas_of(did) if replicas is None else replicas,
-                                   record.standby_wanted, rollout)
+    observed = state.replicas_of(did) if replicas is None else replicas
+    config = record.config
+    rollout = policy.Rollout.of(record.target, config.rolling_update_percentage,
+                                config.max_surge_percent)
     actions: list[Action] = []
-    for action in decided:
+    for action in policy.reconcile(record.target, record.version, observed,
+                                   record.standby_wanted, rollout):
         if isinstance(action, policy.StartReplicas):
             if now >= record.start_not_before:
                 room = start_room(state) if room is None else room
@@ -200,15 +197,18 @@ def reconcile_deployment(state: ControllerState, did: DeploymentId, now: float,
     return actions
 
 
-def _from_counts(state: ControllerState, record: DeploymentRecord,
-                 ) -> list[policy.Action] | None:
-    """policy.reconcile_counts on the group's counts (O(1): the common cases of a
-    settled deployment and of one scaling up)."""
+def _at_target(state: ControllerState, record: DeploymentRecord) -> bool:
+    """Whether policy.reconcile would ask for nothing, from the counts alone: no live
+    replica of an old version, as many live ones of this version as wanted, and no
+    standby to activate (the common case of a settled deployment, in O(1))."""
     group, version = state.group(record.id), record.version
-    return policy.reconcile_counts(
-        record.target, record.standby_wanted, group.count(ReplicaState.RUNNING, version),
-        group.count(ReplicaState.STANDBY, version), group.count(ReplicaState.STARTING, version),
-        group.alive_outdated(version))
+    if group.alive_outdated(version):
+        return False
+    running = group.count(ReplicaState.RUNNING, version)
+    standby = group.count(ReplicaState.STANDBY, version)
+    live = running + standby + group.count(ReplicaState.STARTING, version)
+    return (live == record.target + record.standby_wanted
+            and (running >= record.target or not standby))
 
 
 def health_budget(state: ControllerState) -> int:

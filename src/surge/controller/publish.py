@@ -6,32 +6,25 @@ the deployment's limits, its queue share (the queue budget split over the watche
 its availability change; an unchanged set is not pushed again.
 
 Changes are gathered, not pushed one at a time: `replica_set(did)` marks the deployment
-and asks for a `flush` at the next turn of the event loop (or when the pace allows; the
-control loop's tick leaves its changes to that flush), so a herd of replicas that report
-ready together, or of routers that start watching together, costs one push per watcher,
-and each push is pickled once for all of its watchers (transport.rpc.broadcast). Routers
-that say `replica_set_deltas` in their hello get one whole set, then only what changed
-(model.ReplicaSetDelta): a push then costs what changed, not the size of the set. While
-a restarted controller re-attaches to its members, nothing is pushed (`paused`): routers
-keep serving from the sets the previous controller sent.
+and asks for a `flush` at the next turn of the event loop (the control loop also flushes
+at the end of each tick), so a herd of replicas that report ready together, or of
+routers that start watching together, costs one push per watcher, and each push is
+pickled once for all of its watchers (transport.rpc.broadcast). Routers that say
+`replica_set_deltas` in their hello get one whole set, then only what changed
+(model.ReplicaSetDelta): a push then costs what changed, not the size of the set.
+While a restarted controller re-attaches to its members, nothing is pushed (`paused`):
+routers keep serving from the sets the previous controller sent.
 
 Routers are also told how often to report their load (`load_interval`, pushed when
 it changes and to each new router; policy/cadence.py sets it from how many watch).
 
 Flushes are paced by what they cost (`push_gap`): the next one waits twice as long as
-the last took, at most 0.1 s. What a flush costs includes writing to every watcher's
-socket: its pushes are written before it ends (`broadcast(write_now=True)`), not at the
-end of the loop's turn, where the pace did not see them (a third of the loaded
-controller's time at 1,000 routers). A push to 64 routers takes well under a
-millisecond and goes at once; during a herd of 10,000 replicas with 1,000 routers
-watching, each flush writes to every router, so without the pace the controller spent
-its time writing one or two replicas at a time to 1,000 sockets. Paced, each push (one
-delta per router) carries every replica that moved in the meantime, and flushes under
-50 ms take at most a third of the controller's loop (longer ones wait 0.1 s).
-
-A flush costs the replicas that moved, not the size of the set: the deployment's
-`ReplicaGroup` keeps the ids that entered or left RUNNING since the last flush, and the
-members pushed last are updated from those (rebuilt only for a first push).
+the last took, at most 0.1 s. A push to 64 routers takes well under a millisecond and
+goes at once; during a herd of 10,000 replicas with 1,000 routers watching, each flush
+writes to every router, so without the pace the controller spent its time writing one
+or two replicas at a time to 1,000 sockets. Paced, each push carries what changed in
+the meantime, and flushes under 50 ms take at most a third of the controller's loop
+(longer ones wait 0.1 s).
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.clock import SYSTEM, Clock
-from surge.controller.groups import ReplicaGroup
 from surge.controller.state import ControllerState, DeploymentRecord, Peer
 from surge.model import (
     DeploymentId,
@@ -91,7 +83,6 @@ class _Published:
     header: _Header
     members: dict[str, ReplicaInfo]  # the routable replicas pushed last
     generation: int
-    group: ReplicaGroup  # whose changes `members` follows
 
 
 Schedule = Callable[[float, Callable[[], None]], None]  # (delay s, callback)
@@ -242,24 +233,24 @@ class Publisher:
         watchers = self.watchers.get(did)
         if record is None or not watchers:
             return
-        last = self._published.get(did)
-        members, added, removed = _membership(self.state.group(did), last)
+        running = self.state.group(did).by_state[ReplicaState.RUNNING]
+        members = {rid: r.info for rid, r in running.items() if r.info is not None}
         header = self._header(record, len(watchers), bool(members))
+        last = self._published.get(did)
         forced = did in self._forced
         self._forced.discard(did)
         fresh = self._fresh.pop(did, set()) & watchers
-        if last is not None and header == last.header and not added and not removed:
+        if (last is not None and header == last.header
+                and members.keys() == last.members.keys()):
             self._push_whole(did, record, last, watchers if forced else fresh)
             return
-        now = _Published(header, members, last.generation + 1 if last is not None else 1,
-                         self.state.group(did))
+        now = _Published(header, members, last.generation + 1 if last is not None else 1)
         self._published[did] = now
         whole = watchers if forced or last is None else {
             w for w in watchers if w in fresh or not w.info.get(DELTAS)}
         self._push_whole(did, record, now, whole)
         if last is not None and len(whole) < len(watchers):
-            self._push_delta(did, record, last.generation, now, (added, removed),
-                             watchers - whole)
+            self._push_delta(did, record, last, now, watchers - whole)
 
     def _header(self, record: DeploymentRecord, watchers: int, running: bool) -> _Header:
         config = record.config
@@ -280,42 +271,16 @@ class Publisher:
                                  h.max_ongoing_requests, h.queue_limit, record.version,
                                  h.unavailable, h.backpressure_status, h.retry_after_s,
                                  published.generation, h.max_queue_wait_s)
-        self.pushed_bytes += broadcast(targets, "replica_set", replica_set,
-                                       write_now=True) * len(targets)
+        self.pushed_bytes += broadcast(targets, "replica_set", replica_set) * len(targets)
 
-    def _push_delta(self, did: DeploymentId, record: DeploymentRecord, base: int,
-                    now: _Published, moved: tuple[list[str], list[str]],
-                    targets: set[Peer]) -> None:
-        h, (added, removed) = now.header, moved
-        delta = ReplicaSetDelta(did, base, now.generation,
-                                tuple(now.members[k] for k in added), tuple(removed),
+    def _push_delta(self, did: DeploymentId, record: DeploymentRecord, last: _Published,
+                    now: _Published, targets: set[Peer]) -> None:
+        h = now.header
+        added = sorted(now.members.keys() - last.members.keys())
+        delta = ReplicaSetDelta(did, last.generation, now.generation,
+                                tuple(now.members[k] for k in added),
+                                tuple(sorted(last.members.keys() - now.members.keys())),
                                 h.max_ongoing_requests, h.queue_limit, record.version,
                                 h.unavailable, h.backpressure_status, h.retry_after_s,
                                 h.max_queue_wait_s)
-        self.pushed_bytes += broadcast(targets, "replica_set_delta", delta,
-                                       write_now=True) * len(targets)
-
-
-def _membership(group: ReplicaGroup, last: _Published | None,
-                ) -> tuple[dict[str, ReplicaInfo], list[str], list[str]]:
-    """The routable replicas now, and the ids added and removed since `last`: from the
-    replicas that entered or left RUNNING since (the group's changes), updating `last`'s
-    members in place; rebuilt from the group for a first push or a group made anew."""
-    running = group.by_state[ReplicaState.RUNNING]
-    changes = group.take_running_changes()
-    if last is None or last.group is not group:
-        members = {rid: r.info for rid, r in running.items() if r.info is not None}
-        before = last.members if last is not None else {}
-        return (members, sorted(members.keys() - before.keys()),
-                sorted(before.keys() - members.keys()))
-    members, added, removed = last.members, [], []
-    for replica_id in sorted(changes):
-        replica = running.get(replica_id)
-        info = replica.info if replica is not None else None
-        if info is not None and replica_id not in members:
-            members[replica_id] = info
-            added.append(replica_id)
-        elif info is None and replica_id in members:
-            del members[replica_id]
-            removed.append(replica_id)
-    return members, added, removed
+        self.pushed_bytes += broadcast(targets, "replica_set_delta", delta) * len(targets)

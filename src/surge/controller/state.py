@@ -377,8 +377,9 @@ class ControllerState:
         its rank: the lowest its deployment's other replicas do not hold."""
         replica.spec_sent = True
         self.connecting.discard(replica.replica_id)
-        if replica.rank < 0 and replica.group is not None:
-            replica.group.give_rank(replica)
+        if replica.rank < 0:
+            taken = {r.rank for r in self.replicas_of(replica.deployment)}
+            replica.rank = next(rank for rank in range(len(taken) + 1) if rank not in taken)
 
     def remove_replica(self, replica_id: str) -> ReplicaRecord | None:
         replica = self.replicas.pop(replica_id, None)

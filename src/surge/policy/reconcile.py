@@ -9,11 +9,6 @@ max_surge_percent) bounds how many new ones start at a time and how many live re
 may exceed the target, and when there is no room it stops old replicas first (so with
 max_surge_percent=0, as Ray does, capacity dips by a batch). Scale-down stops STARTING
 replicas before STANDBY before RUNNING ones, newest first.
-
-`reconcile_counts` decides from counts alone what needs no replica's identity: nothing,
-or starting more (no old version live, no standby to activate, none to stop). The
-controller asks it first, so a deployment of 10,000 replicas scaling up costs O(1) per
-tick, not a pass over its replicas.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from typing import Protocol
 from surge.policy.lifecycle import ReplicaState
 
 __all__ = ["ActivateReplica", "ObservedReplica", "ReplicaView", "Rollout", "StartReplicas",
-           "StopReplica", "reconcile", "reconcile_counts"]
+           "StopReplica", "reconcile"]
 
 
 class ReplicaView(Protocol):
@@ -134,22 +129,6 @@ def reconcile(target: int, version: int, replicas: Sequence[ReplicaView],
         actions += [StopReplica(r.replica_id, "making room for the new version")
                     for r in oldest[:count]]
     return actions
-
-
-def reconcile_counts(target: int, standby: int, running: int, standing_by: int,
-                     starting: int, outdated: int) -> list[Action] | None:
-    """What `reconcile` decides, from the counts of the current version's live replicas
-    (`running`, `standing_by`, `starting`) and of the others' (`outdated`, draining ones
-    included), when that is nothing or a start; None when it needs the replicas
-    themselves: an old version live, a standby to activate, or replicas to stop."""
-    if outdated or (standing_by and running < target):
-        return None
-    live, wanted = running + standing_by + starting, target + standby
-    if live > wanted:
-        return None
-    if live < wanted:
-        return [StartReplicas(wanted - live, f"{live} of {wanted} live")]
-    return []
 
 
 def _pending(current: Sequence[ReplicaView]) -> list[ReplicaView]:

@@ -2,8 +2,7 @@
 
 Subclasses implement `message_received` and `closed`. `send` appends the encoded
 frame to an output buffer flushed once per event-loop turn, so a burst of responses
-becomes one write; `write_now` writes it at once (a sender that times what its writes
-cost, as the controller's publisher does).
+becomes one write.
 """
 
 from __future__ import annotations
@@ -72,13 +71,6 @@ class FramedProtocol(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-
-    def write_now(self) -> None:
-        """Write what is buffered now, not at the end of the loop's turn (a transport
-        that is closing is left to that: uvloop raises on a closed one, and the caller
-        is writing to many)."""
-        if self._out and self.transport is not None and not self.transport.is_closing():
-            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False

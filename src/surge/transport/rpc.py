@@ -213,20 +213,16 @@ class RpcPeer(FramedProtocol):
             self.handler.on_disconnect(self)
 
 
-def broadcast(peers: Iterable[Any], topic: str, value: Any, *, write_now: bool = False) -> int:
+def broadcast(peers: Iterable[Any], topic: str, value: Any) -> int:
     """Push `value` to every peer, pickled once (with the C pickler: for surge's own
     value types, never user code); peers that are not RpcPeers (tests' fakes) get the
-    value itself. `write_now`: each peer's socket is written before this returns, not
-    at the end of the loop's turn (so the caller's clock sees what the writes cost).
-    Returns the payload's size (0 if no peer needed it)."""
+    value itself. Returns the payload's size (0 if no peer needed it)."""
     payload = b""
     for peer in peers:
         if isinstance(peer, RpcPeer):
             if not payload:
                 payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             peer.push_payload(topic, payload)
-            if write_now:
-                peer.write_now()
         else:
             peer.push(topic, value)
     return len(payload)
