@@ -38,7 +38,7 @@ hosts notice a vanished host within seconds (router/dial.py).
 Threads: the router lives on its runtime's loop, but a caller on another thread (a
 driver's main thread, a replica's worker running a sync method) may start a request
 itself with `try_submit`, which never queues or raises, so the common call costs the
-loop no wake-up (router/handle.py); a thread that waits in `.result()` sends on, and
+loop no wake-up (router/responses.py); a thread that waits in `.result()` sends on, and
 reads its answers from, a link of its own to the replica (own_links.py). `lock` guards
 all the router's state and its links' (they share it): every method takes it, and a
 thread other than the loop's only calls `try_submit`, or reads its own link.
