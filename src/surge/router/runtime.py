@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -45,6 +46,7 @@ __all__ = [
 log = logging.getLogger("surge.runtime")
 
 RECONNECT_INTERVAL_S = 0.2  # a restarted controller is back in ~1 s
+RECONNECT_WAIT_S = 10.0  # a control call made while reconnecting waits this long
 # How long a member's connect may wait for the controller to accept it: a herd of thousands can
 # overflow its accept queue, and a dropped SYN is retried by the kernel after 1, 3, 7 s
 # (a refused connection still fails at once).
@@ -203,9 +205,23 @@ class RouterRuntime:
             pass  # re-sent on reconnect
 
     async def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        """A call to the controller. Made while the link is down and being reconnected
+        (a restarted controller is back in about a second), it waits for the link, up to
+        RECONNECT_WAIT_S, as a call to Ray's restarting controller actor waits."""
+        if self.peer is not None and self.peer.is_closed and not self._closing \
+                and self.on_controller_lost is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._until_reconnected(), RECONNECT_WAIT_S)
         if self.peer is None or self.peer.is_closed:
             raise ControllerUnavailableError(f"not connected to the controller at {self.address}")
         return await self.peer.call(method, timeout=timeout, **kwargs)
+
+    async def _until_reconnected(self) -> None:
+        while self.peer is not None and self.peer.is_closed and not self._closing:
+            if self._reconnecting is None:  # the loss is not seen yet, or it gave up
+                await asyncio.sleep(RECONNECT_INTERVAL_S)
+            else:
+                await asyncio.wait([self._reconnecting])
 
     # -- RpcHandler ----------------------------------------------------------------------
 
