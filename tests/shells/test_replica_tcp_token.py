@@ -21,6 +21,7 @@ from surge.transport.handshake import (
 from surge.transport.messages import Call, Message, Result, Rpc
 
 TOKEN = "the-control-token"
+QUIET_S = 15.0
 
 
 class Doubler:
@@ -37,11 +38,13 @@ class Connection:
         self.writer.write(b"".join(self.encoder.encode(m) for m in messages))
 
     async def receive(self) -> list[Message]:
-        """What came back before the replica closed the connection or went quiet."""
+        """What came back before the replica closed the connection or went quiet. Every
+        refusal closes the connection, so the wait bounds only a stalled test machine (a
+        2 s wait once ran out on CI's loaded fast tier)."""
         received: list[Message] = []
         try:
             while not received:
-                data = await asyncio.wait_for(self.reader.read(65536), 2.0)
+                data = await asyncio.wait_for(self.reader.read(65536), QUIET_S)
                 if not data:
                     break  # closed by the replica
                 received += self.decoder.feed(data)
