@@ -37,6 +37,16 @@ def _marked(folder: Path, name: str) -> bool:
     return (folder / name).exists()
 
 
+async def _hang(folder: str, tag: str) -> None:
+    """Sleep HANG_S, marking `<tag>.started`, and `<tag>.cancelled` if cancelled."""
+    _mark(folder, f"{tag}.started")
+    try:
+        await asyncio.sleep(HANG_S)
+    except asyncio.CancelledError:
+        _mark(folder, f"{tag}.cancelled")
+        raise
+
+
 # One request at a time, so that a hung one is seen; queued calls wait by count (not by
 # the expected wait, which would refuse the queued child outright and prove nothing).
 @serve.deployment(max_ongoing_requests=1, max_queued_requests=10)
@@ -49,22 +59,12 @@ class Leaf:
 
     async def __call__(self, tag: str = "leaf") -> str:
         self.calls += 1
-        _mark(self.folder, f"{tag}.started")
-        try:
-            await asyncio.sleep(HANG_S)
-        except asyncio.CancelledError:
-            _mark(self.folder, f"{tag}.cancelled")
-            raise
+        await _hang(self.folder, tag)
         return "slept"
 
     async def chunks(self, tag: str = "leaf-stream") -> Any:
         yield "first"
-        _mark(self.folder, f"{tag}.started")
-        try:
-            await asyncio.sleep(HANG_S)
-        except asyncio.CancelledError:
-            _mark(self.folder, f"{tag}.cancelled")
-            raise
+        await _hang(self.folder, tag)
         yield "second"
 
     async def hold(self, tag: str = "hold") -> str:

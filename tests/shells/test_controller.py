@@ -663,6 +663,15 @@ async def restarted(tmp_path: Path) -> Harness:
     return h
 
 
+async def restarted_with_its_proxy(tmp_path: Path) -> tuple[Harness, dict[str, int]]:
+    """first_controller's state restored by a new controller, whose proxy is back."""
+    _, pids = await first_controller(tmp_path)
+    h = await restarted(tmp_path)
+    await h.api.rpc_hello(FakePeer("proxy", proxy_id="proxy-0"), role="proxy",
+                          pid=pids["proxy-0"], proxy_id="proxy-0", address="127.0.0.1:8000")
+    return h, pids
+
+
 async def rejoin(h: Harness, replica_id: str, pid: int, **info: Any) -> FakePeer:
     peer = FakePeer("replica", replica_id=replica_id)
     await h.api.rpc_hello(peer, role="replica", pid=pid, replica_id=replica_id, app="app",
@@ -711,10 +720,7 @@ def test_a_readopted_replica_keeps_what_it_said_of_its_health_check(tmp_path: Pa
 def test_a_readopted_replica_keeps_its_rank_and_a_new_one_does_not_take_it(
         tmp_path: Path) -> None:
     async def main() -> None:
-        _, pids = await first_controller(tmp_path)
-        h = await restarted(tmp_path)
-        await h.api.rpc_hello(FakePeer("proxy", proxy_id="proxy-0"), role="proxy",
-                              pid=pids["proxy-0"], proxy_id="proxy-0", address="127.0.0.1:8000")
+        h, pids = await restarted_with_its_proxy(tmp_path)
         await rejoin(h, "Model-1", pids["Model-1"], rank=0)  # Model-2 (rank 1) is gone
         assert h.state.replicas["Model-1"].rank == 0
         while h.controller.recovery.active:
@@ -731,10 +737,7 @@ def test_a_readopted_replica_keeps_its_rank_and_a_new_one_does_not_take_it(
 def test_a_member_that_never_comes_back_is_killed_and_replaced_at_the_deadline(
         tmp_path: Path) -> None:
     async def main() -> None:
-        _, pids = await first_controller(tmp_path)
-        h = await restarted(tmp_path)
-        await h.api.rpc_hello(FakePeer("proxy", proxy_id="proxy-0"), role="proxy",
-                              pid=pids["proxy-0"], proxy_id="proxy-0", address="127.0.0.1:8000")
+        h, pids = await restarted_with_its_proxy(tmp_path)
         await rejoin(h, "Model-1", pids["Model-1"])
         started = h.clock.monotonic()
         while h.controller.recovery.active:
