@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import pytest
+
+from tests.eventually import eventually
 
 HARNESS = Path(__file__).resolve().parent.parent / "scripts" / "ray_suite"
 
@@ -124,3 +130,28 @@ def test_a_test_that_calls_a_helper_reaching_ray_internals_is_internal(tmp_path:
     assert set(helpers) == {"check_router"}
     assert surge_as_ray.helper_reason("    wait_for_condition(check_router, handle=h)\n", helpers)
     assert surge_as_ray.helper_reason("    assert plain(1) == 2\n", helpers) is None
+
+
+@pytest.mark.e2e
+def test_a_file_that_hangs_past_its_limit_is_stopped_with_its_children(tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    hang = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+            "time.sleep(60)\n")
+    log = tmp_path / "hang.log"
+    started = time.monotonic()
+    late = run.run_bounded([sys.executable, "-c", hang], tmp_path, dict(os.environ), log, 3)
+    assert time.monotonic() - started < 30
+    assert late == "the file ran past 3 s and was stopped\n"
+    pid = int(child_pid.read_text())
+    eventually(lambda: _gone(pid), 10, what=f"the hung file's child {pid} to be killed")
+    assert run.run_bounded([sys.executable, "-c", "pass"], tmp_path, dict(os.environ),
+                           log, 30) == ""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

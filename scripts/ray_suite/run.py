@@ -21,6 +21,7 @@ import argparse
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ def copy_test_file(tests: Path, name: str, work: Path) -> None:
 
 
 def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
-             anchor: bool = False) -> list[dict]:
+             anchor: bool = False, file_timeout_s: int = 1800) -> list[dict]:
     junit = work / f"{name}.xml"
     env = dict(os.environ, SURGE_AS_RAY="0" if anchor else "1",
                SURGE_AS_RAY_ANCHOR="1" if anchor else "0", SURGE_AS_RAY_TESTS=str(tests),
@@ -69,13 +70,28 @@ def run_file(tests: Path, name: str, work: Path, k: str | None, timeout_s: int,
     if k:
         command += ["-k", k]
     log = work / f"{name}.log"
-    with log.open("w") as out:
-        subprocess.run(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
-                       start_new_session=True, check=False)
+    late = run_bounded(command, work, env, log, file_timeout_s)
     if not junit.exists():
         return [{"file": name, "test": "<collection>", "outcome": "error", "internal": "",
-                 "message": log.read_text()[-2000:]}]
+                 "message": late + log.read_text()[-2000:]}]
     return [_case(name, case) for case in ET.parse(junit).getroot().iter("testcase")]
+
+
+def run_bounded(command: list[str], cwd: Path, env: dict[str, str], log: Path,
+                timeout_s: float) -> str:
+    """Run `command` in a session of its own, output to `log`; past `timeout_s` (a hang
+    pytest-timeout does not end, as in a teardown) kill its whole process group. Returns
+    "" or the line that says it was stopped."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout_s)
+            return ""
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return f"the file ran past {timeout_s:g} s and was stopped\n"
 
 
 def _case(name: str, case: ET.Element) -> dict:
@@ -124,6 +140,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every test's outcome here")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--timeout", type=int, default=120, help="per test, seconds")
+    parser.add_argument("--file-timeout", type=int, default=1800,
+                        help="per file, seconds: its process group is killed past it")
     parser.add_argument("--anchor", action="store_true",
                         help="run the files on Ray Serve itself (nothing aliased)")
     parser.add_argument("--against", type=Path, metavar="ANCHOR_JSON",
@@ -142,7 +160,8 @@ def main() -> None:
             print(f"{name}: not in {args.tests}, skipped", file=sys.stderr)
             continue
         copy_test_file(args.tests, name, work)
-        results += run_file(args.tests, name, work, args.k, args.timeout, args.anchor)
+        results += run_file(args.tests, name, work, args.k, args.timeout, args.anchor,
+                            args.file_timeout)
         done = summarize([r for r in results if r["file"] == name], anchor)["files"][0]
         print(f"{name:32} {done['passed']:3}/{done['counted']:3} passed "
               f"({done['internal']} internal, {done['skipped']} skipped)", flush=True)
