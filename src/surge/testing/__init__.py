@@ -8,6 +8,10 @@
 * `FakeLLMEngine`: a deterministic `surge.llm.engine.LLMEngine` (words are tokens), for
   tests of the OpenAI layer without a model: `LLMConfig(llm_engine=
   "surge.testing:FakeLLMEngine", ...)`.
+* `MockVLLMEngine`: an engine that behaves like vLLM in time (scheduler steps, chunked
+  prefill, a KV cache with prefix caching, eviction and preemption; vLLM's KV events),
+  for benchmarks and tests of routing and scaling without a GPU:
+  `llm_engine="surge.testing:MockVLLMEngine"`.
 * `FakeReplica`: a replica as a router sees it, a frame server on loopback that
   answers, holds, rejects or dies on cue (the router's shell tests run on it).
 * `FakeObjectStore`: cloud object storage in memory (`surge.llm.lora_cloud.ObjectStore`),
@@ -17,9 +21,10 @@
 from surge.testing.backend import FakeBackend, FakeProcess
 from surge.testing.clock import FakeClock
 from surge.testing.llm import FakeLLMEngine
+from surge.testing.mock_vllm import MockVLLMEngine
 from surge.testing.objects import FakeObjectStore
 from surge.testing.peer import FakePeer
 from surge.testing.replica import FakeReplica
 
 __all__ = ["FakeBackend", "FakeClock", "FakeLLMEngine", "FakeObjectStore", "FakePeer",
-           "FakeProcess", "FakeReplica"]
+           "FakeProcess", "FakeReplica", "MockVLLMEngine"]

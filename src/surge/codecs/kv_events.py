@@ -1,0 +1,62 @@
+"""vLLM's KV-cache events, in its own wire shape (`kv_events_config`, msgpack over ZMQ).
+
+An engine that caches prefixes publishes what enters and leaves its KV cache, one
+batch per scheduler step: `BlockStored` (full blocks now held, each named by a hash
+chained from its parent's, with the block's token ids and the LoRA adapter's id),
+`BlockRemoved` (evicted), `AllBlocksCleared` (a reset). vLLM encodes each as an array
+whose first element is the class name (msgspec's `array_like`, `tag=True`), so a
+consumer written for vLLM's publisher reads surge's mock engine and the other way round.
+The field names and order are vLLM's (vllm/distributed/kv_events.py); `medium` is where
+the block lives ("GPU", "CPU", None: unspecified).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEventBatch",
+           "decode_batch", "encode_batch"]
+
+
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """A KV-cache event; the tag on the wire is the class name, as vLLM's."""
+
+
+class BlockStored(_Event):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class BlockRemoved(_Event):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class AllBlocksCleared(_Event):
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float  # the publisher's wall clock, seconds
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    return _ENCODER.encode(batch)
+
+
+def decode_batch(data: bytes) -> KVEventBatch:
+    """One published batch; raises msgspec.ValidationError/DecodeError on anything else."""
+    return _DECODER.decode(data)

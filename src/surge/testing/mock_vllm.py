@@ -1,0 +1,176 @@
+"""`MockVLLMEngine`: an engine that behaves like vLLM in time, without a model.
+
+It speaks `surge.llm.engine.LLMEngine` and runs sim/engine_model.py's scheduler for
+real: one task loops over engine steps, sleeps each step's modelled duration, then hands
+out the step's tokens, so TTFT and ITL grow with the batch, long prompts and a cold
+prefix cache as a real engine's do, and the KV cache fills, evicts and preempts. What
+it reports is vLLM's: `stats()` (waiting, running, KV use, prefix-cache hit rate) and
+the KV events of each step in vLLM's `KVEventBatch` shape (`kv_events()`, bounded).
+Words are tokens (ids by a stable hash) unless the prompt carries token ids; output
+words are `t<id>`.
+
+Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
+(step_s, decode_s_per_seq, prefill_s_per_token, max_num_seqs, max_num_batched_tokens,
+num_blocks, block_size, max_model_len) and `max_events` (batches kept for a reader,
+oldest dropped first). Deploy it with `engine: surge.testing:MockVLLMEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+from surge.codecs.kv_events import KVEventBatch
+from surge.llm.config import LLMConfig
+from surge.llm.engine import (
+    AdapterError,
+    Delta,
+    EngineError,
+    EngineStats,
+    ModelInfo,
+    Prompt,
+    PromptTooLong,
+    SamplingParams,
+)
+from surge.sim.engine_model import EngineModel, EngineTiming
+
+__all__ = ["MockVLLMEngine"]
+
+MAX_EVENT_BATCHES = 1024  # a reader that falls this far behind loses the oldest
+
+
+def _token(word: str) -> int:
+    return zlib.crc32(word.encode()) % 32_000
+
+
+class MockVLLMEngine:
+    def __init__(self, llm_config: LLMConfig) -> None:
+        kwargs = dict(llm_config.engine_kwargs)
+        names = {f.name for f in fields(EngineTiming)}
+        self.timing = EngineTiming(**{k: v for k, v in kwargs.items() if k in names})
+        self.model = EngineModel(self.timing)
+        self.events: deque[KVEventBatch] = deque(
+            maxlen=int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
+        self.adapters: dict[str, int] = {}  # name -> lora id
+        # request id -> (token or None: aborted, finished, prompt tokens cached or -1)
+        self._outputs: dict[str, asyncio.Queue[tuple[int | None, bool, int]]] = {}
+        self._work = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.steps = 0
+
+    def __repr__(self) -> str:
+        return f"<MockVLLMEngine steps={self.steps} {self.model!r}>"
+
+    async def start(self) -> ModelInfo:
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        return ModelInfo(max_model_len=self.timing.max_model_len)
+
+    async def _run(self) -> None:
+        while True:
+            await self._work.wait()
+            if self.model.idle:
+                self._work.clear()
+                continue
+            step = self.model.step()
+            self.steps += 1
+            await asyncio.sleep(step.duration_s)
+            events = self.model.take_events()
+            if events:
+                self.events.append(KVEventBatch(ts=time.time(), events=events))
+            for seq_id, token in step.tokens:
+                queue = self._outputs.get(seq_id)
+                if queue is not None:
+                    queue.put_nowait((token, seq_id in step.finished,
+                                      step.first.get(seq_id, -1)))
+
+    async def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                          add_generation_prompt: bool = True,
+                          continue_final_message: bool = False,
+                          tools: Sequence[Mapping[str, Any]] | None = None,
+                          chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
+        lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
+        if add_generation_prompt:
+            lines.append("assistant:")
+        text = "\n".join(lines)
+        return Prompt(text=text, token_ids=tuple(await self.tokenize(text)))
+
+    async def tokenize(self, text: str) -> list[int]:
+        return [_token(word) for word in text.split()]
+
+    async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
+                       adapter: str | None = None) -> AsyncIterator[Delta]:
+        if self._loop_task is None:
+            raise EngineError("the mock engine is not started")
+        if adapter is not None and adapter not in self.adapters:
+            raise AdapterError(f"adapter {adapter!r} is not loaded")
+        if request_id in self._outputs:
+            raise ValueError(f"request id {request_id} is already running")
+        ids = prompt.token_ids or tuple(await self.tokenize(prompt.text or ""))
+        max_tokens = params.max_tokens or (self.timing.max_model_len - len(ids))
+        problem = self.model.fits(len(ids), max_tokens)
+        if problem is not None:
+            raise PromptTooLong(problem)
+        queue: asyncio.Queue[tuple[int | None, bool, int]] = asyncio.Queue()
+        self._outputs[request_id] = queue
+        self.model.add(request_id, tuple(ids), max_tokens,
+                       self.adapters[adapter] if adapter is not None else None)
+        self._work.set()
+        finished = False
+        try:
+            first = True
+            while not finished:
+                token, finished, cached = await queue.get()
+                if token is None:
+                    yield Delta("", (), "abort")
+                    return
+                text = f"t{token}" if first else f" t{token}"
+                yield Delta(text, (token,), "length" if finished else None, 0,
+                            len(ids) if first else 0, max(cached, 0))
+                first = False
+        finally:
+            self._outputs.pop(request_id, None)
+            if not finished:
+                self.model.abort(request_id)
+
+    async def embed(self, inputs: Sequence[Prompt], request_id: str) -> list[list[float]]:
+        raise EngineError("the mock vLLM engine is not a pooling model")
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request: its stream ends with finish reason "abort"."""
+        self.model.abort(request_id)
+        queue = self._outputs.get(request_id)
+        if queue is not None:
+            queue.put_nowait((None, True, -1))
+
+    def stats(self) -> EngineStats:
+        m = self.model
+        return EngineStats(waiting=len(m.waiting), running=len(m.running),
+                           kv_cache_usage=m.blocks.usage(), max_running=self.timing.max_num_seqs,
+                           prefix_cache_hit_rate=m.hit_rate())
+
+    def kv_events(self) -> list[KVEventBatch]:
+        """The KV event batches since the last call, oldest first."""
+        batches = list(self.events)
+        self.events.clear()
+        return batches
+
+    async def check_health(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            raise EngineError("the mock engine's loop is not running")
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        self.adapters.setdefault(name, len(self.adapters) + 1)
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.pop(name, None)
+
+    async def shutdown(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,152 @@
+"""The mock vLLM engine: the LLMEngine protocol over the engine model, in real time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from surge.codecs.kv_events import BlockStored
+from surge.llm.config import LLMConfig
+from surge.llm.engine import (
+    AdapterError,
+    Delta,
+    EngineError,
+    LLMEngine,
+    Prompt,
+    PromptTooLong,
+    SamplingParams,
+)
+from surge.testing import MockVLLMEngine
+from tests.eventually import eventually_async
+
+FAST = {"step_s": 0.001, "decode_s_per_seq": 0.0, "prefill_s_per_token": 0.0,
+        "block_size": 4, "num_blocks": 64, "max_model_len": 128}
+
+
+def engine(**kwargs: Any) -> MockVLLMEngine:
+    config = LLMConfig(model_loading_config={"model_id": "mock"},
+                       llm_engine="surge.testing:MockVLLMEngine",
+                       engine_kwargs=FAST | kwargs)
+    return MockVLLMEngine(config)
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(main())
+
+
+async def collect(e: MockVLLMEngine, words: str, max_tokens: int, rid: str,
+                  adapter: str | None = None) -> list[Delta]:
+    prompt = Prompt(text=words)
+    return [d async for d in e.generate(prompt, SamplingParams(max_tokens=max_tokens), rid,
+                                        adapter=adapter)]
+
+
+def test_it_speaks_the_engine_protocol_and_streams_one_token_a_step() -> None:
+    async def main() -> None:
+        e = engine()
+        assert isinstance(e, LLMEngine)
+        info = await e.start()
+        assert info.max_model_len == 128
+        deltas = await collect(e, "a b c d e f", 3, "r1")
+        assert [d.finish_reason for d in deltas] == [None, None, "length"]
+        assert deltas[0].prompt_tokens == 6 and deltas[0].text.startswith("t")
+        assert deltas[1].text.startswith(" t") and e.steps == 3
+        await e.check_health()
+        await e.shutdown()
+
+    run(main)
+
+
+def test_a_repeated_prefix_is_served_from_cache_and_published_as_vllm_does() -> None:
+    async def main() -> None:
+        e = engine()
+        await e.start()
+        prompt = " ".join(f"w{i}" for i in range(10))
+        first = await collect(e, prompt, 1, "a")
+        again = await collect(e, prompt, 1, "b")
+        assert (first[0].cached_tokens, again[0].cached_tokens) == (0, 8)
+        stats = e.stats()
+        assert stats.prefix_cache_hit_rate == pytest.approx(8 / 20)
+        assert (stats.running, stats.waiting, stats.kv_cache_usage) == (0, 0, 0.0)
+        batches = e.kv_events()
+        stored = [ev for b in batches for ev in b.events if isinstance(ev, BlockStored)]
+        assert len(stored) == 2 and stored[1].parent_block_hash == stored[0].block_hashes[0]
+        assert e.kv_events() == []  # taken
+        await e.shutdown()
+
+    run(main)
+
+
+def test_steps_take_the_modelled_time_and_a_batch_shares_them() -> None:
+    async def main() -> None:
+        e = engine(step_s=0.02)
+        await e.start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(*(collect(e, "x y z", 5, f"r{i}") for i in range(4)))
+        elapsed = loop.time() - started
+        assert all(len(r) == 5 for r in results)
+        assert e.steps == 5  # four sequences decoded together
+        assert elapsed >= 5 * 0.02
+        await e.shutdown()
+
+    run(main)
+
+
+def test_abort_ends_the_stream_and_frees_the_cache() -> None:
+    async def main() -> None:
+        e = engine(step_s=0.005)
+        await e.start()
+        got: list[Delta] = []
+
+        async def reader() -> None:
+            async for delta in e.generate(Prompt(text="a b c d e"),
+                                          SamplingParams(max_tokens=100), "long"):
+                got.append(delta)
+
+        task = asyncio.create_task(reader())
+        await eventually_async(lambda: len(got) >= 2, 10, what="two tokens")
+        await e.abort("long")
+        await task
+        assert got[-1].finish_reason == "abort" and e.model.idle
+        assert e.stats().kv_cache_usage == 0.0
+        await e.shutdown()
+
+    run(main)
+
+
+def test_a_reader_that_goes_away_aborts_its_request() -> None:
+    async def main() -> None:
+        e = engine(step_s=0.005)
+        await e.start()
+        stream = e.generate(Prompt(text="a b"), SamplingParams(max_tokens=100), "gone")
+        await anext(stream)
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert e.model.idle
+        await e.shutdown()
+
+    run(main)
+
+
+def test_bad_requests_get_the_engines_errors() -> None:
+    async def main() -> None:
+        e = engine()
+        with pytest.raises(EngineError, match="not started"):
+            await collect(e, "a", 1, "early")
+        await e.start()
+        with pytest.raises(PromptTooLong, match="context of 128"):
+            await collect(e, "a " * 120, 20, "long")
+        with pytest.raises(AdapterError):
+            await collect(e, "a", 1, "x", adapter="nope")
+        await e.load_adapter("mine", "/nowhere")
+        a = await collect(e, "p q r s t", 1, "a1", adapter="mine")
+        b = await collect(e, "p q r s t", 1, "b1")
+        assert (a[0].cached_tokens, b[0].cached_tokens) == (0, 0)  # the adapter's own blocks
+        await e.shutdown()
+        with pytest.raises(EngineError, match="not running"):
+            await e.check_health()
+
+    run(main)
