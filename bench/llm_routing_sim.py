@@ -1,0 +1,275 @@
+"""LLM routing policies on mock engines, in virtual time: prefix-cache hits, TTFT, balance.
+
+    .venv/bin/python bench/llm_routing_sim.py [--replicas 16] [--requests 4000] [--load 0.7]
+
+A Mooncake-shaped trace (generated here, seeded: sessions whose turns extend the
+previous turn's 512-token blocks, over a Zipf-popular pool of system prompts; equal
+block ids are equal tokens) is replayed against `--replicas` engine models
+(sim/engine_model.py: vLLM's scheduler, step time and prefix cache, as the mock engine
+runs them) in virtual time, once per routing policy, same arrivals:
+
+* `round_robin`; `p2c`: power of two choices on the engines' queues (what surge does
+  for an LLM deployment without affinity);
+* `byte_prefix`: today's affinity, rendezvous hashing of the body's first 1,024 bytes
+  within the slack (policy/engine_routing.py);
+* `prefix_index`: policy/prefix_index.py fed by the router's own sends (the chunks of
+  each prompt recorded for the replica it went to);
+* `oracle`: the same choice (`choose_by_prefix`, same slack) on what each engine really
+  holds (its KV blocks, read from the engine model).
+
+Per policy: the engines' prefix-cache hit rate (vLLM's: prompt tokens found cached over
+prompt tokens), TTFT p50/p99, end-to-end p50, and the max/mean of requests served and of
+busy time per replica. The engine queue a router sees is exact here (no report delay):
+this measures the policies' choices, not the data path. Last line: `summary: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from surge.policy.engine_routing import (
+    AFFINITY_PREFIX_BYTES,
+    choose_by_score,
+    choose_with_affinity,
+    rendezvous,
+)
+from surge.policy.prefix_index import PrefixIndex, choose_by_prefix, chunk_names
+from surge.sim.engine_model import EngineModel, EngineTiming
+from surge.sim.kv_blocks import prefix_hashes
+
+HASH_BLOCK = 512  # tokens per Mooncake hash id
+# An 8B model on one GPU, in shape: ~12k prompt tokens/s, ~25 ms decode steps at 64 seqs.
+TIMING = EngineTiming(step_s=0.012, decode_s_per_seq=0.0002, prefill_s_per_token=0.00008,
+                      max_num_seqs=128, max_num_batched_tokens=8192, num_blocks=6000,
+                      block_size=16, max_model_len=65536)
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    hash_ids: tuple[int, ...]
+    input_length: int
+    output_length: int
+
+    def tokens(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for block in self.hash_ids:
+            base = block * 7919
+            out += [(base + j) % 32000 for j in range(HASH_BLOCK)]
+        return tuple(out[:self.input_length])
+
+
+def mooncake_shaped(n: int, rate: float, rng: random.Random) -> list[Request]:
+    """Sessions of 1-8 turns; each turn's blocks are the last turn's plus 1-3 new ones,
+    after one of 30 system prompts (2-6 blocks, Zipf-popular)."""
+    systems = [tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + rng.randint(2, 6)))
+               for i in range(30)]
+    weights = [1 / (i + 1) for i in range(30)]
+    fresh = iter(range(10_000_000, 100_000_000))
+    sessions: list[list[int]] = []
+    out: list[Request] = []
+    t = 0.0
+    while len(out) < n:
+        t += rng.expovariate(rate)
+        if sessions and rng.random() < 0.6:
+            blocks = rng.choice(sessions)
+        else:
+            blocks = list(rng.choices(systems, weights)[0])
+            sessions.append(blocks)
+            if len(sessions) > 200:
+                sessions.pop(0)
+        blocks += [next(fresh) for _ in range(rng.randint(1, 3))]
+        if len(blocks) > 24:  # a long conversation ends; a new one starts in its place
+            sessions.remove(blocks)
+            continue
+        length = len(blocks) * HASH_BLOCK - rng.randint(0, HASH_BLOCK - 1)
+        out.append(Request(t, tuple(blocks), length, rng.randint(50, 400)))
+    return out
+
+
+class Cluster:
+    def __init__(self, replicas: int) -> None:
+        self.engines = [EngineModel(TIMING) for _ in range(replicas)]
+        self.busy_until = [0.0] * replicas
+        self.busy_s = [0.0] * replicas
+        self.served = [0] * replicas
+        self.in_flight = [0] * replicas
+
+    def queue(self, i: int) -> int:
+        e = self.engines[i]
+        return len(e.waiting) + len(e.running)
+
+
+# (cluster, request, its tokens, its prompt stream as a router reads it, rng) -> replica
+Policy = Callable[[Cluster, Request, tuple[int, ...], bytes, random.Random], int]
+
+
+def make_policies(replicas: int) -> dict[str, Policy]:
+    ids = [f"replica-{i}" for i in range(replicas)]
+    capacity = 10_000  # the engines queue: no router-side bound in this comparison
+    turn = iter(range(10**9))
+    index = PrefixIndex()
+
+    def scores(c: Cluster) -> list[int]:
+        return [c.queue(i) for i in range(replicas)]
+
+    def round_robin(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+                    rng: random.Random) -> int:
+        return next(turn) % replicas
+
+    def p2c(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+                    rng: random.Random) -> int:
+        return choose_by_score(c.in_flight, scores(c), capacity, rng)
+
+    def byte_prefix(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+                    rng: random.Random) -> int:
+        if len(body) < AFFINITY_PREFIX_BYTES:
+            return p2c(c, r, tokens, body, rng)
+        preferred = rendezvous(body[:AFFINITY_PREFIX_BYTES], ids)
+        return choose_with_affinity(c.in_flight, scores(c), capacity, preferred, rng)
+
+    def prefix(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+                    rng: random.Random) -> int:
+        names = chunk_names(body)
+        held = {int(k.rsplit("-", 1)[1]): v for k, v in index.matched(names).items()}
+        choice = choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
+        index.record(ids[choice], names)
+        return choice
+
+    def oracle(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+                    rng: random.Random) -> int:
+        hashes = prefix_hashes(tokens, TIMING.block_size, None)
+        held = {i: n for i, e in enumerate(c.engines)
+                if (n := e.blocks.cached_prefix(hashes))}
+        return choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
+
+    return {"round_robin": round_robin, "p2c": p2c, "byte_prefix": byte_prefix,
+            "prefix_index": prefix, "oracle": oracle}
+
+
+def _stream(tokens: tuple[int, ...]) -> bytes:
+    return b"".join(t.to_bytes(2, "big") for t in tokens)
+
+
+def replay(trace: list[Request], replicas: int, policy: Policy, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    c = Cluster(replicas)
+    events: list[tuple[float, int, int, int]] = []  # (time, kind 0 step-end 1 arrival, i, n)
+    for n, r in enumerate(trace):
+        heapq.heappush(events, (r.at, 1, -1, n))
+    arrived: dict[str, float] = {}
+    ttft: list[float] = []
+    e2e: list[float] = []
+    pending: dict[int, object] = {}
+    decide_s = 0.0
+    while events:
+        now, kind, i, n = heapq.heappop(events)
+        if kind == 1:
+            r = trace[n]
+            tokens = r.tokens()
+            body = _stream(tokens)
+            started = time.perf_counter()
+            i = policy(c, r, tokens, body, rng)
+            decide_s += time.perf_counter() - started
+            sid = f"r{n}"
+            arrived[sid] = now
+            c.engines[i].add(sid, tokens, r.output_length)
+            c.in_flight[i] += 1
+            c.served[i] += 1
+            if i not in pending:
+                _start(c, i, now, events, pending)
+            continue
+        step = pending.pop(i)
+        for sid in step.first:  # type: ignore[attr-defined]
+            ttft.append(now - arrived[sid])
+        for sid in step.finished:  # type: ignore[attr-defined]
+            e2e.append(now - arrived.pop(sid))
+            c.in_flight[i] -= 1
+        _start(c, i, now, events, pending)
+    hits = sum(e.prefix_hits for e in c.engines)
+    queries = sum(e.prefix_queries for e in c.engines)
+    q = statistics.quantiles(ttft, n=100)
+    return {"hit_rate": hits / queries, "ttft_p50": statistics.median(ttft), "ttft_p99": q[98],
+            "e2e_p50": statistics.median(e2e),
+            "served_max_mean": max(c.served) / statistics.mean(c.served),
+            "busy_max_mean": max(c.busy_s) / statistics.mean(c.busy_s),
+            "decide_us": decide_s / len(trace) * 1e6}
+
+
+def _start(c: Cluster, i: int, now: float, events: list[tuple[float, int, int, int]],
+           pending: dict[int, object]) -> None:
+    engine = c.engines[i]
+    if engine.idle:
+        return
+    step = engine.step()
+    engine.take_events()
+    c.busy_s[i] += step.duration_s
+    pending[i] = step
+    heapq.heappush(events, (now + step.duration_s, 0, i, 0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="arrivals per second (default: --load x an estimate of capacity)")
+    parser.add_argument("--load", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--policies", default="round_robin,p2c,byte_prefix,prefix_index,oracle")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    probe = mooncake_shaped(500, 1.0, random.Random(args.seed))
+    mean_in = statistics.mean(r.input_length for r in probe)
+    mean_out = statistics.mean(r.output_length for r in probe)
+    # a replica's capacity if half the prompt is cached and decode runs 64 wide
+    per_request_s = (mean_in * 0.5 * TIMING.prefill_s_per_token
+                     + mean_out * (TIMING.step_s + 64 * TIMING.decode_s_per_seq) / 64)
+    rate = args.rate or args.load * args.replicas / per_request_s
+    trace = mooncake_shaped(args.requests, rate, rng)
+    reuse = _block_reuse(trace)
+    print(f"trace: {len(trace)} requests at {rate:.1f}/s, mean input {mean_in:.0f} tokens, "
+          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas")
+    rows = {}
+    for name in args.policies.split(","):
+        policy = make_policies(args.replicas)[name]
+        started = time.perf_counter()
+        rows[name] = replay(trace, args.replicas, policy, args.seed)
+        print(f"  {name}: {time.perf_counter() - started:.1f} s", flush=True)
+    print()
+    print("| policy | prefix-cache hit rate | TTFT p50 s | TTFT p99 s | e2e p50 s | "
+          "served max/mean | busy max/mean | decision µs (wall) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        print(f"| {name} | {row['hit_rate']:.1%} | {row['ttft_p50']:.3f} | "
+              f"{row['ttft_p99']:.3f} | {row['e2e_p50']:.2f} | {row['served_max_mean']:.2f} | "
+              f"{row['busy_max_mean']:.2f} | {row['decide_us']:.0f} |")
+    summary = {f"{k}_hit": f"{v['hit_rate']:.3f}" for k, v in rows.items()}
+    if "prefix_index" in rows and "oracle" in rows:
+        summary["index_vs_oracle"] = (
+            f"{rows['prefix_index']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
+    if "prefix_index" in rows and "round_robin" in rows:
+        summary["index_vs_rr"] = (
+            f"{rows['prefix_index']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
+    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def _block_reuse(trace: list[Request]) -> float:
+    seen: set[int] = set()
+    reused = total = 0
+    for r in trace:
+        for block in r.hash_ids:
+            total += 1
+            reused += block in seen
+            seen.add(block)
+    return reused / total
+
+
+if __name__ == "__main__":
+    main()
