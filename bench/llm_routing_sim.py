@@ -17,6 +17,11 @@ runs them) in virtual time, once per routing policy, same arrivals:
 * `oracle`: the same choice (`choose_by_prefix`, same slack) on what each engine really
   holds (its KV blocks, read from the engine model).
 
+Then the router's own cost, CPU per request: reading a 220 KB chat body's prompt into
+chunk names (`prompt_stream` + `chunk_names`, once per request), and one decision
+(`PrefixIndex.held` + `choose_by_prefix`) at 512 replicas, when 3 of them hold the
+prompt's prefix and when all 512 hold its first part (a popular system prompt).
+
 Per policy: the engines' prefix-cache hit rate (vLLM's: prompt tokens found cached over
 prompt tokens), TTFT p50/p99, end-to-end p50, and the max/mean of requests served and of
 busy time per replica. The engine queue a router sees is exact here (no report delay):
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import random
 import statistics
 import time
@@ -39,7 +45,7 @@ from surge.policy.engine_routing import (
     choose_with_affinity,
     rendezvous,
 )
-from surge.policy.prefix_index import PrefixIndex, choose_by_prefix, chunk_names
+from surge.policy.prefix_index import PrefixIndex, choose_by_prefix, chunk_names, prompt_stream
 from surge.sim.engine_model import EngineModel, EngineTiming
 from surge.sim.kv_blocks import prefix_hashes
 
@@ -137,7 +143,8 @@ def make_policies(replicas: int) -> dict[str, Policy]:
     def prefix(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         names = chunk_names(body)
-        held = {int(k.rsplit("-", 1)[1]): v for k, v in index.matched(names).items()}
+        held = [(depth, [int(r.rsplit("-", 1)[1]) for r in index.replicas(mask)])
+                for depth, mask in index.held(names)]
         choice = choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
         index.record(ids[choice], names)
         return choice
@@ -145,8 +152,10 @@ def make_policies(replicas: int) -> dict[str, Policy]:
     def oracle(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         hashes = prefix_hashes(tokens, TIMING.block_size, None)
-        held = {i: n for i, e in enumerate(c.engines)
-                if (n := e.blocks.cached_prefix(hashes))}
+        depths = {i: n for i, e in enumerate(c.engines)
+                  if (n := e.blocks.cached_prefix(hashes))}
+        held = [(d, [i for i, n in depths.items() if n == d])
+                for d in sorted(set(depths.values()), reverse=True)]
         return choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
 
     return {"round_robin": round_robin, "p2c": p2c, "byte_prefix": byte_prefix,
@@ -250,7 +259,15 @@ def main() -> None:
         print(f"| {name} | {row['hit_rate']:.1%} | {row['ttft_p50']:.3f} | "
               f"{row['ttft_p99']:.3f} | {row['e2e_p50']:.2f} | {row['served_max_mean']:.2f} | "
               f"{row['busy_max_mean']:.2f} | {row['decide_us']:.0f} |")
+    cost = router_cost()
+    print()
+    print(f"router cost (CPU): a 220 KB chat body read into chunk names p50 "
+          f"{cost['parse_220kb_us_p50']:.0f} µs, p99 {cost['parse_220kb_us_p99']:.0f} µs; "
+          f"a decision at 512 replicas p50/p99: 3 holders {cost['decision_3_hold_us_p50']:.1f}"
+          f"/{cost['decision_3_hold_us_p99']:.1f} µs, all holding the system prompt "
+          f"{cost['decision_all_hold_us_p50']:.1f}/{cost['decision_all_hold_us_p99']:.1f} µs")
     summary = {f"{k}_hit": f"{v['hit_rate']:.3f}" for k, v in rows.items()}
+    summary.update({k: f"{v:.1f}" for k, v in cost.items()})
     if "prefix_index" in rows and "oracle" in rows:
         summary["index_vs_oracle"] = (
             f"{rows['prefix_index']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
@@ -258,6 +275,52 @@ def main() -> None:
         summary["index_vs_rr"] = (
             f"{rows['prefix_index']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
     print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def router_cost(replicas: int = 512, rounds: int = 3000) -> dict[str, float]:
+    rng = random.Random(1)
+
+    def text(n: int) -> str:
+        return "".join(rng.choice("abcdefghij klmnop") for _ in range(n))
+
+    shared = text(20_000)
+    questions = [json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": shared},
+        {"role": "user", "content": f"q{i} " * 100}]}).encode() for i in range(50)]
+    big = json.dumps({"model": "m", "messages": [{"role": "system", "content": text(220_000)},
+                                                 {"role": "user", "content": "hi"}]}).encode()
+    parse = []
+    for _ in range(200):
+        started = time.process_time_ns()
+        chunk_names(prompt_stream(big) or b"")
+        parse.append(time.process_time_ns() - started)
+    out = {"parse_220kb_us_p50": statistics.median(parse) / 1e3,
+           "parse_220kb_us_p99": statistics.quantiles(parse, n=100)[98] / 1e3}
+    ids = [f"replica-{i}" for i in range(replicas)]
+    at = {r: i for i, r in enumerate(ids)}
+    names = [chunk_names(prompt_stream(q) or b"") for q in questions]
+    for case, holders in (("3_hold", 3), ("all_hold", replicas)):
+        index = PrefixIndex()
+        for i in range(replicas):  # each replica's own conversations
+            own = json.dumps({"model": "m", "messages": [
+                {"role": "system", "content": text(4000)}]}).encode()
+            index.record(ids[i], chunk_names(prompt_stream(own) or b""))
+        for i in range(holders):
+            index.record(ids[i * (replicas // holders)], names[i % len(names)])
+        in_flight = [rng.randrange(5) for _ in range(replicas)]
+        scores = [x + rng.randrange(3) for x in in_flight]
+        spent = []
+        for k in range(rounds):
+            prompt = names[k % len(names)]
+            started = time.process_time_ns()
+            held = ((depth, (at[r] for r in index.replicas(mask)))
+                    for depth, mask in index.held(prompt))
+            choose_by_prefix(in_flight, scores, 100, held, rng)
+            spent.append(time.process_time_ns() - started)
+        q = statistics.quantiles(spent, n=100)
+        out[f"decision_{case}_us_p50"] = statistics.median(spent) / 1e3
+        out[f"decision_{case}_us_p99"] = q[98] / 1e3
+    return out
 
 
 def _block_reuse(trace: list[Request]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 
 from surge.policy.engine_routing import NO_REPLICA
 from surge.policy.prefix_index import (
@@ -73,13 +74,16 @@ def test_the_index_says_how_long_a_prefix_each_replica_holds() -> None:
     names = list(range(100, 110))
     index.record("a", names[:6])
     index.record("b", names[:3])
-    index.record("c", names[2:8])  # not from the start: never a match
+    # the deepest held is 6: rungs 6, 5, 4, 3, 1 read a and b exactly
     assert index.matched(names) == {"a": 6, "b": 3}
     assert index.matched(names[:2]) == {"a": 2, "b": 2}
+    assert index.matched(names[:1]) == {"a": 1, "b": 1}
     assert index.matched([999, *names]) == {}
     assert index.matched([]) == {}
     index.record("c", names)
-    assert index.matched(names) == {"a": 6, "b": 3, "c": 10}
+    index.record("a", names[:6])  # again: the same bit
+    # the deepest is 10: rungs 10, 8, 7, 5, 2, 1; a depth between two reads as the lower
+    assert index.matched(names) == {"c": 10, "a": 5, "b": 2}
     assert repr(index) == "<PrefixIndex chunks=10/200000 replicas=3>"
 
 
@@ -88,53 +92,86 @@ def test_forgotten_chunks_and_dropped_replicas_are_not_held() -> None:
     names = [1, 2, 3, 4]
     index.record("a", names)
     index.record("b", names)
-    index.forget("a", [3])
+    index.forget("a", [3, 4])  # an engine evicts a sequence's tail first
     assert index.matched(names) == {"a": 2, "b": 4}
-    index.forget("b", [3, 4])
-    assert index.matched(names) == {"a": 2, "b": 2} and 3 not in index.chunks
+    index.forget("b", [4])
+    assert index.matched(names) == {"a": 2, "b": 3} and 4 not in index.chunks
     index.forget("nobody", names)  # never recorded: nothing to do
     index.drop("a")
     index.drop("a")  # twice: nothing more
-    assert index.matched(names) == {"b": 2}
+    assert index.matched(names) == {"b": 3}
     index.record("new", [1])  # takes a's freed bit, which holds nothing of a's
-    assert index.matched(names) == {"b": 2, "new": 1}
+    assert index.matched(names) == {"b": 3, "new": 1}
     index.drop("b")
     assert index.matched(names) == {"new": 1} and list(index.chunks) == [1]
+    holed = PrefixIndex()
+    holed.record("x", list(range(1, 9)))
+    holed.forget("x", [6])  # not a tail: the ladder reads past the hole
+    assert holed.matched(list(range(1, 9))) == {"x": 8}
 
 
-def test_the_index_is_bounded_and_forgets_the_least_recently_used() -> None:
+def test_the_index_is_bounded_and_forgets_tails_and_the_least_recently_used() -> None:
     index = PrefixIndex(max_chunks=4)
     index.record("a", [1, 2])
-    index.record("b", [7, 8])
-    index.matched([1, 2])  # a lookup is a use: 1, 2 are now the most recent
+    index.record("b", [8, 7])
+    assert list(index.chunks) == [2, 1, 7, 8]  # a prefix's head is its most recent
+    index.matched([1, 2])  # a lookup is a use, head last
+    assert list(index.chunks) == [7, 8, 2, 1]
     index.record("c", [9])
-    assert list(index.chunks) == [8, 1, 2, 9]
-    assert index.matched([7, 8]) == {}  # 7 is gone, so the prefix is
+    assert list(index.chunks) == [8, 2, 1, 9]  # b's tail went first
+    assert index.matched([8, 7]) == {"b": 1}
+    index.record("d", [10, 11])
+    assert list(index.chunks) == [9, 8, 11, 10] and index.matched([1, 2]) == {}
 
 
 # -- the choice ----------------------------------------------------------------------
+
+
+def deepest_first(held: dict[int, int]) -> list[tuple[int, list[int]]]:
+    """{index: depth} as `held` pairs: (depth, indices), deepest first."""
+    return [(d, [i for i, depth in held.items() if depth == d])
+            for d in sorted(set(held.values()), reverse=True)]
 
 
 def test_the_longest_held_prefix_wins_within_the_slack() -> None:
     rng = random.Random(1)
     in_flight = [0, 0, 0, 0]
     scores = [1, 3, 2, 9]
-    assert choose_by_prefix(in_flight, scores, 10, {1: 5, 2: 8}, rng) == 2
-    assert choose_by_prefix(in_flight, scores, 10, {2: 8, 1: 5}, rng) == 2
-    assert choose_by_prefix(in_flight, scores, 10, {1: 8, 2: 8}, rng) == 2  # tie: lower score
-    assert choose_by_prefix([0, 1, 0, 0], [1, 2, 2, 9], 10, {1: 8, 2: 8}, rng) == 2
-    # replica 3 holds the most but is over least (1) + max(2, 0.5) = 3: it spills
-    assert choose_by_prefix(in_flight, scores, 10, {3: 20, 1: 2}, rng) == 1
+    for held, chosen in (({1: 5, 2: 8}, 2),
+                         ({1: 8, 2: 8}, 2),  # a tie: the lower score
+                         ({2: 8, 1: 8}, 2),
+                         # 3 holds the most but is over any power-of-two choice (at most
+                         # 3) + the slack of 2: it spills to the next depth
+                         ({3: 20, 1: 2}, 1)):
+        for _ in range(20):  # whichever two replicas power of two samples
+            assert choose_by_prefix(in_flight, scores, 10, deepest_first(held), rng) == chosen
+    assert choose_by_prefix([0, 1, 0, 0], [1, 2, 2, 9], 10, [(8, [1, 2])], rng) == 2
+
+
+def test_the_holders_are_read_only_down_to_the_first_depth_with_one_in_the_slack() -> None:
+    rng = random.Random(4)
+    read: list[int] = []
+
+    def holders(depth: int, indices: list[int]) -> tuple[int, Iterator[int]]:
+        def each() -> Iterator[int]:
+            for index in indices:
+                read.append(index)
+                yield index
+        return depth, each()
+
+    held = [holders(9, [0]), holders(5, [1, 2]), holders(1, [3])]
+    assert choose_by_prefix([0, 0, 0, 0], [0, 0, 0, 0], 10, held, rng) == 0
+    assert read == [0]
 
 
 def test_a_full_replica_is_never_chosen_for_its_prefix() -> None:
     rng = random.Random(2)
-    assert choose_by_prefix([4, 0], [1, 1], 4, {0: 9}, rng) == 1  # its in-flight is full
-    assert choose_by_prefix([0, 0], [4, 1], 4, {0: 9}, rng) == 1  # its engine is full
-    assert choose_by_prefix([0, 0], [1, 1], 4, {5: 9}, rng) in (0, 1)  # not routable
+    assert choose_by_prefix([4, 0], [1, 1], 4, [(9, [0])], rng) == 1  # in-flight full
+    assert choose_by_prefix([0, 0], [4, 1], 4, [(9, [0])], rng) == 1  # its engine full
+    assert choose_by_prefix([0, 0], [1, 1], 4, [(9, [5])], rng) in (0, 1)  # not routable
 
 
 def test_without_a_held_prefix_it_is_power_of_two_on_the_score() -> None:
     rng = random.Random(3)
-    assert choose_by_prefix([0, 0], [5, 1], 10, {}, rng) == 1
-    assert choose_by_prefix([2, 2], [2, 2], 2, {0: 3}, rng) == NO_REPLICA  # all full
+    assert choose_by_prefix([0, 0], [5, 1], 10, [], rng) == 1
+    assert choose_by_prefix([2, 2], [2, 2], 2, [(3, [0])], rng) == NO_REPLICA  # all full

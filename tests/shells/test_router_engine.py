@@ -2,11 +2,13 @@
 
 Once a replica sends `RoutingStats` (its engine's queue), requests go to the replica with
 the shorter engine queue, counting what this router sent since the report; a stale
-report is ignored; a session id sticks to one replica until it is over the slack.
+report is ignored; a session id sticks to one replica until it is over the slack; a chat
+goes to the replica that holds its prompt's prefix, whatever its body's field order.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from surge.router.engine_choice import request_key
@@ -139,6 +141,45 @@ def test_different_sessions_spread_and_each_finds_its_replica_again() -> None:
                     homes.setdefault(f"s{s}", set()).add((await answer(pending))[:1])
             assert all(len(home) == 1 for home in homes.values())  # each session: one replica
             assert len({next(iter(home)) for home in homes.values()}) == 3  # all are used
+
+    run(main)
+
+
+def chat(system: str, user: str, fields_first: bool = True) -> Pending:
+    body = {"model": "m", "messages": [{"role": "system", "content": system},
+                                       {"role": "user", "content": user}]}
+    if not fields_first:
+        body = {"messages": body["messages"], "max_tokens": 9, "model": "m"}
+    message = HttpRequest(0, "POST", "/v1/chat/completions", b"", [],
+                          json.dumps(body).encode(), "", "/", "r")
+    return Pending(message, Sink())
+
+
+def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(name, hold=True) for name in "abc"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            for replica in replicas:
+                await report(router, replica, 0)
+
+            def holder(pending: Pending) -> str:
+                return next(name for name, link in router.pool.links.items()
+                            if pending in link.in_flight.values())
+
+            shop = "You answer questions about the shoes on sale tonight. " * 20
+            first = chat(shop, "which are red?")
+            router.submit(first)
+            home = holder(first)
+            # another question after the same system prompt, its fields in another order:
+            # a byte-prefix key would differ, the prompt's prefix does not
+            second = chat(shop, "and which are blue?", fields_first=False)
+            router.submit(second)
+            assert holder(second) == home
+            assert router.pool.prefixes.matched(second.prefix or [])[home] >= 4
+            other = chat("You write code. " * 80, "a sort function")
+            router.submit(other)
+            assert holder(other) != home  # nothing held: the less loaded of two
+            assert first.prefix and other.prefix and first.prefix[0] != other.prefix[0]
 
     run(main)
 

@@ -14,10 +14,12 @@ from what engines report (`record` / `forget` / `drop` from their KV events), so
 right about what the engines hold as long as they keep it; its cost is one dict lookup
 per chunk of the prompt, and it stops at the first chunk nobody holds.
 
-`choose_by_prefix`: among replicas with room whose score is within the slack of the
-least loaded one (the same bounded spill as affinity, policy/engine_routing.py), the
-one holding the longest prefix (ties: lower score, then fewer in flight); with no
-prefix held within the slack, `choose_by_score` (power of two choices on the score).
+`choose_by_prefix`: the power-of-two choice on the score (`choose_by_score`) unless a
+replica with room holds a prefix and its score is within the slack of that choice's
+(the same bounded spill as affinity, policy/engine_routing.py): then one holding the
+longest (ties: lower score, then fewer in flight). It reads the holders deepest first
+and stops at the first depth with one in the slack, so a decision stays flat at 512
+replicas unless hundreds hold the same depth and are all over the slack.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -130,11 +132,11 @@ class PrefixIndex:
             self.ids[bit] = replica_id
         return bit
 
-    def record(self, replica_id: str, names: Iterable[int]) -> None:
+    def record(self, replica_id: str, names: Sequence[int]) -> None:
         """`replica_id`'s engine holds these chunks (now the most recently used)."""
         flag = 1 << self._bit(replica_id)
         chunks = self.chunks
-        for name in names:
+        for name in reversed(names):  # the head most recent: the tail is forgotten first
             chunks[name] = chunks.get(name, 0) | flag
             chunks.move_to_end(name)
         while len(chunks) > self.max_chunks:
@@ -169,56 +171,84 @@ class PrefixIndex:
                 del self.chunks[name]
         self._free_bits.append(bit)
 
-    def matched(self, names: Sequence[int]) -> dict[str, int]:
-        """Replica id -> how many leading chunks of `names` it holds (only replicas that
-        hold at least the first). Each replica's bit is read once, where it drops out."""
+    def held(self, names: Sequence[int]) -> list[tuple[int, int]]:
+        """How deep each replica holds `names`: (depth, bitmask of replicas) pairs,
+        deepest first, each replica in one pair (its deepest), read on a ladder of
+        depths: the deepest chunk anyone holds (binary search), then 7/8, 3/4, 1/2,
+        1/4 ... of it. What a replica holds is a prefix (recorded whole, forgotten tail
+        first), so a few lookups serve a prompt of any length; a depth between two rungs
+        reads as the lower one. `replicas(mask)` names a pair's replicas."""
+        chunks = self.chunks
+        if not names or names[0] not in chunks:
+            return []
+        low, high = 1, len(names) + 1  # names[low - 1] is held; names[high - 1] is not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if names[middle - 1] in chunks:
+                low = middle
+            else:
+                high = middle
+        pairs: list[tuple[int, int]] = []
+        seen = 0
+        for depth in _ladder(low):  # deepest first: the head ends the most recent
+            name = names[depth - 1]
+            mask = chunks.get(name, 0)
+            if mask:
+                chunks.move_to_end(name)
+                if mask & ~seen:
+                    pairs.append((depth, mask & ~seen))
+                seen |= mask
+        return pairs
+
+    def replicas(self, mask: int) -> list[str]:
         ids = self.ids
-        held: dict[str, int] = {}
-        alive = 0
-        depth = 0
-        for depth, name in enumerate(names):
-            mask = self.chunks.get(name, 0)
-            if depth:
-                mask &= alive
-            if not mask:
-                break
-            self.chunks.move_to_end(name)
-            _settle(alive & ~mask, depth, ids, held)
-            alive = mask
-        else:
-            depth = len(names)
-        _settle(alive, depth, ids, held)
-        return held
+        out = []
+        while mask:
+            low = mask & -mask
+            out.append(ids[low.bit_length() - 1])
+            mask ^= low
+        return out
+
+    def matched(self, names: Sequence[int]) -> dict[str, int]:
+        """Replica id -> the depth `held` reads for it."""
+        return {r: depth for depth, mask in self.held(names) for r in self.replicas(mask)}
 
 
-def _settle(bits: int, depth: int, ids: Mapping[int, str], held: dict[str, int]) -> None:
-    while bits:
-        low = bits & -bits
-        held[ids[low.bit_length() - 1]] = depth
-        bits ^= low
+def _ladder(depth: int) -> list[int]:
+    """depth, 7/8, 3/4, 1/2, 1/4, ... of it, down to 1, each once."""
+    rungs = [depth, depth * 7 // 8, depth * 3 // 4]
+    step = depth // 2
+    while step:
+        rungs.append(step)
+        step //= 2
+    return sorted({r for r in rungs if r >= 1}, reverse=True)
 
 
 def choose_by_prefix(in_flight: Loads | Sequence[int], scores: Loads | Sequence[int],
-                     capacity: int, held: Mapping[int, int], rng: random.Random,
-                     local: int = 0, slack_min: int = AFFINITY_SLACK_MIN,
+                     capacity: int, held: Iterable[tuple[int, Iterable[int]]],
+                     rng: random.Random, local: int = 0, slack_min: int = AFFINITY_SLACK_MIN,
                      slack_ratio: float = AFFINITY_SLACK_RATIO) -> int:
-    """The replica holding the longest prefix within the slack, else power of two."""
-    if held:
-        n = len(in_flight)
-        room = [i for i in range(n) if in_flight[i] < capacity and scores[i] < capacity]
-        if room:
-            least = min(scores[i] for i in room)
-            bound = least + max(slack_min, slack_ratio * least)
-            best = NO_REPLICA
-            best_key = (0, 0, 0)
-            for index, depth in held.items():
-                if index >= n or in_flight[index] >= capacity or scores[index] >= capacity:
-                    continue
-                if scores[index] > bound:
-                    continue
-                key = (depth, -scores[index], -in_flight[index])
-                if best == NO_REPLICA or key > best_key:
-                    best, best_key = index, key
-            if best != NO_REPLICA:
-                return best
-    return choose_by_score(in_flight, scores, capacity, rng, local)
+    """`held`: (depth, replica indices) deepest first. The replica with room at the
+    deepest depth whose score is within the slack of the power-of-two choice's (ties:
+    lower score, then fewer in flight), else that choice. Reads the pairs only down to
+    the first that has such a replica, so its cost is theirs, not all replicas'."""
+    base = choose_by_score(in_flight, scores, capacity, rng, local)
+    if base == NO_REPLICA:
+        return base
+    least = scores[base]
+    bound = least + max(slack_min, slack_ratio * least)
+    n = len(in_flight)
+    for _depth, indices in held:
+        best, best_key = NO_REPLICA, (0, 0)
+        for index in indices:
+            if index >= n or in_flight[index] >= capacity:
+                continue
+            score = scores[index]
+            if score >= capacity or score > bound:
+                continue
+            key = (score, in_flight[index])
+            if best == NO_REPLICA or key < best_key:
+                best, best_key = index, key
+        if best != NO_REPLICA:
+            return best
+    return base

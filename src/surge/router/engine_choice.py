@@ -1,13 +1,19 @@
-"""The router's LLM-aware choice: the engine's queue, and session / prompt-prefix affinity.
+"""The router's LLM-aware choice: the engine's queue, the prompt prefix engines hold,
+and session affinity.
 
 Used for a deployment once one of its replicas sent a `RoutingStats` frame (its class
 defines `record_routing_stats`; surge's LLMServer does). Each replica's score is its
 engine's last reported queue plus the change in this router's in flight there since
 (sent minus answered), never less than the router's own in flight there, and its
-in-flight count alone once the report is stale (policy/engine_routing.py). A request
-with an affinity key (its session id: the `x-session-id` header or a handle's
+in-flight count alone once the report is stale (policy/engine_routing.py).
+
+An OpenAI chat or completion request (its whole body in its first frame) goes to the
+replica holding the longest prefix of its prompt within the policy's slack
+(policy/prefix_index.py: the pool's index, fed by this router's sends: a prompt is
+recorded for the replica it was sent to, whose engine then caches it). Otherwise a
+request with an affinity key (its session id: the `x-session-id` header or a handle's
 `options(session_id=...)`; else, on an OpenAI prompt route, the body's first
-AFFINITY_PREFIX_BYTES) prefers its rendezvous replica within the policy's slack.
+AFFINITY_PREFIX_BYTES) prefers its rendezvous replica within the slack.
 """
 
 from __future__ import annotations
@@ -15,16 +21,21 @@ from __future__ import annotations
 import random
 
 from surge.policy.engine_routing import (
+    LLM_PREFIX_PATHS,
+    NO_REPLICA,
     affinity_key,
     choose_by_score,
     choose_with_affinity,
     engine_score,
     rendezvous,
 )
+from surge.policy.prefix_index import choose_by_prefix, chunk_names, prompt_stream
+from surge.router.pool import ReplicaPool
+from surge.router.replica_link import Pending
 from surge.router.slots import Loads
 from surge.transport.messages import Call, GrpcRequest, HttpRequest
 
-__all__ = ["SESSION_HEADER", "Scores", "choose_by_engine", "request_key"]
+__all__ = ["SESSION_HEADER", "Scores", "choose_by_engine", "prompt_chunks", "request_key"]
 
 # Ray's RAY_SERVE_SESSION_ID_HEADER_KEY default (the replica reads the same header).
 SESSION_HEADER = b"x-session-id"
@@ -66,12 +77,37 @@ def request_key(message: HttpRequest | Call | GrpcRequest) -> bytes:
     return b""
 
 
-def choose_by_engine(loads: Loads, capacity: int, rng: random.Random, local: int,
-                     message: HttpRequest | Call | GrpcRequest, now: float) -> int:
-    """The replica for `message` (an index into the routable slots), or NO_REPLICA."""
+def prompt_chunks(pending: Pending) -> list[int]:
+    """The chunk names of the request's prompt ([] for none), read once per request."""
+    names = pending.prefix
+    if names is None:
+        names = pending.prefix = []
+        message = pending.message
+        if (isinstance(message, HttpRequest) and not message.more_body
+                and message.path.endswith(LLM_PREFIX_PATHS)):
+            stream = prompt_stream(message.body)
+            if stream is not None:
+                names += chunk_names(stream)
+    return names
+
+
+def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pending: Pending,
+                     now: float) -> int:
+    """The replica for `pending` (an index into the routable slots), or NO_REPLICA."""
+    loads = pool.loads
     scores = Scores(loads, now)
-    key = request_key(message)
+    names = prompt_chunks(pending)
+    if names:
+        prefixes = pool.prefixes
+        at = pool.positions()
+        held = ((depth, (at[r] for r in prefixes.replicas(mask) if r in at))
+                for depth, mask in prefixes.held(names))
+        choice = choose_by_prefix(loads, scores, capacity, held, rng, pool.local)
+        if choice != NO_REPLICA:
+            pool.prefixes.record(loads.slots[choice].info.replica_id, names)
+        return choice
+    key = request_key(pending.message)
     if key:
         preferred = rendezvous(key, [slot.info.replica_id for slot in loads.slots])
-        return choose_with_affinity(loads, scores, capacity, preferred, rng, local)
-    return choose_by_score(loads, scores, capacity, rng, local)
+        return choose_with_affinity(loads, scores, capacity, preferred, rng, pool.local)
+    return choose_by_score(loads, scores, capacity, rng, pool.local)

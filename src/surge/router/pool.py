@@ -4,7 +4,9 @@
 replica becomes routable (a `Slot`, router/slots.py) once its link is open and trusted.
 Routable slots on the router's own node come first (`local` of them), which is how
 policy/routing.py prefers them. `loads` is the in-flight count per routable slot that
-the policies sample, the callers' threads' own links (own_links.py) included.
+the policies sample, the callers' threads' own links (own_links.py) included;
+`prefixes` what the replicas' engines hold of which prompts (policy/prefix_index.py),
+forgotten for a replica when it stops being routable.
 
 No I/O of its own and no lock: the router calls it with its lock held.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from surge.model import ReplicaInfo
+from surge.policy.prefix_index import PrefixIndex
 from surge.router.own_links import OwnLinks
 from surge.router.replica_link import ReplicaLink
 from surge.router.slots import Loads, Slot
@@ -30,6 +33,9 @@ class ReplicaPool:
         self.by_id: dict[str, Slot] = {}
         self.local = 0  # the first `local` routable slots are on this router's node
         self.loads = Loads(self.routable, 1, own_links)
+        # What each replica's engine holds of which prompts (LLM deployments only).
+        self.prefixes = PrefixIndex()
+        self._positions: dict[str, int] | None = None  # replica id -> routable index
 
     def __len__(self) -> int:
         return len(self.routable)
@@ -45,8 +51,15 @@ class ReplicaPool:
             models = slot.link.models
             yield None if models is None else (models.max_copies, models.matching_timeout_s)
 
+    def positions(self) -> dict[str, int]:
+        """Each routable replica's index in `routable` (rebuilt after a change)."""
+        if self._positions is None:
+            self._positions = {s.info.replica_id: i for i, s in enumerate(self.routable)}
+        return self._positions
+
     def add(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         """The replica's link is open and trusted: route to it."""
+        self._positions = None
         slot = Slot(info, link)
         self.by_id[info.replica_id] = slot
         if info.node_id == self.node_id:
@@ -56,10 +69,12 @@ class ReplicaPool:
             self.routable.append(slot)
 
     def _remove(self, slot: Slot) -> None:
+        self._positions = None
         index = self.routable.index(slot)
         del self.routable[index]
         if index < self.local:
             self.local -= 1
+        self.prefixes.drop(slot.info.replica_id)
 
     def unroute(self, replica_id: str) -> None:
         """The replica left the set: route nothing more to it; its links close once
@@ -91,6 +106,8 @@ class ReplicaPool:
     def close(self) -> None:
         self.routable.clear()  # no caller's thread may start a request any more
         self.by_id.clear()
+        self.prefixes = PrefixIndex()
+        self._positions = None
         self.local = 0
         for link in self.links.values():
             link.close()

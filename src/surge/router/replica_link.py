@@ -66,8 +66,8 @@ class Pending:
     `consumed(n)` as it passes n payload bytes on, and the replica may send that much more.
     """
 
-    __slots__ = ("cancelled", "credits", "link", "message", "pinned", "queued_at", "sent_at",
-                 "sink")
+    __slots__ = ("cancelled", "credits", "link", "message", "pinned", "prefix", "queued_at",
+                 "sent_at", "sink")
 
     def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
@@ -79,6 +79,8 @@ class Pending:
         self.sent_at = 0.0  # when the router sent it to a replica: its service time's start
         # The replica it must go to (a dispatch into a reservation): never another one.
         self.pinned = ""
+        # Its prompt's chunk names (policy/prefix_index.py), read at its first choice.
+        self.prefix: list[int] | None = None
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its

@@ -71,7 +71,7 @@ from surge.policy.dispatch import (
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
 from surge.router.dial import dial
-from surge.router.engine_choice import choose_by_engine
+from surge.router.engine_choice import choose_by_engine, prompt_chunks
 from surge.router.own_links import OwnLinks
 from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending, ReplicaLink, Reservation
@@ -434,14 +434,15 @@ class Router:
     def _choose(self, pending: Pending, fallback: bool) -> int:
         """The routable replica's index for `pending`, or NO_REPLICA: by its model
         (policy/model_routing.py), on the engines' queues with affinity once a replica
-        reports them (router/engine_choice.py), else power of two choices on in-flight
-        counts. `fallback`: a model request that waited long enough may go anywhere."""
+        reports them or by the prefix held for an OpenAI prompt (router/engine_choice.py),
+        else power of two choices on in-flight counts. `fallback`: a model request that
+        waited long enough may go anywhere."""
         model = pending.message.model_id
         if model:
             return self._choose_for_model(model, fallback)
-        if self._by_engine:
-            return choose_by_engine(self.pool.loads, self._max_ongoing, self._rng,
-                                    self.pool.local, pending.message, self._now())
+        if self._by_engine or prompt_chunks(pending):  # a prompt: its prefix, from the 1st
+            return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
+                                    self._now())
         return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
 
     def _on_stats(self, link: ReplicaLink) -> None:
