@@ -1,5 +1,6 @@
-"""Write seeded sample traces in the published formats, for `surge pulse --trace` and the
-benchmarks: nothing is downloaded at run time; a user's real files read the same way.
+"""Write seeded sample traces in the published formats, for the benchmarks (and for
+`surge pulse` once it replays traces): nothing is downloaded at run time; a user's real
+files read the same way (surge.loadtest.traces.read_trace).
 
     python scripts/make_sample_traces.py [--out traces/] [--requests 2000] [--rate 20]
 
