@@ -11,6 +11,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httptools
 import pytest
@@ -29,6 +30,7 @@ class Server:
     delay_s: float = 0.0
     seen: int = 0
     bodies: list[bytes] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # loop time of each request
     connections: int = 0
     close_on_connect: bool = False  # like a server out of file descriptors
 
@@ -58,6 +60,7 @@ class _Handler(asyncio.Protocol):
         what = server.behaviour(server.seen)
         server.seen += 1
         server.bodies.append(body)
+        server.arrived.append(asyncio.get_running_loop().time())
         if server.delay_s:
             asyncio.get_running_loop().call_later(server.delay_s, self.answer, what)
         else:
@@ -219,3 +222,29 @@ def test_target_and_plan_validation() -> None:
             Plan(**{"url": "http://127.0.0.1/", "schedule": schedule, **bad})  # type: ignore[arg-type]
     head = Plan(url="http://h:1/p", schedule=schedule, headers=(("a", "b"),)).request_head()
     assert head == b"GET /p HTTP/1.1\r\nhost: h:1\r\nuser-agent: surge-pulse\r\na: b\r\n"
+
+
+def test_a_trace_is_replayed_at_its_times_with_its_requests(tmp_path: Path) -> None:
+    import json
+
+    from surge.loadtest.llm import LLMPreset
+    from surge.loadtest.traces import TraceRequest, write_mooncake
+
+    trace = [TraceRequest(0.0, 600, 3, (1, 2)), TraceRequest(0.0, 10, 5, (1,)),
+             TraceRequest(0.1, 520, 7, (1, 9)), TraceRequest(0.25, 4, 2)]
+    write_mooncake(trace, tmp_path / "t.jsonl")
+    llm = LLMPreset(trace=str(tmp_path / "t.jsonl"), trace_speed=0.5)  # half speed
+    server = Server(lambda n: "200")
+    _, record = pulse_against(server, seconds=0.6, method="POST", llm=llm)
+    record.check()
+    assert record.total_ok == 4
+    bodies = [json.loads(b) for b in server.bodies]
+    assert sorted(b["max_tokens"] for b in bodies) == [2, 3, 5, 7]
+    by_tokens = {b["max_tokens"]: b["messages"][0]["content"].split() for b in bodies}
+    assert [len(by_tokens[t]) for t in (3, 5, 7, 2)] == [600, 10, 520, 4]
+    assert by_tokens[5] == by_tokens[3][:10] == by_tokens[7][:10]  # block 1, shared
+    assert by_tokens[7][512:] != by_tokens[3][512:520]  # block 9 is not block 2
+    # 0.25 s of trace at half speed: the last goes 0.5 s after the first (a loaded
+    # machine sends late, never early)
+    assert 0.45 <= server.arrived[-1] - server.arrived[0] < 1.5
+    assert llm.trace_schedule().total == 4

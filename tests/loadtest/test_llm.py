@@ -116,3 +116,34 @@ def test_a_chat_pulse_against_the_fake_engine(tmp_path: Path) -> None:
     assert "time to first token" in paths["html"].read_text()
     assert "time to first token p50 / p99" in summary_table(report)
     assert "output tokens/s mean / peak" in compare_table([report, report], ["a", "b"])
+
+
+@pytest.mark.e2e
+def test_surge_pulse_replays_a_trace_against_mock_engines(tmp_path: Path) -> None:
+    import random
+
+    from surge import serve
+    from surge.cli.main import main
+    from surge.loadtest.traces import TraceRequest, mooncake_shaped, write_mooncake
+    from surge.serve.llm import build_openai_app
+    from tests.e2e.conftest import running_instance
+
+    trace = [TraceRequest(r.at_s, min(r.input_length, 300), min(r.output_length, 8),
+                         r.hash_ids) for r in mooncake_shaped(40, 20.0, random.Random(5))]
+    write_mooncake(trace, tmp_path / "trace.jsonl")
+    with running_instance() as running:
+        serve.run(build_openai_app({"llm_configs": [{
+            "model_loading_config": {"model_id": "mock"},
+            "llm_engine": "surge.testing:MockVLLMEngine",
+            "engine_kwargs": {"max_model_len": 1024, "step_s": 0.002},
+            "deployment_config": {"num_replicas": 2}}]}), name="llm", route_prefix="/")
+        code = main(["pulse", running.url, "--trace", str(tmp_path / "trace.jsonl"),
+                     "--trace-speed", "2", "--quiet", "--surge-address", "",
+                     "--out", str(tmp_path / "out")])
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    summary = report["summary"]
+    assert summary["sent"] == summary["ok"] == 40
+    assert summary["llm"]["output_tokens"] == sum(r.output_length for r in trace)
+    assert report["run"]["llm"]["trace"].endswith("trace.jsonl")
+    assert report["run"]["expected_requests"] == 40

@@ -48,6 +48,13 @@ def add_parser(commands: Any) -> None:
                      help="prompt length in words, uniform (default 16:64)")
     llm.add_argument("--max-tokens", metavar="LOW:HIGH",
                      help="max_tokens, uniform (default 16:64)")
+    llm.add_argument("--trace", metavar="FILE",
+                     help="replay a Mooncake .jsonl or BurstGPT .csv trace: its arrival "
+                          "times, prompt lengths (shared prefixes kept) and output lengths "
+                          "(implies --preset chat; scripts/make_sample_traces.py writes "
+                          "samples)")
+    llm.add_argument("--trace-speed", type=float, metavar="X",
+                     help="replay the trace X times faster (default 1)")
     limits = pulse.add_argument_group("limits and measurement")
     limits.add_argument("--slo-ms", type=float, help="latency SLO for the p99 (default 100)")
     limits.add_argument("--timeout", type=float, metavar="S",
@@ -78,8 +85,9 @@ def _pulse_options(args: argparse.Namespace) -> Any:
                  "ramp_down_s": args.ramp_down, "after_s": args.after}
         values["schedule"] = pulse(args.baseline, args.peak,
                                    **{k: v for k, v in shape.items() if v is not None})
-    if "schedule" not in values:
-        raise ValueError("give --baseline RPS and --peak RPS (or a --scenario with a schedule)")
+    trace = {"trace": args.trace, "trace_speed": args.trace_speed}
+    if any(v is not None for v in trace.values()) and not args.preset:
+        args.preset = (values["llm"].kind if values.get("llm") is not None else "chat")
     body = args.body
     if body is not None:
         values["body"] = (Path(body[1:]).read_bytes() if body.startswith("@")
@@ -91,9 +99,15 @@ def _pulse_options(args: argparse.Namespace) -> Any:
 
         base = values["llm"].to_spec() if values.get("llm") is not None else {}
         given = {"kind": args.preset, "model": args.model, "prompt_words": args.prompt_words,
-                 "max_tokens": args.max_tokens}
+                 "max_tokens": args.max_tokens, **trace}
         values["llm"] = LLMPreset.from_spec({**base, **{k: v for k, v in given.items()
                                                        if v is not None}})
+    llm = values.get("llm")
+    if llm is not None and llm.requests and "schedule" not in values:
+        values["schedule"] = llm.trace_schedule()  # the trace's own arrivals
+    if "schedule" not in values:
+        raise ValueError("give --baseline RPS and --peak RPS (or a --scenario with a "
+                         "schedule, or a --trace)")
     flags = {"url": args.url, "arrivals": args.arrivals, "seed": args.seed,
              "method": args.method, "slo_ms": args.slo_ms, "timeout_s": args.timeout,
              "connections": args.connections, "max_time_s": args.max_time,

@@ -191,6 +191,9 @@ class PulseGenerator:
         self._templated = b"{seq}" in plan.body or plan.llm is not None
         self._request = self._render(0)
         self._seq = 0
+        # a replayed trace: send time -> the trace indices scheduled then, in order
+        self._trace = plan.llm is not None and bool(plan.llm.requests)
+        self._trace_index: dict[float, collections.deque[int]] = {}
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         self._connecting = 0
@@ -245,6 +248,9 @@ class PulseGenerator:
     def _chunks(self) -> Iterator[tuple[float, list[float]]]:
         """(end of the chunk, sorted send times in it), CHUNK_S of schedule at a time."""
         plan = self.plan
+        if plan.llm is not None and plan.llm.requests:
+            yield from self._trace_chunks(plan.llm)
+            return
         rng = np.random.default_rng([plan.seed, plan.worker])
         start = 0.0
         while True:
@@ -253,6 +259,22 @@ class PulseGenerator:
                                      rng=rng, worker=plan.worker,
                                      workers=plan.workers).tolist()
             start = end
+
+    def _trace_chunks(self, llm: LLMPreset) -> Iterator[tuple[float, list[float]]]:
+        """The trace's send times (this worker's share), CHUNK_S at a time; each time's
+        trace index waits in `_trace_index` for the send that carries it."""
+        sends = llm.trace_times(self.plan.worker, self.plan.workers)
+        at = 0
+        end = 0.0
+        while True:
+            end += CHUNK_S
+            times = []
+            while at < len(sends) and sends[at][0] < end:
+                time_s, index = sends[at]
+                times.append(time_s)
+                self._trace_index.setdefault(time_s, collections.deque()).append(index)
+                at += 1
+            yield end, times
 
     async def _warm_up(self) -> None:
         # Connections opened before t=0 are free; a refused one is no request's error yet.
@@ -341,6 +363,9 @@ class PulseGenerator:
             body = self.plan.body.replace(b"{seq}", str(seq).encode())
         else:
             body = self.plan.body
+        return self._with_body(body)
+
+    def _with_body(self, body: bytes) -> bytes:
         if not body and self.plan.method.upper() == "GET":
             return self._head + b"\r\n"
         return self._head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -357,6 +382,8 @@ class PulseGenerator:
             self.record.waited += 1
         if len(waiting) >= MAX_WAITING:
             self.record.error_at("overflow", point, int(now * POINTS_PER_S + _EPS))
+            if self._trace:
+                self._trace_request(scheduled)  # never sent
             return
         waiting.append(scheduled)
         if not full and self._connecting < len(waiting):
@@ -364,6 +391,8 @@ class PulseGenerator:
 
     def _send(self, conn: _Connection, scheduled: float) -> None:
         if conn.closed:  # the server closed it before it could carry this request
+            if self._trace:
+                self._trace_request(scheduled)  # never sent
             now = self._now() - self._t0
             self.record.error_at("connection", int(scheduled * POINTS_PER_S + _EPS),
                                  int(now * POINTS_PER_S + _EPS))
@@ -372,7 +401,10 @@ class PulseGenerator:
         self._in_flight += 1
         if self.plan.llm is not None:
             conn.stream = StreamTracker()
-        if self._templated:
+        if self._trace:
+            body = self.plan.llm.trace_body(self._trace_request(scheduled))  # type: ignore[union-attr]
+            request = self._with_body(body)
+        elif self._templated:
             self._seq += 1
             request = self._render(self._seq)
         else:
@@ -390,7 +422,17 @@ class PulseGenerator:
             self._timed_out(scheduled)
         return None
 
+    def _trace_request(self, scheduled: float) -> int:
+        """The trace index of the request scheduled at `scheduled` (taken)."""
+        indices = self._trace_index[scheduled]
+        index = indices.popleft()
+        if not indices:
+            del self._trace_index[scheduled]
+        return index
+
     def _timed_out(self, scheduled: float) -> None:
+        if self._trace:
+            self._trace_request(scheduled)  # never sent
         self.record.error_at("timeout", int(scheduled * POINTS_PER_S + _EPS),
                              int((scheduled + self._timeout) * POINTS_PER_S + _EPS))
 

@@ -6,6 +6,11 @@ workers and reruns send the same requests. Bodies ask for `stream: true` with
 `stream_options.include_usage`, and `ignore_eos` (vLLM's) unless told not to, so output
 lengths are the drawn ones.
 
+With `trace` (a Mooncake `.jsonl` or BurstGPT `.csv`, surge.loadtest.traces) the
+requests are the trace's instead: sent at its arrival times (divided by `trace_speed`;
+the schedule is made from them), each with its input length in words (equal hash ids
+give equal words, so prefix reuse is replayed) and its output length as `max_tokens`.
+
 `StreamTracker` follows one response's Server-Sent Events as the generator's parser
 hands over body bytes: the first event with content is the first token (TTFT counts
 from the request's scheduled time, like every latency of a pulse), the usage chunk
@@ -20,10 +25,12 @@ import json
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from surge.config.schema import check_keys
+from surge.loadtest.schedule import Schedule
+from surge.loadtest.traces import TraceRequest, prompt_words, read_trace
 
 __all__ = ["PRESETS", "LLMPreset", "StreamTracker", "parse_range"]
 
@@ -58,23 +65,56 @@ class LLMPreset:
     max_tokens: tuple[int, int] = (16, 64)
     ignore_eos: bool = True
     seed: int = 0
+    trace: str | None = None  # a trace file to replay instead of drawn requests
+    trace_speed: float = 1.0  # > 1 replays faster
+    requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}")
         object.__setattr__(self, "prompt_words", parse_range(self.prompt_words))
         object.__setattr__(self, "max_tokens", parse_range(self.max_tokens))
+        if not self.trace_speed > 0:
+            raise ValueError(f"trace_speed must be > 0, got {self.trace_speed}")
+        if self.trace is not None and not self.requests:
+            requests = tuple(read_trace(self.trace))
+            if not requests:
+                raise ValueError(f"{self.trace}: the trace has no requests")
+            object.__setattr__(self, "requests", requests)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> LLMPreset:
-        check_keys(spec, ("kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed"),
-                   "llm")
+        check_keys(spec, ("kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed",
+                          "trace", "trace_speed"), "llm")
         return cls(**dict(spec))
 
     def to_spec(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model,
-                "prompt_words": list(self.prompt_words), "max_tokens": list(self.max_tokens),
-                "ignore_eos": self.ignore_eos, "seed": self.seed}
+        spec: dict[str, Any] = {
+            "kind": self.kind, "model": self.model, "prompt_words": list(self.prompt_words),
+            "max_tokens": list(self.max_tokens), "ignore_eos": self.ignore_eos,
+            "seed": self.seed}
+        if self.trace is not None:
+            spec.update(trace=self.trace, trace_speed=self.trace_speed)
+        return spec
+
+    def trace_times(self, worker: int = 0, workers: int = 1) -> list[tuple[float, int]]:
+        """(send time, trace index) of worker `worker`'s share of the trace, in order."""
+        return [(r.at_s / self.trace_speed, i) for i, r in enumerate(self.requests)
+                if i % workers == worker]
+
+    def trace_schedule(self) -> Schedule:
+        """The trace's arrivals as a schedule of 1 s steps (for the report and the
+        run's length; the requests go at the trace's own times)."""
+        seconds = [0] * (int(self.requests[-1].at_s / self.trace_speed) + 1)
+        for r in self.requests:
+            seconds[int(r.at_s / self.trace_speed)] += 1
+        return Schedule.from_spec([{"rps": float(n), "for_s": 1.0} for n in seconds])
+
+    def trace_body(self, index: int) -> bytes:
+        """The body of the trace's request `index`."""
+        request = self.requests[index]
+        return self._body(" ".join(prompt_words(request, index)),
+                          max(1, request.output_length))
 
     @property
     def path(self) -> str:
@@ -84,7 +124,10 @@ class LLMPreset:
         rng = random.Random(self.seed * 1_000_003 + seq)
         words = rng.randint(*self.prompt_words)
         prompt = " ".join(rng.choice(_WORDS) for _ in range(words))
-        request: dict[str, Any] = {"max_tokens": rng.randint(*self.max_tokens),
+        return self._body(prompt, rng.randint(*self.max_tokens))
+
+    def _body(self, prompt: str, max_tokens: int) -> bytes:
+        request: dict[str, Any] = {"max_tokens": max_tokens,
                                    "stream": True, "stream_options": {"include_usage": True}}
         if self.model is not None:
             request["model"] = self.model
