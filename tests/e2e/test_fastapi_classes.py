@@ -87,21 +87,27 @@ def test_a_class_in_a_test_body_with_an_included_router(surge_instance) -> None:
     def free() -> str:
         return "free"
 
+    app.include_router(router)  # FastAPI keeps a lock per included router
+
     @serve.deployment
     @serve.ingress(app)
     class Local:
         def __init__(self, greeting: str) -> None:
             self.greeting = greeting
 
-        @router.get("/hello/{name}")
+        @app.get("/v1/hello/{name}")
         def hello(self, name: str) -> str:
             return f"{self.greeting} {name}"
 
-    app.include_router(router)  # FastAPI keeps a lock per included router
+    @app.get("/late")  # after the decoration: as in Ray, which froze the app there
+    def late() -> str:
+        return "late"
+
     serve.run(Local.bind("hi"), name="local", route_prefix="/local")
     with httpx.Client(base_url=surge_instance.url, timeout=30) as client:
         assert client.get("/local/v1/hello/ann").json() == "hi ann"
         assert client.get("/local/v1/free").json() == "free"
+        assert client.get("/local/late").status_code == 404
     serve.delete("local")
 
 

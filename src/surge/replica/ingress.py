@@ -4,7 +4,8 @@ one a builder makes in the replica) from a deployment class, as Ray Serve does.
 The forms, as in Ray 2.60 (ray/serve/api.py `ingress`):
 - `@serve.ingress(app)` on a class: `app` is a FastAPI app or APIRouter whose routes may
   be methods of the class (class-based views: `self` is the replica's instance), or any
-  ASGI callable;
+  ASGI callable; as in Ray, which freezes the app there, the routes served are those
+  the app had when the class was decorated (one added afterwards answers 404);
 - `@serve.ingress(build_app)` with a plain function: called in each replica, after the
   constructor, to make the app (so it may build handles or load things);
 - `@serve.ingress()` with no app: the class defines `__serve_build_asgi_app__(self)`,
@@ -50,6 +51,9 @@ def ingress(app: Any = None) -> Any:
         if app is not None and not inspect.isfunction(app):
             _resolve_annotations(app, cls)
             _claim_routes(app, cls)
+            routes = _route_list(app)
+            if routes is not None:  # as Ray freezes the app here: later routes are not served
+                setattr(cls, _FROZEN_ROUTES, list(routes))
         return cls
 
     return decorator
@@ -89,6 +93,10 @@ async def build_app(cls: type, instance: Any) -> Any:
             app = await app
     else:
         app = declared
+        frozen = cls.__dict__.get(_FROZEN_ROUTES)
+        routes = _route_list(app)
+        if frozen is not None and routes is not None:
+            routes[:] = frozen
     _bind_class_routes(app, cls, instance)
     app = _served(app)
     if hasattr(app, "add_exception_handler"):
@@ -165,6 +173,13 @@ def _bind_class_routes(app: Any, cls: type, instance: Any) -> None:
 
 
 _CLAIMED = "__surge_ingress_classes__"
+_FROZEN_ROUTES = "__surge_ingress_routes__"  # the app's routes when the class was decorated
+
+
+def _route_list(app: Any) -> list[Any] | None:
+    """A FastAPI app's or an APIRouter's own list of routes (None for other apps)."""
+    routes = getattr(getattr(app, "router", app), "routes", None)
+    return routes if isinstance(routes, list) else None
 
 
 def _claim_routes(app: Any, cls: type) -> None:
