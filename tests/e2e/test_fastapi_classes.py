@@ -6,16 +6,19 @@ The client is made after the classes: a pydantic model defined in a function kee
 function's locals, and an open client's SSL context cannot travel to a replica.
 """
 
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import APIRouter, Depends, FastAPI, WebSocket
+from fastapi import APIRouter, BackgroundTasks, Depends, FastAPI, WebSocket
 from pydantic import BaseModel
 from websockets.sync.client import connect
 
 from surge import serve
 from surge.errors import RayServeException
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -174,3 +177,30 @@ def test_an_app_shared_by_two_ingress_classes_serves_each_its_own_routes(  # typ
         assert client.get("/second/one").status_code == 404
     serve.delete("first")
     serve.delete("second")
+
+
+def test_a_background_task_runs_after_the_response_is_sent(surge_instance,  # type: ignore[no-untyped-def]
+                                                           tmp_path: Path) -> None:
+    gate, done = tmp_path / "gate", tmp_path / "done"
+    app = FastAPI()
+
+    def finish() -> None:  # waits for the test to have had its answer
+        deadline = time.monotonic() + 30
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done.write_text("written")
+
+    @serve.deployment
+    @serve.ingress(app)
+    class Tasks:
+        @app.get("/")
+        def start(self, tasks: BackgroundTasks) -> str:
+            tasks.add_task(finish)
+            return "answered"
+
+    serve.run(Tasks.bind(), name="tasks", route_prefix="/tasks")
+    answer = httpx.get(f"{surge_instance.url}/tasks/", timeout=20)
+    assert answer.json() == "answered" and not done.exists()  # the task has not run yet
+    gate.touch()
+    eventually(done.exists, 10, what="the background task to finish after the answer")
+    serve.delete("tasks")
