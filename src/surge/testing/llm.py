@@ -41,6 +41,25 @@ def _token(word: str) -> int:
     return zlib.crc32(word.encode()) % 50_000
 
 
+def word_tokens(text: str) -> list[int]:
+    """Words are tokens: each one's id by a stable hash."""
+    return [_token(word) for word in text.split()]
+
+
+def words_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> Prompt:
+    """The fake chat template: `role: content` lines (text parts joined), `assistant:`."""
+    lines = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):  # content parts: the text ones
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        lines.append(f"{message['role']}: {content}")
+    if add_generation_prompt:
+        lines.append("assistant:")
+    text = "\n".join(lines)
+    return Prompt(text=text, token_ids=tuple(word_tokens(text)))
+
+
 class FakeLLMEngine:
     def __init__(self, llm_config: LLMConfig) -> None:
         kwargs = llm_config.engine_kwargs
@@ -78,19 +97,10 @@ class FakeLLMEngine:
                           continue_final_message: bool = False,
                           tools: Sequence[Mapping[str, Any]] | None = None,
                           chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
-        lines = []
-        for message in messages:
-            content = message.get("content") or ""
-            if isinstance(content, list):  # content parts: the text ones
-                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-            lines.append(f"{message['role']}: {content}")
-        if add_generation_prompt:
-            lines.append("assistant:")
-        text = "\n".join(lines)
-        return Prompt(text=text, token_ids=tuple(await self.tokenize(text)))
+        return words_chat(messages, add_generation_prompt)
 
     async def tokenize(self, text: str) -> list[int]:
-        return [_token(word) for word in text.split()]
+        return word_tokens(text)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
                        adapter: str | None = None) -> AsyncIterator[Delta]:

@@ -6,8 +6,8 @@ out the step's tokens, so TTFT and ITL grow with the batch, long prompts and a c
 prefix cache as a real engine's do, and the KV cache fills, evicts and preempts. What
 it reports is vLLM's: `stats()` (waiting, running, KV use, prefix-cache hit rate) and
 the KV events of each step in vLLM's `KVEventBatch` shape (`kv_events()`, bounded).
-Words are tokens (ids by a stable hash) unless the prompt carries token ids; output
-words are `t<id>`.
+Words are tokens (ids by a stable hash, the chat template `FakeLLMEngine`'s) unless the
+prompt carries token ids; output words are `t<id>`.
 
 Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
 (step_s, decode_s_per_seq, prefill_s_per_token, max_num_seqs, max_num_batched_tokens,
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import fields
@@ -38,14 +37,11 @@ from surge.llm.engine import (
     SamplingParams,
 )
 from surge.sim.engine_model import EngineModel, EngineTiming
+from surge.testing.llm import word_tokens, words_chat
 
 __all__ = ["MockVLLMEngine"]
 
 MAX_EVENT_BATCHES = 1024  # a reader that falls this far behind loses the oldest
-
-
-def _token(word: str) -> int:
-    return zlib.crc32(word.encode()) % 32_000
 
 
 class MockVLLMEngine:
@@ -94,14 +90,10 @@ class MockVLLMEngine:
                           continue_final_message: bool = False,
                           tools: Sequence[Mapping[str, Any]] | None = None,
                           chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
-        lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
-        if add_generation_prompt:
-            lines.append("assistant:")
-        text = "\n".join(lines)
-        return Prompt(text=text, token_ids=tuple(await self.tokenize(text)))
+        return words_chat(messages, add_generation_prompt)
 
     async def tokenize(self, text: str) -> list[int]:
-        return [_token(word) for word in text.split()]
+        return word_tokens(text)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
                        adapter: str | None = None) -> AsyncIterator[Delta]:
