@@ -416,14 +416,26 @@ class Behaviour:
 # these run against surge (scripts/ray_suite/run.py) and fail there by design.
 BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
-        "FastAPI routes added after `@serve.ingress(app)`",
-        "the app is copied when the decorator runs: later routes and `include_router` "
-        "calls are not served (404)",
-        "the app travels at `serve.run`: every route it has then is served",
-        "copying at decoration would require every module-level app to be picklable "
-        "when its module is imported",
+        "What a FastAPI app gets after `@serve.ingress(app)`",
+        "the app is copied when the decorator runs: later routes, `include_router` calls, "
+        "middleware and handlers are not used",
+        "routes are frozen there as in Ray (a later route or `include_router` answers "
+        "404); middleware, exception and event handlers added later are still used",
+        "freezing routes needs no copy; copying the whole app at decoration would require "
+        "every module-level app to be picklable when its module is imported",
         "tests/e2e/test_fastapi_classes.py::"
         "test_a_class_in_a_test_body_with_an_included_router"),
+    Behaviour(
+        "A FastAPI `BackgroundTasks` task and the response",
+        "the response reaches the client while the task runs (Starlette runs it after the "
+        "body is sent); Ray's `test_fastapi_features` reads the task's file right after "
+        "the response and passes on Ray's slower path",
+        "the same order, and surge's faster path answers before the task has written: "
+        "that test reads an empty file",
+        "holding every response until its background tasks end would delay what the "
+        "tasks are for (work after the answer)",
+        "tests/e2e/test_fastapi_classes.py::"
+        "test_a_background_task_runs_after_the_response_is_sent"),
     Behaviour(
         "A thread lock in a deployment's arguments or class (FastAPI's `include_router` "
         "keeps one per router)",
