@@ -21,6 +21,7 @@ import pytest
 from surge import serve
 from surge.api.instance import current
 from surge.control_auth import find_token, token_path
+from surge.controller.checkpoint import Checkpoint
 from surge.errors import ControlAuthError
 from surge.serve.config import AuthConfig
 from surge.serve.handle import DeploymentHandle
@@ -193,6 +194,12 @@ def test_ranks_survive_a_controller_restart(instance: Running) -> None:
     victim = replica_pids()[victim_id]
     instance_ = current()
     assert instance_ is not None and instance_.process is not None
+    # the premise: the controller had saved both replicas when it died (killed before
+    # its first quiet tick, it would know none of them, and start two more: CI once)
+    supervisor = instance_.supervisor
+    assert supervisor is not None
+    eventually(lambda: set(Checkpoint(supervisor.state_dir).load()[1].replicas) >= set(before),
+               10, what="the controller to checkpoint both replicas")
     os.kill(instance_.process.pid, signal.SIGKILL)
     os.kill(victim, signal.SIGKILL)
     eventually(lambda: len(pids := replica_pids()) == 2 and victim_id not in pids, 30,
