@@ -248,7 +248,8 @@ class PulseGenerator:
     def _chunks(self) -> Iterator[tuple[float, list[float]]]:
         """(end of the chunk, sorted send times in it), CHUNK_S of schedule at a time."""
         plan = self.plan
-        if plan.llm is not None and plan.llm.requests:
+        if self._trace:
+            assert plan.llm is not None
             yield from self._trace_chunks(plan.llm)
             return
         rng = np.random.default_rng([plan.seed, plan.worker])
@@ -382,8 +383,7 @@ class PulseGenerator:
             self.record.waited += 1
         if len(waiting) >= MAX_WAITING:
             self.record.error_at("overflow", point, int(now * POINTS_PER_S + _EPS))
-            if self._trace:
-                self._trace_request(scheduled)  # never sent
+            self._never_sent(scheduled)
             return
         waiting.append(scheduled)
         if not full and self._connecting < len(waiting):
@@ -391,8 +391,7 @@ class PulseGenerator:
 
     def _send(self, conn: _Connection, scheduled: float) -> None:
         if conn.closed:  # the server closed it before it could carry this request
-            if self._trace:
-                self._trace_request(scheduled)  # never sent
+            self._never_sent(scheduled)
             now = self._now() - self._t0
             self.record.error_at("connection", int(scheduled * POINTS_PER_S + _EPS),
                                  int(now * POINTS_PER_S + _EPS))
@@ -430,9 +429,13 @@ class PulseGenerator:
             del self._trace_index[scheduled]
         return index
 
-    def _timed_out(self, scheduled: float) -> None:
+    def _never_sent(self, scheduled: float) -> None:
+        """A request that ended before it was sent: its trace index is dropped."""
         if self._trace:
-            self._trace_request(scheduled)  # never sent
+            self._trace_request(scheduled)
+
+    def _timed_out(self, scheduled: float) -> None:
+        self._never_sent(scheduled)
         self.record.error_at("timeout", int(scheduled * POINTS_PER_S + _EPS),
                              int((scheduled + self._timeout) * POINTS_PER_S + _EPS))
 

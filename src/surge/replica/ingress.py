@@ -214,8 +214,8 @@ def _resolve_annotations(app: Any, cls: type) -> None:
 
 def _routes(router: Any) -> Iterator[tuple[list[Any], int, Any]]:
     """(list, index, route) for every route under `router`, included routers too."""
-    routes = getattr(getattr(router, "router", router), "routes", None)
-    if not isinstance(routes, list):
+    routes = _route_list(router)
+    if routes is None:
         return
     for index, route in enumerate(routes):
         yield routes, index, route

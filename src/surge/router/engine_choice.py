@@ -104,7 +104,7 @@ def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pendi
                 for depth, mask in prefixes.held(names))
         choice = choose_by_prefix(loads, scores, capacity, held, rng, pool.local)
         if choice != NO_REPLICA:
-            pool.prefixes.record(loads.slots[choice].info.replica_id, names)
+            prefixes.record(loads.slots[choice].info.replica_id, names)
         return choice
     key = request_key(pending.message)
     if key:

@@ -28,8 +28,10 @@ of entries) for one that can go.
 
 Replicas that report their engine's queue (`record_routing_stats`: RoutingStats frames)
 are chosen on it instead of on this router's in-flight counts alone, and a request with
-a session id or a long shared prompt prefix prefers one replica, within a bound
-(router/engine_choice.py, policy/engine_routing.py).
+a session id prefers one replica, within a bound (router/engine_choice.py,
+policy/engine_routing.py). An OpenAI chat or completion goes, from a deployment's first
+request, to the replica holding the longest prefix of its prompt, within the same bound
+(policy/prefix_index.py; the index lives in the pool).
 
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other

@@ -34,7 +34,7 @@ from surge.llm.engine import (
     SamplingParams,
 )
 
-__all__ = ["FakeLLMEngine"]
+__all__ = ["FakeLLMEngine", "WordsChat", "word_tokens", "words_chat"]
 
 
 def _token(word: str) -> int:
@@ -60,7 +60,21 @@ def words_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: boo
     return Prompt(text=text, token_ids=tuple(word_tokens(text)))
 
 
-class FakeLLMEngine:
+class WordsChat:
+    """An engine's chat template and tokenizer where words are tokens (the fakes')."""
+
+    async def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                          add_generation_prompt: bool = True,
+                          continue_final_message: bool = False,
+                          tools: Sequence[Mapping[str, Any]] | None = None,
+                          chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
+        return words_chat(messages, add_generation_prompt)
+
+    async def tokenize(self, text: str) -> list[int]:
+        return word_tokens(text)
+
+
+class FakeLLMEngine(WordsChat):
     def __init__(self, llm_config: LLMConfig) -> None:
         kwargs = llm_config.engine_kwargs
         self.config = llm_config
@@ -91,16 +105,6 @@ class FakeLLMEngine:
             raise EngineError("the fake engine was told to fail at start")
         self.started = True
         return ModelInfo(max_model_len=self.max_model_len, is_pooling=self.pooling)
-
-    async def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
-                          add_generation_prompt: bool = True,
-                          continue_final_message: bool = False,
-                          tools: Sequence[Mapping[str, Any]] | None = None,
-                          chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
-        return words_chat(messages, add_generation_prompt)
-
-    async def tokenize(self, text: str) -> list[int]:
-        return word_tokens(text)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
                        adapter: str | None = None) -> AsyncIterator[Delta]:

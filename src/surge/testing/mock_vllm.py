@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields
-from typing import Any
 
 from surge.codecs.kv_events import KVEventBatch
 from surge.llm.config import LLMConfig
@@ -37,14 +36,14 @@ from surge.llm.engine import (
     SamplingParams,
 )
 from surge.sim.engine_model import EngineModel, EngineTiming
-from surge.testing.llm import word_tokens, words_chat
+from surge.testing.llm import WordsChat
 
 __all__ = ["MockVLLMEngine"]
 
 MAX_EVENT_BATCHES = 1024  # a reader that falls this far behind loses the oldest
 
 
-class MockVLLMEngine:
+class MockVLLMEngine(WordsChat):
     def __init__(self, llm_config: LLMConfig) -> None:
         kwargs = dict(llm_config.engine_kwargs)
         names = {f.name for f in fields(EngineTiming)}
@@ -84,16 +83,6 @@ class MockVLLMEngine:
                 if queue is not None:
                     queue.put_nowait((token, seq_id in step.finished,
                                       step.first.get(seq_id, -1)))
-
-    async def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
-                          add_generation_prompt: bool = True,
-                          continue_final_message: bool = False,
-                          tools: Sequence[Mapping[str, Any]] | None = None,
-                          chat_template_kwargs: Mapping[str, Any] | None = None) -> Prompt:
-        return words_chat(messages, add_generation_prompt)
-
-    async def tokenize(self, text: str) -> list[int]:
-        return word_tokens(text)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
                        adapter: str | None = None) -> AsyncIterator[Delta]:
