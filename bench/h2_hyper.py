@@ -36,7 +36,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections import deque
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -57,7 +57,7 @@ from surge.codecs.h2_frames import (
     STREAM_WINDOW,
     frame,
 )
-from surge.codecs.h2_send import MAX_HELD_BYTES, HeldLimitError, Listener
+from surge.codecs.h2_send import Held, Listener
 from surge.codecs.hpack import Decoder, Header
 
 __all__ = ["HyperConnection", "install"]
@@ -70,11 +70,10 @@ _CONFIG = h2.config.H2Configuration(
 
 
 class _Stream:
-    __slots__ = ("held", "held_bytes", "remote_closed", "trailers", "unacked")
+    __slots__ = ("held", "remote_closed", "trailers", "unacked")
 
     def __init__(self, remote_closed: bool) -> None:
-        self.held: deque[bytes | memoryview] = deque()
-        self.held_bytes = 0
+        self.held = Held()
         self.trailers: list[Header] | None = None
         self.remote_closed = remote_closed
         self.unacked = 0
@@ -247,10 +246,7 @@ class HyperConnection:
         if stream is None:
             return True
         if stream.held:
-            if stream.held_bytes >= MAX_HELD_BYTES:
-                raise HeldLimitError(stream_id, stream.held_bytes, MAX_HELD_BYTES)
-            stream.held.append(data)
-            stream.held_bytes += len(data)
+            stream.held.add(stream_id, data)
             return False
         try:
             sent = self._send(stream_id, data)
@@ -260,8 +256,7 @@ class HyperConnection:
         self._write()
         if sent == len(data):
             return True
-        stream.held.append(memoryview(data)[sent:])
-        stream.held_bytes += len(data) - sent
+        stream.held.rest(data, sent)
         self.blocked[stream_id] = None
         return False
 
@@ -286,18 +281,11 @@ class HyperConnection:
             self._gone(stream_id)
 
     def _flush_held(self, stream_id: int, stream: _Stream) -> None:
-        held = stream.held
-        while held:
-            data = held[0]
-            sent = self._send(stream_id, data)
-            stream.held_bytes -= sent
-            if sent < len(data):
-                held[0] = memoryview(data)[sent:]
-                self.blocked.pop(stream_id, None)  # to the back: the others go first
-                self.blocked[stream_id] = None
-                self._write()
-                return
-            held.popleft()
+        if not stream.held.drain(partial(self._send, stream_id)):
+            self.blocked.pop(stream_id, None)  # to the back: the others go first
+            self.blocked[stream_id] = None
+            self._write()
+            return
         self.blocked.pop(stream_id, None)
         if stream.trailers is not None:
             self._conn.send_headers(stream_id, stream.trailers, end_stream=True)

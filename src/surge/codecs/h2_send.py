@@ -7,6 +7,8 @@ in `out` for the shell."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from surge.codecs.h2_frames import (
@@ -25,8 +27,8 @@ from surge.codecs.h2_frames import (
 )
 from surge.codecs.hpack import Header
 
-__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "HeldLimitError", "Listener",
-           "Stream"]
+__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "Held", "HeldLimitError",
+           "Listener", "Stream"]
 
 class Listener(Protocol):
     """What the connection tells its user (codecs/h2.py receives, this half drains)."""
@@ -61,16 +63,53 @@ class HeldLimitError(Exception):
         self.stream_id, self.held, self.limit = stream_id, held, limit
 
 
+class Held:
+    """What a stream's windows refuse yet, in order: views of the data, never copies."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes | memoryview] = deque()
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+    def add(self, stream_id: int, data: bytes | memoryview) -> None:
+        """Hold `data` behind what is held; HeldLimitError past MAX_HELD_BYTES."""
+        if self.size >= MAX_HELD_BYTES:
+            raise HeldLimitError(stream_id, self.size, MAX_HELD_BYTES)
+        self.chunks.append(data)
+        self.size += len(data)
+
+    def rest(self, data: bytes | memoryview, sent: int) -> None:
+        """Hold what was not sent of a message: it may exceed the limit once."""
+        self.chunks.append(memoryview(data)[sent:])
+        self.size += len(data) - sent
+
+    def drain(self, write: Callable[[bytes | memoryview], int]) -> bool:
+        """Write what is held, in order, while `write` takes it all; True when empty."""
+        chunks = self.chunks
+        while chunks:
+            data = chunks[0]
+            sent = write(data)
+            self.size -= sent
+            if sent < len(data):
+                chunks[0] = memoryview(data)[sent:]
+                return False
+            chunks.popleft()
+        return True
+
+
 class Stream:
-    __slots__ = ("expect", "held", "held_bytes", "id", "recv_window", "remote_closed",
-                 "send_window", "trailers", "unacked")
+    __slots__ = ("expect", "held", "id", "recv_window", "remote_closed", "send_window",
+                 "trailers", "unacked")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.send_window = send_window
         self.recv_window = STREAM_WINDOW  # what the client may still send on it
-        self.held: deque[bytes | memoryview] = deque()  # what the peer's windows refuse yet
-        self.held_bytes = 0
+        self.held = Held()
         self.expect = -1  # DATA octets its content-length still announces (-1: none)
         self.trailers: bytes | None = None  # a header block to end with, after `held`
         self.remote_closed = False
@@ -133,16 +172,12 @@ class H2Sender:
         if stream is None:
             return True
         if stream.held:
-            if stream.held_bytes >= MAX_HELD_BYTES:
-                raise HeldLimitError(stream_id, stream.held_bytes, MAX_HELD_BYTES)
-            stream.held.append(data)
-            stream.held_bytes += len(data)
+            stream.held.add(stream_id, data)
             return False
         sent = self._write_data(stream, data)
         if sent == len(data):
             return True
-        stream.held.append(memoryview(data)[sent:])
-        stream.held_bytes += len(data) - sent
+        stream.held.rest(data, sent)
         self.blocked[stream_id] = None
         return False
 
@@ -168,17 +203,10 @@ class H2Sender:
         return allowed
 
     def _flush(self, stream: Stream) -> None:
-        held = stream.held
-        while held:
-            data = held[0]
-            sent = self._write_data(stream, data)
-            stream.held_bytes -= sent
-            if sent < len(data):
-                held[0] = memoryview(data)[sent:]
-                self.blocked.pop(stream.id, None)  # to the back: the others go first
-                self.blocked[stream.id] = None
-                return
-            held.popleft()
+        if not stream.held.drain(partial(self._write_data, stream)):
+            self.blocked.pop(stream.id, None)  # to the back: the others go first
+            self.blocked[stream.id] = None
+            return
         self.blocked.pop(stream.id, None)
         if stream.trailers is not None:
             self._write_headers(stream.id, stream.trailers, True)
