@@ -57,7 +57,7 @@ from surge.codecs.h2_frames import (
     STREAM_WINDOW,
     frame,
 )
-from surge.codecs.h2_send import Held, Listener
+from surge.codecs.h2_send import BaseStream, Listener
 from surge.codecs.hpack import Decoder, Header
 
 __all__ = ["HyperConnection", "install"]
@@ -69,14 +69,12 @@ _CONFIG = h2.config.H2Configuration(
     validate_outbound_headers=False, normalize_outbound_headers=False)
 
 
-class _Stream:
-    __slots__ = ("held", "remote_closed", "trailers", "unacked")
+class _Stream(BaseStream):
+    __slots__ = ("trailers",)
 
     def __init__(self, remote_closed: bool) -> None:
-        self.held = Held()
+        super().__init__(remote_closed)
         self.trailers: list[Header] | None = None
-        self.remote_closed = remote_closed
-        self.unacked = 0
 
 
 class HyperConnection:
@@ -201,12 +199,9 @@ class HyperConnection:
 
     def consumed(self, stream_id: int, size: int) -> None:
         stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed or size <= 0:
-            return
-        stream.unacked += size
-        if stream.unacked >= STREAM_WINDOW // 4:
-            self._conn.increment_flow_control_window(stream.unacked, stream_id)
-            stream.unacked = 0
+        owed = 0 if stream is None else stream.consumed(size)
+        if owed:
+            self._conn.increment_flow_control_window(owed, stream_id)
             self._write()
 
     # -- sending ---------------------------------------------------------------------------

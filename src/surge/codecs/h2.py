@@ -498,10 +498,7 @@ class H2Connection(H2Sender):
     def consumed(self, stream_id: int, size: int) -> None:
         """The listener is done with `size` bytes of the stream's data: give them back."""
         stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed or size <= 0:
-            return
-        stream.unacked += size
-        if stream.unacked >= STREAM_WINDOW // 4:
-            self.out.append(frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
-            stream.recv_window += stream.unacked
-            stream.unacked = 0
+        owed = 0 if stream is None else stream.consumed(size)
+        if owed and stream is not None:
+            self.out.append(frame(WINDOW_UPDATE, 0, stream_id, owed.to_bytes(4, "big")))
+            stream.recv_window += owed

@@ -27,7 +27,7 @@ from surge.codecs.h2_frames import (
 )
 from surge.codecs.hpack import Header
 
-__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "H2Sender", "Held", "HeldLimitError",
+__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "BaseStream", "H2Sender", "Held", "HeldLimitError",
            "Listener", "Stream"]
 
 class Listener(Protocol):
@@ -101,19 +101,39 @@ class Held:
         return True
 
 
-class Stream:
-    __slots__ = ("expect", "held", "id", "recv_window", "remote_closed", "send_window",
-                 "trailers", "unacked")
+class BaseStream:
+    """What every server stream keeps (this stack's and bench/h2_hyper.py's): its held
+    data and the client's credit owed back."""
+
+    __slots__ = ("held", "remote_closed", "unacked")
+
+    def __init__(self, remote_closed: bool) -> None:
+        self.held = Held()
+        self.remote_closed = remote_closed
+        self.unacked = 0  # bytes consumed and not yet given back in a WINDOW_UPDATE
+
+    def consumed(self, size: int) -> int:
+        """`size` bytes of the client's data were read: the credit to give back now (a
+        quarter window's worth at least, so updates stay few), else 0."""
+        if self.remote_closed or size <= 0:
+            return 0
+        self.unacked += size
+        if self.unacked < STREAM_WINDOW // 4:
+            return 0
+        owed, self.unacked = self.unacked, 0
+        return owed
+
+
+class Stream(BaseStream):
+    __slots__ = ("expect", "id", "recv_window", "send_window", "trailers")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
+        super().__init__(False)
         self.id = stream_id
         self.send_window = send_window
         self.recv_window = STREAM_WINDOW  # what the client may still send on it
-        self.held = Held()
         self.expect = -1  # DATA octets its content-length still announces (-1: none)
         self.trailers: bytes | None = None  # a header block to end with, after `held`
-        self.remote_closed = False
-        self.unacked = 0  # bytes consumed and not yet given back in a WINDOW_UPDATE
 
 
 class H2Sender:
