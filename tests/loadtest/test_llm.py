@@ -13,6 +13,7 @@ from surge.loadtest.llm import LLMPreset, StreamTracker, parse_range
 from surge.loadtest.options import PulseOptions
 from surge.loadtest.report import compare_table, summary_table, write_report
 from surge.loadtest.schedule import pulse
+from surge.loadtest.slo import Slo
 from surge.loadtest.stats import Record
 from surge.loadtest.summary import series, summarize
 
@@ -34,7 +35,7 @@ def test_bodies_are_drawn_from_the_ranges_and_repeatable() -> None:
         LLMPreset(kind="images")
 
 
-def test_tracker_finds_first_token_usage_and_itl_across_split_events() -> None:
+def test_tracker_finds_first_token_usage_tpot_and_itl_across_split_events() -> None:
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
     token = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
     usage = b'data: {"choices":[],"usage":{"completion_tokens":3}}\n\ndata: [DONE]\n\n'
@@ -46,7 +47,10 @@ def test_tracker_finds_first_token_usage_and_itl_across_split_events() -> None:
     tracker.feed(token + usage, 0.5)
     assert (tracker.first, tracker.last, tracker.events) == (0.3, 0.5, 3)
     assert tracker.tokens == 3
-    assert tracker.itl() == pytest.approx(0.1)
+    assert tracker.tpot() == pytest.approx(0.1)
+    # one gap per event after the first, as vLLM's client sees chunks: the first two
+    # events came in one read (0 apart), the third 0.2 s later
+    assert tracker.gaps == [0.0, pytest.approx(0.2)]
 
 
 def test_record_keeps_stream_measures_and_the_summary_reports_them() -> None:
@@ -56,17 +60,27 @@ def test_record_keeps_stream_measures_and_the_summary_reports_them() -> None:
         record.sent_at(i, 0.0)
         record.ok_at(i, i + 10, 1.0)
         record.stream_at(i, first_s=i * 0.1 + 0.05, done_s=i * 0.1 + 1.0, ttft_s=0.05,
-                         itl_s=0.01, tokens=20)
+                         tpot_s=0.01, tokens=20, gaps=[0.01] * 18 + [0.02], e2el_s=1.0)
     other = Record()
     other.sent_at(5, 0.0)
     other.ok_at(5, 6, 0.1)
-    other.stream_at(5, first_s=0.52, done_s=0.6, ttft_s=0.02, itl_s=None, tokens=1)
+    other.stream_at(5, first_s=0.52, done_s=0.6, ttft_s=0.02, tpot_s=None, tokens=1,
+                    e2el_s=0.1)
     record.merge(other)
     summary = summarize(record, schedule, slo_ms=100)
     llm = summary["llm"]
-    assert llm["streams"] == 5 and llm["output_tokens"] == 81
-    assert llm["ttft_p50_ms"] == pytest.approx(50, rel=0.01)
-    assert llm["itl_p99_ms"] == pytest.approx(10, rel=0.01)
+    assert llm["streams"] == llm["completed"] == 5 and llm["output_tokens"] == 81
+    assert llm["median_ttft_ms"] == pytest.approx(50, rel=0.01)
+    assert llm["mean_ttft_ms"] == pytest.approx(44, rel=0.01)  # (4 x 50 + 20) / 5
+    assert llm["p99_tpot_ms"] == pytest.approx(10, rel=0.01)
+    assert llm["median_itl_ms"] == pytest.approx(10, rel=0.01)
+    assert llm["p99_itl_ms"] == pytest.approx(20, rel=0.01)  # 4 of the 76 gaps
+    assert (llm["median_e2el_ms"], llm["p99_e2el_ms"]) == (pytest.approx(1000, rel=0.01),
+                                                           pytest.approx(1000, rel=0.01))
+    assert llm["std_e2el_ms"] == pytest.approx(360, rel=0.01)  # 1.0 s x 4 and 0.1 s
+    assert llm["goodput"] is None and llm["request_goodput"] is None
+    assert llm["total_output_tokens"] == 81
+    assert llm["request_throughput"] == pytest.approx(5 / llm["duration"], abs=1e-3)
     assert sum(record.tokens) == pytest.approx(81)
     points = series(record)
     assert points[0]["ttft_p99_ms"] == pytest.approx(50, rel=0.01)
@@ -76,6 +90,47 @@ def test_record_keeps_stream_measures_and_the_summary_reports_them() -> None:
     plain.ok_at(0, 1, 0.01)
     assert summarize(plain, schedule, slo_ms=100)["llm"] is None
     assert "ttft_p50_ms" not in series(plain)[0]
+
+
+def test_goodput_counts_the_streams_that_met_every_objective() -> None:
+    schedule = pulse(1, 2, baseline_s=1, ramp_s=0.1, hold_s=1, after_s=1)
+    record = Record(slo=Slo.parse(["ttft:100", "tpot:20"]))
+    measures = [(0.05, 0.010, 1.0),  # good
+                (0.15, 0.010, 1.0),  # TTFT over
+                (0.05, 0.030, 1.0),  # TPOT over
+                (0.10, None, 0.2)]  # one token: a TPOT of 0, TTFT on the objective: good
+    for i, (ttft, tpot, e2el) in enumerate(measures):
+        record.sent_at(i, 0.0)
+        record.ok_at(i, i + 1, e2el)
+        record.stream_at(i, first_s=ttft, done_s=e2el, ttft_s=ttft, tpot_s=tpot,
+                         tokens=1 if tpot is None else 10, e2el_s=e2el)
+    merged = Record()  # as the runner merges its workers' records
+    merged.merge(record)
+    llm = summarize(merged, schedule, slo_ms=100)["llm"]
+    assert llm["goodput"] == {"ttft": 100.0, "tpot": 20.0}
+    assert (llm["good_completed"], llm["goodput_pct"]) == (2, 50.0)
+    assert llm["request_goodput"] == pytest.approx(2 / llm["duration"], abs=1e-3)
+    assert Slo.parse({"e2el": 500}).met(9.0, 9.0, 0.5)
+    assert not Slo.parse({"e2el": 500}).met(0.0, 0.0, 0.501)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (["ttft"], "METRIC:MS"),
+    (["ttft:fast"], "not a number of milliseconds"),
+    (["latency:5"], "latency"),
+    (["ttft:0"], "goodput ttft"),
+    ({}, "at least one of ttft, tpot, e2el"),
+])
+def test_bad_goodput_objectives_say_what_is_wrong(spec: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Slo.parse(spec)  # type: ignore[arg-type]
+
+
+def test_goodput_comes_from_the_flag_or_the_scenario_and_is_reported() -> None:
+    preset = LLMPreset.from_spec({"goodput": {"ttft": 200, "tpot": 50}})
+    assert preset.goodput == Slo(ttft_ms=200, tpot_ms=50)
+    assert LLMPreset.from_spec(preset.to_spec()) == preset
+    assert LLMPreset(goodput=["e2el:900"]).goodput == Slo(e2el_ms=900)  # type: ignore[arg-type]
 
 
 def test_options_point_at_the_openai_path_and_post_json() -> None:
@@ -110,7 +165,8 @@ def test_a_chat_pulse_against_the_fake_engine(tmp_path: Path) -> None:
     llm = summary["llm"]
     assert llm["streams"] == summary["ok"]
     assert 4 * llm["streams"] <= llm["output_tokens"] <= 8 * llm["streams"]
-    assert llm["ttft_p50_ms"] is not None and llm["itl_p50_ms"] is not None
+    assert llm["median_ttft_ms"] is not None and llm["median_itl_ms"] is not None
+    assert llm["median_tpot_ms"] is not None and llm["p99_e2el_ms"] is not None
     paths = write_report(report, tmp_path)
     assert paths["streams"].stat().st_size > 0
     assert "time to first token" in paths["html"].read_text()
@@ -139,6 +195,7 @@ def test_surge_pulse_replays_a_trace_against_mock_engines(tmp_path: Path) -> Non
             "deployment_config": {"num_replicas": 2}}]}), name="llm", route_prefix="/")
         code = main(["pulse", running.url, "--trace", str(tmp_path / "trace.jsonl"),
                      "--trace-speed", "2", "--quiet", "--surge-address", "",
+                     "--goodput", "ttft:60000", "tpot:0.001",
                      "--out", str(tmp_path / "out")])
     assert code == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -147,3 +204,6 @@ def test_surge_pulse_replays_a_trace_against_mock_engines(tmp_path: Path) -> Non
     assert summary["llm"]["output_tokens"] == sum(r.output_length for r in trace)
     assert report["run"]["llm"]["trace"].endswith("trace.jsonl")
     assert report["run"]["expected_requests"] == 40
+    # no stream of more than one token decodes in 1 µs a token: only one-token ones are good
+    assert report["run"]["llm"]["goodput"] == {"ttft": 60000.0, "tpot": 0.001}
+    assert summary["llm"]["good_completed"] == sum(r.output_length <= 1 for r in trace)

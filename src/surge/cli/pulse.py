@@ -55,6 +55,10 @@ def add_parser(commands: Any) -> None:
                           "samples)")
     llm.add_argument("--trace-speed", type=float, metavar="X",
                      help="replay the trace X times faster (default 1)")
+    llm.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                     help="objectives a good stream meets, as vllm bench serve's: any of "
+                          "ttft, tpot, e2el in ms (e.g. --goodput ttft:500 tpot:50); the "
+                          "report adds good streams and request_goodput")
     limits = pulse.add_argument_group("limits and measurement")
     limits.add_argument("--slo-ms", type=float, help="latency SLO for the p99 (default 100)")
     limits.add_argument("--timeout", type=float, metavar="S",
@@ -86,7 +90,7 @@ def _pulse_options(args: argparse.Namespace) -> Any:
         values["schedule"] = pulse(args.baseline, args.peak,
                                    **{k: v for k, v in shape.items() if v is not None})
     trace = {"trace": args.trace, "trace_speed": args.trace_speed}
-    if any(v is not None for v in trace.values()) and not args.preset:
+    if (args.goodput or any(v is not None for v in trace.values())) and not args.preset:
         args.preset = (values["llm"].kind if values.get("llm") is not None else "chat")
     body = args.body
     if body is not None:
@@ -99,7 +103,7 @@ def _pulse_options(args: argparse.Namespace) -> Any:
 
         base = values["llm"].to_spec() if values.get("llm") is not None else {}
         given = {"kind": args.preset, "model": args.model, "prompt_words": args.prompt_words,
-                 "max_tokens": args.max_tokens, **trace}
+                 "max_tokens": args.max_tokens, "goodput": args.goodput, **trace}
         values["llm"] = LLMPreset.from_spec({**base, **{k: v for k, v in given.items()
                                                        if v is not None}})
     llm = values.get("llm")

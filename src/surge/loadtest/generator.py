@@ -158,7 +158,8 @@ class _Connection(asyncio.Protocol):
             stream = self.stream
             if stream is not None and stream.first >= 0:
                 pool.record.stream_at(sent_point, stream.first, now, stream.first - scheduled,
-                                      stream.itl(), stream.tokens)
+                                      stream.tpot(), stream.tokens, stream.gaps,
+                                      now - scheduled)
         else:
             pool.record.error_at(str(status), sent_point, done_point)
             if status == 503 or status == 429:
@@ -182,7 +183,7 @@ class PulseGenerator:
     def __init__(self, plan: Plan, clock: Clock | None = None,
                  notice: Callable[[str], None] | None = None) -> None:
         self.plan = plan
-        self.record = Record()
+        self.record = Record(slo=plan.llm.goodput if plan.llm is not None else None)
         self._now = (clock or SystemClock()).monotonic
         self._notice = notice or (lambda message: None)
         self._t0 = 0.0

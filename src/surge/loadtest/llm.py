@@ -14,9 +14,13 @@ give equal words, so prefix reuse is replayed) and its output length as `max_tok
 `StreamTracker` follows one response's Server-Sent Events as the generator's parser
 hands over body bytes: the first event with content is the first token (TTFT counts
 from the request's scheduled time, like every latency of a pulse), the usage chunk
-gives the output tokens (else content events are counted), and the time from the first
-to the last content event over the tokens after the first is the request's
-inter-token latency (ITL, vLLM benchmarks' TPOT).
+gives the output tokens (else content events are counted). As `vllm bench serve`
+measures them: the time from the first to the last content event over the tokens after
+the first is the request's time per output token (TPOT), and each gap between content
+events is an inter-token latency (ITL; events read together are 0 apart, as vLLM's
+client sees chunks that arrive in one read).
+
+With `goodput` (loadtest/slo.py) the report counts the streams that met every objective.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from surge.config.schema import check_keys
 from surge.loadtest.schedule import Schedule
+from surge.loadtest.slo import Slo
 from surge.loadtest.traces import TraceRequest, prompt_words, read_trace
 
 __all__ = ["PRESETS", "LLMPreset", "StreamTracker", "parse_range"]
@@ -67,6 +72,7 @@ class LLMPreset:
     seed: int = 0
     trace: str | None = None  # a trace file to replay instead of drawn requests
     trace_speed: float = 1.0  # > 1 replays faster
+    goodput: Slo | None = None  # objectives the report counts good streams against
     requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +82,8 @@ class LLMPreset:
         object.__setattr__(self, "max_tokens", parse_range(self.max_tokens))
         if not self.trace_speed > 0:
             raise ValueError(f"trace_speed must be > 0, got {self.trace_speed}")
+        if self.goodput is not None and not isinstance(self.goodput, Slo):
+            object.__setattr__(self, "goodput", Slo.parse(self.goodput))
         if self.trace is not None and not self.requests:
             requests = tuple(read_trace(self.trace))
             if not requests:
@@ -85,7 +93,7 @@ class LLMPreset:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> LLMPreset:
         check_keys(spec, ("kind", "model", "prompt_words", "max_tokens", "ignore_eos", "seed",
-                          "trace", "trace_speed"), "llm")
+                          "trace", "trace_speed", "goodput"), "llm")
         return cls(**dict(spec))
 
     def to_spec(self) -> dict[str, Any]:
@@ -95,6 +103,8 @@ class LLMPreset:
             "seed": self.seed}
         if self.trace is not None:
             spec.update(trace=self.trace, trace_speed=self.trace_speed)
+        if self.goodput is not None:
+            spec["goodput"] = self.goodput.to_spec()
         return spec
 
     def trace_times(self, worker: int = 0, workers: int = 1) -> list[tuple[float, int]]:
@@ -143,12 +153,13 @@ class LLMPreset:
 class StreamTracker:
     """One streamed response: when its content events came, and its output tokens."""
 
-    __slots__ = ("events", "first", "last", "tail", "usage")
+    __slots__ = ("events", "first", "gaps", "last", "tail", "usage")
 
     def __init__(self) -> None:
         self.first = -1.0  # time of the first content event (schedule seconds)
         self.last = -1.0
         self.events = 0  # content events
+        self.gaps: list[float] = []  # seconds between content events (ITL)
         self.usage = -1  # completion_tokens from the usage chunk, if it came
         self.tail = b""  # the unfinished end of the last body part
 
@@ -162,6 +173,10 @@ class StreamTracker:
         if found:
             if self.first < 0:
                 self.first = now
+            else:
+                self.gaps.append(now - self.last)
+            if found > 1:
+                self.gaps.extend([0.0] * (found - 1))
             self.last = now
             self.events += found
         usage = _USAGE.search(complete)
@@ -172,7 +187,7 @@ class StreamTracker:
     def tokens(self) -> int:
         return self.usage if self.usage >= 0 else self.events
 
-    def itl(self) -> float | None:
+    def tpot(self) -> float | None:
         """Seconds per output token after the first (None with fewer than two)."""
         tokens = self.tokens
         if tokens < 2 or self.first < 0:

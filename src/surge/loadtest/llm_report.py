@@ -1,8 +1,9 @@
 """The LLM part of a pulse report (runs with `--preset`): facts, and the streams plot.
 
-`facts(summary)` gives the rows the summary table and the compare view add (time to
-first token, inter-token latency, output tokens, tokens/s); `plot_streams(ax, report)`
-draws TTFT p50/p99 by scheduled send time and output tokens/s over time on one panel.
+`facts(summary)` gives the rows the summary table and the compare view add (TTFT, TPOT,
+ITL and end-to-end p50/p99, goodput where objectives were given, output tokens,
+tokens/s); `plot_streams(ax, report)` draws TTFT p50/p99 by scheduled send time and
+output tokens/s over time on one panel.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:,.1f} ms"
 
 
+def _goodput(llm: dict[str, Any]) -> list[tuple[str, str]]:
+    if llm.get("goodput") is None:
+        return []
+    objectives = " ".join(f"{k}<={v:g}ms" for k, v in llm["goodput"].items())
+    return [(f"goodput ({objectives})", f"{llm['good_completed']:,} streams "
+                                        f"({llm['goodput_pct']:g}%), "
+                                        f"{llm['request_goodput'] or 0:g} req/s")]
+
+
 def facts(summary: dict[str, Any]) -> list[tuple[str, str]]:
     llm = summary.get("llm")
     if not llm:
@@ -25,10 +35,12 @@ def facts(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("streams (2xx) / output tokens", f"{llm['streams']:,} / {llm['output_tokens']:,} "
                                           f"(p50 {llm['output_tokens_p50'] or 0:g} a stream)"),
-        ("time to first token p50 / p99", f"{_ms(llm['ttft_p50_ms'])} / "
-                                          f"{_ms(llm['ttft_p99_ms'])}"),
-        ("inter-token latency p50 / p99", f"{_ms(llm['itl_p50_ms'])} / "
-                                          f"{_ms(llm['itl_p99_ms'])}"),
+        *((f"{label} p50 / p99", f"{_ms(llm[f'median_{key}_ms'])} / "
+                                 f"{_ms(llm[f'p99_{key}_ms'])}")
+          for label, key in (("time to first token", "ttft"),
+                             ("time per output token", "tpot"),
+                             ("inter-token latency", "itl"), ("end-to-end", "e2el"))),
+        *_goodput(llm),
         ("output tokens/s mean / peak", f"{llm['tokens_per_s_mean']:,.0f} / "
                                         f"{llm['tokens_per_s_peak']:,.0f}"),
     ]

@@ -254,7 +254,7 @@ class _Workers:
             index, kind, value = await self.messages.get()
             self._handle(index, kind, value)
         self.close()
-        merged = Record()
+        merged = Record()  # takes the workers' goodput objectives with their counts
         for index in sorted(self.records):
             merged.merge(self.records[index])
         return merged

@@ -10,10 +10,11 @@ the schedule), so tests drive it on a fake clock and assert exact counts:
   point: integer microseconds keeping 11 significant bits (< 0.1 % error), so records
   from several worker processes merge by adding counts.
 
-Streamed LLM responses (`--preset chat`) add, for 2xx: time to first token and
-inter-token latency histograms by scheduled point, output tokens per request, and output
-tokens spread evenly over the points between a stream's first token and its end (tokens/s
-over time).
+Streamed LLM responses (`--preset chat`) add, for 2xx: time to first token and time
+per output token histograms by scheduled point, the run's inter-token gaps and
+end-to-end latencies, the streams that met the goodput objectives (loadtest/slo.py),
+output tokens per request, and output tokens spread evenly over the points between a
+stream's first token and its end (tokens/s over time).
 
 Every request ends in exactly one of ok, an error class ("503", any other status,
 "timeout", "connection", "overflow") or unanswered, so `sent == ok + sum(errors) +
@@ -26,6 +27,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from surge.loadtest.slo import Slo
+
 __all__ = [
     "BUCKET_S",
     "ERROR_CLASSES",
@@ -34,6 +37,7 @@ __all__ = [
     "ReplicaSample",
     "Window",
     "latency_key",
+    "mean_std",
     "merge_histograms",
     "percentile",
     "point_of",
@@ -96,6 +100,17 @@ def percentile(histogram: Mapping[int, int], q: float) -> float | None:
     raise AssertionError("unreachable: rank <= total")  # pragma: no cover
 
 
+def mean_std(histogram: Mapping[int, int]) -> tuple[float | None, float | None]:
+    """Mean and population standard deviation in milliseconds (None when empty), of the
+    kept values: within 0.1 % of the exact ones."""
+    total = sum(histogram.values())
+    if total == 0:
+        return None, None
+    mean = sum(key * n for key, n in histogram.items()) / total
+    variance = sum(n * (key - mean) ** 2 for key, n in histogram.items()) / total
+    return mean / 1000.0, math.sqrt(variance) / 1000.0
+
+
 def _add(counts: list[int], point: int, n: int = 1) -> None:
     if point >= len(counts):
         counts.extend([0] * (point + 1 - len(counts)))
@@ -127,7 +142,7 @@ class Window:
 class Record:
     """Per-point counts of one run (or the merge of several workers' runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo: Slo | None = None) -> None:
         self.offered: list[int] = []
         self.ok: list[int] = []
         self.errors: dict[str, list[int]] = {}  # by completion point
@@ -142,11 +157,16 @@ class Record:
         self.waited = 0  # requests that found every allowed connection busy
         self.connections_opened = 0
         self.connections_peak = 0
-        # Streams (LLM presets): TTFT and ITL by scheduled point, tokens over time.
+        # Streams (LLM presets): TTFT and TPOT by scheduled point, tokens over time; the
+        # run's inter-token gaps (ITL) and end-to-end latencies; streams that met `slo`.
         self.ttft: list[Histogram] = []
-        self.itl: list[Histogram] = []
+        self.tpot: list[Histogram] = []
+        self.itl: Histogram = {}
+        self.e2el: Histogram = {}
         self.tokens: list[float] = []
         self.tokens_per_request: Histogram = {}
+        self.slo = slo
+        self.good = 0
 
     def __repr__(self) -> str:
         return (f"<Record points={self.points} sent={self.sent} ok={self.total_ok} "
@@ -192,11 +212,21 @@ class Record:
         done[us] = done.get(us, 0) + 1
 
     def stream_at(self, sent_point: int, first_s: float, done_s: float, ttft_s: float,
-                  itl_s: float | None, tokens: int) -> None:
+                  tpot_s: float | None, tokens: int, gaps: Sequence[float] = (),
+                  e2el_s: float | None = None) -> None:
         """A 2xx stream's measures (after `ok_at`); times in seconds of the schedule."""
         _add_latency(self.ttft, sent_point, ttft_s)
-        if itl_s is not None:
-            _add_latency(self.itl, sent_point, itl_s)
+        if tpot_s is not None:
+            _add_latency(self.tpot, sent_point, tpot_s)
+        itl = self.itl
+        for gap in gaps:
+            key = latency_key(gap)
+            itl[key] = itl.get(key, 0) + 1
+        if e2el_s is not None:
+            key = latency_key(e2el_s)
+            self.e2el[key] = self.e2el.get(key, 0) + 1
+        if self.slo is not None and self.slo.met(ttft_s, tpot_s or 0.0, e2el_s or 0.0):
+            self.good += 1
         self.tokens_per_request[tokens] = self.tokens_per_request.get(tokens, 0) + 1
         first, last = point_of(first_s), point_of(done_s)
         if last >= len(self.tokens):
@@ -287,7 +317,11 @@ class Record:
                 self.lag_max.extend([0.0] * (point + 1 - len(self.lag_max)))
             self.lag_max[point] = max(self.lag_max[point], lag)
         self.lag = merge_histograms([self.lag, other.lag])
-        for mine_s, theirs_s in ((self.ttft, other.ttft), (self.itl, other.itl)):
+        self.itl = merge_histograms([self.itl, other.itl])
+        self.e2el = merge_histograms([self.e2el, other.e2el])
+        self.good += other.good
+        self.slo = self.slo or other.slo
+        for mine_s, theirs_s in ((self.ttft, other.ttft), (self.tpot, other.tpot)):
             for point, histogram in enumerate(theirs_s):
                 if point >= len(mine_s):
                     mine_s.extend({} for _ in range(point + 1 - len(mine_s)))

@@ -21,6 +21,7 @@ from surge.loadtest.stats import (
     POINTS_PER_S,
     Record,
     ReplicaSample,
+    mean_std,
     merge_histograms,
     percentile,
     point_of,
@@ -54,11 +55,11 @@ def series(record: Record,
         entry: dict[str, Any] = {}
         if record.tokens_per_request:
             ttft = record.ttft[point] if point < len(record.ttft) else {}
-            itl = record.itl[point] if point < len(record.itl) else {}
+            tpot = record.tpot[point] if point < len(record.tpot) else {}
             entry = {"ttft_p50_ms": _ms(percentile(ttft, 0.50)),
                      "ttft_p99_ms": _ms(percentile(ttft, 0.99)),
-                     "itl_p50_ms": _ms(percentile(itl, 0.50)),
-                     "itl_p99_ms": _ms(percentile(itl, 0.99)),
+                     "tpot_p50_ms": _ms(percentile(tpot, 0.50)),
+                     "tpot_p99_ms": _ms(percentile(tpot, 0.99)),
                      "tokens_per_s": round(record.tokens[point] * POINTS_PER_S, 1)
                      if point < len(record.tokens) else 0.0}
         points.append({
@@ -79,24 +80,45 @@ def series(record: Record,
 
 
 def _stream_summary(record: Record) -> dict[str, Any] | None:
-    """TTFT, ITL and output tokens of the run's streams (None: no streams)."""
+    """The run's streams as `vllm bench serve` reports them, under its JSON keys (None:
+    no streams), with surge's tokens/s over time."""
     if not record.tokens_per_request:
         return None
-    ttft, itl = merge_histograms(record.ttft), merge_histograms(record.itl)
     counts = record.tokens_per_request
+    streams = sum(counts.values())
     total = sum(tokens * n for tokens, n in counts.items())
     active = [t for t in record.tokens if t > 0]
+    duration = record.points * BUCKET_S
     # per-request token counts are kept exactly: keys are counts, not microseconds
     as_us = {tokens * 1000: n for tokens, n in counts.items()}
-    return {
-        "streams": sum(counts.values()), "output_tokens": total,
-        "ttft_p50_ms": _ms(percentile(ttft, 0.50)), "ttft_p90_ms": _ms(percentile(ttft, 0.90)),
-        "ttft_p99_ms": _ms(percentile(ttft, 0.99)), "itl_p50_ms": _ms(percentile(itl, 0.50)),
-        "itl_p99_ms": _ms(percentile(itl, 0.99)),
+    slo = record.slo
+    summary: dict[str, Any] = {
+        "streams": streams, "completed": streams, "output_tokens": total,
+        "total_output_tokens": total, "duration": round(duration, 1),
+        "request_throughput": round(streams / duration, 3) if duration else None,
+        "output_throughput": round(total / duration, 1) if duration else None,
+        "goodput": slo.to_spec() if slo is not None else None,
+        "good_completed": record.good if slo is not None else None,
+        "request_goodput": (round(record.good / duration, 3) if slo is not None and duration
+                            else None),
+        "goodput_pct": round(100 * record.good / streams, 2) if slo is not None else None,
         "output_tokens_p50": percentile(as_us, 0.50),
         "tokens_per_s_mean": round(total / (len(active) * BUCKET_S), 1) if active else 0.0,
         "tokens_per_s_peak": round(max(record.tokens, default=0.0) * POINTS_PER_S, 1),
     }
+    for metric, histogram in (("ttft", merge_histograms(record.ttft)),
+                              ("tpot", merge_histograms(record.tpot)),
+                              ("itl", record.itl), ("e2el", record.e2el)):
+        summary.update(_metric(metric, histogram))
+    return summary
+
+
+def _metric(name: str, histogram: Mapping[int, int]) -> dict[str, float | None]:
+    """vLLM's keys for one metric: mean, median, std and the p90/p99 percentiles, ms."""
+    mean, std = mean_std(histogram)
+    return {f"mean_{name}_ms": _ms(mean), f"median_{name}_ms": _ms(percentile(histogram, 0.5)),
+            f"std_{name}_ms": _ms(std), f"p90_{name}_ms": _ms(percentile(histogram, 0.9)),
+            f"p99_{name}_ms": _ms(percentile(histogram, 0.99))}
 
 
 @dataclass(frozen=True)
