@@ -53,14 +53,11 @@ def test_refuse(queued: int, limit: int, max_wait_s: float | None, in_flight: in
 
 
 def test_the_completion_rate_is_measured_over_half_second_windows() -> None:
-    rate = CompletionRate(now=10.0)
-    for _ in range(5):
-        rate.completed()
-    assert rate.per_s(10.4) == 0.0  # the window is not over: the last measure (none)
-    assert rate.per_s(11.0) == 5.0  # 5 in 1 s; a new window starts
-    rate.completed()
-    assert rate.per_s(11.2) == 5.0  # kept until the new window is over
-    assert rate.per_s(11.5) == 2.0  # 1 in 0.5 s
+    rate = CompletionRate(now=10.0, completed=3)  # 3 done before it started
+    assert rate.per_s(10.4, 8) == 0.0  # the window is not over: the last measure (none)
+    assert rate.per_s(11.0, 8) == 5.0  # 5 in 1 s; a new window starts
+    assert rate.per_s(11.2, 9) == 5.0  # kept until the new window is over
+    assert rate.per_s(11.5, 9) == 2.0  # 1 in 0.5 s
 
 
 # -- model settings -----------------------------------------------------------------------

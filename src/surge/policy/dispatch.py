@@ -66,23 +66,22 @@ def refuse(queued: int, limit: int, max_wait_s: float | None, in_flight: int,
 
 
 class CompletionRate:
-    """Completions a second, measured over windows of at least RATE_WINDOW_S."""
+    """Completions a second, measured over windows of at least RATE_WINDOW_S from a
+    running total the caller keeps (its count of answers: nothing to call per answer)."""
 
-    __slots__ = ("_count", "_per_s", "_started")
+    __slots__ = ("_at_start", "_per_s", "_started")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, completed: int = 0) -> None:
         self._started = now
-        self._count = 0
+        self._at_start = completed
         self._per_s = 0.0
 
-    def completed(self) -> None:
-        self._count += 1
-
-    def per_s(self, now: float) -> float:
+    def per_s(self, now: float, completed: int) -> float:
+        """The rate of the last whole window, `completed` being the total so far."""
         elapsed = now - self._started
         if elapsed >= RATE_WINDOW_S:
-            self._per_s = self._count / elapsed
-            self._started, self._count = now, 0
+            self._per_s = (completed - self._at_start) / elapsed
+            self._started, self._at_start = now, completed
         return self._per_s
 
 

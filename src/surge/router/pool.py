@@ -42,8 +42,9 @@ class ReplicaPool:
 
     @property
     def in_flight(self) -> int:
-        return (sum(len(link.in_flight) for link in self.links.values())
-                + self.own_links.in_flight())
+        # (asked at every request queued: a list's sum, no generator resumed per link)
+        return sum([len(link.in_flight) for link in self.links.values()]) + (
+            self.own_links.in_flight() if self.own_links.links else 0)
 
     def model_frames(self) -> Iterator[tuple[int, float] | None]:
         """Each routable replica's multiplexing settings, None until its Models frame."""

@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import random
 import threading
 from collections import deque
@@ -88,6 +89,11 @@ log = logging.getLogger("surge.router")
 # How long a replica that rejected is treated as full if it sends us nothing else.
 SATURATION_HOLD_S = 0.02
 
+# What policy/dispatch.drain reads of a queued request: attribute reads in C, not a
+# Python call per entry looked at.
+_model_of: Callable[[Pending], str] = operator.attrgetter("message.model_id")
+_cancelled: Callable[[Pending], bool] = operator.attrgetter("cancelled")
+
 
 class Router:
     def __init__(self, deployment: DeploymentId, *, rng: random.Random | None = None,
@@ -113,8 +119,8 @@ class Router:
         self.ready = asyncio.Event()
         self._connecting = 0
         self._tasks: set[asyncio.Task[None]] = set()  # keeps connect tasks alive
-        self._rate = CompletionRate(self._now())
         self.completed = 0
+        self._rate = CompletionRate(self._now(), self.completed)
         self.rejected = 0
         self.arrived = 0
         self.on_pressure: Callable[[], None] | None = None
@@ -126,6 +132,9 @@ class Router:
         # routes `<lora_base>:<adapter>` bodies by adapter (policy/llm_models.py).
         self.lora_base = ""
         self._by_engine = False  # a replica reports its engine's queue: route on it
+        # (now, matching timeout) for the drain under way, read at its first model
+        # request (_choose_queued)
+        self._drain_times: tuple[float, float] | None = None
 
     def __repr__(self) -> str:
         with self.lock:
@@ -297,7 +306,8 @@ class Router:
         link = slot.link
         if thread is not None:
             link = self.own_links.get(slot.info.replica_id, thread) or link
-        self._send(link, pending)
+        pending.sent_at = self._now()  # (_send, inline: every routed request comes here)
+        link.start(pending)
 
     def _send(self, link: ReplicaLink, pending: Pending) -> None:
         pending.sent_at = self._now()
@@ -320,8 +330,8 @@ class Router:
             raise unavailable
         current = self.replica_set
         refusal = refuse(
-            len(self._queue), self._queue_limit, self._max_queue_wait_s, self.in_flight,
-            self._service_s, self._rate.per_s(self._now()),
+            len(self._queue), self._queue_limit, self._max_queue_wait_s, self.pool.in_flight,
+            self._service_s, self._rate.per_s(self._now(), self.completed),
             current.retry_after_s if current is not None else None,
             current.backpressure_status if current is not None else 503)
         if refusal is not None:
@@ -418,20 +428,21 @@ class Router:
     def _drain(self) -> None:
         with self.lock:
             if self._queue:
-                self._queue = drain(self._queue, _model_of, _cancelled, self._chooser(),
-                                    self._go)
+                self._drain_times = None
+                self._queue = drain(self._queue, _model_of, _cancelled,
+                                    self._choose_queued, self._go)
 
-    def _chooser(self) -> Callable[[Pending], int]:
-        """`_choose` for one drain: a model request falls back to any replica once it
-        waited the matching timeout (read once, and only if a model request is seen)."""
-        when: list[float] = []  # [now, matching timeout], once a model request is seen
-
-        def choose(pending: Pending) -> int:
-            if pending.message.model_id and not when:
-                when.extend((self._now(), self._matching_timeout()))
-            return self._choose(pending, bool(when) and when[0] - pending.queued_at >= when[1])
-
-        return choose
+    def _choose_queued(self, pending: Pending) -> int:
+        """`_choose` in a drain: a model request falls back to any replica once it
+        waited the matching timeout (read once a drain, and only if a model request is
+        seen)."""
+        model = pending.message.model_id
+        if not model:
+            return self._choose(pending, False)
+        times = self._drain_times
+        if times is None:
+            times = self._drain_times = (self._now(), self._matching_timeout())
+        return self._choose_for_model(model, times[0] - pending.queued_at >= times[1])
 
     def _choose(self, pending: Pending, fallback: bool) -> int:
         """The routable replica's index for `pending`, or NO_REPLICA: by its model
@@ -442,7 +453,9 @@ class Router:
         model = pending.message.model_id
         if model:
             return self._choose_for_model(model, fallback)
-        if self._by_engine or prompt_chunks(pending):  # a prompt: its prefix, from the 1st
+        prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
+        if self._by_engine or prompt or (prompt is None and prompt_chunks(pending)):
+            # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
             return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
                                     self._now())
         return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
@@ -510,7 +523,6 @@ class Router:
             self._queue.appendleft(pending)
         if todo.completed:
             self.completed += 1
-            self._rate.completed()
             self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
         if todo.deliver:
             pending.sink.deliver(message)
@@ -556,11 +568,3 @@ class Router:
                 self._matching_timer.cancel()
                 self._matching_timer = None
             self.pool.close()
-
-
-def _model_of(pending: Pending) -> str:
-    return pending.message.model_id
-
-
-def _cancelled(pending: Pending) -> bool:
-    return pending.cancelled
