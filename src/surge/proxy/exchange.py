@@ -24,6 +24,7 @@ decides (the responses' order, the upload's window) is asked of it (`Line`), and
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Protocol
 
 from surge.errors import (
@@ -83,7 +84,11 @@ class Line(Protocol):
 
     def now(self) -> float: ...
 
-    def is_first(self, exchange: Exchange) -> bool: ...
+    @property
+    def exchanges(self) -> deque[Exchange]:
+        """The responses owed, in request order: the first is the one being written (read
+        at every chunk written, so an attribute, not a call)."""
+        ...
 
     def advance_line(self) -> None: ...
 
@@ -262,7 +267,7 @@ class Exchange:
             if self.upstream is not None:
                 self._stop_upload()
             self.outbox.records.append(self)
-            if self.line.is_first(self):
+            if self.line.exchanges[0] is self:
                 self.outbox.out.append(data)
                 self.line.advance_line()
             else:
@@ -368,7 +373,7 @@ class Exchange:
     def _write(self, data: bytes, body: int = 0) -> None:
         """`data` goes out now if this exchange is first in line, else waits its turn;
         `body` of its bytes are a streamed response's body (acknowledged once written)."""
-        if self.line.is_first(self):
+        if self.line.exchanges[0] is self:
             self.outbox.out.append(data)
             if body:
                 self.line.acknowledge(self, body)
@@ -399,5 +404,5 @@ class Exchange:
         if self.upstream is not None:
             self._stop_upload()
         self.outbox.records.append(self)
-        if self.line.is_first(self):
+        if self.line.exchanges[0] is self:
             self.line.advance_line()

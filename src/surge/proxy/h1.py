@@ -386,10 +386,6 @@ class H1Connection:
     def now(self) -> float:
         return self.site.now()
 
-    def is_first(self, exchange: Exchange) -> bool:
-        """`exchange` is the one whose response is being written."""
-        return self.exchanges[0] is exchange
-
     def upload_window(self, exchange: Exchange, paused: bool) -> None:
         """The replica's window for `exchange`'s upload shut or opened: reading follows
         it while that upload is the one being read."""
