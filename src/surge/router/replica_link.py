@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from surge.errors import ReplicaDiedError
 from surge.transport.flow import Credits
@@ -39,6 +39,7 @@ from surge.transport.messages import (
     Item,
     Message,
     Models,
+    PrefixHeld,
     Pull,
     Rejected,
     Result,
@@ -68,6 +69,10 @@ class Pending:
 
     __slots__ = ("cancelled", "credits", "link", "message", "pinned", "prefix", "queued_at",
                  "sent_at", "sink")
+
+    # A Reservation: a slot held, nothing sent (a class attribute: every request's start
+    # reads it, cheaper than an isinstance call)
+    reserves = False
 
     def __init__(self, message: HttpRequest | Call | GrpcRequest, sink: Sink) -> None:
         self.message = message
@@ -109,6 +114,7 @@ class Reservation(Pending):
     `release` frees it). It is its own sink: no answer ever comes for it."""
 
     __slots__ = ("granted",)
+    reserves = True
 
     def __init__(self, message: Call) -> None:
         super().__init__(message, self)
@@ -167,6 +173,8 @@ class ReplicaLink(ThreadSafeProtocol):
         self.stats_at = 0.0
         self.in_flight_at_stats = 0
         self.on_stats: Callable[[ReplicaLink], None] | None = None
+        # What the replica's engine cached and evicted (PrefixHeld), for the pool's index.
+        self.on_prefix: Callable[[ReplicaLink, PrefixHeld], None] | None = None
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -207,8 +215,8 @@ class ReplicaLink(ThreadSafeProtocol):
         pending.message.id = request_id
         pending.link = self
         self.in_flight[request_id] = pending
-        if isinstance(pending, Reservation):
-            pending.hold(self)  # counted in flight; the request comes with `dispatch`
+        if pending.reserves:  # counted in flight; the request comes with `dispatch`
+            cast(Reservation, pending).hold(self)
             return
         self.send(pending.message)
 
@@ -231,6 +239,9 @@ class ReplicaLink(ThreadSafeProtocol):
                 self.in_flight_at_stats = len(self.in_flight)
                 if self.on_stats is not None:
                     self.on_stats(self)
+            elif isinstance(message, PrefixHeld):
+                if self.on_prefix is not None:
+                    self.on_prefix(self, message)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]
