@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import uvloop
 
 from surge.testing import FakeClock
 from surge.transport.gate import HandshakeGate
@@ -67,6 +68,23 @@ class Handler:
         pass
 
 
+class Noting(RpcPeer):
+    """The accepting end, noting when it was let in and when its handshake ended."""
+
+    def __init__(self, gate: HandshakeGate, seen: list[Noting]) -> None:
+        super().__init__(Handler(), TOKEN, gate)
+        self.events: list[str] = []
+        seen.append(self)
+
+    def admitted(self) -> None:
+        self.events.append("admitted")
+        super().admitted()
+
+    def token_accepted(self) -> None:
+        self.events.append("accepted")
+        super().token_accepted()
+
+
 def test_a_herd_of_clients_all_get_in_through_a_gate_of_one() -> None:
     async def main() -> HandshakeGate:
         gate = HandshakeGate(limit=1)
@@ -86,3 +104,46 @@ def test_a_herd_of_clients_all_get_in_through_a_gate_of_one() -> None:
     gate = asyncio.run(main())
     assert gate.admitted_total == 40 and gate.queued_total > 0
     assert (gate.running, len(gate.waiting)) == (0, 0)
+
+
+# uvloop reads a connection paused in connection_made all the same: there a queued
+# connection's handshake once ran past the gate, and its turn, when it came, put the
+# authenticated connection on the pre-auth deadline (closed 10 s later).
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_queued_clients_wait_for_their_turn_on_either_event_loop(run: Any) -> None:
+    seen: list[Noting] = []
+
+    async def main() -> HandshakeGate:
+        gate = HandshakeGate(limit=1)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Noting(gate, seen), "127.0.0.1", 0)
+        host, port = server.sockets[0].getsockname()[:2]
+        _, silent = await asyncio.open_connection(host, port)  # holds the one turn
+        clients: list[asyncio.Task[RpcPeer]] = []
+        try:
+            while not seen:
+                await asyncio.sleep(0.01)
+            clients += [loop.create_task(connect_rpc(f"{host}:{port}", None, token=TOKEN))
+                        for _ in range(5)]
+            await asyncio.sleep(0.3)  # time for five handshakes, had they run
+            assert not any(client.done() for client in clients)
+            assert gate.running == 1 and len(gate.waiting) == 5
+            silent.close()  # its turn ends: the others', one at a time
+            for peer in await asyncio.gather(*clients):
+                peer.close()
+        finally:  # a failure above ends the loop cleanly (uvloop waits on what is open)
+            silent.close()
+            for client in clients:
+                if client.done() and not client.cancelled() and client.exception() is None:
+                    client.result().close()
+                client.cancel()
+            for peer in seen:
+                peer.close()
+            server.close()
+        return gate
+
+    gate = run(main())
+    assert (gate.admitted_total, gate.running, len(gate.waiting)) == (6, 0, 0)
+    # Each queued connection's handshake ran once it was let in, so each was
+    # authenticated after the deadline it was given, which that cancelled.
+    assert [p.events for p in seen] == [[]] + [["admitted", "accepted"]] * 5

@@ -36,6 +36,7 @@ class FramedProtocol(asyncio.Protocol):
         self._auth_timer: asyncio.TimerHandle | None = None
         self._gate: HandshakeGate | None = None
         self._gate_state = ""  # "" | "waiting" | "in" (its handshake runs) | "out"
+        self._held = bytearray()  # what a waiting connection sent (`_hold`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -49,6 +50,9 @@ class FramedProtocol(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        if self._gate_state == "waiting":  # not its turn: keep its bytes unread
+            self._hold(data)
+            return
         try:
             messages = self._decoder.feed(data)
         except Exception as exc:  # a corrupt stream cannot be resynchronised
@@ -92,12 +96,33 @@ class FramedProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.pause_reading()
 
+    def _hold(self, data: bytes) -> None:
+        """Bytes that came while it waits: uvloop (0.23) starts reading a connection
+        after `connection_made` even when it paused it there (as asyncio did before
+        CPython gh-76002), so a waiting connection's handshake ran past the gate, and
+        its turn, when it came, put the authenticated connection on the pre-auth
+        deadline: closed PREAUTH_TIMEOUT_S later, and each close let the next one in,
+        so a herd's members were cut in waves 10 s apart. Held (bounded as a pre-auth
+        frame) until it is let in; paused again, which holds once reading has started."""
+        self._held += data
+        if len(self._held) > PREAUTH_MAX_FRAME:
+            self._held.clear()
+            self.close()
+        elif self.transport is not None:
+            self.transport.pause_reading()
+
     def admitted(self) -> None:
-        """Its turn came (HandshakeGate): read it, and start its deadline."""
+        """Its turn came (HandshakeGate): read it (what it sent meanwhile first), and
+        start its deadline."""
         self._gate_state = "in"
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
         self._auth_timer = self._loop.call_later(PREAUTH_TIMEOUT_S, self.close)
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.resume_reading()
+        if self._held:
+            held = bytes(self._held)
+            self._held.clear()
+            self.data_received(held)
 
     def token_accepted(self) -> None:
         self._decoder.max_frame = MAX_FRAME_BYTES
