@@ -150,3 +150,61 @@ def test_bad_requests_get_the_engines_errors() -> None:
             await e.check_health()
 
     run(main)
+
+
+def test_the_service_tells_what_the_engine_holds_in_the_routers_chunk_names() -> None:
+    import json
+
+    from surge.llm.service import OpenAIService
+    from surge.policy.prefix_index import chunk_names, prompt_stream
+
+    async def main() -> None:
+        config = LLMConfig(model_loading_config={"model_id": "mock"},
+                           llm_engine="surge.testing:MockVLLMEngine",
+                           engine_kwargs=FAST | {"max_model_len": 4096, "num_blocks": 96},
+                           lora_config={"dynamic_lora_loading_path": "/nowhere"})
+        e = MockVLLMEngine(config)
+        service = OpenAIService(config, e, await e.start())
+
+        async def chat(words: str, model: str = "mock") -> list[int]:
+            body = json.dumps({"model": model, "max_tokens": 1, "stream": True,
+                               "messages": [{"role": "user", "content": words}]}).encode()
+            run = await service.prepare_chat(body)
+            async for _ in run.stream():
+                pass
+            stream = prompt_stream(body)
+            assert stream is not None
+            return chunk_names(stream)
+
+        shop = " ".join(f"shoe{i}" for i in range(120))  # ~830 bytes: 3 chunks
+        names = await chat(shop)
+        assert len(names) == 3
+        change = service.prefix_change()
+        assert change == {"stored": [names], "removed": [], "cleared": False}
+        assert service.prefix_change() == {"stored": [], "removed": [], "cleared": False}
+        # another prompt fills the cache: the first one's blocks are evicted, tail first
+        await chat(" ".join(f"code{i}" for i in range(300)))
+        change = service.prefix_change()
+        assert change is not None and names[-1] in change["removed"]
+        # an adapter's prompt is its own: named with the adapter, on its own blocks
+        tuned = await chat(shop, model="mock:tuned")
+        assert tuned != names and e.lora_id("tuned") is not None
+        change = service.prefix_change()
+        assert change is not None and change["stored"] == [tuned]
+        await e.shutdown()
+
+    run(main)
+
+
+def test_an_engine_without_kv_events_reports_no_cache_change() -> None:
+    from surge.llm.service import OpenAIService
+    from surge.testing import FakeLLMEngine
+
+    async def main() -> None:
+        config = LLMConfig(model_loading_config={"model_id": "fake"},
+                           llm_engine="surge.testing:FakeLLMEngine")
+        fake = FakeLLMEngine(config)
+        service = OpenAIService(config, fake, await fake.start())
+        assert service.prefixes is None and service.prefix_change() is None
+
+    run(main)

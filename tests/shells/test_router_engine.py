@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from surge.router.engine_choice import request_key
+from surge.router.engine_choice import prompt_chunks, request_key
 from surge.router.replica_link import Pending
 from surge.router.router import Router
 from surge.testing import FakeClock
-from surge.transport.messages import Call, GrpcRequest, HttpRequest, RoutingStats
+from surge.transport.messages import Call, GrpcRequest, HttpRequest, PrefixHeld, RoutingStats
 from tests.eventually import eventually_async
 from tests.shells.test_router import WAIT_S, FakeReplica, Sink, answer, routing, run
 
@@ -180,6 +180,37 @@ def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
             router.submit(other)
             assert holder(other) != home  # nothing held: the less loaded of two
             assert first.prefix and other.prefix and first.prefix[0] != other.prefix[0]
+
+    run(main)
+
+
+def test_what_an_engine_reports_it_holds_or_evicted_moves_the_index() -> None:
+    async def main() -> None:
+        replicas = [FakeReplica(name, hold=True) for name in "ab"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            for replica in replicas:
+                await report(router, replica, 0)
+            shop = "You answer questions about the shoes on sale tonight. " * 20
+            probe = chat(shop, "which are red?")
+            names = prompt_chunks(probe)
+            index = router.pool.prefixes
+
+            async def tell(replica: FakeReplica, frame: PrefixHeld,
+                           expect: dict[str, int]) -> None:
+                for connection in replica.connections:
+                    connection.send(frame)
+                await eventually_async(lambda: index.matched(names) == expect, WAIT_S,
+                                       what=f"the index to follow {replica.name}'s engine")
+
+            # b's engine computed the prompt (another router sent it): b holds 4 chunks
+            await tell(replicas[1], PrefixHeld(0, stored=[names[:4]]), {"b": 4})
+            router.submit(probe)  # so this router sends it there, and records it whole
+            assert probe in router.pool.links["b"].in_flight.values()
+            assert index.matched(names) == {"b": len(names)}
+            # b's engine evicted the tail; then a's engine holds 2 and b's is cleared
+            await tell(replicas[1], PrefixHeld(0, removed=names[3:]), {"b": 3})
+            await tell(replicas[0], PrefixHeld(0, stored=[names[:2]]), {"a": 2, "b": 3})
+            await tell(replicas[1], PrefixHeld(0, cleared=True), {"a": 2})
 
     run(main)
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from surge.policy.engine_load import EngineReport
-from surge.replica.stats_hooks import StatsHooks, engine_report, routing_frame
+from surge.replica.stats_hooks import StatsHooks, engine_report, prefix_frame, routing_frame
 from surge.replica.user_code import UserCode
-from surge.transport.messages import RoutingStats
+from surge.transport.messages import PrefixHeld, RoutingStats
 from tests.eventually import eventually_async
 
 
@@ -36,6 +36,11 @@ class Engine:
         return {"engine_waiting": 3.0, "engine_running": 5.0, "kv_cache_usage": 0.25}
 
 
+class Caching:
+    def record_routing_stats(self) -> dict[str, Any]:
+        return {"waiting": 1, "kv_prefix": {"stored": [[7, 8]], "removed": [], "cleared": False}}
+
+
 class Plain:
     def __call__(self) -> str:
         return "no hooks"
@@ -55,6 +60,11 @@ def test_routing_frame(stats: dict[str, Any], frame: RoutingStats) -> None:
 def test_unusable_stats_raise() -> None:
     with pytest.raises(TypeError, match="expected a dict"):
         routing_frame([1], 1.0)
+    assert prefix_frame({"waiting": 1}) is None
+    assert prefix_frame({"kv_prefix": {"stored": [], "removed": [], "cleared": False}}) is None
+    assert prefix_frame({"kv_prefix": {"stored": [[1, 2]], "removed": [3]}}) == \
+        PrefixHeld(0, [[1, 2]], [3], False)
+    assert prefix_frame({"kv_prefix": {"cleared": True}}) == PrefixHeld(0, cleared=True)
     with pytest.raises(TypeError, match="expected a dict"):
         engine_report(None, "r", 1.0)
     assert engine_report({"waiting": 2}, "r", 1.0) == EngineReport("r", 2.0, 0.0, 0.0, 1.0)
@@ -89,6 +99,15 @@ async def _both_hooks() -> None:
     assert len(frames) >= 3 and frames[-1] == RoutingStats(0, 8, 0.25, 0.01)
     assert len(reports) >= 3 and reports[-1] == EngineReport("r-1", 3.0, 5.0, 0.25, 0.01)
     assert "every 0.01s" in repr(hooks)
+
+
+def test_an_engine_cache_change_follows_its_routing_stats() -> None:
+    async def main() -> None:
+        hooks, frames, _ = await hooks_for(Caching)
+        assert await hooks.call("record_routing_stats")
+        assert frames == [RoutingStats(0, 1, -1.0, 0.01), PrefixHeld(0, [[7, 8]])]
+
+    run(main)
 
 
 def test_a_class_without_hooks_starts_nothing() -> None:

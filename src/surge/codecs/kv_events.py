@@ -12,10 +12,13 @@ the block lives ("GPU", "CPU", None: unspecified).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
 import msgspec
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEventBatch",
-           "decode_batch", "encode_batch"]
+           "KVEventSink", "decode_batch", "encode_batch", "replay"]
 
 
 class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -51,6 +54,27 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+class KVEventSink(Protocol):
+    """What reads events as plain data (policy/kv_chunks.py's ChunkCoverage)."""
+
+    def stored(self, block_hashes: Sequence[int], parent: int | None,
+               token_ids: Sequence[int], block_size: int, lora_id: int | None) -> None: ...
+    def removed(self, block_hashes: Sequence[int]) -> None: ...
+    def cleared(self) -> None: ...
+
+
+def replay(events: Iterable[KVEvent], sink: KVEventSink) -> None:
+    """Hand each event to `sink`, in order."""
+    for event in events:
+        if isinstance(event, BlockStored):
+            sink.stored(event.block_hashes, event.parent_block_hash, event.token_ids,
+                        event.block_size, event.lora_id)
+        elif isinstance(event, BlockRemoved):
+            sink.removed(event.block_hashes)
+        else:
+            sink.cleared()
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:

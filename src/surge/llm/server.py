@@ -175,10 +175,16 @@ class _Server:
         return self._stats
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        """The engine's load (waiting, running, KV cache), for LLM-aware routing, and the
-        requests aborted so far (their clients went away, or they failed mid-way)."""
+        """The engine's load (waiting, running, KV cache), for LLM-aware routing, the
+        requests aborted so far (their clients went away, or they failed mid-way) and,
+        for an engine with KV events, what it cached and evicted since the last call
+        (`kv_prefix`, in the routers' chunk names: policy/kv_chunks.py)."""
         aborted = self.service.aborted if self.service is not None else 0
-        return {**self._fresh_stats().to_dict(), "aborted": aborted}
+        stats: dict[str, Any] = {**self._fresh_stats().to_dict(), "aborted": aborted}
+        change = self.service.prefix_change() if self.service is not None else None
+        if change is not None:
+            stats["kv_prefix"] = change  # what the engine cached and evicted since
+        return stats
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use."""

@@ -7,6 +7,11 @@ streams Server-Sent Events (`stream()`, one body part per engine step: the first
 goes out as soon as the engine yields the first token) or builds the whole answer
 (`complete()`). A run that ends early, by a client disconnect (the task is cancelled)
 or by an error, aborts its engine request, so the engine stops spending tokens on it.
+
+An engine that publishes its KV events (`kv_events()`, as the mock vLLM engine does)
+gets a `ChunkCoverage` (policy/kv_chunks.py): each prompt that came as an HTTP body is
+named in the routers' chunks and, once the engine computed it, read against the
+engine's blocks, so LLMServer's routing stats can tell routers what the engine holds.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
+from surge.codecs.kv_events import replay
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -51,7 +57,9 @@ from surge.llm.responses import (
     sse,
     usage_chunk,
 )
+from surge.policy.kv_chunks import ChunkCoverage
 from surge.policy.llm_models import split_lora_id
+from surge.policy.prefix_index import chunk_names, prompt_stream
 
 __all__ = ["OpenAIService", "Run", "engine_error"]
 
@@ -88,6 +96,9 @@ class OpenAIService:
         self.loras = Adapters(config.model_id, config.lora, engine) \
             if config.lora is not None else None
         self.aborted = 0  # engine requests aborted: client gone, or failed mid-way
+        # what the engine caches, in the routers' chunk names (engines with KV events)
+        self.prefixes = ChunkCoverage() if callable(getattr(engine, "kv_events", None)) \
+            else None
 
     def __repr__(self) -> str:
         return f"<OpenAIService {self.model_id} adapters={self.adapters}>"
@@ -141,7 +152,8 @@ class OpenAIService:
                 request.messages, add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message, tools=request.tools,
                 chat_template_kwargs=request.chat_template_kwargs)
-            return self._run("chat", request, prompt, adapter, started)
+            return self._run("chat", request, prompt, adapter, started,
+                             body if isinstance(body, bytes) else None)
         except BaseException as exc:
             self.release(adapter)
             if isinstance(exc, Exception):
@@ -155,13 +167,14 @@ class OpenAIService:
         self._generation_only()
         adapter = await self.adapter_for(request.model)
         try:
-            return await self._prepare_completion(request, adapter, started)
+            return await self._prepare_completion(request, adapter, started,
+                                                  body if isinstance(body, bytes) else None)
         except BaseException:
             self.release(adapter)
             raise
 
     async def _prepare_completion(self, request: CompletionRequest, adapter: str | None,
-                                  started: float) -> Run:
+                                  started: float, body: bytes | None) -> Run:
         source = request.prompt
         if isinstance(source, list) and source and isinstance(source[0], str | list):
             if len(source) != 1:
@@ -173,7 +186,7 @@ class OpenAIService:
             prompt = Prompt(text=source, token_ids=tuple(await self.engine.tokenize(source)))
         else:
             prompt = Prompt(token_ids=tuple(int(t) for t in source))
-        return self._run("completion", request, prompt, adapter, started)
+        return self._run("completion", request, prompt, adapter, started, body)
 
     def release(self, adapter: str | None) -> None:
         """The request that held `adapter` (adapter_for) ended: it may be unloaded."""
@@ -186,10 +199,33 @@ class OpenAIService:
                                    "serves /v1/embeddings only")
 
     def _run(self, kind: str, request: ChatCompletionRequest | CompletionRequest,
-             prompt: Prompt, adapter: str | None, started: float) -> Run:
+             prompt: Prompt, adapter: str | None, started: float, body: bytes | None) -> Run:
         prompt_tokens = len(prompt.token_ids or ())
         params = sampling_params(request, prompt_tokens, self.info.max_model_len)
-        return Run(self, kind, request, prompt, params, adapter, started)
+        run = Run(self, kind, request, prompt, params, adapter, started)
+        if self.prefixes is not None and body is not None:
+            stream = prompt_stream(body)  # as the router read it
+            if stream is not None:
+                run.chunks = (chunk_names(stream), len(stream))
+        return run
+
+    def prompt_served(self, run: Run) -> None:
+        """The engine computed `run`'s prompt: its chunks may now be held."""
+        if self.prefixes is not None and run.chunks is not None and run.prompt.token_ids:
+            names, stream_bytes = run.chunks
+            lora = getattr(self.engine, "lora_id", None)
+            lora_id = lora(run.adapter) if lora is not None and run.adapter else None
+            self.prefixes.served(names, stream_bytes, run.prompt.token_ids, lora_id)
+
+    def prefix_change(self) -> dict[str, Any] | None:
+        """What the engine cached and evicted since the last call, in chunk names (the
+        routing stats' `kv_prefix`); None for an engine without KV events."""
+        if self.prefixes is None:
+            return None
+        for batch in self.engine.kv_events():  # type: ignore[attr-defined]
+            replay(batch.events, self.prefixes)
+        change = self.prefixes.take()
+        return {"stored": change.stored, "removed": change.removed, "cleared": change.cleared}
 
     async def embeddings(self, body: bytes | EmbeddingRequest) -> dict[str, Any]:
         request = body if isinstance(body, EmbeddingRequest) else decode(body, EmbeddingRequest)
@@ -231,8 +267,8 @@ class OpenAIService:
 class Run:
     """One prepared generation: stream it, or complete it (once)."""
 
-    __slots__ = ("adapter", "created", "include_usage", "kind", "model", "params", "prompt",
-                 "request", "request_id", "service", "started")
+    __slots__ = ("adapter", "chunks", "created", "include_usage", "kind", "model", "params",
+                 "prompt", "request", "request_id", "service", "started")
 
     def __init__(self, service: OpenAIService, kind: str,
                  request: ChatCompletionRequest | CompletionRequest, prompt: Prompt,
@@ -249,6 +285,7 @@ class Run:
         self.model = request.model or service.model_id
         options = request.stream_options
         self.include_usage = bool(options and options.include_usage)
+        self.chunks: tuple[list[int], int] | None = None  # its prompt's, and stream bytes
 
     @property
     def stream_requested(self) -> bool:
@@ -320,6 +357,8 @@ class Run:
                     first = False
                     usage.prompt, usage.cached = delta.prompt_tokens, delta.cached_tokens
                     ttft = now - self.started
+                    if self.chunks is not None:
+                        service.prompt_served(self)
                 elif count:
                     gaps.append((now - last) / count)
                 last = now

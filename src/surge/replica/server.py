@@ -28,7 +28,7 @@ from surge.replica.connection import RouterConnection
 from surge.replica.grpc import GrpcMethods
 from surge.replica.sync_calls import SyncCalls
 from surge.replica.user_code import UserCode
-from surge.transport.messages import Models, RoutingStats
+from surge.transport.messages import Models, PrefixHeld, RoutingStats
 
 __all__ = ["ReplicaServer"]
 
@@ -98,7 +98,7 @@ class ReplicaServer:
         self.models = frame
         self.broadcast(frame)
 
-    def broadcast(self, frame: Models | RoutingStats) -> None:
+    def broadcast(self, frame: Models | RoutingStats | PrefixHeld) -> None:
         """Send a frame that is no request's to every router (that proved the token)."""
         if isinstance(frame, RoutingStats):
             self.routing_stats = frame

@@ -5,7 +5,8 @@ A deployment whose class defines either gets it called every routing-stats perio
 so replicas do not report in step), one call at a time, each bounded by
 `request_routing_stats_timeout_s`. What comes back goes out at once: the routing stats
 as a `RoutingStats` frame to every router holding this replica (the engine's queue,
-waiting + running, which policy/engine_routing.py routes on), the autoscaling stats as
+waiting + running, which policy/engine_routing.py routes on; with a `kv_prefix` key,
+what its engine cached and evicted since, as a `PrefixHeld` frame), the autoscaling stats as
 an `engine_load` push to the controller (policy/engine_load.py). A hook that raises,
 times out or returns something unusable is logged once (then at debug level) and the
 loop goes on: a load report never crashes a replica.
@@ -21,9 +22,10 @@ from typing import Any
 
 from surge.policy.engine_load import EngineReport
 from surge.replica.user_code import UserCode
-from surge.transport.messages import RoutingStats
+from surge.transport.messages import PrefixHeld, RoutingStats
 
-__all__ = ["AUTOSCALING_HOOK", "ROUTING_HOOK", "StatsHooks", "engine_report", "routing_frame"]
+__all__ = ["AUTOSCALING_HOOK", "ROUTING_HOOK", "StatsHooks", "engine_report", "prefix_frame",
+           "routing_frame"]
 
 log = logging.getLogger("surge.replica")
 
@@ -56,6 +58,18 @@ def routing_frame(stats: Any, period_s: float) -> RoutingStats:
                         -1.0 if kv is None else kv, period_s)
 
 
+def prefix_frame(stats: Mapping[str, Any]) -> PrefixHeld | None:
+    """The PrefixHeld frame for `record_routing_stats`'s `kv_prefix` (LLMServer's, from
+    its engine's KV events: policy/kv_chunks.py), None when it says nothing new."""
+    change = stats.get("kv_prefix")
+    if not isinstance(change, Mapping):
+        return None
+    frame = PrefixHeld(0, [[int(n) for n in chain] for chain in change.get("stored", ())],
+                       [int(n) for n in change.get("removed", ())],
+                       bool(change.get("cleared", False)))
+    return frame if frame.stored or frame.removed or frame.cleared else None
+
+
 def engine_report(stats: Any, replica_id: str, period_s: float) -> EngineReport:
     """The controller's report for what `record_autoscaling_stats` returned."""
     if not isinstance(stats, Mapping):
@@ -69,7 +83,7 @@ class StatsHooks:
     """Calls the user's load hooks every period and hands on what they return."""
 
     def __init__(self, user: UserCode, replica_id: str, period_s: float, timeout_s: float,
-                 to_routers: Callable[[RoutingStats], None],
+                 to_routers: Callable[[RoutingStats | PrefixHeld], None],
                  to_controller: Callable[[EngineReport], None],
                  rng: random.Random | None = None) -> None:
         self.user = user
@@ -108,6 +122,9 @@ class StatsHooks:
             stats = await asyncio.wait_for(self.user.call(name, (), {}), self.timeout_s)
             if name == ROUTING_HOOK:
                 self.to_routers(routing_frame(stats, self.period_s))
+                prefixes = prefix_frame(stats)
+                if prefixes is not None:
+                    self.to_routers(prefixes)
             else:
                 self.to_controller(engine_report(stats, self.replica_id, self.period_s))
         except asyncio.CancelledError:

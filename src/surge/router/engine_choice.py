@@ -9,8 +9,9 @@ in-flight count alone once the report is stale (policy/engine_routing.py).
 
 An OpenAI chat or completion request (its whole body in its first frame) goes to the
 replica holding the longest prefix of its prompt within the policy's slack
-(policy/prefix_index.py: the pool's index, fed by this router's sends: a prompt is
-recorded for the replica it was sent to, whose engine then caches it). Otherwise a
+(policy/prefix_index.py: the pool's index, fed by this router's sends, a prompt
+recorded for the replica it was sent to, whose engine then caches it, and by the
+replicas' PrefixHeld frames: what their engines cached and evicted, whoever sent it). Otherwise a
 request with an affinity key (its session id: the `x-session-id` header or a handle's
 `options(session_id=...)`; else, on an OpenAI prompt route, the body's first
 AFFINITY_PREFIX_BYTES) prefers its rendezvous replica within the slack.

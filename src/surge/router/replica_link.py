@@ -39,6 +39,7 @@ from surge.transport.messages import (
     Item,
     Message,
     Models,
+    PrefixHeld,
     Pull,
     Rejected,
     Result,
@@ -172,6 +173,8 @@ class ReplicaLink(ThreadSafeProtocol):
         self.stats_at = 0.0
         self.in_flight_at_stats = 0
         self.on_stats: Callable[[ReplicaLink], None] | None = None
+        # What the replica's engine cached and evicted (PrefixHeld), for the pool's index.
+        self.on_prefix: Callable[[ReplicaLink, PrefixHeld], None] | None = None
         self.in_flight: dict[int, Pending] = {}
         self._ids = itertools.count(1)
         self._on_final = on_final
@@ -236,6 +239,9 @@ class ReplicaLink(ThreadSafeProtocol):
                 self.in_flight_at_stats = len(self.in_flight)
                 if self.on_stats is not None:
                     self.on_stats(self)
+            elif isinstance(message, PrefixHeld):
+                if self.on_prefix is not None:
+                    self.on_prefix(self, message)
             return
         if is_final(message):
             del self.in_flight[message.id]  # type: ignore[union-attr]

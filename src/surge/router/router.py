@@ -80,7 +80,7 @@ from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending, ReplicaLink, Reservation
 from surge.router.slots import Slot
 from surge.transport.handshake import HandshakeFailed
-from surge.transport.messages import Cancel, Message, Rejected
+from surge.transport.messages import Cancel, Message, PrefixHeld, Rejected
 
 __all__ = ["Router"]
 
@@ -177,6 +177,7 @@ class Router:
                 link = ReplicaLink(replica_id, self._on_final, self._on_lost,
                                    self._on_models, self.lock, clock=self._now)
                 link.on_stats = self._on_stats
+                link.on_prefix = self._on_prefix
                 self.pool.links[replica_id] = link
                 self._connecting += 1
                 task = self._loop.create_task(self._connect(info, link))
@@ -459,6 +460,17 @@ class Router:
             return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
                                     self._now())
         return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
+
+    def _on_prefix(self, link: ReplicaLink, change: PrefixHeld) -> None:
+        """The replica's engine cached or evicted prompts (its KV events): the index
+        follows what the engine holds, whichever router sent them."""
+        prefixes, replica_id = self.pool.prefixes, link.replica_id
+        if change.cleared:
+            prefixes.drop(replica_id)
+        if change.removed:
+            prefixes.forget(replica_id, change.removed)
+        for chain in change.stored:
+            prefixes.record(replica_id, chain)
 
     def _on_stats(self, link: ReplicaLink) -> None:
         self._by_engine = True

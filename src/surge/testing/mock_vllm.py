@@ -145,6 +145,10 @@ class MockVLLMEngine(WordsChat):
         if self._loop_task is None or self._loop_task.done():
             raise EngineError("the mock engine's loop is not running")
 
+    def lora_id(self, adapter: str) -> int | None:
+        """The LoRA id the adapter's KV blocks carry (as vLLM's lora_int_id)."""
+        return self.adapters.get(adapter)
+
     async def load_adapter(self, name: str, path: str) -> None:
         self.adapters.setdefault(name, len(self.adapters) + 1)
 

@@ -2,8 +2,9 @@
 
 Data path: HttpRequest/Call/GrpcRequest/GrpcMessage/Cancel/Credit go to a replica;
 HttpStart/HttpBody/Result/Item/End/GrpcEnd/Pull/Failure/Rejected come back, and Models (a
-multiplexed replica's models, whenever they change) and RoutingStats (its engine's queue,
-every routing-stats period) without being asked. A request's own
+multiplexed replica's models, whenever they change), RoutingStats (its engine's queue,
+every routing-stats period) and PrefixHeld (what its engine cached and evicted, with
+them) without being asked. A request's own
 stream follows it both ways under the same id: the rest of a streamed upload (HttpBody,
 `HttpRequest.more_body`), or a WebSocket's messages (WsData, then WsClose; WsAccept
 answers `HttpRequest.upgrade`), the sender of each spending credit the receiver grants
@@ -33,6 +34,7 @@ __all__ = [
     "Item",
     "Message",
     "Models",
+    "PrefixHeld",
     "Pull",
     "Push",
     "Rejected",
@@ -219,6 +221,18 @@ class RoutingStats(msgspec.Struct, tag=26, array_like=True):
     period_s: float = 10.0  # how often it comes: older than two periods, it is ignored
 
 
+class PrefixHeld(msgspec.Struct, tag=27, array_like=True):
+    """What a replica's engine now holds and no longer holds of the prompts it served, in
+    the routers' chunk names (policy/kv_chunks.py, from its KV events), sent with its
+    RoutingStats: chains held (head first), names evicted, and whether its whole cache
+    was cleared before these. `id` is always 0, as Models'."""
+
+    id: int
+    stored: list[list[int]] = msgspec.field(default_factory=list)
+    removed: list[int] = msgspec.field(default_factory=list)
+    cleared: bool = False
+
+
 class Rpc(msgspec.Struct, tag=20, array_like=True):
     id: int
     method: str
@@ -238,4 +252,4 @@ class Push(msgspec.Struct, tag=22, array_like=True):
 
 Message = (HttpRequest | Call | GrpcRequest | GrpcMessage | Cancel | Credit | HttpStart
            | HttpBody | Result | Item | End | Failure | Rejected | GrpcEnd | Pull | Models
-           | RoutingStats | WsAccept | WsData | WsClose | Rpc | Reply | Push)
+           | RoutingStats | PrefixHeld | WsAccept | WsData | WsClose | Rpc | Reply | Push)
