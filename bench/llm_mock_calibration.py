@@ -11,7 +11,8 @@ exactly `max_tokens`):
    sequences): a decode step's time alone (one request's inter-token latency) and with
    16 running (16 at once), and a 16- vs a 1,500-token prompt's first-token time. From
    these: `step_s`, `decode_s_per_seq`, `prefill_s_per_token` of the mock's timing model
-   (sim/engine_model.py), printed.
+   (sim/engine_model.py), and `request_s` (what a short prompt's first token takes
+   beyond its one step: the frontend's cost per request), printed.
 2. **The same requests** on vLLM and on the calibrated mock: `--requests` with prompts
    of 16-1,200 tokens (half after a shared 512-token prefix, so the prefix cache
    matters), 8-64 output tokens, Poisson arrivals at `--rate`. TTFT and ITL p50/p90/p99
@@ -83,10 +84,12 @@ async def calibrate(engine: LLMEngine, rng: random.Random) -> dict[str, float]:
     itl_16 = statistics.median(x for t in batch for x in t.itls[4:])  # all 16 decoding
     decode_per_seq = max(0.0, (itl_16 - itl_1) / 15)
     step = max(0.0, itl_1 - decode_per_seq)
-    prefill = max(0.0, (statistics.median(t.ttft for t in long)
-                        - statistics.median(t.ttft for t in short)) / (1500 - 16))
+    short_ttft = statistics.median(t.ttft for t in short)
+    prefill = max(0.0, (statistics.median(t.ttft for t in long) - short_ttft) / (1500 - 16))
+    # a short prompt alone: its first token comes after the frontend and one prefill step
+    request = max(0.0, short_ttft - step - 16 * prefill)
     return {"step_s": step, "decode_s_per_seq": decode_per_seq, "prefill_s_per_token": prefill,
-            "itl_1": itl_1, "itl_16": itl_16}
+            "request_s": request, "itl_1": itl_1, "itl_16": itl_16}
 
 
 def workload(n: int, rate: float, seed: int) -> list[tuple[float, list[int], int]]:
@@ -127,13 +130,15 @@ async def main_async(args: argparse.Namespace) -> None:
     fit = await calibrate(vllm, random.Random(args.seed))
     print(f"calibration: ITL alone {fit['itl_1'] * 1e3:.2f} ms, with 16 running "
           f"{fit['itl_16'] * 1e3:.2f} ms -> step_s {fit['step_s']:.5f}, decode_s_per_seq "
-          f"{fit['decode_s_per_seq']:.6f}, prefill_s_per_token {fit['prefill_s_per_token']:.7f}",
+          f"{fit['decode_s_per_seq']:.6f}, prefill_s_per_token {fit['prefill_s_per_token']:.7f}, "
+          f"request_s {fit['request_s']:.5f}",
           flush=True)
     real = await replay(vllm, requests, "v")
     await vllm.shutdown()
     mock_kwargs: dict[str, Any] = {
         "step_s": fit["step_s"], "decode_s_per_seq": fit["decode_s_per_seq"],
-        "prefill_s_per_token": fit["prefill_s_per_token"], "max_num_seqs": 16,
+        "prefill_s_per_token": fit["prefill_s_per_token"], "request_s": fit["request_s"],
+        "max_num_seqs": 16,
         "max_num_batched_tokens": 2048, "block_size": BLOCK, "max_model_len": 2048,
         "num_blocks": VLLM_KWARGS["kv_cache_memory_bytes"] // KV_BYTES_PER_TOKEN // BLOCK}
     mock = MockVLLMEngine(LLMConfig(model_loading_config={"model_id": "mock"},

@@ -96,6 +96,27 @@ def test_steps_take_the_modelled_time_and_a_batch_shares_them() -> None:
     run(main)
 
 
+def test_a_request_waits_its_frontend_cost_without_delaying_the_steps() -> None:
+    async def main() -> None:
+        e = engine(step_s=0.001, request_s=0.05)
+        await e.start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = await collect(e, "x y z", 2, "r")
+        assert loop.time() - started >= 0.05 and len(first) == 2
+        assert e.steps == 2  # the wait was no step
+        # cancelled while it waits: it never reaches the engine
+        task = asyncio.create_task(collect(e, "x y", 2, "gone"))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert e.model.idle and "gone" not in e._outputs
+        await e.shutdown()
+
+    run(main)
+
+
 def test_abort_ends_the_stream_and_frees_the_cache() -> None:
     async def main() -> None:
         e = engine(step_s=0.005)

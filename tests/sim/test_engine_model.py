@@ -228,7 +228,9 @@ def test_a_request_that_can_never_run_is_refused(prompt: int, max_tokens: int,
 
 
 def test_timing_is_checked() -> None:
-    with pytest.raises(ValueError, match="block_size must be at least 1"):
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
         EngineTiming(block_size=0)
-    with pytest.raises(ValueError, match="step_s must be >= 0"):
+    with pytest.raises(ValueError, match="step_s must be a number >= 0, got -1"):
         EngineTiming(step_s=-1)
+    with pytest.raises(ValueError, match="request_s must be a number >= 0, got 'x'"):
+        EngineTiming(request_s="x")  # type: ignore[arg-type]

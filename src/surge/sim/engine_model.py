@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from surge.codecs.kv_events import KVEvent
+from surge.config.schema import number
 from surge.sim.kv_blocks import BlockPool, prefix_hashes
 
 __all__ = ["EngineModel", "EngineTiming", "StepOutput"]
@@ -38,6 +39,9 @@ class EngineTiming:
     step_s: float = 0.004  # each iteration's fixed cost (scheduling, sampling, launches)
     decode_s_per_seq: float = 0.0001  # per sequence decoded in the step
     prefill_s_per_token: float = 0.00002  # per prompt token computed (not cached)
+    # A request's cost before the engine sees it (vLLM's frontend: input processing,
+    # handing it to the engine core); it delays that request only, not the steps.
+    request_s: float = 0.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     num_blocks: int = 8192
@@ -47,11 +51,9 @@ class EngineTiming:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size",
                      "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
+            number(name, getattr(self, name), ge=1, integer=True)
+        for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token", "request_s"):
+            number(name, getattr(self, name), ge=0)
 
 
 @dataclass

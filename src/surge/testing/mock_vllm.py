@@ -1,18 +1,21 @@
 """`MockVLLMEngine`: an engine that behaves like vLLM in time, without a model.
 
 It speaks `surge.llm.engine.LLMEngine` and runs sim/engine_model.py's scheduler for
-real: one task loops over engine steps, sleeps each step's modelled duration, then hands
-out the step's tokens, so TTFT and ITL grow with the batch, long prompts and a cold
-prefix cache as a real engine's do, and the KV cache fills, evicts and preempts. What
-it reports is vLLM's: `stats()` (waiting, running, KV use, prefix-cache hit rate) and
-the KV events of each step in vLLM's `KVEventBatch` shape (`kv_events()`, bounded).
+real: one task loops over engine steps, sleeps until each step's modelled end (absolute
+deadlines, so late timers do not add up), then hands out the step's tokens; a request
+first waits its `request_s` (the frontend's cost). So TTFT and ITL grow with the batch,
+long prompts and a cold prefix cache as a real engine's do, and the KV cache fills,
+evicts and preempts. What it reports is vLLM's: `stats()` (waiting, running, KV use,
+prefix-cache hit rate) and the KV events of each step in vLLM's `KVEventBatch` shape
+(`kv_events()`, bounded).
 Words are tokens (ids by a stable hash, the chat template `FakeLLMEngine`'s) unless the
 prompt carries token ids; output words are `t<id>`.
 
 Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
-(step_s, decode_s_per_seq, prefill_s_per_token, max_num_seqs, max_num_batched_tokens,
-num_blocks, block_size, max_model_len) and `max_events` (batches kept for a reader,
-oldest dropped first). Deploy it with `engine: surge.testing:MockVLLMEngine`.
+(step_s, decode_s_per_seq, prefill_s_per_token, request_s, max_num_seqs,
+max_num_batched_tokens, num_blocks, block_size, max_model_len) and `max_events`
+(batches kept for a reader, oldest dropped first). Deploy it with
+`engine: surge.testing:MockVLLMEngine`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class MockVLLMEngine(WordsChat):
         return ModelInfo(max_model_len=self.timing.max_model_len)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = 0.0  # when the step now modelled ends, on the loop's clock
         while True:
             await self._work.wait()
             if self.model.idle:
@@ -74,7 +79,10 @@ class MockVLLMEngine(WordsChat):
                 continue
             step = self.model.step()
             self.steps += 1
-            await asyncio.sleep(step.duration_s)
+            # Steps end at absolute deadlines: a timer that fires late (asyncio's are
+            # coarse at ~1 ms steps) shortens the next step instead of adding up.
+            deadline = max(deadline, loop.time()) + step.duration_s
+            await asyncio.sleep(deadline - loop.time())
             events = self.model.take_events()
             if events:
                 self.events.append(KVEventBatch(ts=time.time(), events=events))
@@ -99,6 +107,12 @@ class MockVLLMEngine(WordsChat):
             raise PromptTooLong(problem)
         queue: asyncio.Queue[tuple[int | None, bool, int]] = asyncio.Queue()
         self._outputs[request_id] = queue
+        if self.timing.request_s:
+            try:  # the frontend's cost, before the engine sees the request
+                await asyncio.sleep(self.timing.request_s)
+            except BaseException:
+                self._outputs.pop(request_id, None)
+                raise
         self.model.add(request_id, tuple(ids), max_tokens,
                        self.adapters[adapter] if adapter is not None else None)
         self._work.set()
