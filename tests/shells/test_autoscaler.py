@@ -52,9 +52,9 @@ def last(tracker: LoadTracker, deployment: DeploymentId = DEP) -> LoadSample:
 
 def test_counters_and_gauges_are_summed_over_sources() -> None:
     tracker = LoadTracker(TICK_S)
-    tracker.report(1, load(arrivals=3, completions=2, rejections=1, queued=2, in_flight=4))
-    tracker.report(2, load(arrivals=4, completions=1, queued=3, in_flight=1))
-    tracker.report(1, load(arrivals=1, queued=5, in_flight=6))  # newer gauges of source 1
+    tracker.report(1, load(arrivals=3, completions=2, rejections=1, queued=2, in_flight=4), 0.9)
+    tracker.report(2, load(arrivals=4, completions=1, queued=3, in_flight=1), 0.9)
+    tracker.report(1, load(arrivals=1, queued=5, in_flight=6), 0.95)  # newer gauges of 1
     tracker.close_bucket(1.0, [DEP])
     assert last(tracker) == LoadSample(t=1.0, arrivals=8, completions=3, rejections=1,
                                        queued=5 + 3, ongoing=6 + 1, duration_s=TICK_S)
@@ -62,18 +62,41 @@ def test_counters_and_gauges_are_summed_over_sources() -> None:
 
 def test_counters_restart_each_bucket_while_gauges_hold() -> None:
     tracker = LoadTracker(TICK_S)
-    tracker.report(1, load(arrivals=5, queued=2, in_flight=3))
+    tracker.report(1, load(arrivals=5, queued=2, in_flight=3), 0.95)
     tracker.close_bucket(1.0, [DEP])
     tracker.close_bucket(1.1, [DEP])  # no report: nothing arrived, nothing changed
-    assert last(tracker) == LoadSample(1.1, 0, 0, 0, queued=2, ongoing=3, duration_s=TICK_S)
+    assert last(tracker) == LoadSample(1.1, 0, 0, 0, queued=2, ongoing=3,
+                                       duration_s=pytest.approx(TICK_S))
     assert [s.t for s in tracker.series[DEP]] == [1.0, 1.1]
+
+
+def test_reports_less_often_than_every_tick_are_spread_and_a_late_tick_lasts_longer() -> None:
+    # 1,000 routers report every 0.5 s: a report covers the time since the same
+    # router's previous one (policy/load_spread.py), not the bucket it came in.
+    tracker = LoadTracker(0.125)
+    tracker.report_interval_s = 0.5
+    tracker.report(1, load(arrivals=3, queued=1), 0.5)  # its first: lands whole
+    tracker.close_bucket(0.5, [DEP])
+    tracker.report(1, load(arrivals=40, completions=20, rejections=4, queued=2), 1.0)
+    for now in (1.0, 1.125, 1.25, 1.5):  # the tick at 1.5 came late: two ticks long
+        tracker.close_bucket(now, [DEP])
+    assert list(tracker.series[DEP]) == [
+        LoadSample(0.5, 3, 0, 0, queued=1, ongoing=0, duration_s=0.125),
+        LoadSample(1.0, 0, 0, 0, queued=2, ongoing=0, duration_s=0.5),
+        LoadSample(1.125, 10, 5, 1, queued=2, ongoing=0, duration_s=0.125),
+        LoadSample(1.25, 10, 5, 1, queued=2, ongoing=0, duration_s=0.125),
+        LoadSample(1.5, 20, 10, 2, queued=2, ongoing=0, duration_s=0.25)]
+    tracker.forget_source(1)  # gone: its next connection's first report lands whole
+    tracker.report(1, load(arrivals=7), 1.55)
+    tracker.close_bucket(1.625, [DEP])
+    assert last(tracker).arrivals == 7
 
 
 def test_a_disconnected_source_is_forgotten() -> None:
     tracker = LoadTracker(TICK_S)
-    tracker.report(1, load(queued=2, in_flight=3))
-    tracker.report(1, load(OTHER, in_flight=7))
-    tracker.report(2, load(queued=1, in_flight=1))
+    tracker.report(1, load(queued=2, in_flight=3), 0.9)
+    tracker.report(1, load(OTHER, in_flight=7), 0.9)
+    tracker.report(2, load(queued=1, in_flight=1), 0.9)
     tracker.forget_source(1)
     tracker.forget_source(99)  # unknown: nothing happens
     tracker.close_bucket(1.0, [DEP, OTHER])
@@ -83,8 +106,8 @@ def test_a_disconnected_source_is_forgotten() -> None:
 
 def test_deployments_are_tracked_separately() -> None:
     tracker = LoadTracker(TICK_S)
-    tracker.report(1, load(DEP, arrivals=2))
-    tracker.report(1, load(OTHER, arrivals=9))
+    tracker.report(1, load(DEP, arrivals=2), 0.9)
+    tracker.report(1, load(OTHER, arrivals=9), 0.9)
     tracker.close_bucket(1.0, [DEP])  # OTHER's counters wait for its own bucket
     assert last(tracker).arrivals == 2
     assert OTHER not in tracker.series
@@ -96,11 +119,11 @@ def test_history_is_bounded_and_drop_forgets_everything() -> None:
     tracker = LoadTracker(TICK_S)
     buckets = round(HISTORY_S / TICK_S)
     for i in range(buckets + 5):
-        tracker.report(1, load(arrivals=i, queued=1))
+        tracker.report(1, load(arrivals=i, queued=1), i / 10)
         tracker.close_bucket(i / 10, [DEP])
     assert len(tracker.series[DEP]) == buckets
     assert tracker.series[DEP][0].arrivals == 5
-    tracker.report(1, load(arrivals=4, queued=2, in_flight=3))
+    tracker.report(1, load(arrivals=4, queued=2, in_flight=3), 98.9)
     tracker.drop(DEP)
     assert DEP not in tracker.series
     tracker.close_bucket(99.0, [DEP])
@@ -344,7 +367,7 @@ def test_peek_reads_the_open_bucket_without_closing_it() -> None:
     dep = DeploymentId("app", "d")
     tracker.close_bucket(1.0, [dep])
     tracker.report(1, LoadReport(dep, arrivals=8, completions=2, rejections=1, queued=5,
-                                 in_flight=3))
+                                 in_flight=3), 1.001)
     assert tracker.peek(dep, 1.002) is None  # too young to say anything
     sample = tracker.peek(dep, 1.04)
     assert sample is not None

@@ -1,11 +1,13 @@
 """The autoscaler's shell: load reports in, one autoscaling step per deployment per tick.
 
-Routers (proxies and handles) push per-deployment counters every 0.1 s, only when
-something changed: arrivals (offered, rejected included), completions, rejections, and
-their queued and in-flight gauges. `LoadTracker` sums them into one `LoadSample` per
-tick and keeps the last minute; `Autoscaler.step` runs policy.autoscale_step (the step
-the simulator runs too) with the deployment's policy (policy/resolve.py) and remembers
-the decisions for status and metrics. It also keeps each deployment's saturation state
+Routers (proxies and handles) push per-deployment counters every 0.1 s (less often when
+there are many: policy/cadence.py), only when something changed: arrivals (offered,
+rejected included), completions, rejections, and their queued and in-flight gauges.
+`LoadTracker` sums them into one `LoadSample` per tick, each report's counters spread
+over the time it covers (policy/load_spread.py), and keeps the last minute;
+`Autoscaler.step` runs policy.autoscale_step (the step the simulator runs too) with
+the deployment's policy (policy/resolve.py) and remembers the decisions for status and
+metrics. It also keeps each deployment's saturation state
 (policy/saturation.py) between steps: an episode of node CPU saturation is logged once
 when it begins and once when it ends, and its first held decision (NODE_SATURATED) is
 recorded like a change of target, once per episode.
@@ -22,6 +24,7 @@ from surge.config import AutoscalingConfig
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import Step, StepInputs, autoscale_step
 from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
+from surge.policy.load_spread import ReportSpread
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 from surge.policy.saturation import CLEAR_CPU, SaturationState
 
@@ -35,27 +38,30 @@ _ZEROS = (0, 0, 0)
 class LoadTracker:
     """Per-deployment sums of router reports, closed into one sample per tick.
 
-    Counters (arrivals, completions, rejections) add up until the bucket closes; the
-    gauges (queued, in flight) are each router's latest, and their sums are kept as
-    reports replace them, so closing a bucket costs the same with 10 routers or 1,000.
+    Counters (arrivals, completions, rejections) add up until the bucket closes, each
+    report's spread over the time it covers when routers report less often than every
+    tick (`report_interval_s`, what they were told); the gauges (queued, in flight) are
+    each router's latest, and their sums are kept as reports replace them, so closing a
+    bucket costs the same with 10 routers or 1,000. A sample lasts from the previous
+    one's end (a tick that ran late makes a longer bucket, not a higher rate).
     """
 
     def __init__(self, tick_s: float) -> None:
         self.tick_s = tick_s
+        self.report_interval_s = tick_s  # how often routers were told to report
         self.series: dict[DeploymentId, deque[LoadSample]] = {}
-        self._counters: dict[DeploymentId, list[int]] = {}
+        self._counters: dict[DeploymentId, ReportSpread] = {}
         self._gauges: dict[DeploymentId, dict[int, tuple[int, int]]] = {}
         self._sums: dict[DeploymentId, list[int]] = {}  # queued, in flight over routers
         self._sources: dict[int, set[DeploymentId]] = {}  # router -> what it reported
 
-    def report(self, source: int, report: LoadReport) -> None:
+    def report(self, source: int, report: LoadReport, now: float) -> None:
         did = report.deployment
         counters = self._counters.get(did)
         if counters is None:
-            counters = self._counters[did] = [0, 0, 0]
-        counters[0] += report.arrivals
-        counters[1] += report.completions
-        counters[2] += report.rejections
+            counters = self._counters[did] = ReportSpread(self.tick_s)
+        counters.add(source, (report.arrivals, report.completions, report.rejections), now,
+                     self.report_interval_s)
         gauges = self._gauges.get(did)
         if gauges is None:
             gauges = self._gauges[did] = {}
@@ -73,6 +79,9 @@ class LoadTracker:
 
     def forget_source(self, source: int) -> None:
         for did in self._sources.pop(source, ()):
+            counters = self._counters.get(did)
+            if counters is not None:
+                counters.forget(source)
             old = self._gauges.get(did, {}).pop(source, None)
             if old is not None:
                 self._sums[did][0] -= old[0]
@@ -80,14 +89,18 @@ class LoadTracker:
 
     def close_bucket(self, now: float, deployments: Iterable[DeploymentId]) -> None:
         for deployment in deployments:
-            arrivals, completions, rejections = self._counters.pop(deployment, _ZEROS)
+            counters = self._counters.get(deployment)
+            arrivals, completions, rejections = (_ZEROS if counters is None
+                                                 else counters.take(now))
             queued, ongoing = self._sums.get(deployment, _ZEROS)[:2]
-            sample = LoadSample(t=now, arrivals=arrivals, completions=completions,
-                                rejections=rejections, queued=queued, ongoing=ongoing,
-                                duration_s=self.tick_s)
             series = self.series.get(deployment)
             if series is None:
                 series = self.series[deployment] = deque(maxlen=int(HISTORY_S / self.tick_s))
+            # From the previous close (the loop sleeps a tick between closes: never less)
+            lasted = max(now - series[-1].t, self.tick_s) if series else self.tick_s
+            sample = LoadSample(t=now, arrivals=arrivals, completions=completions,
+                                rejections=rejections, queued=queued, ongoing=ongoing,
+                                duration_s=lasted)
             series.append(sample)
 
     def peek(self, deployment: DeploymentId, now: float) -> LoadSample | None:
@@ -96,7 +109,8 @@ class LoadTracker:
         since = series[-1].t if series else now - self.tick_s
         if now - since < 0.005:
             return None
-        arrivals, completions, rejections = self._counters.get(deployment, _ZEROS)
+        counters = self._counters.get(deployment)
+        arrivals, completions, rejections = _ZEROS if counters is None else counters.peek(now)
         queued, ongoing = self._sums.get(deployment, _ZEROS)[:2]
         return LoadSample(t=now, arrivals=arrivals, completions=completions,
                           rejections=rejections, queued=queued, ongoing=ongoing,

@@ -191,9 +191,10 @@ class Controller:
             if replica is not None:
                 self.engines.report(replica.deployment, value, self.clock.monotonic())
         elif topic in ("load", "load_urgent"):
+            now = self.clock.monotonic()
             for report in value:
                 assert isinstance(report, LoadReport)
-                self.load.report(id(peer), report)
+                self.load.report(id(peer), report, now)
             if topic == "load_urgent" and not self.state.stopping:
                 self._urgent.update(report.deployment for report in value)
                 if self._urgent_timer is None:  # after the other reports of this turn
@@ -286,6 +287,7 @@ class Controller:
         many there are (policy/cadence.py); told to them when it changes."""
         publisher = self.publisher
         publisher.tell_load_interval(load_report_interval_s(len(publisher.routers)))
+        self.load.report_interval_s = publisher.load_interval_s  # what its reports cover
         publisher.tell_telemetry_interval(telemetry_interval_s(len(publisher.members)))
 
     def _observe(self) -> Observed:
