@@ -6,6 +6,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from surge.policy.dispatch import (
     MATCHING_TIMEOUT_S,
@@ -17,6 +19,7 @@ from surge.policy.dispatch import (
     drain,
     model_settings,
     next_matching_due,
+    queues_at_any_load,
     refuse,
 )
 
@@ -47,6 +50,45 @@ def test_refuse(queued: int, limit: int, max_wait_s: float | None, in_flight: in
     status = 429 if max_wait_s is not None else 503
     assert refuse(queued, limit, max_wait_s, in_flight, service_s, rate, fixed,
                   status) == expected
+
+
+@pytest.mark.parametrize(
+    ("queued", "limit", "max_wait_s", "service_s", "expected"),
+    [
+        (9, 10, None, 0.1, True),  # bounded by count: the count alone decides
+        (10, 10, None, 0.1, False),
+        (50, 100, 0.1, 0.0, True),  # no service time yet: only the count applies
+        (100, 100, 0.1, 0.0, False),
+        # 0.1 s of 0.01 s requests: at one in flight 10 may wait; the 11th depends on
+        # how many are in flight, so the router asks refuse
+        (9, 100, 0.1, 0.01, True),
+        (10, 100, 0.1, 0.01, False),
+        (0, 100, 0.1, 0.5, True),  # a slow model may wait one service time
+        (1, 100, 0.1, 0.5, False),
+    ])
+def test_queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
+                            service_s: float, expected: bool) -> None:
+    assert queues_at_any_load(queued, limit, max_wait_s, service_s) is expected
+
+
+@given(st.integers(min_value=0, max_value=10**4), st.integers(min_value=0, max_value=10**4),
+       st.one_of(st.none(), st.floats(min_value=1e-6, max_value=1e3)),
+       st.floats(min_value=0.0, max_value=10.0), st.integers(min_value=-1, max_value=10**4),
+       st.floats(min_value=0.0, max_value=1e6))
+def test_the_short_path_queues_only_what_refuse_queues(
+        queued: int, limit: int, max_wait_s: float | None, service_s: float, in_flight: int,
+        rate: float) -> None:
+    """What the short path queues, refuse queues at every in-flight count and rate; the
+    one in flight at which it stops being sure, refuse does refuse (it is exact there)."""
+    if queues_at_any_load(queued, limit, max_wait_s, service_s):
+        assert refuse(queued, limit, max_wait_s, in_flight, service_s, rate, None,
+                      429) is None
+    elif queued < limit:
+        assert max_wait_s is not None and service_s > 0
+        assert refuse(queued, limit, max_wait_s, 1, service_s, rate, None, 429) is not None
+    else:
+        assert refuse(queued, limit, max_wait_s, in_flight, service_s, rate, None,
+                      429) is not None
 
 
 # -- completion rate ----------------------------------------------------------------------

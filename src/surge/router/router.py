@@ -69,6 +69,7 @@ from surge.policy.dispatch import (
     drain,
     model_settings,
     next_matching_due,
+    queues_at_any_load,
     refuse,
 )
 from surge.policy.model_routing import ModelHeat, choose_for_model
@@ -329,10 +330,27 @@ class Router:
         unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
+        queued, limit, wait_s = len(self._queue), self._queue_limit, self._max_queue_wait_s
+        # Bounded by count, the completion rate (a refusal's Retry-After) is measured over
+        # windows that start as requests queue; bounded by time, the in-flight count is
+        # read (a sum over the links) only when a refusal is possible at all.
+        rate = self._rate.per_s(self._now(), self.completed) if wait_s is None else 0.0
+        if not queues_at_any_load(queued, limit, wait_s, self._service_s):
+            self._refuse(queued, limit, wait_s, rate)
+        self._queue.append(pending)
+        if model:
+            pending.queued_at = self._now()
+            if self._matching_timer is None:
+                self._matching_timer = self._loop.call_later(self._matching_timeout(),
+                                                             self._matching_timed_out)
+        if len(self._queue) == 1 and self.on_pressure is not None:
+            self.on_pressure()  # the queue started to grow: tell the autoscaler now
+
+    def _refuse(self, queued: int, limit: int, wait_s: float | None, rate: float) -> None:
+        """Raise BackPressureError if policy/dispatch.refuse says so."""
         current = self.replica_set
         refusal = refuse(
-            len(self._queue), self._queue_limit, self._max_queue_wait_s, self.pool.in_flight,
-            self._service_s, self._rate.per_s(self._now(), self.completed),
+            queued, limit, wait_s, self.pool.in_flight, self._service_s, rate,
             current.retry_after_s if current is not None else None,
             current.backpressure_status if current is not None else 503)
         if refusal is not None:
@@ -342,14 +360,6 @@ class Router:
                 max_queued_requests=refusal.limit, retry_after_s=refusal.retry_after_s,
                 status_code=refusal.status_code, reason=refusal.reason,
                 advise_retry=refusal.advise_retry)
-        self._queue.append(pending)
-        if model:
-            pending.queued_at = self._now()
-            if self._matching_timer is None:
-                self._matching_timer = self._loop.call_later(self._matching_timeout(),
-                                                             self._matching_timed_out)
-        if len(self._queue) == 1 and self.on_pressure is not None:
-            self.on_pressure()  # the queue started to grow: tell the autoscaler now
 
     def cancel(self, pending: Pending) -> None:
         with self.lock:
