@@ -14,6 +14,12 @@ runs them) in virtual time, once per routing policy, same arrivals:
   within the slack (policy/engine_routing.py);
 * `prefix_index`: policy/prefix_index.py fed by the router's own sends (the chunks of
   each prompt recorded for the replica it went to);
+* `prefix_events`: the same index also fed by what the engines report they hold and
+  evicted (their KV events, translated by policy/kv_chunks.py in each replica and sent
+  every `REPORT_S`, as LLMServer's routing stats carry them);
+* `prefix_events`: the same index also fed by what the engines report they hold and
+  evicted (their KV events, translated by policy/kv_chunks.py in each replica and sent
+  every `REPORT_S`, as LLMServer's routing stats carry them);
 * `oracle`: the same choice (`choose_by_prefix`, same slack) on what each engine really
   holds (its KV blocks, read from the engine model).
 
@@ -25,7 +31,10 @@ prompt's prefix and when all 512 hold its first part (a popular system prompt).
 Per policy: the engines' prefix-cache hit rate (vLLM's: prompt tokens found cached over
 prompt tokens), TTFT p50/p99, end-to-end p50, and the max/mean of requests served and of
 busy time per replica. The engine queue a router sees is exact here (no report delay):
-this measures the policies' choices, not the data path. Last line: `summary: ...`.
+this measures the policies' choices, not the data path. `--routers K` spreads the
+requests over K routers (proxies) in turn, each with its own index: fed by its own sends
+only, each sees 1/K of the traffic; fed by the engines' events, each sees what all sent.
+Last line: `summary: ...`.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from surge.codecs.kv_events import replay as replay_events
 from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest, block_reuse, mooncake_shaped
 from surge.policy.engine_routing import (
     AFFINITY_PREFIX_BYTES,
@@ -45,6 +55,7 @@ from surge.policy.engine_routing import (
     choose_with_affinity,
     rendezvous,
 )
+from surge.policy.kv_chunks import ChunkCoverage
 from surge.policy.prefix_index import PrefixIndex, choose_by_prefix, chunk_names, prompt_stream
 from surge.sim.engine_model import EngineModel, EngineTiming
 from surge.sim.kv_blocks import prefix_hashes
@@ -53,6 +64,7 @@ from surge.sim.kv_blocks import prefix_hashes
 TIMING = EngineTiming(step_s=0.012, decode_s_per_seq=0.0002, prefill_s_per_token=0.00008,
                       max_num_seqs=128, max_num_batched_tokens=8192, num_blocks=6000,
                       block_size=16, max_model_len=65536)
+REPORT_S = 0.25  # how often a replica's routing stats (and its cache changes) go out
 
 
 def tokens_of(r: TraceRequest) -> tuple[int, ...]:
@@ -71,6 +83,8 @@ class Cluster:
         self.busy_s = [0.0] * replicas
         self.served = [0] * replicas
         self.in_flight = [0] * replicas
+        self.coverage = [ChunkCoverage() for _ in range(replicas)]  # in each replica
+        self.now = 0.0
 
     def queue(self, i: int) -> int:
         e = self.engines[i]
@@ -81,11 +95,13 @@ class Cluster:
 Policy = Callable[[Cluster, TraceRequest, tuple[int, ...], bytes, random.Random], int]
 
 
-def make_policies(replicas: int) -> dict[str, Policy]:
+def make_policies(replicas: int, routers: int = 1) -> dict[str, Policy]:
     ids = [f"replica-{i}" for i in range(replicas)]
     capacity = 10_000  # the engines queue: no router-side bound in this comparison
     turn = iter(range(10**9))
-    index = PrefixIndex()
+    indexes = [PrefixIndex() for _ in range(routers)]
+    sent = iter(range(10**9))  # which router takes the next request: each in turn
+    reported = [0.0]  # when the replicas last reported
 
     def scores(c: Cluster) -> list[int]:
         return [c.queue(i) for i in range(replicas)]
@@ -107,6 +123,7 @@ def make_policies(replicas: int) -> dict[str, Policy]:
 
     def prefix(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
                     rng: random.Random) -> int:
+        index = indexes[next(sent) % routers]
         names = chunk_names(body)
         held = [(depth, [int(r.rsplit("-", 1)[1]) for r in index.replicas(mask)])
                 for depth, mask in index.held(names)]
@@ -123,17 +140,33 @@ def make_policies(replicas: int) -> dict[str, Policy]:
                 for d in sorted(set(depths.values()), reverse=True)]
         return choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
 
+    def prefix_events(c: Cluster, r: TraceRequest, tokens: tuple[int, ...], body: bytes,
+                      rng: random.Random) -> int:
+        while c.now >= reported[0] + REPORT_S:  # every replica's report reaches every router
+            reported[0] += REPORT_S
+            for i, coverage in enumerate(c.coverage):
+                change = coverage.take()
+                for index in indexes:
+                    if change.cleared:
+                        index.drop(ids[i])
+                    index.forget(ids[i], change.removed)
+                    for chain in change.stored:
+                        index.record(ids[i], chain)
+        return prefix(c, r, tokens, body, rng)
+
     return {"round_robin": round_robin, "p2c": p2c, "byte_prefix": byte_prefix,
-            "prefix_index": prefix, "oracle": oracle}
+            "prefix_index": prefix, "prefix_events": prefix_events, "oracle": oracle}
 
 
 def _stream(tokens: tuple[int, ...]) -> bytes:
     return b"".join(t.to_bytes(2, "big") for t in tokens)
 
 
-def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int) -> dict[str, float]:
+def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int,
+           ) -> dict[str, float]:
     rng = random.Random(seed)
     c = Cluster(replicas)
+    prompts: dict[str, tuple[list[int], int, tuple[int, ...]]] = {}
     events: list[tuple[float, int, int, int]] = []  # (time, kind 0 step-end 1 arrival, i, n)
     for n, r in enumerate(trace):
         heapq.heappush(events, (r.at_s, 1, -1, n))
@@ -144,10 +177,12 @@ def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int) 
     decide_s = 0.0
     while events:
         now, kind, i, n = heapq.heappop(events)
+        c.now = now
         if kind == 1:
             r = trace[n]
             tokens = tokens_of(r)
             body = _stream(tokens)
+            prompts[f"r{n}"] = (chunk_names(body), len(body), tokens)
             started = time.perf_counter()
             i = policy(c, r, tokens, body, rng)
             decide_s += time.perf_counter() - started
@@ -162,6 +197,7 @@ def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int) 
         step = pending.pop(i)
         for sid in step.first:  # type: ignore[attr-defined]
             ttft.append(now - arrived[sid])
+            c.coverage[i].served(*prompts.pop(sid))  # the replica reads it against its events
         for sid in step.finished:  # type: ignore[attr-defined]
             e2e.append(now - arrived.pop(sid))
             c.in_flight[i] -= 1
@@ -182,7 +218,7 @@ def _start(c: Cluster, i: int, now: float, events: list[tuple[float, int, int, i
     if engine.idle:
         return
     step = engine.step()
-    engine.take_events()
+    replay_events(engine.take_events(), c.coverage[i])
     c.busy_s[i] += step.duration_s
     pending[i] = step
     heapq.heappush(events, (now + step.duration_s, 0, i, 0))
@@ -196,7 +232,10 @@ def main() -> None:
                         help="arrivals per second (default: --load x an estimate of capacity)")
     parser.add_argument("--load", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--policies", default="round_robin,p2c,byte_prefix,prefix_index,oracle")
+    parser.add_argument("--routers", type=int, default=1,
+                        help="routers (proxies) taking the requests in turn, each its index")
+    parser.add_argument("--policies",
+                        default="round_robin,p2c,byte_prefix,prefix_index,prefix_events,oracle")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     probe = mooncake_shaped(500, 1.0, random.Random(args.seed))
@@ -209,10 +248,11 @@ def main() -> None:
     trace = mooncake_shaped(args.requests, rate, rng)
     reuse = block_reuse(trace)
     print(f"trace: {len(trace)} requests at {rate:.1f}/s, mean input {mean_in:.0f} tokens, "
-          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas")
+          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas, "
+          f"{args.routers} router(s)")
     rows = {}
     for name in args.policies.split(","):
-        policy = make_policies(args.replicas)[name]
+        policy = make_policies(args.replicas, args.routers)[name]
         started = time.perf_counter()
         rows[name] = replay(trace, args.replicas, policy, args.seed)
         print(f"  {name}: {time.perf_counter() - started:.1f} s", flush=True)
@@ -236,6 +276,9 @@ def main() -> None:
     if "prefix_index" in rows and "oracle" in rows:
         summary["index_vs_oracle"] = (
             f"{rows['prefix_index']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
+    if "prefix_events" in rows and "oracle" in rows:
+        summary["events_vs_oracle"] = (
+            f"{rows['prefix_events']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
     if "prefix_index" in rows and "round_robin" in rows:
         summary["index_vs_rr"] = (
             f"{rows['prefix_index']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
