@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import msgspec
+
 from surge.router.engine_choice import prompt_chunks, request_key
 from surge.router.replica_link import Pending
 from surge.router.router import Router
@@ -180,6 +182,26 @@ def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
             router.submit(other)
             assert holder(other) != home  # nothing held: the less loaded of two
             assert first.prefix and other.prefix and first.prefix[0] != other.prefix[0]
+
+    run(main)
+
+
+def test_only_a_post_is_read_for_its_prompt() -> None:
+    """From a deployment's first request (no engine report yet) a chat's prompt is read;
+    the same body sent by any other method is not (the router tells those by their
+    method alone)."""
+    async def main() -> None:
+        replicas = [FakeReplica(name, hold=True) for name in "ab"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            post = chat("You answer questions about the shoes on sale tonight. " * 20,
+                        "which are red?")
+            router.submit(post)
+            assert post.prefix
+            get = Pending(msgspec.structs.replace(post.message, method="GET"), Sink())
+            router.submit(get)
+            assert get.prefix == []
+            for replica in replicas:
+                replica.release()
 
     run(main)
 
