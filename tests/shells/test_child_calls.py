@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from surge.router.children import ChildCalls
 
 
@@ -38,3 +40,25 @@ def test_a_call_made_after_the_cancel_is_not_cancelled() -> None:
     leave(None)
     leave(None)  # leaving twice is harmless
     assert len(calls) == 0
+
+
+def test_first_joins_from_several_threads_make_one_state() -> None:
+    """Its state is made at the first join; threads joining at once all join the same."""
+    calls = ChildCalls()
+    assert len(calls) == 0 and repr(calls) == "<ChildCalls unfinished=0>"
+    calls.cancel()  # nothing joined yet: nothing to cancel
+    members = [Call() for _ in range(8)]
+    barrier = threading.Barrier(len(members))
+
+    def join(member: Call) -> None:
+        barrier.wait()
+        calls.join(member)
+
+    threads = [threading.Thread(target=join, args=(member,)) for member in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == len(members)
+    calls.cancel()
+    assert [member.cancels for member in members] == [1] * len(members)

@@ -19,7 +19,6 @@ token before anything else (transport/handshake.py).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import logging
 import pickle
@@ -162,12 +161,16 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
         self._run(request, coro)
 
     def _run(self, request: Request, coro: Coroutine[Any, Any, bool]) -> None:
-        """Run a request as a task whose context carries its `ChildCalls`."""
+        """Run a request as a task whose context carries its `ChildCalls`: the task's
+        context is a copy of this one, taken while the variable is set to them (no
+        context to copy and enter here)."""
         if request.children is None:
             request.children = ChildCalls()
-        context = contextvars.copy_context()
-        context.run(child_calls_var.set, request.children)
-        task = request.task = self._loop.create_task(coro, context=context)
+        token = child_calls_var.set(request.children)
+        try:
+            task = request.task = self._loop.create_task(coro)
+        finally:
+            child_calls_var.reset(token)
         task.add_done_callback(functools.partial(self._finished, request))
 
     def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:

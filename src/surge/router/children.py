@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 __all__ = ["ChildCalls", "child_calls_var"]
@@ -32,42 +32,59 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+# Makes a ChildCalls' state at its first join (once per request that calls another).
+_STARTING = threading.Lock()
+
+
 class ChildCalls:
     """The unfinished handle calls of one request. Members join from any thread (a sync
-    method's worker) and leave from whichever thread finishes them, hence the lock."""
+    method's worker) and leave from whichever thread finishes them, hence the lock.
 
-    __slots__ = ("_calls", "_keys", "_lock")
+    Its lock, calls and keys are made when the first call joins: every request the
+    replica serves gets one and most make no handle call, so until one does it is an
+    empty object (no __init__ to run, no lock to allocate)."""
 
-    def __init__(self) -> None:
-        self._calls: dict[int, Cancellable] = {}
-        self._keys = itertools.count()
-        self._lock = threading.Lock()
+    # (lock, unfinished calls by key, keys), made at the first join
+    _state: tuple[threading.Lock, dict[int, Cancellable], Iterator[int]] | None = None
 
     def __repr__(self) -> str:
-        return f"<ChildCalls unfinished={len(self._calls)}>"
+        return f"<ChildCalls unfinished={len(self)}>"
 
     def __len__(self) -> int:
-        return len(self._calls)
+        state = self._state
+        return 0 if state is None else len(state[1])
+
+    def _start(self) -> tuple[threading.Lock, dict[int, Cancellable], Iterator[int]]:
+        with _STARTING:  # two threads' first joins make one state
+            if self._state is None:
+                self._state = (threading.Lock(), {}, itertools.count())
+            return self._state
 
     def join(self, call: Cancellable) -> Callable[[object], None]:
         """Add `call`; returns the done-callback that takes it out once it has finished
         (it holds a key, not the call: no cycle through the call's own future)."""
-        key = next(self._keys)
-        with self._lock:
-            self._calls[key] = call
+        lock, calls, keys = self._state or self._start()
+        key = next(keys)
+        with lock:
+            calls[key] = call
 
         def leave(_done: object) -> None:
-            with self._lock:
-                self._calls.pop(key, None)
+            with lock:
+                calls.pop(key, None)
 
         return leave
 
     def cancel(self) -> None:
-        """Cancel every unfinished call."""
-        with self._lock:
-            calls = list(self._calls.values())
-            self._calls.clear()
-        for call in calls:  # outside the lock: a cancel may finish a call, which leaves
+        """Cancel every unfinished call (none if none joined: one joining meanwhile
+        joins after the cancel, and is left alone)."""
+        state = self._state
+        if state is None:
+            return
+        lock, calls, _ = state
+        with lock:
+            unfinished = list(calls.values())
+            calls.clear()
+        for call in unfinished:  # outside the lock: a cancel may finish a call, which leaves
             call.cancel()
 
 
