@@ -94,16 +94,24 @@ def test_kv_events_travel_in_vllms_wire_shape() -> None:
     batch = KVEventBatch(ts=12.5, events=[BlockStored([11], None, [1, 2], 2, None),
                                           BlockRemoved([11]), AllBlocksCleared()])
     raw = encode_batch(batch)
-    # vLLM's publisher: arrays, the class name first, every field written
-    assert msgspec.msgpack.decode(raw) == [
-        12.5, [["BlockStored", [11], None, [1, 2], 2, None, None], ["BlockRemoved", [11], None],
-               ["AllBlocksCleared"]], None]
-    # an older publisher's shorter arrays (no `medium`, no rank) read as well
-    old = msgspec.msgpack.encode([1.0, [["BlockRemoved", [5]]]])
-    assert decode_batch(old) == KVEventBatch(1.0, [BlockRemoved([5])])
+    # vLLM 0.32's publisher: the batch an array, each event a map tagged by `type`
+    assert msgspec.msgpack.decode(raw) == [12.5, [
+        {"type": "BlockStored", "block_hashes": [11], "parent_block_hash": None,
+         "token_ids": [1, 2], "block_size": 2, "lora_id": None, "medium": None,
+         "lora_name": None},
+        {"type": "BlockRemoved", "block_hashes": [11], "medium": None},
+        {"type": "AllBlocksCleared"}], None]
     assert decode_batch(raw) == batch
+    # what vLLM writes and surge does not use (extra keys, cache groups) is ignored
+    theirs = msgspec.msgpack.encode([1.0, [
+        {"type": "BlockRemoved", "block_hashes": [5], "medium": "CPU", "group_idx": 0},
+        {"type": "BlockStored", "block_hashes": [6], "parent_block_hash": 5,
+         "token_ids": [3, 4], "block_size": 2, "lora_id": 1, "medium": "CPU",
+         "lora_name": "a", "extra_keys": [["a"]], "group_idx": 0}], 0])
+    assert decode_batch(theirs) == KVEventBatch(1.0, [
+        BlockRemoved([5], "CPU"), BlockStored([6], 5, [3, 4], 2, 1, "CPU", "a")], 0)
     with pytest.raises(msgspec.ValidationError):
-        decode_batch(msgspec.msgpack.encode([1.0, [["Unknown", 1]]]))
+        decode_batch(msgspec.msgpack.encode([1.0, [{"type": "Unknown"}]]))
 
 
 # -- the scheduler -------------------------------------------------------------------

@@ -3,11 +3,13 @@
 An engine that caches prefixes publishes what enters and leaves its KV cache, one
 batch per scheduler step: `BlockStored` (full blocks now held, each named by a hash
 chained from its parent's, with the block's token ids and the LoRA adapter's id),
-`BlockRemoved` (evicted), `AllBlocksCleared` (a reset). vLLM encodes each as an array
-whose first element is the class name (msgspec's `array_like`, `tag=True`), so a
-consumer written for vLLM's publisher reads surge's mock engine and the other way round.
-The field names and order are vLLM's (vllm/distributed/kv_events.py); `medium` is where
-the block lives ("GPU", "CPU", None: unspecified).
+`BlockRemoved` (evicted), `AllBlocksCleared` (a reset). As vLLM 0.32 encodes them, the
+batch is an array (`ts`, events, data-parallel rank) and each event a map tagged by its
+class name under `type`, so surge's mock engine and vLLM's publisher read alike. The
+field names are vLLM's (vllm/distributed/kv_events.py; those surge does not use are
+left out and ignored when read); `medium` is where the block lives ("GPU", "CPU", None:
+unspecified). Block hashes are ints (vLLM's default,
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEven
            "KVEventSink", "decode_batch", "encode_batch", "replay"]
 
 
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """A KV-cache event; the tag on the wire is the class name, as vLLM's."""
+class _Event(msgspec.Struct, gc=False, tag=True):
+    """A KV-cache event: a map whose `type` is the class name, as vLLM's (every field
+    written, so vLLM's decoder, whose `medium` and `lora_name` have no default, reads
+    ours; fields vLLM adds later are ignored when read)."""
 
 
 class BlockStored(_Event):
@@ -30,8 +34,9 @@ class BlockStored(_Event):
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
-    lora_id: int | None
+    lora_id: int | None  # vLLM: deprecated for lora_name, still written
     medium: str | None = None
+    lora_name: str | None = None
 
 
 class BlockRemoved(_Event):
