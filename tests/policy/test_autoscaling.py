@@ -435,6 +435,40 @@ def test_a_ramp_is_projected_over_the_startup_lead(lead: float, expected: int) -
     assert (decision.target, decision.kind) == (expected, "up")
 
 
+def bumped(now: float) -> list[LoadSample]:
+    """700 req/s for 10 s, the last three buckets 770 (a late burst of reports)."""
+    end = round(now * 10)
+    arrivals = [77.0 if i > end - 3 else 70.0 for i in range(end - 99, end + 1)]
+    return [bucket(i, arrivals=a, completions=a, ongoing=a * 10 * SERVICE_S)
+            for i, a in zip(range(end - 99, end + 1), arrivals, strict=True)]
+
+
+def test_the_slope_is_fit_over_at_least_a_quarter_of_the_lead_it_is_projected_over() -> None:
+    # A lead of 20 s (a herd's): fit over 5 s, the bump reads +4.7 req/s per s and the
+    # projection 4.3 replicas, inside the surge band (wait upscale_delay_s). Over 1 s it
+    # would read +89 and project 12.8 replicas: a surge on a blip.
+    decision = decide(bumped(20.0), 20.0, 4, 4, lead=20.0)
+    assert decision.signals["slope_window_s"] == 5.0
+    assert decision.signals["slope"] == pytest.approx(4.7395, abs=1e-4)
+    assert decision.signals["demand_replicas"] == pytest.approx(4.3239, abs=1e-4)
+    assert (decision.target, decision.kind) == (4, "hold")
+    one_second = ProactiveSettings(lead_per_slope_window=20.0)
+    blip = decide(bumped(20.0), 20.0, 4, 4, lead=20.0, settings_=one_second)
+    assert blip.signals["slope_window_s"] == 1.0
+    assert blip.signals["slope"] == pytest.approx(89.0909, abs=1e-4)
+    assert (blip.target, blip.kind) == (13, "up")
+    # Leads up to 4 s keep the 1 s window (every table above); past 40 s it stays 10 s.
+    assert decide(bumped(20.0), 20.0, 4, 4, lead=4.0).signals["slope_window_s"] == 1.0
+    assert decide(bumped(20.0), 20.0, 4, 4, lead=90.0).signals["slope_window_s"] == 10.0
+
+
+def test_a_step_with_a_long_lead_is_still_sized_on_its_first_tick() -> None:
+    # The 20 requests in flight say 10 replicas, whatever the slope's window.
+    decision = decide(traffic(STEP, 10.1, seconds=6.0), 10.1, 4, 4, lead=20.0)
+    assert decision.signals["slope_window_s"] == 5.0
+    assert (decision.target, decision.kind) == (10, "up")
+
+
 def test_falling_rate_is_not_projected_downwards() -> None:
     samples = traffic([(-1e9, 2000.0), (10.0, 100.0)], 10.1)
     decision = decide(samples, 10.1, 10, 10)

@@ -286,6 +286,12 @@ class ProactiveSettings:
     rate_window_s: float = 0.3
     # Slope over the last 1 s: long enough to see a ramp of 500 ms.
     slope_window_s: float = 1.0
+    # ... and over at least 1/this of the start-up lead it is projected over: a slope of
+    # 1 s of buckets projected 27 s ahead (a herd's lead at 10,000 replicas) multiplies
+    # their noise 27 times, and read a smooth ramp as twice the capacity.
+    lead_per_slope_window: float = 4.0
+    # ... up to this (the history the simulator keeps for the policy).
+    max_slope_window_s: float = 10.0
     # Act without delay when projected demand exceeds the target by this fraction.
     surge_threshold: float = 0.2
     # At most this many times the current replicas per decision (guards a bad estimate).
@@ -347,16 +353,19 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     s = settings or ProactiveSettings()
     now, samples = inputs.now, inputs.samples
     rate = arrival_rate(samples, now, s.rate_window_s)
-    slope = arrival_slope(samples, now, s.slope_window_s)
-    service = service_time_s(samples, now, s.default_service_time_s)
     lead = max(inputs.startup_lead_s, 0.1)
+    slope_window = max(s.slope_window_s,
+                       min(lead / s.lead_per_slope_window, s.max_slope_window_s))
+    slope = arrival_slope(samples, now, slope_window)
+    service = service_time_s(samples, now, s.default_service_time_s)
     projected = max(rate, rate + slope * lead)
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
     per_replica = config.target_ongoing_requests / service  # requests/s at target load
     demand = max(projected / per_replica, in_system / config.target_ongoing_requests,
                  inputs.engine_demand)
-    signals = {"rate": rate, "slope": slope, "projected_rate": projected,
+    signals = {"rate": rate, "slope": slope, "slope_window_s": slope_window,
+               "projected_rate": projected,
                "service_time_s": service, "demand_replicas": demand,
                "engine_demand": inputs.engine_demand}
     wanted = math.ceil(demand - 1e-9)

@@ -101,7 +101,8 @@ def history_needed_s(config: AutoscalingConfig) -> float:
             settings = ProactiveSettings.from_kwargs(dict(spec.get("policy_kwargs") or {}))
         except (TypeError, ValueError):
             settings = ProactiveSettings()
-        windows += [settings.rate_window_s, settings.slope_window_s]
+        windows += [settings.rate_window_s, settings.slope_window_s,
+                    settings.max_slope_window_s]  # the slope's window grows with the lead
     return min(HISTORY_S, max(windows) + 0.5)
 
 
