@@ -57,7 +57,7 @@ from surge.codecs.h2_frames import (
     STREAM_WINDOW,
     frame,
 )
-from surge.codecs.h2_send import BaseStream, Listener
+from surge.codecs.h2_send import BaseStream, Listener, sent_or_held
 from surge.codecs.hpack import Decoder, Header
 
 __all__ = ["HyperConnection", "install"]
@@ -249,11 +249,7 @@ class HyperConnection:
             self._gone(stream_id)  # reset later in the read whose events are being told
             return True
         self._write()
-        if sent == len(data):
-            return True
-        stream.held.rest(data, sent)
-        self.blocked[stream_id] = None
-        return False
+        return sent_or_held(stream_id, stream, data, sent, self.blocked)
 
     def _send(self, stream_id: int, data: bytes | memoryview) -> int:
         conn = self._conn

@@ -27,8 +27,8 @@ from surge.codecs.h2_frames import (
 )
 from surge.codecs.hpack import Header
 
-__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "BaseStream", "H2Sender", "Held", "HeldLimitError",
-           "Listener", "Stream"]
+__all__ = ["ENDED", "RESET_HERE", "RESET_THERE", "BaseStream", "H2Sender", "Held",
+           "HeldLimitError", "Listener", "Stream", "sent_or_held"]
 
 class Listener(Protocol):
     """What the connection tells its user (codecs/h2.py receives, this half drains)."""
@@ -124,6 +124,17 @@ class BaseStream:
         return owed
 
 
+def sent_or_held(stream_id: int, stream: BaseStream, data: bytes | memoryview, sent: int,
+                 blocked: dict[int, None]) -> bool:
+    """True if all of `data` went out; else its rest is held and the stream waits in
+    `blocked` for the peer's windows."""
+    if sent == len(data):
+        return True
+    stream.held.rest(data, sent)
+    blocked[stream_id] = None
+    return False
+
+
 class Stream(BaseStream):
     __slots__ = ("expect", "id", "recv_window", "send_window", "trailers")
 
@@ -194,12 +205,8 @@ class H2Sender:
         if stream.held:
             stream.held.add(stream_id, data)
             return False
-        sent = self._write_data(stream, data)
-        if sent == len(data):
-            return True
-        stream.held.rest(data, sent)
-        self.blocked[stream_id] = None
-        return False
+        return sent_or_held(stream_id, stream, data, self._write_data(stream, data),
+                            self.blocked)
 
     def _write_data(self, stream: Stream, data: bytes | memoryview) -> int:
         """Write what the windows allow of `data`; the number of bytes written."""
