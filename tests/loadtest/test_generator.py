@@ -244,7 +244,8 @@ def test_a_trace_is_replayed_at_its_times_with_its_requests(tmp_path: Path) -> N
     assert [len(by_tokens[t]) for t in (3, 5, 7, 2)] == [600, 10, 520, 4]
     assert by_tokens[5] == by_tokens[3][:10] == by_tokens[7][:10]  # block 1, shared
     assert by_tokens[7][512:] != by_tokens[3][512:520]  # block 9 is not block 2
-    # 0.25 s of trace at half speed: the last goes 0.5 s after the first (a loaded
-    # machine sends late, never early)
-    assert 0.45 <= server.arrived[-1] - server.arrived[0] < 1.5
+    # at half speed the trace's times double: sent (as scheduled, counted at the 100 ms
+    # point of the scheduled time) at 0, 0, 0.2 and 0.5 s. The arrivals' spacing is not
+    # checked: a loaded machine may send the first ones late (0.36 s apart once here)
+    assert [(p, n) for p, n in enumerate(record.offered) if n] == [(0, 2), (2, 1), (5, 1)]
     assert llm.trace_schedule().total == 4
