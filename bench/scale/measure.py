@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from bench.common import cpu_seconds, rss_kib
-from bench.scale.cluster import STEP_LOAD, Cluster, app_spec
+from bench.scale.cluster import DID, STEP_LOAD, Cluster, app_spec
 from bench.scale.procs import percentile
 
-__all__ = ["herd", "one_change", "pushes", "step", "until", "window"]
+__all__ = ["herd", "lost_since", "one_change", "pushes", "step", "until", "window"]
 
 
 HERD_PROGRESS_S = 10.0
@@ -35,11 +35,23 @@ async def window(cluster: Cluster, seconds: float) -> dict[str, float]:
     spent, elapsed = cpu_seconds([cluster.pid]) - cpu, time.monotonic() - started
     ticks = (await cluster.call("loop_stats", since=started))["ticks"]
     wall = [w * 1e3 for w in ticks["wall_s"]]
-    return {"cpu_pct": 100.0 * spent / elapsed, "tick_p50_ms": percentile(wall, 50),
+    status = (await cluster.call("status")).applications[DID.app].deployments[DID.name]
+    return {"running": status.replica_states.get("RUNNING", 0),
+            "target": float(status.target_replicas),
+            "lost": lost_since(cluster, started),
+            "cpu_pct": 100.0 * spent / elapsed, "tick_p50_ms": percentile(wall, 50),
             "tick_p99_ms": percentile(wall, 99), "tick_max_ms": max(wall, default=math.nan),
             "tick_cpu_p99_ms": percentile([c * 1e3 for c in ticks["cpu_s"]], 99),
             "lag_p99_ms": percentile([lag * 1e3 for lag in ticks["lag_s"]], 99),
             "rss_mib": rss_kib(cluster.pid) / 1024, "ticks": len(wall)}
+
+
+def lost_since(cluster: Cluster, since: float) -> int:
+    """Ready replicas that lost their connection or were killed by the controller (it
+    fails a running replica whose connection closed) since `since`; the deliberate
+    cuts of `one_change` are neither."""
+    return len({e["id"] for h in cluster.hosts for kind in ("lost", "killed")
+                for e in h.events(kind) if e["t"] >= since})
 
 
 async def herd(cluster: Cluster, timeout_s: float) -> dict[str, float]:

@@ -16,7 +16,9 @@ routes requests to it.
 The backend (bench/scale/backend.py) connects to `socket` and asks for starts, TERMs
 and KILLs; exits go back to it as `{"exited": id, "code": c}`. Events for the bench on
 stdout: `start` (asked), `ready` (just before replica_started), `failed` (could not
-connect: a real replica would exit 1), `crash`. Commands on stdin: `crash` (one ready
+connect: a real replica would exit 1), `crash`, `lost` (a ready replica's connection
+ended, not by its own doing) and `killed` (a ready replica the backend KILLed: the
+controller failed it). Commands on stdin: `crash` (one ready
 replica's connection is cut, as a SIGKILL would: the backend sees exit -9).
 """
 
@@ -119,6 +121,8 @@ class FakeReplica:
             self.telemetry_interval_s = float(value)
 
     def on_disconnect(self, peer: RpcPeer) -> None:
+        if self.ready and not self.ended:
+            emit("lost", id=self.replica_id, t=time.monotonic())
         self.end(1 if not self.ended else 0)
 
 
@@ -167,6 +171,8 @@ class Host:
                 replica_id = message.get("term") or message["kill"]
                 target = self.replicas.get(replica_id)
                 if target is not None:
+                    if "kill" in message and target.ready:
+                        emit("killed", id=replica_id, t=time.monotonic())
                     target.end(0 if "term" in message else -9)
 
     def exited(self, replica_id: str, code: int) -> None:
