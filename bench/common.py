@@ -219,12 +219,14 @@ def _ms(text: str) -> float:
 
 
 def run_wrk(url: str, connections: int, duration_s: float, cpu_pids: list[int],
-            threads: int = 2) -> WrkResult:
+            threads: int = 2, script: str | None = None) -> WrkResult:
+    """wrk against `url` (with a Lua `script`, e.g. a POST body); CPU of `cpu_pids`."""
     wrk = ensure_wrk()
     before = cpu_seconds(cpu_pids)
     seconds = max(1, round(duration_s))
+    lua = ["-s", script] if script else []
     out = subprocess.run([wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
-                          "--latency", "--timeout", "5s", url],
+                          "--latency", "--timeout", "5s", *lua, url],
                          capture_output=True, text=True, timeout=duration_s + 60).stdout
     cpu = cpu_seconds(cpu_pids) - before
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out)

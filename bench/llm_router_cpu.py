@@ -1,0 +1,108 @@
+"""The LLM router's cost on the real data path: proxy CPU per routed chat request.
+
+    .venv/bin/python bench/llm_router_cpu.py [--replicas 4] [--duration 8]
+
+One surge instance (bench/apps/llm_mock_app.py) serves an OpenAI app on mock vLLM engines
+(0.2 ms steps: never the limit) and a plain POST echo. wrk posts the same chat body to
+both, in turns: to `/v1/chat/completions` it takes the LLM path (the prompt read into
+chunk names, the prefix index, the engine-score choice, the chat answer), to `/echo` the
+same proxy path without it. The proxy's CPU per request on each (less its idle CPU,
+measured first) and their difference, for a short chat (~300 bytes) and a 220 KB one,
+with `max_tokens: 1` and no streaming. "Routed requests/s per proxy core" is 1 / (proxy
+CPU per LLM request). Replicas' CPU is left out (the mock engine tokenises 220 KB of
+words per request). The machine's other load moves wall-clock figures more than CPU per
+request: read the difference within one run. Last line: `summary: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cmdline, cpu_seconds, free_port, run_wrk, start_system
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chat_body(system_bytes: int) -> str:
+    words = " ".join(f"w{i % 997}" for i in range(system_bytes // 5))[:system_bytes]
+    return json.dumps({"model": "mock", "max_tokens": 1, "ignore_eos": True,
+                       "messages": [{"role": "system", "content": words},
+                                    {"role": "user", "content": "which shoes are red?"}]})
+
+
+def lua_script(body: str, directory: Path) -> Path:
+    path = directory / f"post-{len(body)}.lua"
+    path.write_text('wrk.method = "POST"\n'
+                    'wrk.headers["content-type"] = "application/json"\n'
+                    f"wrk.body = {json.dumps(body)}\n")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    port = free_port()
+    rows: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, start_system(
+            "surge", [sys.executable, str(ROOT / "bench" / "apps" / "llm_mock_app.py"),
+                      str(port), str(args.replicas)], timeout_s=300) as system:
+        proxy = [p for p in system.pids() if "surge:proxy" in cmdline(p)]
+        assert proxy, "no proxy process found"
+        before = cpu_seconds(proxy)
+        time.sleep(args.duration)
+        idle_us_per_s = (cpu_seconds(proxy) - before) / args.duration * 1e6
+        print(f"  proxy idle: {idle_us_per_s:,.0f} µs of CPU per second", flush=True)
+        for name, size, connections in (("short", 300, 32), ("220kb", 220_000, 8)):
+            script = lua_script(chat_body(size), Path(tmp))
+            for _ in range(args.rounds):
+                for path in ("/v1/chat/completions", "/echo"):
+                    result = run_wrk(f"{system.url}{path}", connections, args.duration,
+                                     proxy, script=str(script))
+                    if result.non_2xx or result.errors:
+                        raise RuntimeError(f"{path} ({name}): {result}")
+                    row = rows.setdefault(f"{name} {path}", {"cpu": [], "rps": [], "p99": []})
+                    # less what the proxy spends idle (routing-stats frames, telemetry)
+                    # over the run: at 100 req/s it would add ~100x its share
+                    idle = idle_us_per_s * max(1, round(args.duration)) / result.requests
+                    row["cpu"].append(result.cpu_us_per_request - idle)
+                    row["rps"].append(result.rps)
+                    row["p99"].append(result.p99_ms)
+                    print(f"  {name} {path}: {result.rps:,.0f} req/s, proxy "
+                          f"{result.cpu_us_per_request:,.0f} µs/req, p99 {result.p99_ms} ms",
+                          flush=True)
+    print()
+    print(f"{args.replicas} mock replicas; medians of {args.rounds} interleaved rounds; proxy "
+          f"idle {idle_us_per_s:,.0f} µs/s taken out")
+    print("| body | path | proxy CPU µs/req | req/s | p99 ms |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for key, row in rows.items():
+        cpu = statistics.median(row["cpu"])
+        runs = ", ".join(f"{c:.0f}" for c in row["cpu"])
+        print(f"| {key.replace(' ', ' | ')} | {cpu:,.0f} ({runs}) | "
+              f"{statistics.median(row['rps']):,.0f} | {statistics.median(row['p99']):.2f} |")
+    for name in ("short", "220kb"):
+        llm = statistics.median(rows[f"{name} /v1/chat/completions"]["cpu"])
+        echo = statistics.median(rows[f"{name} /echo"]["cpu"])
+        summary[f"{name}_llm_cpu_us"] = f"{llm:.0f}"
+        summary[f"{name}_echo_cpu_us"] = f"{echo:.0f}"
+        summary[f"{name}_llm_extra_us"] = f"{llm - echo:.0f}"
+        summary[f"{name}_routed_per_core_s"] = f"{1e6 / llm:.0f}"
+        print(f"{name}: the LLM path costs {llm - echo:,.0f} µs more proxy CPU a request "
+              f"({llm:,.0f} vs {echo:,.0f}); {1e6 / llm:,.0f} routed requests/s per proxy core")
+    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()
