@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from surge.policy.engine_routing import NO_REPLICA
 from surge.policy.prefix_index import (
     CHUNK_BYTES,
+    COARSE_BYTES,
+    FINE_BYTES,
+    MAX_PROMPT_CHUNKS,
     PrefixIndex,
     choose_by_prefix,
+    chunk_end,
     chunk_names,
     prompt_stream,
 )
@@ -64,6 +68,17 @@ def test_chunks_are_chained_full_and_bounded() -> None:
     assert chunk_names(stream[:CHUNK_BYTES * 3] + b"y" * 700)[:3] == names[:3]
     assert len(chunk_names(stream, max_chunks=4)) == 4
     assert chunk_names(b"short") == []
+
+
+def test_chunks_are_coarse_past_the_first_fine_bytes() -> None:
+    assert [chunk_end(k) for k in (0, 1, FINE_BYTES // CHUNK_BYTES - 1)] == [
+        CHUNK_BYTES, 2 * CHUNK_BYTES, FINE_BYTES]
+    assert chunk_end(FINE_BYTES // CHUNK_BYTES) == FINE_BYTES + COARSE_BYTES
+    long = bytes(range(256)) * 880  # 220 KB: 128 fine chunks, then 94 coarse ones
+    names = chunk_names(long)
+    assert len(names) == FINE_BYTES // CHUNK_BYTES + (len(long) - FINE_BYTES) // COARSE_BYTES
+    assert chunk_names(long[:FINE_BYTES + COARSE_BYTES - 1]) == names[:FINE_BYTES // CHUNK_BYTES]
+    assert chunk_end(MAX_PROMPT_CHUNKS - 1) == 1024 * 1024  # the bound: 1 MiB of prompt
 
 
 # -- the index -----------------------------------------------------------------------

@@ -11,8 +11,8 @@ translation happens here, where the tokens already are (the router never tokenis
   BlockStored events say (bounded by its own cache: BlockRemoved takes them out);
 * for each prompt served (its chunk names, its canonical stream's length in bytes, its
   token ids), the chain is walked from the root through the blocks the engine holds;
-* chunk k covers the stream's first (k + 1) x CHUNK_BYTES of L bytes, taken to end at
-  token ceil((k + 1) x CHUNK_BYTES / L x T) of the prompt's T tokens (a chat template
+* chunk k covers the stream's first E = chunk_end(k) of L bytes, taken to end at
+  token ceil(E / L x T) of the prompt's T tokens (a chat template
   adds a few tokens around each message; the proportion is a close guess), so on the
   block holding that token: the chunk is held while that block is.
 
@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from surge.policy.prefix_index import CHUNK_BYTES
+from surge.policy.prefix_index import chunk_end
 
 __all__ = ["MAX_PENDING", "PENDING_TAKES", "ChunkCoverage", "PrefixChange"]
 
@@ -133,7 +133,7 @@ class ChunkCoverage:
             return False
         tokens, held = len(prompt.token_ids), []
         for k, name in enumerate(prompt.names):
-            end = math.ceil((k + 1) * CHUNK_BYTES * tokens / prompt.stream_bytes)
+            end = math.ceil(chunk_end(k) * tokens / prompt.stream_bytes)
             block = (max(end, 1) - 1) // self.block_size  # the block of its last token
             if block >= len(hashes):
                 break

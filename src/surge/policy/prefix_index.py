@@ -3,9 +3,9 @@
 A prompt is read as a stream of bytes that is the same for every request that shares
 its beginning, whatever the body's JSON field order: the model (and adapter), then each
 chat message's role and text (or the completion prompt), with separators. The stream is
-cut into CHUNK_BYTES chunks, each named by a hash chained from the one before, so equal
-names mean equal prefixes; only full chunks count. A chunk is about CHUNK_BYTES / 4
-tokens: a few of vLLM's 16-token blocks.
+cut into chunks, each named by a hash chained from the one before, so equal names mean
+equal prefixes; only full chunks count. A chunk is CHUNK_BYTES (about 64 tokens: a few
+of vLLM's 16-token blocks) for the first FINE_BYTES, then COARSE_BYTES.
 
 `PrefixIndex` maps chunk names to the replicas believed to hold them, a bit per
 replica, bounded to `max_chunks` names (least recently used forgotten first). It learns
@@ -39,15 +39,20 @@ from surge.policy.engine_routing import (
 )
 from surge.policy.routing import Loads
 
-__all__ = ["CHUNK_BYTES", "MAX_PROMPT_CHUNKS", "PrefixIndex", "choose_by_prefix",
-           "chunk_names", "prompt_stream"]
+__all__ = ["CHUNK_BYTES", "COARSE_BYTES", "FINE_BYTES", "MAX_PROMPT_CHUNKS", "PrefixIndex",
+           "choose_by_prefix", "chunk_end", "chunk_names", "prompt_stream"]
 
-# About 64 tokens: fine enough that a shared system prompt of a few hundred tokens
-# counts, coarse enough that a 220 KB prompt is ~860 lookups.
+# About 64 tokens: fine enough that a shared system prompt of a few hundred tokens counts.
 CHUNK_BYTES = 256
+# Past the first FINE_BYTES, chunks are COARSE_BYTES (~512 tokens, a few of an engine's
+# blocks): a long history is matched coarsely, and a 220 KB prompt is 230 chunks to name
+# rather than 860 (naming costs ~0.7 µs a chunk beyond its bytes' hashing).
+FINE_BYTES = 32 * 1024
+COARSE_BYTES = 2048
+_FINE_CHUNKS = FINE_BYTES // CHUNK_BYTES
 # Chunks of one prompt that are looked at: 1 MiB of prompt, so one request's cost is
 # bounded whatever its size.
-MAX_PROMPT_CHUNKS = 4096
+MAX_PROMPT_CHUNKS = _FINE_CHUNKS + (1024 * 1024 - FINE_BYTES) // COARSE_BYTES
 # Names the index keeps by default: ~64 MB of KV-cache-worth of prompt per replica at
 # 512 replicas would be far more; this bounds the router's memory (~25 MB) instead.
 DEFAULT_MAX_CHUNKS = 200_000
@@ -96,17 +101,26 @@ def prompt_stream(body: bytes, adapter: str = "") -> bytes | None:
     return None
 
 
-def chunk_names(stream: bytes, chunk_bytes: int = CHUNK_BYTES,
-                max_chunks: int = MAX_PROMPT_CHUNKS) -> list[int]:
+def chunk_end(k: int) -> int:
+    """Where chunk k (from 0) of a stream ends, in bytes."""
+    if k < _FINE_CHUNKS:
+        return (k + 1) * CHUNK_BYTES
+    return FINE_BYTES + (k + 1 - _FINE_CHUNKS) * COARSE_BYTES
+
+
+def chunk_names(stream: bytes, max_chunks: int = MAX_PROMPT_CHUNKS) -> list[int]:
     """The chained names of the stream's full chunks (at most `max_chunks`)."""
     names: list[int] = []
     parent = b""
-    end = min(len(stream) // chunk_bytes, max_chunks) * chunk_bytes
     view = memoryview(stream)
-    for start in range(0, end, chunk_bytes):
-        parent = hashlib.blake2b(view[start:start + chunk_bytes], digest_size=8,
-                                 key=parent).digest()
+    size, start = len(stream), 0
+    for k in range(max_chunks):
+        end = chunk_end(k)
+        if end > size:
+            break
+        parent = hashlib.blake2b(view[start:end], digest_size=8, key=parent).digest()
         names.append(int.from_bytes(parent, "big"))
+        start = end
     return names
 
 
