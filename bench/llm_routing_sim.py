@@ -147,11 +147,7 @@ def make_policies(replicas: int, routers: int = 1) -> dict[str, Policy]:
             for i, coverage in enumerate(c.coverage):
                 change = coverage.take()
                 for index in indexes:
-                    if change.cleared:
-                        index.drop(ids[i])
-                    index.forget(ids[i], change.removed)
-                    for chain in change.stored:
-                        index.record(ids[i], chain)
+                    index.follow(ids[i], change.stored, change.removed, change.cleared)
         return prefix(c, r, tokens, body, rng)
 
     return {"round_robin": round_robin, "p2c": p2c, "byte_prefix": byte_prefix,

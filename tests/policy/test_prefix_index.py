@@ -190,3 +190,14 @@ def test_without_a_held_prefix_it_is_power_of_two_on_the_score() -> None:
     rng = random.Random(3)
     assert choose_by_prefix([0, 0], [5, 1], 10, [], rng) == 1
     assert choose_by_prefix([2, 2], [2, 2], 2, [(3, [0])], rng) == NO_REPLICA  # all full
+
+
+def test_the_index_follows_what_an_engine_reports() -> None:
+    index = PrefixIndex()
+    index.record("b", [1, 2, 3])
+    index.follow("a", [[1, 2, 3, 4]], [], False)
+    assert index.matched([1, 2, 3, 4]) == {"a": 4, "b": 3}
+    index.follow("a", [[1, 2]], [3, 4], False)  # evicted its tail, then computed [1, 2]
+    assert index.matched([1, 2, 3, 4]) == {"b": 3, "a": 2}
+    index.follow("b", [[9]], [], True)  # cleared before it cached 9
+    assert index.matched([1, 2, 3]) == {"a": 2} and index.matched([9]) == {"b": 1}

@@ -185,6 +185,17 @@ class PrefixIndex:
                 del self.chunks[name]
         self._free_bits.append(bit)
 
+    def follow(self, replica_id: str, stored: Iterable[Sequence[int]], removed: Sequence[int],
+               cleared: bool) -> None:
+        """What `replica_id`'s engine reported since its last report (policy/kv_chunks.py):
+        a cleared cache first, then the chunks it evicted, then the chains it holds."""
+        if cleared:
+            self.drop(replica_id)
+        if removed:
+            self.forget(replica_id, removed)
+        for chain in stored:
+            self.record(replica_id, chain)
+
     def held(self, names: Sequence[int]) -> list[tuple[int, int]]:
         """How deep each replica holds `names`: (depth, bitmask of replicas) pairs,
         deepest first, each replica in one pair (its deepest), read on a ladder of

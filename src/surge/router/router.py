@@ -481,13 +481,8 @@ class Router:
     def _on_prefix(self, link: ReplicaLink, change: PrefixHeld) -> None:
         """The replica's engine cached or evicted prompts (its KV events): the index
         follows what the engine holds, whichever router sent them."""
-        prefixes, replica_id = self.pool.prefixes, link.replica_id
-        if change.cleared:
-            prefixes.drop(replica_id)
-        if change.removed:
-            prefixes.forget(replica_id, change.removed)
-        for chain in change.stored:
-            prefixes.record(replica_id, chain)
+        self.pool.prefixes.follow(link.replica_id, change.stored, change.removed,
+                                  change.cleared)
 
     def _on_stats(self, link: ReplicaLink) -> None:
         self._by_engine = True
