@@ -9,9 +9,10 @@ goes out as soon as the engine yields the first token) or builds the whole answe
 or by an error, aborts its engine request, so the engine stops spending tokens on it.
 
 An engine that publishes its KV events (`kv_events()`, as the mock vLLM engine does)
-gets a `ChunkCoverage` (policy/kv_chunks.py): each prompt that came as an HTTP body is
-named in the routers' chunks and, once the engine computed it, read against the
-engine's blocks, so LLMServer's routing stats can tell routers what the engine holds.
+gets a `ChunkCoverage` (policy/kv_chunks.py): each prompt that came as an HTTP body is,
+once its first token went out (never before it: naming a long prompt takes ~1 ms),
+named in the routers' chunks and read against the engine's blocks, so LLMServer's
+routing stats can tell routers what the engine holds.
 """
 
 from __future__ import annotations
@@ -203,19 +204,19 @@ class OpenAIService:
         prompt_tokens = len(prompt.token_ids or ())
         params = sampling_params(request, prompt_tokens, self.info.max_model_len)
         run = Run(self, kind, request, prompt, params, adapter, started)
-        if self.prefixes is not None and body is not None:
-            stream = prompt_stream(body)  # as the router read it
-            if stream is not None:
-                run.chunks = (chunk_names(stream), len(stream))
+        if self.prefixes is not None:
+            run.body = body  # its prompt is read once the engine computed it
         return run
 
     def prompt_served(self, run: Run) -> None:
-        """The engine computed `run`'s prompt: its chunks may now be held."""
-        if self.prefixes is not None and run.chunks is not None and run.prompt.token_ids:
-            names, stream_bytes = run.chunks
-            lora = getattr(self.engine, "lora_id", None)
-            lora_id = lora(run.adapter) if lora is not None and run.adapter else None
-            self.prefixes.served(names, stream_bytes, run.prompt.token_ids, lora_id)
+        """The engine computed `run`'s prompt (its first token went out): its chunks, as
+        the router read them from the same body, may now be held."""
+        stream = prompt_stream(run.body) if run.body is not None else None
+        if self.prefixes is None or stream is None or not run.prompt.token_ids:
+            return
+        lora = getattr(self.engine, "lora_id", None)
+        lora_id = lora(run.adapter) if lora is not None and run.adapter else None
+        self.prefixes.served(chunk_names(stream), len(stream), run.prompt.token_ids, lora_id)
 
     def prefix_change(self) -> dict[str, Any] | None:
         """What the engine cached and evicted since the last call, in chunk names (the
@@ -267,7 +268,7 @@ class OpenAIService:
 class Run:
     """One prepared generation: stream it, or complete it (once)."""
 
-    __slots__ = ("adapter", "chunks", "created", "include_usage", "kind", "model", "params",
+    __slots__ = ("adapter", "body", "created", "include_usage", "kind", "model", "params",
                  "prompt", "request", "request_id", "service", "started")
 
     def __init__(self, service: OpenAIService, kind: str,
@@ -285,7 +286,7 @@ class Run:
         self.model = request.model or service.model_id
         options = request.stream_options
         self.include_usage = bool(options and options.include_usage)
-        self.chunks: tuple[list[int], int] | None = None  # its prompt's, and stream bytes
+        self.body: bytes | None = None  # the HTTP body, kept to name its prompt's chunks
 
     @property
     def stream_requested(self) -> bool:
@@ -357,16 +358,17 @@ class Run:
                     first = False
                     usage.prompt, usage.cached = delta.prompt_tokens, delta.cached_tokens
                     ttft = now - self.started
-                    if self.chunks is not None:
-                        service.prompt_served(self)
                 elif count:
                     gaps.append((now - last) / count)
                 last = now
                 usage.completion += count
                 yield delta
-                if ttft is not None and metrics is not None:
-                    metrics.overhead.observe(overhead)
-                    metrics.ttft.observe(ttft)
+                if ttft is not None:
+                    if metrics is not None:
+                        metrics.overhead.observe(overhead)
+                        metrics.ttft.observe(ttft)
+                    if self.body is not None:
+                        service.prompt_served(self)
                 ttft = None
             finished = True
         except (EngineError, ValueError) as exc:
