@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from surge.policy.admission import DUST, admit, drain_rate
+from surge.policy.admission import admit, drain_rate, queue_room
 
 __all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "Answer", "CompletionRate", "Refusal",
            "answer", "drain", "model_settings", "next_matching_due", "queues_at_any_load",
@@ -70,20 +70,12 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
                        service_s: float) -> bool:
     """Whether `refuse` queues a request with `queued` ahead of it whatever the
     in-flight count and completion rate passed: the router's short path, which then
-    reads neither (most requests that wait find room).
-
-    Bounded by count, the count alone decides. Bounded by time, a request that fits
-    with one request in flight fits with more (they drain faster), and with none, or no
-    service time measured yet, only the count applies (policy/admission.py): so it is
-    `queued` below the room at one in flight, `floor(max(max_wait_s, service_s) /
-    service_s + DUST)`, compared without the floor (an integer is below floor(x) iff
-    one more is at most x)."""
+    reads neither (most requests that wait find room). A request that fits with one
+    request in flight fits with more (they drain faster)."""
     if queued >= limit:
         return False
-    if max_wait_s is None or service_s <= 0:
-        return True
-    budget = max_wait_s if max_wait_s > service_s else service_s
-    return queued + 1 <= budget * (1 / service_s) + DUST
+    room = queue_room(drain_rate(1, service_s), max_wait_s, service_s)
+    return room is None or queued < room
 
 
 class CompletionRate:

@@ -86,8 +86,8 @@ class ReportSpread:
             _, _, rate = heapq.heappop(ends)
             for i, per_s in enumerate(rate):
                 self._rate[i] -= per_s
-        if not ends:
-            self._rate = [0.0, 0.0, 0.0]  # no rounding left over from the sums
+            if not ends:
+                self._rate = [0.0, 0.0, 0.0]  # no rounding left over from the sums
         self._integrate(until)
 
     def _integrate(self, until: float) -> None:

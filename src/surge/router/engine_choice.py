@@ -79,13 +79,14 @@ def request_key(message: HttpRequest | Call | GrpcRequest) -> bytes:
 
 
 def prompt_chunks(pending: Pending) -> list[int]:
-    """The chunk names of the request's prompt ([] for none), read once per request."""
+    """The chunk names of the request's prompt ([] for none), read once per request.
+    Only an OpenAI POST whose whole body came carries one."""
     names = pending.prefix
     if names is None:
         names = pending.prefix = []
         message = pending.message
-        if (isinstance(message, HttpRequest) and not message.more_body
-                and message.path.endswith(LLM_PREFIX_PATHS)):
+        if (isinstance(message, HttpRequest) and message.method == "POST"
+                and not message.more_body and message.path.endswith(LLM_PREFIX_PATHS)):
             stream = prompt_stream(message.body)
             if stream is not None:
                 names += chunk_names(stream)

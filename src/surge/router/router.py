@@ -466,12 +466,7 @@ class Router:
             return self._choose_for_model(model, fallback)
         prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
         if prompt is None:
-            # Only a POST carries an OpenAI prompt: any other request is told by one
-            # comparison, not prompt_chunks' three calls.
-            if pending.message.method == "POST":
-                prompt = prompt_chunks(pending)
-            else:
-                prompt = pending.prefix = []
+            prompt = prompt_chunks(pending)
         if self._by_engine or prompt:
             # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
             return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
