@@ -504,6 +504,23 @@ def test_request_router_config_sets_the_routing_stats_period(
             DeploymentConfig(name="d", request_router_config=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="a dict or RequestRouterConfig"):
         DeploymentConfig(name="d", request_router_config=3)  # type: ignore[arg-type]
+    assert RequestRouterConfig().prefix_routing is True
+    assert RequestRouterConfig(request_router_kwargs={"prefix_routing": False}
+                               ).prefix_routing is False
+    for kwargs, message in (
+            ({"prefix_routng": False}, "unknown key 'prefix_routng'. Did you mean "
+                                       "'prefix_routing'"),
+            ({"prefix_routing": "no"}, "prefix_routing must be true or false, got 'no'"),
+            ({"prefix_routing": {1, 2}}, "not JSON-serializable"),
+            (None, "request_router_kwargs must be a mapping")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            DeploymentConfig(name="d", request_router_config={  # type: ignore[arg-type]
+                "request_router_kwargs": kwargs})
+    # another router class's kwargs are its own (Ray's PrefixCacheAffinityRouter's here)
+    assert RequestRouterConfig(request_router_class="ray.serve.llm.request_router:"
+                               "PrefixCacheAffinityRouter",
+                               request_router_kwargs={"imbalanced_threshold": 5}
+                               ).prefix_routing is True
     with caplog.at_level("WARNING", "surge.config"):
         DeploymentConfig(name="d", request_router_config=RequestRouterConfig(
             request_router_class="my:Router"))

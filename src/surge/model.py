@@ -76,6 +76,9 @@ class ReplicaSet:
     # The longest a request may wait in a router's queue (policy/admission.py); None:
     # bounded by `queue_limit` alone (an explicit max_queued_requests).
     max_queue_wait_s: float | None = None
+    # request_router_kwargs' prefix_routing: route OpenAI prompts by the prefix the
+    # engines hold (router/engine_choice.py); False: by the engines' load alone.
+    prefix_routing: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class ReplicaSetDelta:
     backpressure_status: int = 503
     retry_after_s: float | None = None
     max_queue_wait_s: float | None = None
+    prefix_routing: bool = True
 
     def apply(self, current: ReplicaSet) -> ReplicaSet | None:
         """The set after this change (sorted by replica id, as whole sets are); None if
@@ -113,7 +117,7 @@ class ReplicaSetDelta:
         return ReplicaSet(self.deployment, tuple(kept[k] for k in sorted(kept)),
                           self.max_ongoing_requests, self.queue_limit, self.version,
                           self.unavailable, self.backpressure_status, self.retry_after_s,
-                          self.generation, self.max_queue_wait_s)
+                          self.generation, self.max_queue_wait_s, self.prefix_routing)
 
 
 @dataclass(frozen=True, repr=False)

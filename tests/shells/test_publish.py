@@ -73,6 +73,26 @@ def test_without_max_queued_requests_routers_are_told_the_wait_bound() -> None:
     assert applied is not None and applied.max_queue_wait_s == 0.25
 
 
+def test_routers_are_told_when_prefix_routing_is_off() -> None:
+    state, publisher, flushes = setup(DeploymentConfig(name="Model", request_router_config={
+        "request_router_kwargs": {"prefix_routing": False}}))  # type: ignore[arg-type]
+    ready(state, "a")
+    router = FakePeer("proxy", **{DELTAS: True})
+    publisher.watch(router, DID)
+    flush(flushes)
+    first: ReplicaSet = router.pushed("replica_set")[0]
+    assert first.prefix_routing is False
+    ready(state, "b")
+    publisher.replica_set(DID)
+    flush(flushes)
+    applied = router.pushed("replica_set_delta")[0].apply(first)
+    assert applied is not None and applied.prefix_routing is False
+    _, publisher, flushes = setup()
+    publisher.watch(router := FakePeer("proxy"), DID)
+    flush(flushes)
+    assert router.pushed("replica_set")[0].prefix_routing is True  # the default
+
+
 def test_routers_that_apply_deltas_get_what_changed_and_the_others_whole_sets() -> None:
     state, publisher, flushes = setup()
     ready(state, "a")

@@ -8,6 +8,7 @@ goes to the replica that holds its prompt's prefix, whatever its body's field or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -186,6 +187,43 @@ def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
     run(main)
 
 
+def test_with_prefix_routing_off_chats_go_by_load_alone() -> None:
+    """request_router_kwargs `prefix_routing: false` (the set says so): the second chat
+    after the same system prompt goes to the less loaded replica, not to the one that
+    holds the prefix, and the router neither reads prompts nor records them; set back on,
+    it routes by prefix again."""
+    async def main() -> None:
+        replicas = [FakeReplica(name, hold=True) for name in "ab"]
+        async with routing(*replicas, max_ongoing=50) as router:
+            assert router.replica_set is not None
+            on = router.replica_set
+            router.update(dataclasses.replace(on, prefix_routing=False))
+            for replica in replicas:
+                await report(router, replica, 0)
+
+            def holder(pending: Pending) -> str:
+                return next(name for name, link in router.pool.links.items()
+                            if pending in link.in_flight.values())
+
+            shop = "You answer questions about the shoes on sale tonight. " * 20
+            first, second = chat(shop, "which are red?"), chat(shop, "and blue?")
+            router.submit(first)
+            router.submit(second)
+            # scores 1 and 0: the less loaded one wins (on, the holder would: 1 <= 0 + 2)
+            assert holder(second) != holder(first)
+            assert first.prefix is None and second.prefix is None  # never read
+            assert router.pool.prefixes.matched(prompt_chunks(chat(shop, "x"))) == {}
+            router.update(on)
+            third, fourth = chat(shop, "green?"), chat(shop, "and black?")
+            router.submit(third)
+            router.submit(fourth)
+            assert holder(fourth) == holder(third)
+            for replica in replicas:
+                replica.release()
+
+    run(main)
+
+
 def test_only_a_post_is_read_for_its_prompt() -> None:
     """From a deployment's first request (no engine report yet) a chat's prompt is read;
     the same body sent by any other method is not (the router tells those by their
@@ -247,6 +285,10 @@ def test_request_keys() -> None:
     assert request_key(http("/v1/chat/completions", [], long_body)) == \
         b"p:" + long_body[:1024]
     assert request_key(http("/v1/models", [], long_body)) == b""
+    # prefix routing off: a session still counts, a body's first bytes do not
+    assert request_key(http("/v1/chat/completions", [], long_body), by_prefix=False) == b""
+    assert request_key(http("/v1/chat/completions", [(b"x-session-id", b"abc")], long_body),
+                       by_prefix=False) == b"s:abc"
     assert request_key(Call(0, "m", b"", session_id="s-9")) == b"s:s-9"
     assert request_key(Call(0, "m", b"")) == b""
     grpc = GrpcRequest(0, "/pkg.S/M", "mod:add", [], b"", "r", "app")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -21,7 +22,14 @@ from surge.config.defaults import (
     DEFAULT_MAX_QUEUED_REQUESTS,
     QUEUE_SAFETY_LIMIT,
 )
-from surge.config.schema import FieldError, from_mapping, number, require, suggestion
+from surge.config.schema import (
+    FieldError,
+    check_keys,
+    from_mapping,
+    number,
+    require,
+    suggestion,
+)
 from surge.errors import ConfigError
 
 log = logging.getLogger("surge.config")
@@ -35,14 +43,25 @@ RAY_ACTOR_OPTION_KEYS_ACCEPTED = (
 )
 
 
+# The request_router_kwargs surge's own router reads. Ray hands the kwargs to the router
+# class's initialize_state, which for its default PowerOfTwoChoicesRequestRouter takes
+# and ignores anything, so a config with these runs unchanged on Ray.
+# prefix_routing: false turns off prompt-prefix routing (the prefix index and the
+# byte-prefix key): plain power of two choices on the engines' queues, for an A/B.
+ROUTER_KWARGS = ("prefix_routing",)
+DEFAULT_REQUEST_ROUTER_CLASS = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RequestRouterConfig:
     """Ray Serve's `RequestRouterConfig`. surge routes with its own router (power of two
     choices; on the engine's queue for replicas that report routing stats) and warns
     that a custom request_router_class is not used; the routing-stats period and
-    timeout are honoured (replica/stats_hooks.py)."""
+    timeout are honoured (replica/stats_hooks.py), and of `request_router_kwargs` it
+    reads ROUTER_KWARGS (`prefix_routing`). With Ray's default class, whose router takes
+    no kwargs, another key is rejected as a typo; with another class they are its own."""
 
-    request_router_class: Any = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    request_router_class: Any = DEFAULT_REQUEST_ROUTER_CLASS
     request_router_kwargs: Mapping[str, Any] = field(default_factory=dict)
     request_routing_stats_period_s: float = 10.0
     request_routing_stats_timeout_s: float = 30.0
@@ -53,9 +72,31 @@ class RequestRouterConfig:
     def __post_init__(self) -> None:
         for name in ("request_routing_stats_period_s", "request_routing_stats_timeout_s"):
             number(f"request_router_config.{name}", getattr(self, name), gt=0)
+        self._check_kwargs()
 
+    def _check_kwargs(self) -> None:
+        kwargs = self.request_router_kwargs
+        where = "request_router_config.request_router_kwargs"
+        require(isinstance(kwargs, Mapping), f"{where} must be a mapping, got {kwargs!r}.")
+        try:  # Ray's own check: the kwargs travel as JSON
+            json.dumps(dict(kwargs))
+        except (TypeError, ValueError) as exc:
+            raise FieldError(f"{where} is not JSON-serializable: {exc}.",
+                             ("request_router_kwargs",)) from None
+        if self.request_router_class == DEFAULT_REQUEST_ROUTER_CLASS:  # a typo, not another's
+            try:
+                check_keys(kwargs, ROUTER_KWARGS, where)
+            except FieldError as exc:
+                raise FieldError(str(exc), ("request_router_kwargs", *exc.path),
+                                 exc.problem) from None
+        prefix = kwargs.get("prefix_routing", True)
+        require(isinstance(prefix, bool),
+                f"{where}.prefix_routing must be true or false, got {prefix!r}.")
 
-DEFAULT_REQUEST_ROUTER_CLASS = RequestRouterConfig.request_router_class
+    @property
+    def prefix_routing(self) -> bool:
+        """Route OpenAI prompts by the prefix the engines hold (False: by load alone)."""
+        return bool(self.request_router_kwargs.get("prefix_routing", True))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,7 @@ class _Header:
     backpressure_status: int
     retry_after_s: float | None
     max_queue_wait_s: float | None
+    prefix_routing: bool
 
 
 @dataclass
@@ -260,7 +261,7 @@ class Publisher:
         return _Header(config.max_ongoing_requests, queue_share(config.queue_limit, watchers),
                        unavailable,
                        backpressure.status_code, backpressure.retry_after_s,
-                       config.queue_wait_limit_s)
+                       config.queue_wait_limit_s, config.request_router_config.prefix_routing)
 
     def _push_whole(self, did: DeploymentId, record: DeploymentRecord, published: _Published,
                     targets: set[Peer]) -> None:
@@ -270,7 +271,7 @@ class Publisher:
         replica_set = ReplicaSet(did, tuple(members[k] for k in sorted(members)),
                                  h.max_ongoing_requests, h.queue_limit, record.version,
                                  h.unavailable, h.backpressure_status, h.retry_after_s,
-                                 published.generation, h.max_queue_wait_s)
+                                 published.generation, h.max_queue_wait_s, h.prefix_routing)
         self.pushed_bytes += broadcast(targets, "replica_set", replica_set) * len(targets)
 
     def _push_delta(self, did: DeploymentId, record: DeploymentRecord, last: _Published,
@@ -282,5 +283,5 @@ class Publisher:
                                 tuple(sorted(last.members.keys() - now.members.keys())),
                                 h.max_ongoing_requests, h.queue_limit, record.version,
                                 h.unavailable, h.backpressure_status, h.retry_after_s,
-                                h.max_queue_wait_s)
+                                h.max_queue_wait_s, h.prefix_routing)
         self.pushed_bytes += broadcast(targets, "replica_set_delta", delta) * len(targets)

@@ -64,8 +64,9 @@ class Scores:
                             in_flight, self.now - link.stats_at, stats.period_s)
 
 
-def request_key(message: HttpRequest | Call | GrpcRequest) -> bytes:
-    """The request's affinity key (policy.engine_routing.affinity_key), b"" for none."""
+def request_key(message: HttpRequest | Call | GrpcRequest, by_prefix: bool = True) -> bytes:
+    """The request's affinity key (policy.engine_routing.affinity_key), b"" for none;
+    `by_prefix` False: its session id alone, never a body's first bytes."""
     if isinstance(message, Call):
         return affinity_key(message.session_id, "", b"")
     if isinstance(message, HttpRequest):
@@ -74,7 +75,7 @@ def request_key(message: HttpRequest | Call | GrpcRequest) -> bytes:
             if name == SESSION_HEADER:
                 session = value.decode("latin-1")
                 break
-        return affinity_key(session, message.path, message.body)
+        return affinity_key(session, message.path, message.body if by_prefix else b"")
     return b""
 
 
@@ -94,11 +95,13 @@ def prompt_chunks(pending: Pending) -> list[int]:
 
 
 def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pending: Pending,
-                     now: float) -> int:
-    """The replica for `pending` (an index into the routable slots), or NO_REPLICA."""
+                     now: float, by_prefix: bool = True) -> int:
+    """The replica for `pending` (an index into the routable slots), or NO_REPLICA.
+    `by_prefix` False (the deployment's request_router_kwargs say prefix_routing: false):
+    neither its prompt nor its body's first bytes count, only its session and the load."""
     loads = pool.loads
     scores = Scores(loads, now)
-    names = prompt_chunks(pending)
+    names = prompt_chunks(pending) if by_prefix else []
     if names:
         prefixes = pool.prefixes
         at = pool.positions()
@@ -108,7 +111,7 @@ def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pendi
         if choice != NO_REPLICA:
             prefixes.record(loads.slots[choice].info.replica_id, names)
         return choice
-    key = request_key(pending.message)
+    key = request_key(pending.message, by_prefix)
     if key:
         preferred = rendezvous(key, [slot.info.replica_id for slot in loads.slots])
         return choose_with_affinity(loads, scores, capacity, preferred, rng, pool.local)

@@ -133,6 +133,7 @@ class Router:
         # routes `<lora_base>:<adapter>` bodies by adapter (policy/llm_models.py).
         self.lora_base = ""
         self._by_engine = False  # a replica reports its engine's queue: route on it
+        self._prefix_routing = True  # the set's: OpenAI prompts go by the prefix held
         # (now, matching timeout) for the drain under way, read at its first model
         # request (_choose_queued)
         self._drain_times: tuple[float, float] | None = None
@@ -166,6 +167,7 @@ class Router:
         self._max_ongoing = replica_set.max_ongoing_requests
         self._queue_limit = replica_set.queue_limit
         self._max_queue_wait_s = replica_set.max_queue_wait_s
+        self._prefix_routing = replica_set.prefix_routing
         self.pool.loads.capacity = self._max_ongoing
         wanted = {info.replica_id: info for info in replica_set.replicas}
         for replica_id in list(self.pool.by_id):
@@ -466,11 +468,11 @@ class Router:
             return self._choose_for_model(model, fallback)
         prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
         if prompt is None:
-            prompt = prompt_chunks(pending)
+            prompt = prompt_chunks(pending) if self._prefix_routing else []
         if self._by_engine or prompt:
             # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
             return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
-                                    self._now())
+                                    self._now(), self._prefix_routing)
         return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
 
     def _on_prefix(self, link: ReplicaLink, change: PrefixHeld) -> None:
