@@ -71,6 +71,7 @@ def test_a_repeated_prefix_is_served_from_cache_and_published_as_vllm_does() -> 
         assert (first[0].cached_tokens, again[0].cached_tokens) == (0, 8)
         stats = e.stats()
         assert stats.prefix_cache_hit_rate == pytest.approx(8 / 20)
+        assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (20, 8)  # as vLLM's
         assert (stats.running, stats.waiting, stats.kv_cache_usage) == (0, 0, 0.0)
         batches = e.kv_events()
         stored = [ev for b in batches for ev in b.events if isinstance(ev, BlockStored)]

@@ -126,3 +126,19 @@ def test_a_stopped_replicas_gauges_and_a_gone_deployment_leave(observer: Observe
     observer.sample()
     assert observer.sample()["llm"] == {}
     assert repr(observer.llm) == "<LLMTimeline deployments=[]>"
+
+
+def test_the_engines_prefix_cache_totals_become_vllms_counters(observer: Observer) -> None:
+    """vLLM's vllm:prefix_cache_queries / _hits: each sample adds what the engine's
+    totals grew by since the last; totals that stand still add nothing."""
+    set_replica_context(ReplicaContext(ReplicaID("LLMServer-1", "LLMServer", "chat"), None))
+    REGISTRY.drain()
+    metrics = LLMMetrics("tiny")
+    added: dict[str, float] = {}
+    for queries, hits in ((100, 40), (100, 40), (250, 140)):
+        metrics.engine(EngineStats(prefix_cache_queries=queries, prefix_cache_hits=hits))
+        for info, values in REGISTRY.drain().items():
+            if info.name in ("vllm_prefix_cache_queries", "vllm_prefix_cache_hits"):
+                assert info.kind == "counter"
+                added[info.name] = added.get(info.name, 0.0) + sum(values.values())
+    assert added == {"vllm_prefix_cache_queries": 250.0, "vllm_prefix_cache_hits": 140.0}

@@ -89,6 +89,10 @@ class EngineStats:
     kv_cache_usage: float = 0.0  # fraction of the KV cache in use, 0..1
     max_running: int = 0  # the engine's max_num_seqs (0: unknown)
     prefix_cache_hit_rate: float = 0.0
+    # Since the engine started, as vLLM's counters vllm:prefix_cache_queries / _hits:
+    # prompt tokens looked up in the prefix cache, and found there.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     def to_dict(self) -> dict[str, float]:
         return {"waiting": self.waiting, "running": self.running,

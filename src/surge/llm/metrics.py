@@ -5,7 +5,8 @@ with the `:` made `_`, and Ray exports them as `ray_vllm_<name>`. These are reco
 `serve.metrics` in the replica, so the controller exports them the same way, beside
 surge's own `surge_llm_*` (the replica's share of each request's latency). Per-request
 histograms are recorded as tokens stream; the engine's gauges (waiting, running, KV
-cache) are sampled every `SAMPLE_S`.
+cache) and its prefix-cache counters (vLLM's `vllm:prefix_cache_queries` / `_hits`, in
+prompt tokens) are sampled every `SAMPLE_S`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class LLMMetrics:
                              TAGS).set_default_tags(tags)
         self.kv_cache = Gauge(names.KV_CACHE, "KV-cache usage, 0..1.",
                               TAGS).set_default_tags(tags)
+        self.prefix_queries = Counter(
+            names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
+            TAGS).set_default_tags(tags)
+        self.prefix_hits = Counter(names.PREFIX_CACHE_HITS,
+                                   "Prompt tokens found in the prefix cache.",
+                                   TAGS).set_default_tags(tags)
+        self._prefix_seen = (0, 0)  # the engine's totals at the last sample
         self.overhead = Histogram(
             names.OVERHEAD,
             "Time a request spends in surge's replica before the engine has it (decode, "
@@ -62,6 +70,15 @@ class LLMMetrics:
         self.running.set(stats.running)
         self.waiting.set(stats.waiting)
         self.kv_cache.set(stats.kv_cache_usage)
+        # the engine keeps totals; the counters grow by what they grew since the last
+        # sample (an engine that counts none reports 0 and adds nothing)
+        queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+        seen_queries, seen_hits = self._prefix_seen
+        if queries > seen_queries:
+            self.prefix_queries.inc(queries - seen_queries)
+        if hits > seen_hits:
+            self.prefix_hits.inc(hits - seen_hits)
+        self._prefix_seen = (max(queries, seen_queries), max(hits, seen_hits))
 
     def request_done(self, prompt_tokens: int, generated: int, elapsed_s: float) -> None:
         if prompt_tokens:

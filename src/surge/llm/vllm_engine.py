@@ -102,6 +102,7 @@ class _Load:
     def __init__(self) -> None:
         self.stats = EngineStats()
         self.max_running = 0
+        self.queries = self.hits = 0  # prefix-cache tokens, summed over steps as vLLM's
 
 
 def _stat_logger(load: _Load) -> Any:
@@ -114,11 +115,15 @@ def _stat_logger(load: _Load) -> Any:
             if scheduler_stats is not None:
                 hits = scheduler_stats.prefix_cache_stats
                 rate = hits.hits / hits.queries if getattr(hits, "queries", 0) else 0.0
+                # each step's are new: vLLM's Prometheus logger adds them to its counters
+                load.queries += int(getattr(hits, "queries", 0))
+                load.hits += int(getattr(hits, "hits", 0))
                 load.stats = EngineStats(
                     waiting=int(scheduler_stats.num_waiting_reqs),
                     running=int(scheduler_stats.num_running_reqs),
                     kv_cache_usage=float(scheduler_stats.kv_cache_usage),
-                    max_running=load.max_running, prefix_cache_hit_rate=rate)
+                    max_running=load.max_running, prefix_cache_hit_rate=rate,
+                    prefix_cache_queries=load.queries, prefix_cache_hits=load.hits)
 
         def log_engine_initialized(self) -> None:
             pass

@@ -147,7 +147,9 @@ class MockVLLMEngine(WordsChat):
         m = self.model
         return EngineStats(waiting=len(m.waiting), running=len(m.running),
                            kv_cache_usage=m.blocks.usage(), max_running=self.timing.max_num_seqs,
-                           prefix_cache_hit_rate=m.hit_rate())
+                           prefix_cache_hit_rate=m.hit_rate(),
+                           prefix_cache_queries=m.prefix_queries,
+                           prefix_cache_hits=m.prefix_hits)
 
     def kv_events(self) -> list[KVEventBatch]:
         """The KV event batches since the last call, oldest first."""
