@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -60,11 +60,14 @@ from surge.policy.autoscale_step import (
     urgent_decision_due,
 )
 from surge.policy.autoscaling import LoadSample, PolicyState, ProactiveSettings
+from surge.policy.engine_load import EngineLoad
 from surge.policy.reconcile import reconcile
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 from surge.policy.schedule import floors_at
 from surge.sim.cluster import ClusterState
+from surge.sim.event_flow import EventFlow
 from surge.sim.flow import Flow
+from surge.sim.llm_flow import LLMFlow
 from surge.sim.mux_flow import MuxFlow
 from surge.sim.scenario import Scenario
 from surge.sim.traffic import TrafficShape
@@ -80,6 +83,8 @@ _EVENT_EPS = 1e-9
 # The controller's clock at t=0 is drawn in [0, this): its phase against Ray's metric
 # push cadence differs from run to run, as a real monotonic clock's does.
 _CLOCK_OFFSET_RANGE_S = 3600.0
+# An LLM run goes on this long after its trace at most, for its last streams to finish.
+LLM_DRAIN_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class DecisionLog:
     previous: int
     target: int
     reason: str
+    kind: str = ""  # the decision's DecisionKind value
 
 
 def history_needed_s(config: AutoscalingConfig) -> float:
@@ -121,6 +127,9 @@ class Simulation:
 
     scenario: Scenario
     history_s: float | None = None  # None: as far back as the policy reads
+    # What the engines report at a virtual time (an LLM model's EngineLoad), for the
+    # step's engine signals and latency objectives; None: the deployment has no engines.
+    engine_load: Callable[[float], EngineLoad | None] | None = None
     samples: deque[LoadSample] = field(init=False)
     replicas: list[ReplicaSample] = field(default_factory=list, init=False)
     decisions: list[DecisionLog] = field(default_factory=list, init=False)
@@ -135,14 +144,21 @@ class Simulation:
         self.drain_points = math.ceil((scenario.traffic.timeout_s + 1.0 + 10 * max(
             scenario.service.time_s.quantile(0.999), scenario.service.time_s.mean)) / TICK_S)
         self.mux: MuxFlow | None = None
-        self.flow: Flow | MuxFlow
-        if scenario.multiplex is None:
+        self.llm: LLMFlow | None = None
+        self.events: EventFlow | None = None  # requests one by one (mux or llm)
+        self.flow: Flow | EventFlow
+        if scenario.llm is not None:  # long streams finish after the trace
+            self.drain_points += math.ceil(LLM_DRAIN_S / TICK_S)
+            self.flow = self.events = self.llm = LLMFlow(
+                scenario, random.Random(int(seeds[5].generate_state(1)[0])),
+                self.points + self.drain_points)
+        elif scenario.multiplex is None:
             self.flow = Flow(scenario, np.random.default_rng(seeds[0]),
                              self.points + self.drain_points)
         else:  # requests wait behind loads (serial ones queue): time to end them
             self.drain_points += math.ceil(
                 50 * scenario.multiplex.load_time_s.quantile(0.999) / TICK_S)
-            self.flow = self.mux = MuxFlow(
+            self.flow = self.events = self.mux = MuxFlow(
                 scenario, np.random.default_rng(seeds[4]),
                 random.Random(int(seeds[5].generate_state(1)[0])),
                 self.points + self.drain_points)
@@ -215,15 +231,15 @@ class Simulation:
             self.target = max(self.target, floors.min_replicas)
             standby = self.standby_wanted = floors.standby_replicas
         self.cluster.warm(0.0, self.target, standby)
-        if self.mux is not None:
-            self.mux.sync(self.cluster, 0.0)
+        if self.events is not None:
+            self.events.sync(self.cluster, 0.0)
 
     def _second_of_day(self, t: float) -> float:
         return (self.scenario.start_time_s + t) % _DAY_S
 
     def _flow(self, t0: float, t1: float) -> None:
-        if self.mux is not None:
-            self._mux_flow(self.mux, t0, t1)
+        if self.events is not None:
+            self._event_flow(self.events, t0, t1)
             return
         flow, cluster = self.flow, self.cluster
         assert isinstance(flow, Flow)
@@ -256,7 +272,7 @@ class Simulation:
         self.counters.fine_steps += self.steps_per_tick
         cluster.advance(t1 - _EVENT_EPS, self.target, self.standby_wanted)
 
-    def _mux_flow(self, flow: MuxFlow, t0: float, t1: float) -> None:
+    def _event_flow(self, flow: EventFlow, t0: float, t1: float) -> None:
         """Single requests: events up to each lifecycle event or urgent decision."""
         cluster = self.cluster
         urgent = self.scenario.control.urgent_decisions and self.policy is not None
@@ -326,7 +342,8 @@ class Simulation:
         step = autoscale_step(self.policy, config, self.state, StepInputs(
             now=now + self.offset, second_of_day=self._second_of_day(now),
             running=cluster.running, target=self.target, samples=samples,
-            startup_lead_s=cluster.startup_lead_s))
+            startup_lead_s=cluster.startup_lead_s,
+            engine=self.engine_load(now) if self.engine_load is not None else None))
         if step.standby_replicas != self.standby_wanted:
             self.standby_wanted = step.standby_replicas
             cluster.dirty = True
@@ -337,7 +354,7 @@ class Simulation:
         self.state = decision.state
         if decision.target != self.target:
             self.decisions.append(DecisionLog(now, self.target, decision.target,
-                                              decision.reason))
+                                              decision.reason, decision.kind.value))
             self.target = decision.target
             cluster.dirty = True
 
@@ -347,8 +364,8 @@ class Simulation:
             self.counters.reconciles += 1
             cluster.apply(reconcile(self.target, 0, cluster.observed(), self.standby_wanted),
                           now)
-        if self.mux is not None:
-            self.mux.sync(cluster, now)
+        if self.events is not None:
+            self.events.sync(cluster, now)
 
     # -- results ------------------------------------------------------------------------------
 

@@ -22,12 +22,8 @@ What only multiplexing has is counted in `MuxStats` (sim/mux_report.py reports i
 
 from __future__ import annotations
 
-import heapq
-import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -36,6 +32,7 @@ from surge.loadtest.stats import latency_key
 from surge.policy.admission import admit, queue_share
 from surge.policy.autoscaling import LoadSample
 from surge.sim.cluster import ClusterState
+from surge.sim.event_flow import EventFlow
 from surge.sim.multiplexing import Multiplexing
 from surge.sim.mux_replica import MuxReplica, Request
 from surge.sim.mux_routing import make_router
@@ -45,7 +42,6 @@ __all__ = ["TOP_MODELS", "LoadSpan", "MuxFlow", "MuxStats"]
 
 # How many of the most requested models have their holders followed over time.
 TOP_MODELS = 3
-_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -74,9 +70,10 @@ class MuxStats:
         self.loads = [0] * self.points
 
 
-class MuxFlow:
+class MuxFlow(EventFlow):
     def __init__(self, scenario: Scenario, rng: np.random.Generator, py_rng: random.Random,
                  points: int) -> None:
+        super().__init__(points, scenario.slo_ms / 1000)
         mux = scenario.multiplex
         assert mux is not None
         self.mux: Multiplexing = mux
@@ -90,50 +87,16 @@ class MuxFlow:
         routers = scenario.cluster.proxies
         self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
         self.top = mux.popularity.top(TOP_MODELS)
-        self.events: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
-        self._seq = 0
         self.replicas: list[MuxReplica] = []  # routable, in the cluster's order
         self.by_id: dict[str, MuxReplica] = {}
         self.router = make_router(self, mux, self.max_ongoing, py_rng)
-        self.point = 0
-        self.queued = 0
-        self.ongoing = 0
-        self.offered = [0] * points
-        self.ok = [0] * points
-        self.rejected = [0] * points
-        self.timeouts_sent = [0] * points
-        self.timeouts_done = [0] * points
-        self.latency: list[dict[int, int]] = [{} for _ in range(points)]
-        self.within: list[int] = [0] * points  # 2xx within the SLO, by arrival point
         self.stats = MuxStats(points)
-        self._slo_s = scenario.slo_ms / 1000
-        self._arrivals = self._completions = self._rejections = 0
-        self.drain_per_s = 0.0
-        self.pressure_at: float | None = None
-        self.totals = {"arrived": 0, "completed": 0, "rejected": 0, "timed_out": 0}
 
     def __repr__(self) -> str:
         return (f"<MuxFlow {self.mux.routing} ongoing={self.ongoing} queued={self.queued} "
                 f"replicas={len(self.replicas)} {self.totals}>")
 
-    # -- the heap ----------------------------------------------------------------------
-
-    def at(self, when: float, action: Any, argument: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (when, self._seq, action, argument))
-
-    def next_event(self) -> float:
-        return self.events[0][0] if self.events else math.inf
-
-    def run_until(self, stop: float) -> float:
-        """Events before `stop`; returns early (the time reached) once a queue starts."""
-        events = self.events
-        while events and events[0][0] < stop - _EPS:
-            when, _, action, argument = heapq.heappop(events)
-            action(argument, when)
-            if self.pressure_at is not None:
-                return when
-        return stop
+    # -- arrivals ------------------------------------------------------------------------
 
     def begin_tick(self, t0: float, t1: float) -> None:
         """Schedule the tick's arrivals, each with its model."""
@@ -173,9 +136,7 @@ class MuxFlow:
 
     def _arrive(self, model: int, now: float) -> None:
         point = self.point
-        self.offered[point] += 1
-        self._arrivals += 1
-        self.totals["arrived"] += 1
+        self.count_arrival()
         request = Request(now, point, model)
         queued_before = self.queued
         self.queued += 1
@@ -186,9 +147,7 @@ class MuxFlow:
             request.done = True
             self.queued -= 1
             self.router.cancel(request, now)
-            self.rejected[point] += 1
-            self._rejections += 1
-            self.totals["rejected"] += 1
+            self.count_rejection()
             return
         if queued_before == 0 and self.pressure_at is None:
             self.pressure_at = now  # a router tells the controller at once (urgent)
@@ -199,9 +158,7 @@ class MuxFlow:
             return
         request.done = True
         self.queued -= 1
-        self.timeouts_sent[request.point] += 1
-        self.timeouts_done[self.point] += 1
-        self.totals["timed_out"] += 1
+        self.count_timeout(request.point)
         self.router.cancel(request, now)
 
     def dispatch(self, request: Request, replica: MuxReplica, now: float) -> None:
@@ -224,14 +181,8 @@ class MuxFlow:
         assert request.replica is not None
         request.replica.in_flight -= 1
         self.ongoing -= 1
-        self.ok[self.point] += 1
-        self._completions += 1
         latency = now - request.arrived + self.overhead_s
-        histogram = self.latency[request.point]
-        key = latency_key(latency)
-        histogram[key] = histogram.get(key, 0) + 1
-        if latency <= self._slo_s + 1e-12:
-            self.within[request.point] += 1
+        self.count_completion(request.point, latency, latency <= self.slo_s + 1e-12)
         self.router.wake(now)
 
     def load(self, replica: MuxReplica, model: int, now: float) -> None:
@@ -247,21 +198,8 @@ class MuxFlow:
 
     # -- the tick's load sample ------------------------------------------------------------
 
-    def open_bucket(self, now: float, since: float) -> LoadSample | None:
-        """The tick so far, as the controller's LoadTracker.peek sees it (None if < 5 ms)."""
-        if now - since < 0.005:
-            return None
-        return LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                          rejections=self._rejections, queued=self.queued,
-                          ongoing=self.ongoing, duration_s=now - since)
-
     def close_tick(self, now: float, duration_s: float) -> LoadSample:
-        sample = LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                            rejections=self._rejections, queued=self.queued,
-                            ongoing=self.ongoing, duration_s=duration_s)
-        self.totals["completed"] += self._completions
-        self.drain_per_s = self._completions / duration_s
-        self._arrivals = self._completions = self._rejections = 0
+        sample = super().close_tick(now, duration_s)
         for replica in self.replicas:  # the controller's loop passes pushes on
             replica.advertised = replica.pushed
         self.stats.top_holders.append(tuple(

@@ -14,14 +14,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from surge.loadtest.stats import percentile
+from surge.sim.event_flow import EventFlow
 from surge.sim.mux_flow import MuxFlow
 
 __all__ = ["mux_histograms", "mux_series", "mux_summary", "mux_sweep_table", "mux_table"]
 
 
-def mux_histograms(flow: MuxFlow, points: int,
+def mux_histograms(flow: EventFlow, points: int,
                    pulse: tuple[int, int]) -> tuple[list[dict[int, int]], int, int]:
-    """Exact latency histograms per arrival point; (histograms, within SLO, in the pulse)."""
+    """Exact latency histograms per arrival point; (histograms, within SLO, in the pulse)
+    (any single-request flow's: multiplexed or LLM)."""
     within = sum(flow.within[:points])
     within_pulse = sum(flow.within[pulse[0]:min(pulse[1], points)])
     return [dict(h) for h in flow.latency[:points]], within, within_pulse

@@ -27,6 +27,7 @@ from surge.loadtest.stats import Record, latency_key, replica_points
 from surge.loadtest.summary import series, summarize
 from surge.sim.engine import TICK_S, Simulation
 from surge.sim.flow import Flow
+from surge.sim.llm_report import llm_summary, llm_table
 from surge.sim.mux_report import mux_histograms, mux_series, mux_summary, mux_table
 from surge.sim.traffic import oracle_replica_seconds
 
@@ -87,10 +88,10 @@ def _record(sim: Simulation) -> tuple[Record, int, int]:
     record.errors = {"503": flow.rejected[:points], "timeout": flow.timeouts_done[:points]}
     record.errors_sent = {"503": flow.rejected[:points],
                           "timeout": flow.timeouts_sent[:points]}
-    if sim.mux is not None:
+    if sim.events is not None:
         window = sim.scenario.traffic.schedule.pulse_window()
         pulse = (round(window[0] / TICK_S), round(window[1] / TICK_S)) if window else (0, 0)
-        record.latency, within, within_pulse = mux_histograms(sim.mux, points, pulse)
+        record.latency, within, within_pulse = mux_histograms(sim.events, points, pulse)
     else:
         record.latency, within, within_pulse = _histograms(sim, points)
     record.unanswered = flow.queued + flow.ongoing
@@ -186,6 +187,8 @@ def build_report(sim: Simulation, label: str = "", wall_s: float | None = None
     if sim.mux is not None:
         summary["multiplex"] = mux_summary(sim.mux, sim.end_s, sim.points)
         mux_series(sim.mux, points)
+    if sim.llm is not None:
+        summary["llm_sim"] = llm_summary(sim, sent)
     counters = sim.counters
     simulation = {
         "wall_s": None if wall_s is None else round(wall_s, 2),
@@ -227,6 +230,7 @@ def sim_table(report: dict[str, Any]) -> str:
         ("replica-seconds", f"{s['replica_seconds']:,.0f} = {s['oracle_ratio']:.3f} x the "
                             f"oracle's {s['oracle_replica_seconds']:,.0f}"),
         *(mux_table(s) if s.get("multiplex") else []),
+        *(llm_table(s) if s.get("llm_sim") else []),
         ("simulated in", f"{sim['wall_s']} s ({sim['ticks']:,} ticks, {sim['quiet_ticks']:,} "
                          f"quiet, {sim['fine_steps']:,} fine steps of {sim['fine_step_ms']} "
                          "ms)"),

@@ -26,6 +26,7 @@ from surge.loadtest.schedule import ARRIVALS, Schedule
 from surge.model import DeploymentId
 from surge.policy.resolve import resolve_policy
 from surge.sim.distributions import Distribution, parse_distribution
+from surge.sim.llm_spec import LLMSpec, build_llm, llm_traffic
 from surge.sim.multiplexing import Multiplexing, parse_multiplexing
 from surge.sim.scenario_keys import (
     ALIASES,
@@ -150,6 +151,10 @@ class Scenario:
     fine_step_s: float
     control: Control = field(default_factory=Control)
     multiplex: Multiplexing | None = None  # many models per replica (sim/multiplexing.py)
+    llm: LLMSpec | None = None  # LLM engines serving a trace (sim/llm_spec.py)
+    # an LLM replica's completions per second at its target load, and its requests' mean
+    # seconds then (sim/llm_replica.probe_capacity)
+    llm_capacity: tuple[float, float] | None = None
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -161,7 +166,10 @@ class Scenario:
 
     @property
     def per_replica_rps(self) -> float:
-        """What one replica serves at max_ongoing_requests in flight (the oracle's unit)."""
+        """What one replica serves at max_ongoing_requests in flight (the oracle's unit);
+        an LLM replica: what its engine completes at its target load."""
+        if self.llm_capacity is not None:
+            return self.llm_capacity[0]
         mean = self.service.time_s.mean
         batching = self.service.batching
         if batching is None:
@@ -269,9 +277,13 @@ def _weight_loading(section: Mapping[str, Any], w: str) -> WeightLoading | None:
                          _distribution(section, "weight_load_s", w, what), store, store_load)
 
 
-def _service(data: Mapping[str, Any], where: str) -> Service:
-    section = _section(data, "service", SERVICE_KEYS, where)
+def _service(data: Mapping[str, Any], where: str, llm_s: float | None = None) -> Service:
+    """The `service` section; an LLM scenario's may be absent (its requests take what its
+    engines make of them: `llm_s` stands for their mean where the loop asks)."""
+    section = _section(data, "service", SERVICE_KEYS, where, required=llm_s is None)
     w = f"{where}.service"
+    if llm_s is not None and "service_time_ms" not in section:
+        section = {**section, "service_time_ms": llm_s * 1000}
     time_ms = _distribution(section, "service_time_ms", w, " (a number of ms or a "
                             "distribution like {distribution: lognormal, mean: 5, p99: 15})")
     if time_ms.mean <= 0:
@@ -412,22 +424,26 @@ def _build(data: Any, source: str, base: Path | None) -> Scenario:
     check_keys(data, TOP_KEYS, source)
     where = source
     variants = _variants(data, where)
-    service = _service(data, where)
+    original, (data, requests) = data, llm_traffic(data, where, base)
+    seed = number_in(data, "seed", where, 0, ge=0, integer=True)
+    traffic, deployment = _traffic(data, where, base), _deployment(data, where)
+    llm, capacity = build_llm(data, where, traffic.schedule, deployment, seed, requests)
+    service = _service(data, where, None if capacity is None else capacity[1])
     scenario = Scenario(
         name=str(data.get("name") or Path(source).stem),
-        seed=number_in(data, "seed", where, 0, ge=0, integer=True),
+        seed=seed,
         start_time_s=_start_time(data.get("start_time"), where),
         cluster=_cluster(data, where), service=service,
-        traffic=_traffic(data, where, base), deployment=_deployment(data, where),
+        traffic=traffic, deployment=deployment,
         slo_ms=float(number_in(data, "slo_ms", where, 200.0, gt=0)),
         fine_step_s=float(number_in(data, "fine_step_ms", where, DEFAULT_FINE_STEP_MS,
                                     gt=0)) / 1000,
         control=_control(data, where, base), multiplex=_multiplex(data, service, where),
-        variants=variants,
+        llm=llm, llm_capacity=capacity, variants=variants,
         description=str(data.get("description") or ""),
-        raw=copy.deepcopy(dict(data)), source=source)
+        raw=copy.deepcopy(dict(original)), source=source)
     for name, overrides in variants.items():  # a bad variant fails now, not mid-sweep
-        varied = apply_overrides(data, overrides, f"{source}: variant {name!r}")
+        varied = apply_overrides(original, overrides, f"{source}: variant {name!r}")
         varied.pop("variants", None)
         _build(varied, f"{source} (variant {name!r})", base)
     return scenario

@@ -29,7 +29,7 @@ class ScenarioError(ConfigError):
 
 # Each section's keys; an unknown one is an error naming the closest (config/schema.py).
 TOP_KEYS = ("name", "description", "seed", "start_time", "cluster", "service", "traffic",
-            "deployment", "slo_ms", "control", "fine_step_ms", "multiplex", "variants")
+            "deployment", "slo_ms", "control", "fine_step_ms", "multiplex", "llm", "variants")
 CONTROL_KEYS = ("report_interval_s", "urgent_decisions", "clock_offset_s", "decision_s",
                 "fanout_s", "measured")
 CLUSTER_KEYS = ("nodes", "replicas_per_node", "proxies_per_node", "startup_s",

@@ -1,0 +1,256 @@
+"""Requests one by one through LLM replicas: routing on the engines' queues, engines stepped.
+
+A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
+
+* arrivals are the trace's, at its times; past `max_queued_requests` (the routers'
+  summed shares, policy.admission) a request is rejected, and one still waiting in the
+  router `timeout_s` after it arrived times out;
+* the router picks a replica as surge's router does for an LLM deployment
+  (policy/engine_routing.py `choose_by_score` on `engine_score`: each replica's last
+  routing-stats report, sent every `report_s`, plus this router's in flight there since,
+  power of two choices, none past `max_ongoing_requests`), or in turn (`round_robin`);
+  a request no replica has room for waits in the router's queue, taken in order as
+  requests finish;
+* each replica is an EngineModel stepped on virtual time (sim/llm_replica.py); a request
+  holds its replica's slot from dispatch to its last token; TTFT is from arrival to the
+  first token's step end, TPOT (as `vllm bench serve`) the time from the first to the last
+  token over the tokens after the first;
+* the replicas' reports are also what the controller's EngineTracker sums for
+  autoscaling (`engine_load`: fresh reports' waiting, running and mean KV use);
+* a replica that leaves routing finishes what it holds, then reports no more.
+
+One router stands for all (its in-flight counts are every router's): the engines' own
+queues, which every router reads, dominate the choice. A request within both of the
+scenario's objectives (`ttft_ms`, `tpot_ms`) is within the SLO; without objectives, a
+2xx within `slo_ms` end to end.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from surge.loadtest.stats import latency_key, percentile
+from surge.loadtest.traces import TraceRequest
+from surge.policy.admission import admit, queue_share
+from surge.policy.engine_load import EngineLoad, EngineReport, fresh_load
+from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
+from surge.sim.cluster import ClusterState
+from surge.sim.engine_model import StepOutput
+from surge.sim.event_flow import EventFlow
+from surge.sim.llm_replica import LLMReplica, LLMRequest
+from surge.sim.llm_spec import LLMSpec
+from surge.sim.scenario import Scenario
+
+__all__ = ["LLMFlow"]
+
+_EPS = 1e-9
+
+
+class LLMFlow(EventFlow):
+    def __init__(self, scenario: Scenario, rng: random.Random, points: int) -> None:
+        super().__init__(points, scenario.slo_ms / 1000)
+        spec = scenario.llm
+        assert spec is not None
+        self.spec: LLMSpec = spec
+        self.rng = rng
+        self.overhead_s = scenario.service.overhead_s
+        self.timeout_s = scenario.traffic.timeout_s
+        self.capacity = scenario.deployment.max_ongoing_requests
+        routers = scenario.cluster.proxies
+        self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
+        self.max_wait_s = scenario.deployment.queue_wait_limit_s
+        self.waiting: deque[LLMRequest] = deque()  # in the router, in arrival order
+        self.replicas: list[LLMReplica] = []  # routable, in the cluster's order
+        self.by_id: dict[str, LLMReplica] = {}
+        self._next = 0  # the trace's next request
+        self._turn = 0  # round robin's
+        self._now = 0.0  # the time of the event being handled (for report ages)
+        # per request that finished: (arrival time, TTFT s, TPOT s or -1, within SLO)
+        self.finished: list[tuple[float, float, float, bool]] = []
+
+    def __repr__(self) -> str:
+        return (f"<LLMFlow {self.spec.routing} ongoing={self.ongoing} queued={self.queued} "
+                f"replicas={len(self.replicas)} {self.totals}>")
+
+    # -- arrivals ------------------------------------------------------------------------
+
+    def begin_tick(self, t0: float, t1: float) -> None:
+        """Schedule the trace's requests that arrive in [t0, t1)."""
+        requests = self.spec.requests
+        while self._next < len(requests) and requests[self._next].at_s < t1 - _EPS:
+            r = requests[self._next]
+            self.at(max(r.at_s, t0), self._arrive, (self._next, r))
+            self._next += 1
+
+    def _arrive(self, item: tuple[int, TraceRequest], now: float) -> None:
+        index, trace = item
+        self._now = now
+        request = LLMRequest(index, now, self.point, trace)
+        self.count_arrival()
+        replica = self._choose()
+        if replica is not None:
+            self._dispatch(request, replica, now)
+            return
+        queued_before = self.queued
+        if admit(queued_before, self.queue_limit, self.drain_per_s, self.max_wait_s) is not None:
+            request.done = True
+            self.count_rejection()
+            return
+        self.queued += 1
+        self.waiting.append(request)
+        if queued_before == 0 and self.pressure_at is None:
+            self.pressure_at = now  # a router tells the controller at once (urgent)
+        self.at(now + self.timeout_s, self._time_out, request)
+
+    def _time_out(self, request: LLMRequest, now: float) -> None:
+        if request.done:
+            return
+        request.done = True
+        self.queued -= 1
+        self.waiting.remove(request)
+        self.count_timeout(request.point)
+
+    # -- routing -------------------------------------------------------------------------
+
+    def _choose(self) -> LLMReplica | None:
+        replicas = self.replicas
+        if not replicas:
+            return None
+        if self.spec.routing == "round_robin":
+            for k in range(len(replicas)):
+                replica = replicas[(self._turn + k) % len(replicas)]
+                if replica.in_flight < self.capacity:
+                    self._turn = (self._turn + k + 1) % len(replicas)
+                    return replica
+            return None
+        in_flight = [r.in_flight for r in replicas]
+        index = choose_by_score(in_flight, [self._score(r) for r in replicas], self.capacity,
+                                self.rng)
+        return None if index == NO_REPLICA else replicas[index]
+
+    def _score(self, replica: LLMReplica) -> int:
+        if replica.reported is None:
+            return replica.in_flight
+        queue, then, at = replica.reported
+        return engine_score(queue, replica.in_flight - then, replica.in_flight,
+                            self._now - at, self.spec.report_s)
+
+    def _dispatch(self, request: LLMRequest, replica: LLMReplica, now: float) -> None:
+        request.done = True
+        request.replica = replica
+        self.ongoing += 1
+        replica.in_flight += 1
+        delay = self.spec.timing.request_s
+        if delay > 0:  # the frontend's cost, before the engine sees it (as the mock)
+            self.at(now + delay, self._add, request)
+        else:
+            self._add(request, now)
+
+    def _wake(self, now: float) -> None:
+        """Requests finished: send the router's waiting ones while replicas have room."""
+        self._now = now
+        while self.waiting:
+            replica = self._choose()
+            if replica is None:
+                return
+            request = self.waiting.popleft()
+            self.queued -= 1
+            self._dispatch(request, replica, now)
+
+    # -- the engines ---------------------------------------------------------------------
+
+    def _add(self, request: LLMRequest, now: float) -> None:
+        replica = request.replica
+        assert replica is not None
+        replica.add(request)
+        if not replica.stepping:
+            self._step(replica, now)
+
+    def _step(self, replica: LLMReplica, now: float) -> None:
+        out = replica.step()
+        if out is not None:
+            self.at(now + replica.duration(out), self._step_end, (replica, out))
+
+    def _step_end(self, item: tuple[LLMReplica, StepOutput], now: float) -> None:
+        replica, out = item
+        self._now = now
+        for sid, _ in out.tokens:
+            request = replica.requests[sid]
+            request.tokens += 1
+            if request.first_at is None:
+                request.first_at = now
+        for sid in out.finished:
+            self._complete(replica.requests.pop(sid), replica, now)
+        self._step(replica, now)
+        if out.finished:
+            self._wake(now)
+
+    def _complete(self, request: LLMRequest, replica: LLMReplica, now: float) -> None:
+        replica.in_flight -= 1
+        self.ongoing -= 1
+        assert request.first_at is not None
+        ttft = request.first_at - request.arrived + self.overhead_s
+        tpot = ((now - request.first_at) / (request.tokens - 1) if request.tokens > 1
+                else -1.0)
+        spec = self.spec
+        if spec.ttft_s is None and spec.tpot_s is None:
+            within = now - request.arrived + self.overhead_s <= self.slo_s + 1e-12
+        else:
+            within = ((spec.ttft_s is None or ttft <= spec.ttft_s + 1e-12)
+                      and (spec.tpot_s is None or tpot <= spec.tpot_s + 1e-12))
+        self.finished.append((request.arrived, ttft, tpot, within))
+        self.count_completion(request.point, now - request.arrived + self.overhead_s, within)
+
+    # -- replicas and their reports ---------------------------------------------------------
+
+    def sync(self, cluster: ClusterState, now: float) -> None:
+        """Follow the cluster's routable replicas (a new one starts with an empty cache)."""
+        routable = [r.replica_id for r in cluster.replicas.values() if r.routable]
+        if [r.replica_id for r in self.replicas] == routable:
+            return
+        for replica in self.replicas:
+            replica.routable = False
+        for replica_id in routable:
+            if replica_id not in self.by_id:
+                replica = LLMReplica.new(replica_id, self.spec.timing)
+                self.by_id[replica_id] = replica
+                # its reports come every report_s, at a phase of its own
+                self.at(now + self.rng.uniform(0, self.spec.report_s), self._report, replica)
+        self.replicas = [self.by_id[i] for i in routable]
+        for replica in self.replicas:
+            replica.routable = True
+        for replica_id in [i for i, r in self.by_id.items() if not r.routable and
+                           not r.in_flight]:
+            del self.by_id[replica_id]  # gone, its requests done
+        self._now = now
+        self._wake(now)
+
+    def _report(self, replica: LLMReplica, now: float) -> None:
+        """A replica's routing stats (to the router) and autoscaling stats (controller)."""
+        if not replica.routable:
+            return
+        model = replica.model
+        replica.reported = (replica.queue, replica.in_flight, now)
+        replica.kv_reported = (float(len(model.waiting)), float(len(model.running)),
+                               model.blocks.usage())
+        self.at(now + self.spec.report_s, self._report, replica)
+
+    def engine_load(self, now: float) -> EngineLoad | None:
+        reports = [EngineReport(r.replica_id, *r.kv_reported, period_s=self.spec.report_s,
+                                at=r.reported[2])
+                   for r in self.replicas if r.reported is not None]
+        return fresh_load(reports, now)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def percentiles(self, which: int, until: float | None = None) -> dict[str, float | None]:
+        """p50/p90/p99 in ms of TTFT (which=1) or TPOT (2) of requests arrived before
+        `until` (all: None)."""
+        values = [row[which] for row in self.finished
+                  if row[which] >= 0 and (until is None or row[0] < until)]
+        histogram: dict[int, int] = {}
+        for v in values:
+            key = latency_key(v)
+            histogram[key] = histogram.get(key, 0) + 1
+        return {f"p{q}": percentile(histogram, q / 100) for q in (50, 90, 99)}

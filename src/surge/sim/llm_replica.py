@@ -1,0 +1,152 @@
+"""One simulated LLM replica: an EngineModel stepped on virtual time, as the mock engine is.
+
+surge.testing's MockVLLMEngine loops: wait for work, `step()`, sleep the step's modelled
+duration, hand out its tokens. The simulator does the same on its event heap
+(sim/llm_flow.py): a step starts when a request is added to an idle engine or when the
+step before ends with work left, and its tokens (first tokens, finished sequences)
+count at its end. A request reaches the engine `request_s` after it was dispatched (the
+frontend's cost, as the mock sleeps it). So one request alone sees exactly the model's
+TTFT: `request_s` + the steps up to its first token.
+
+Prompts are token ids: equal Mooncake hash ids give equal 512-token blocks (prefix reuse
+survives, as loadtest/traces.prompt_words keeps it for a real run); a request without
+hash ids has a first token of its own, so no block of it is ever another's.
+
+`probe_capacity` runs one engine closed-loop on a trace's lengths with a fixed number
+of requests in flight: what one replica completes per second at that load, the unit of
+the LLM report's oracle.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from itertools import cycle
+
+from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest
+from surge.sim.engine_model import VOCAB, EngineModel, EngineTiming, StepOutput
+
+__all__ = ["LLMReplica", "LLMRequest", "probe_capacity", "prompt_tokens"]
+
+# Token ids are 32-bit in block hashes (sim/kv_blocks.py): block ids are folded below this.
+_TOKEN_SPACE = 4_000_000_000
+# A step that scheduled nothing still takes this long (never a zero-time loop).
+_MIN_STEP_S = 1e-4
+# The probe measures after this many completions, over this many more.
+_PROBE_WARMUP = 50
+_PROBE_COMPLETIONS = 300
+_PROBE_REQUESTS = 2000  # the trace's first, whose lengths it cycles through
+
+
+def prompt_tokens(request: TraceRequest, index: int) -> tuple[int, ...]:
+    """`input_length` token ids; equal hash ids, equal blocks; else the request's own."""
+    n = request.input_length
+    if not request.hash_ids:
+        return (VOCAB + index % (_TOKEN_SPACE - VOCAB), *range(1, n))
+    out: list[int] = []
+    for block in request.hash_ids:
+        base = block * 7919
+        out += [(base + j) % _TOKEN_SPACE for j in range(BLOCK_TOKENS)]
+        if len(out) >= n:
+            break
+    out += range(len(out), n)  # longer than its blocks (never in generated traces)
+    return tuple(out[:n])
+
+
+@dataclass(eq=False, slots=True)
+class LLMRequest:
+    index: int  # in the trace
+    arrived: float
+    point: int  # the 100 ms point it arrived in
+    trace: TraceRequest
+    done: bool = False  # dispatched, timed out or rejected: the router is done with it
+    replica: LLMReplica | None = None
+    first_at: float | None = None  # its first token
+    tokens: int = 0  # output tokens so far
+
+
+@dataclass(eq=False)
+class LLMReplica:
+    replica_id: str
+    model: EngineModel
+    in_flight: int = 0  # dispatched here and not finished
+    stepping: bool = False  # a step is under way
+    routable: bool = True
+    requests: dict[str, LLMRequest] = field(default_factory=dict)
+    # the last routing-stats report: (engine queue, in flight then, when)
+    reported: tuple[int, int, float] | None = None
+    kv_reported: tuple[float, float, float] = (0.0, 0.0, 0.0)  # waiting, running, KV use
+    steps: int = 0
+
+    @classmethod
+    def new(cls, replica_id: str, timing: EngineTiming) -> LLMReplica:
+        return cls(replica_id, EngineModel(timing))
+
+    def __repr__(self) -> str:
+        return (f"<LLMReplica {self.replica_id} in_flight={self.in_flight} "
+                f"routable={self.routable} {self.model!r}>")
+
+    @property
+    def queue(self) -> int:
+        """What the engine holds: waiting + running sequences (its routing stats)."""
+        return len(self.model.waiting) + len(self.model.running)
+
+    def add(self, request: LLMRequest) -> None:
+        sid = str(request.index)
+        self.requests[sid] = request
+        self.model.add(sid, prompt_tokens(request.trace, request.index),
+                       max(1, request.trace.output_length))
+
+    def step(self) -> StepOutput | None:
+        """The next step (None: the engine is idle); its duration is never zero."""
+        if self.model.idle:
+            self.stepping = False
+            return None
+        self.stepping = True
+        self.steps += 1
+        return self.model.step()
+
+    @staticmethod
+    def duration(out: StepOutput) -> float:
+        return out.duration_s if out.duration_s > 0 else _MIN_STEP_S
+
+
+def probe_capacity(timing: EngineTiming, requests: tuple[TraceRequest, ...],
+                   in_flight: int) -> tuple[float, float]:
+    """(completions per second, mean request seconds) of one engine kept at `in_flight`
+    requests, drawn in turn from `requests`' lengths (virtual time)."""
+    lengths = tuple((r.input_length, r.output_length) for r in requests[:_PROBE_REQUESTS])
+    return _probe(timing, lengths or ((1, 1),), in_flight)
+
+
+@functools.lru_cache(maxsize=16)  # a scenario's variants are validated with the same
+def _probe(timing: EngineTiming, requests: tuple[tuple[int, int], ...],
+           in_flight: int) -> tuple[float, float]:
+    model = EngineModel(timing)
+    lengths = cycle(requests)
+    started: dict[str, float] = {}
+    index, now, done = 0, 0.0, 0
+    measured_from = spent = 0.0
+
+    def add() -> None:
+        nonlocal index
+        prompt, output = next(lengths)
+        sid = str(index)
+        model.add(sid, (VOCAB + index, *range(1, prompt)), max(1, output))
+        started[sid] = now
+        index += 1
+
+    for _ in range(max(1, in_flight)):
+        add()
+    while done < _PROBE_WARMUP + _PROBE_COMPLETIONS:
+        out = model.step()
+        now += out.duration_s if out.duration_s > 0 else _MIN_STEP_S
+        for sid in out.finished:
+            done += 1
+            if done == _PROBE_WARMUP:
+                measured_from = now
+            elif done > _PROBE_WARMUP:
+                spent += now - started[sid]
+            del started[sid]
+            add()
+    return _PROBE_COMPLETIONS / (now - measured_from), spent / _PROBE_COMPLETIONS

@@ -1,0 +1,148 @@
+"""LLM scenarios: the `llm:` section's errors, determinism, and EngineModel's exact TTFT."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from surge.loadtest.traces import TraceRequest, write_burstgpt
+from surge.sim import simulate
+from surge.sim.engine import Simulation
+from surge.sim.engine_model import EngineModel, EngineTiming
+from surge.sim.llm_replica import prompt_tokens
+from surge.sim.llm_report import direction_changes, replica_timeline
+from surge.sim.scenario import Scenario, ScenarioError
+
+TIMING = {"step_s": 0.01, "decode_s_per_seq": 0.001, "prefill_s_per_token": 0.0001,
+          "max_num_seqs": 4, "max_num_batched_tokens": 256, "num_blocks": 512,
+          "block_size": 16, "max_model_len": 2048, "request_s": 0.003}
+
+
+def scenario(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "llm-small", "seed": 5,
+        "cluster": {"nodes": 1, "replicas_per_node": 4, "startup_s": 2},
+        "traffic": {"timeout_s": 60,
+                    "schedule": [{"rps": 1.0, "for_s": 10}, {"rps": 6.0, "for_s": 20}]},
+        "llm": {"engine": dict(TIMING), "trace": {"shape": "burstgpt"},
+                "objectives": {"ttft_ms": 1000, "tpot_ms": 50}},
+        "deployment": {"name": "LLM", "max_ongoing_requests": 8,
+                       "autoscaling_config": {"min_replicas": 1, "max_replicas": 4,
+                                              "target_ongoing_requests": 4}}}
+    for key, value in changes.items():
+        node = data
+        *path, last = key.split(".")
+        for part in path:
+            node = node[part]
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return data
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"llm.routing": "random"}, "llm.routing must be one of engine_score, round_robin"),
+    ({"llm.engine.step_ms": 3}, "unknown key 'step_ms'"),
+    ({"llm.engine.max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+    ({"llm.trace": {"shape": "sharegpt"}}, "llm.trace.shape must be one of burstgpt"),
+    ({"llm.trace": {"shape": "burstgpt", "file": "t.csv"}}, "give either shape"),
+    ({"llm.trace": {}}, "give either shape"),
+    ({"llm.trace": "burstgpt"}, "llm.trace must be a mapping"),
+    ({"llm.objectives": {"ttft": 100}}, "Did you mean 'ttft_ms'"),
+    ({"llm.objectives": {"ttft_ms": -1}}, "ttft_ms must be a number > 0"),
+    ({"llm.report_interval_s": 1}, "unknown key 'report_interval_s'"),
+    ({"llm.trace": {"shape": "burstgpt", "burstiness": 0}}, "burstiness must be a number > 0"),
+    ({"llm.trace": {"file": "missing.csv"}}, "cannot read"),
+    ({"multiplex": {"models": 4}}, "llm with multiplex is not modelled"),
+])
+def test_a_bad_llm_section_is_a_clear_config_error(changes: dict[str, Any], message: str,
+                                                   tmp_path: Path) -> None:
+    data = scenario(**changes)
+    with pytest.raises(ScenarioError, match=r"llm-small\.yaml") as caught:
+        Scenario.from_mapping(data, str(tmp_path / "llm-small.yaml"), tmp_path)
+    assert message in str(caught.value)
+
+
+def test_a_trace_file_gives_the_arrivals_and_must_fit_the_engine(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    write_burstgpt([TraceRequest(0.0, 100, 10), TraceRequest(2.5, 3000, 10)], trace)
+    data = scenario(**{"llm.trace": {"file": "t.csv"}, "traffic.schedule": None})
+    with pytest.raises(ScenarioError, match=r"request 1 \(3000 prompt \+ 10 output tokens\) "
+                                            "does not fit the engine's max_model_len 2048"):
+        Scenario.from_mapping(data, "s.yaml", tmp_path)
+    write_burstgpt([TraceRequest(0.0, 100, 10), TraceRequest(2.5, 300, 10)], trace)
+    loaded = Scenario.from_mapping(data, "s.yaml", tmp_path)
+    assert loaded.llm is not None and [r.at_s for r in loaded.llm.requests] == [0.0, 2.5]
+    assert loaded.traffic.schedule.duration_s == 3.0  # 1 s steps, as surge pulse makes them
+    with pytest.raises(ScenarioError, match=r"llm\.trace\.file gives the arrivals"):
+        Scenario.from_mapping(scenario(**{"llm.trace": {"file": "t.csv"}}), "s.yaml", tmp_path)
+
+
+def test_a_shaped_trace_follows_the_schedule_and_fits_the_engine() -> None:
+    loaded = Scenario.from_mapping(scenario())
+    assert loaded.llm is not None
+    times = [r.at_s for r in loaded.llm.requests]
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 30
+    before = sum(t < 10 for t in times)
+    after = len(times) - before
+    assert after > 4 * before  # 6 req/s for 20 s after 1 req/s for 10 s, bursty
+    assert all(r.input_length + r.output_length <= 2048 for r in loaded.llm.requests)
+    assert loaded.per_replica_rps > 0 and loaded.service.time_s.mean > 0
+
+
+def _summary(data: dict[str, Any]) -> dict[str, Any]:
+    run = simulate(Scenario.from_mapping(copy.deepcopy(data)))
+    summary = dict(run.summary)
+    return summary
+
+
+def test_a_small_llm_scenario_runs_deterministically() -> None:
+    first, again = _summary(scenario()), _summary(scenario())
+    assert first == again
+    llm = first["llm_sim"]
+    assert llm["finished"] == first["ok"] > 0
+    assert llm["ttft_ms"]["p50"] is not None and llm["tpot_ms"]["p99"] is not None
+    assert llm["first_scale_up_s"] is not None  # 6x the rate: it scaled
+    other = _summary(scenario(seed=6))
+    assert other["llm_sim"]["ttft_ms"] != llm["ttft_ms"]
+
+
+def test_one_request_sees_exactly_the_engine_models_ttft_and_last_token(
+        tmp_path: Path) -> None:
+    request = TraceRequest(0.0, 700, 5)  # 700 > 256: a prefill in three chunks
+    write_burstgpt([request], tmp_path / "one.csv")
+    data = scenario(**{"llm.trace": {"file": "one.csv"}, "traffic.schedule": None,
+                       "deployment.autoscaling_config": None,
+                       "deployment.num_replicas": 1})
+    sim = Simulation(Scenario.from_mapping(data, "one.yaml", tmp_path)).run()
+    assert sim.llm is not None
+    [(arrived, ttft, tpot, _)] = sim.llm.finished
+
+    model = EngineModel(EngineTiming(**TIMING))
+    model.add("0", prompt_tokens(request, 0), request.output_length)
+    now, first, last = TIMING["request_s"], None, None
+    while not model.idle:
+        out = model.step()
+        now += out.duration_s
+        if out.first and first is None:
+            first = now
+        if out.finished:
+            last = now
+    assert first is not None and last is not None
+    assert arrived == 0.0
+    assert ttft == first  # exact: the same steps, the same durations
+    assert tpot == (last - first) / (request.output_length - 1)
+
+
+def test_direction_changes_and_the_replica_timeline() -> None:
+    from surge.loadtest.stats import ReplicaSample
+    from surge.sim.engine import DecisionLog
+    log = [DecisionLog(1, 1, 2, ""), DecisionLog(2, 2, 4, ""), DecisionLog(3, 4, 3, ""),
+           DecisionLog(4, 3, 5, ""), DecisionLog(5, 5, 5, "")]
+    assert direction_changes(log) == 2
+    samples = [ReplicaSample(t + 0.05, 1 if t < 30 else 3, 0) for t in range(0, 60)]
+    assert replica_timeline(samples, 60.0) == [1.0, 3.0]
