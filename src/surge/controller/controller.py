@@ -68,7 +68,7 @@ from surge.policy.autoscale_step import (
 from surge.policy.autoscaling import LoadSample
 from surge.policy.cadence import load_report_interval_s, telemetry_interval_s
 from surge.policy.engine_load import EngineReport
-from surge.policy.lifecycle import ReplicaState
+from surge.policy.lifecycle import LOADED, ReplicaState
 
 __all__ = ["TICK_S", "Controller"]
 
@@ -188,7 +188,7 @@ class Controller:
                 replica.heard_at = self.clock.monotonic()  # (a default health check)
         elif topic == "engine_load" and isinstance(value, EngineReport):
             replica = self.state.replicas.get(value.replica_id)
-            if replica is not None:
+            if replica is not None and replica.state in LOADED:  # not a standby's
                 self.engines.report(replica.deployment, value, self.clock.monotonic())
         elif topic in ("load", "load_urgent"):
             now = self.clock.monotonic()

@@ -4,14 +4,16 @@
         │           │           │            │
         └───────────┴───────────┴────────────┴──▶ FAILED
 
-A replica leaves the route tables when it leaves RUNNING.
+A replica leaves the route tables when it leaves RUNNING. Only a replica that holds
+requests (RUNNING, or DRAINING what it holds) has a load: the reports of a STARTING or
+STANDBY one, an idle engine by construction, count in no autoscaling signal.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "ReplicaState", "transition"]
+__all__ = ["LOADED", "TRANSITIONS", "IllegalTransition", "ReplicaState", "transition"]
 
 
 class ReplicaState(enum.StrEnum):
@@ -34,6 +36,9 @@ TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
 }
 ROUTABLE = frozenset({S.RUNNING})
 ALIVE = frozenset({S.STARTING, S.STANDBY, S.RUNNING, S.DRAINING})
+# Whose engine reports are load: a standby's idle engine, counted, would dilute the
+# per-replica load (policy/engine_load.py sizes from it) as if it served.
+LOADED = frozenset({S.RUNNING, S.DRAINING})
 
 
 class IllegalTransition(Exception):
