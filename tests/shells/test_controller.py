@@ -569,6 +569,60 @@ def test_the_controller_and_the_simulator_take_the_same_decision() -> None:
                                                                     decision.reason)
 
 
+def test_the_controller_and_the_simulator_size_for_the_same_llm_objectives() -> None:
+    """Latency objectives go through the one step too: the same engine reports (summed by
+    the controller's EngineTracker, handed whole to the simulator) and the same load give
+    the same prefill-bound decision through both callers."""
+    from surge.policy.autoscaling import DecisionKind, LoadSample
+    from surge.policy.engine_load import EngineReport, fresh_load
+    from surge.sim.engine import Simulation
+    from surge.sim.scenario import Scenario
+
+    scaling = {"min_replicas": 1, "max_replicas": 20, "upscale_delay_s": 30.0,
+               "target_ongoing_requests": 256, "objectives": {"ttft_ms": 500, "tpot_ms": 50}}
+    flat = [LoadSample(t=9.0 + i / 10, arrivals=2.0, completions=2.0, rejections=0,
+                       queued=0.0, ongoing=10.0) for i in range(1, 11)]
+    reports = [EngineReport(f"Model-{i}", 0, 20, 0.3, 0.25, prefill_backlog_tokens=30_000,
+                            prefill_tokens_per_s=20_000, prompt_tokens=2_000,
+                            decode_step_s=0.01, decode_s_per_seq=0.0002) for i in (1, 2)]
+    engines = fresh_load(reports, 0.0)
+    sim = Simulation(Scenario.from_mapping({
+        "name": "same", "cluster": {"nodes": 1, "replicas_per_node": 20, "startup_s": 1},
+        "service": {"service_time_ms": 20}, "traffic": {"schedule": [{"rps": 1, "for_s": 1}]},
+        "deployment": {"name": "Model",
+                       "autoscaling_config": {**scaling, "initial_replicas": 2}},
+        "control": {"report_interval_s": 0, "urgent_decisions": False, "clock_offset_s": 0}}),
+        engine_load=lambda now: engines)
+    sim.cluster.warm(0.0, 2, 0)
+    sim.samples.extend(flat)
+    sim._decide(10.0, None)
+
+    async def controller_decision() -> Any:
+        clock = FakeClock(monotonic=10.0)
+        clock.set_time_of_day(0, 0, 10.0)
+        h = Harness(clock=clock)
+        config = DeploymentConfig(name="Model", autoscaling_config=AutoscalingConfig(
+            **scaling, initial_replicas=2))
+        await h.deploy(app(config))
+        await h.tick(0.0)
+        peers = {replica_id: await h.ready(replica_id) for replica_id in h.backend.started()}
+        for report in reports:
+            h.controller.on_push(peers[report.replica_id], "engine_load", report)
+        record = h.state.deployments[DID]
+        record.startup_lead_s = sim.cluster.startup_lead_s
+        series = h.controller.load.series[DID]
+        series.clear()
+        series.extend(flat)
+        h.controller.decide_now(DID)
+        return h.controller.autoscaler.last[DID]
+
+    decision = asyncio.run(controller_decision())
+    # 60,000 prompt tokens waiting, drained at 20,000 tokens/s a replica within 0.5 s: 6
+    assert decision.kind is DecisionKind.UP_PREFILL and decision.target == 6
+    assert (sim.decisions[-1].target, sim.decisions[-1].kind, sim.decisions[-1].reason) == (
+        decision.target, decision.kind.value, decision.reason)
+
+
 # -- rolling update and delete ---------------------------------------------------------------
 
 

@@ -13,7 +13,9 @@ from surge.config.app import AppSpec, AuthConfig, route_prefix_problem
 from surge.config.autoscaling import (
     AutoscalingConfig,
     AutoscalingPolicy,
+    Objectives,
     ScheduleWindow,
+    parse_objectives,
     parse_schedule,
 )
 from surge.config.defaults import (
@@ -89,6 +91,7 @@ __all__ = [
     "DeploymentConfig",
     "DeploymentSpec",
     "HTTPOptions",
+    "Objectives",
     "ProxyLocation",
     "ReplicaResources",
     "RequestRouterConfig",
@@ -97,6 +100,7 @@ __all__ = [
     "default_proxy_workers",
     "from_mapping",
     "gRPCOptions",
+    "parse_objectives",
     "parse_schedule",
     "route_prefix_problem",
     "runtime_env_uploads",

@@ -1,4 +1,5 @@
-"""Ray Serve's `AutoscalingConfig` (and surge's standbys and daily schedule floors)."""
+"""Ray Serve's `AutoscalingConfig` (and surge's standbys, daily schedule floors and LLM
+latency objectives)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,40 @@ def parse_schedule(windows: Sequence[Mapping[str, Any]]) -> tuple[ScheduleWindow
     return tuple(parsed)
 
 
+OBJECTIVE_KEYS = ("ttft_ms", "tpot_ms", "shed")
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """An LLM deployment's latency objectives (p99 targets, seconds here): the proactive
+    policy sizes for them (policy/llm_objectives.py), and with `shed` a replica answers
+    429 to what its engine could not start within the TTFT target (policy/llm_shedding.py)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    shed: bool = True
+
+
+def parse_objectives(data: Any) -> Objectives:
+    """`objectives: {ttft_ms: 500, tpot_ms: 50, shed: true}` -> Objectives (ConfigError)."""
+    where = "autoscaling_config.objectives"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a mapping like {{ttft_ms: 500, tpot_ms: 50}}, "
+                          f"got {data!r}")
+    check_keys(data, OBJECTIVE_KEYS, where)
+    ttft = number_in(data, "ttft_ms", where, gt=0, allow_none=True)
+    tpot = number_in(data, "tpot_ms", where, gt=0, allow_none=True)
+    if ttft is None and tpot is None:
+        raise ConfigError(f"{where} states no objective; give ttft_ms, tpot_ms or both "
+                          "(p99 targets in milliseconds)")
+    shed = data.get("shed", True)
+    if not isinstance(shed, bool):
+        raise ConfigError(f"{where}.shed must be true or false, got {shed!r}")
+    if shed and ttft is None:
+        shed = False  # shedding is against the TTFT target: without one there is none
+    return Objectives(None if ttft is None else ttft / 1000,
+                      None if tpot is None else tpot / 1000, shed)
+
 
 @dataclass(frozen=True, kw_only=True)
 class AutoscalingPolicy:
@@ -96,6 +131,8 @@ class AutoscalingConfig:
     policy: Mapping[str, Any] | None = None  # or an AutoscalingPolicy (made a mapping)
     standby_replicas: int = 0
     schedule: tuple[Mapping[str, Any], ...] = ()
+    # surge: an LLM deployment's p99 TTFT / TPOT targets (see Objectives)
+    objectives: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         number("min_replicas", self.min_replicas, ge=0, integer=True)
@@ -124,6 +161,8 @@ class AutoscalingConfig:
                 "{start: '23:50', end: '00:30', min_replicas: 8}.")
         object.__setattr__(self, "schedule", tuple(self.schedule))
         parse_schedule(self.schedule)
+        if self.objectives is not None:
+            parse_objectives(self.objectives)
         if isinstance(self.policy, AutoscalingPolicy):
             object.__setattr__(self, "policy", self.policy.as_mapping())
         if self.policy is not None:
@@ -134,6 +173,10 @@ class AutoscalingConfig:
     @property
     def schedule_windows(self) -> tuple[ScheduleWindow, ...]:
         return parse_schedule(self.schedule)
+
+    @property
+    def latency_objectives(self) -> Objectives | None:
+        return None if self.objectives is None else parse_objectives(self.objectives)
 
     @classmethod
     def default(cls) -> AutoscalingConfig:

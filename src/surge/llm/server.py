@@ -187,10 +187,14 @@ class _Server:
         return stats
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use."""
+        """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use, and
+        what it sustains as the replica measured it (llm/capacity.py: the prefill backlog
+        and rate, the mean prompt, the decode step's cost), for latency objectives."""
         stats = self._fresh_stats()
+        measured = self.service.capacity.report(self.service.clock()) \
+            if self.service is not None else {}
         return {"engine_waiting": float(stats.waiting), "engine_running": float(stats.running),
-                "kv_cache_usage": stats.kv_cache_usage}
+                "kv_cache_usage": stats.kv_cache_usage, **measured}
 
     async def shutdown(self) -> None:
         engine, self.engine = self.engine, None

@@ -13,6 +13,13 @@ gets a `ChunkCoverage` (policy/kv_chunks.py): each prompt that came as an HTTP b
 once its first token went out (never before it: naming a long prompt takes ~1 ms),
 named in the routers' chunks and read against the engine's blocks, so LLMServer's
 routing stats can tell routers what the engine holds.
+
+Every run is counted in the service's `CapacityMeter` (llm/capacity.py: its prompt in
+the prefill backlog until its first token, its inter-token gaps against the decode
+batch), which LLMServer's autoscaling stats report. With a TTFT objective (the
+deployment's `autoscaling_config.objectives`, shed on), a request that would wait past
+it behind the backlog is answered 429 with Retry-After when prepared
+(policy/llm_shedding.py).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from contextlib import aclosing
 from typing import Any
 
 from surge.codecs.kv_events import replay
+from surge.config.autoscaling import Objectives, parse_objectives
+from surge.llm.capacity import CapacityMeter
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -60,9 +69,10 @@ from surge.llm.responses import (
 )
 from surge.policy.kv_chunks import ChunkCoverage
 from surge.policy.llm_models import split_lora_id
+from surge.policy.llm_shedding import shed_retry_after
 from surge.policy.prefix_index import chunk_names, prompt_stream
 
-__all__ = ["OpenAIService", "Run", "engine_error"]
+__all__ = ["OpenAIService", "Run", "engine_error", "objectives_of"]
 
 
 def engine_error(exc: BaseException) -> OpenAIError:
@@ -100,6 +110,9 @@ class OpenAIService:
         # what the engine caches, in the routers' chunk names (engines with KV events)
         self.prefixes = ChunkCoverage() if callable(getattr(engine, "kv_events", None)) \
             else None
+        self.capacity = CapacityMeter()  # what the engine sustains (autoscaling stats)
+        self.objectives = objectives_of(config)
+        self.shed = 0  # requests answered 429 against the TTFT objective
 
     def __repr__(self) -> str:
         return f"<OpenAIService {self.model_id} adapters={self.adapters}>"
@@ -202,11 +215,29 @@ class OpenAIService:
     def _run(self, kind: str, request: ChatCompletionRequest | CompletionRequest,
              prompt: Prompt, adapter: str | None, started: float, body: bytes | None) -> Run:
         prompt_tokens = len(prompt.token_ids or ())
+        self._admit(prompt_tokens)
         params = sampling_params(request, prompt_tokens, self.info.max_model_len)
         run = Run(self, kind, request, prompt, params, adapter, started)
         if self.prefixes is not None:
             run.body = body  # its prompt is read once the engine computed it
         return run
+
+    def _admit(self, prompt_tokens: int) -> None:
+        """Shed (429) a request its TTFT objective cannot be met for behind the backlog."""
+        objectives = self.objectives
+        if objectives is None or not objectives.shed or objectives.ttft_s is None:
+            return
+        meter = self.capacity
+        retry = shed_retry_after(meter.backlog_tokens, prompt_tokens,
+                                 meter.prefill_tokens_per_s, objectives.ttft_s)
+        if retry is None:
+            return
+        self.shed += 1
+        raise OpenAIError(429, f"The model {self.model_id!r} is at capacity: "
+                               f"{meter.backlog_tokens} prompt tokens are waiting, which "
+                               f"misses its TTFT objective of {objectives.ttft_s * 1000:g} "
+                               "ms; retry later", type="rate_limit_error",
+                          code="rate_limit_exceeded", retry_after_s=retry)
 
     def prompt_served(self, run: Run) -> None:
         """The engine computed `run`'s prompt (its first token went out): its chunks, as
@@ -344,11 +375,14 @@ class Run:
         next one), and inter-token gaps at the end: never between a token and its send.
         """
         service = self.service
-        engine, metrics, clock = service.engine, service.metrics, service.clock
+        engine, metrics, clock, meter = (service.engine, service.metrics, service.clock,
+                                         service.capacity)
         overhead = clock() - self.started
         finished, first, last = False, True, 0.0
         ttft: float | None = None
         gaps: list[float] = []
+        prompt_tokens = len(self.prompt.token_ids or ())
+        meter.admitted(prompt_tokens, clock())
         try:
             async for delta in engine.generate(self.prompt, self.params, self.request_id,
                                                adapter=self.adapter):
@@ -358,8 +392,11 @@ class Run:
                     first = False
                     usage.prompt, usage.cached = delta.prompt_tokens, delta.cached_tokens
                     ttft = now - self.started
+                    meter.first_token(prompt_tokens, now)
                 elif count:
-                    gaps.append((now - last) / count)
+                    gap = (now - last) / count
+                    gaps.append(gap)
+                    meter.gap(gap, meter.decoding)
                 last = now
                 usage.completion += count
                 yield delta
@@ -374,6 +411,7 @@ class Run:
         except (EngineError, ValueError) as exc:
             raise engine_error(exc) from None
         finally:
+            meter.ended(prompt_tokens, not first, clock())
             try:
                 if not finished:  # cancelled (client gone), or failed: free its slot
                     service.aborted += 1
@@ -384,6 +422,14 @@ class Run:
                 for gap in gaps:
                     metrics.itl.observe(gap)
                 metrics.request_done(usage.prompt, usage.completion, clock() - self.started)
+
+
+def objectives_of(config: LLMConfig) -> Objectives | None:
+    """The latency objectives in the LLMConfig's deployment_config (its autoscaling_config),
+    where Ray Serve LLM's users set autoscaling; None when it states none."""
+    scaling = config.deployment_config.get("autoscaling_config")
+    objectives = scaling.get("objectives") if isinstance(scaling, dict) else None
+    return parse_objectives(objectives) if objectives is not None else None
 
 
 def unknown_model(model: str) -> OpenAIError:

@@ -4,10 +4,12 @@ The step, in order: the daily schedule's floors in force at the local time of da
 (policy.schedule) raise `min_replicas` and the standby count; the deployment's policy
 (policy.resolve: built-in or the user's) decides on the load samples with those floors
 applied (and, for engines that report their queues, the replicas those ask for:
-policy.engine_load); a policy that raises is itself a decision (kind POLICY_FAILED, the target
-stays), never an exception that stops a control loop. Last, when the node's CPU is
-saturated and the replicas added last did not raise throughput (policy.saturation), a
-decision to add more keeps the target instead (kind NODE_SATURATED).
+policy.engine_load, and for an LLM deployment with latency objectives the engines'
+measured capacity: policy.llm_objectives); a policy that raises is itself a decision
+(kind POLICY_FAILED, the target stays), never an exception that stops a control loop.
+Last, when the node's CPU is saturated and the replicas added last did not raise
+throughput (policy.saturation), a decision to add more keeps the target instead (kind
+NODE_SATURATED).
 
 Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
 a router whose queue starts to grow reports after `URGENT_REPORT_DELAY_S`, and the
@@ -85,7 +87,8 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
                        config.standby_replicas)
     scaling = ScalingInputs(now=inputs.now, running=inputs.running, target=inputs.target,
                             samples=inputs.samples, startup_lead_s=inputs.startup_lead_s,
-                            engine_demand=engine_demand(inputs.engine))
+                            engine_demand=engine_demand(inputs.engine),
+                            engine=inputs.engine)
     try:
         decision = policy(scaling, with_floors(config, floors), state)
     except Exception as exc:  # a user policy must not stop the control loop

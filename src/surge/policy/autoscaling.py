@@ -13,7 +13,10 @@ routers and replicas of one deployment saw) and return a `Decision`:
   (and never below what the engines' own queues ask for, policy/engine_load.py).
   When demand outruns capacity it acts at once (no delay), growing at most
   `max_step_factor` times per decision; it scales down only after `downscale_delay_s`
-  below a hysteresis band, never below `min_replicas`.
+  below a hysteresis band, never below `min_replicas`. An LLM deployment with
+  `objectives` (p99 TTFT / TPOT) whose engines report is sized for them instead of for
+  `target_ongoing_requests` (policy/llm_objectives.py), and its scale-ups name what
+  bound it (UP_PREFILL, UP_DECODE, UP_KV).
 * `custom` wraps a user function's desired count in Ray's wrapper, as Ray does.
 """
 
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from surge.config import AutoscalingConfig
+from surge.policy.engine_load import EngineLoad
+from surge.policy.llm_objectives import Bound, ObjectiveDemand, objective_demand
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -77,6 +82,7 @@ class ScalingInputs:
     samples: Sequence[LoadSample]  # oldest first
     startup_lead_s: float = 1.0  # measured time from asking for a replica to it serving
     engine_demand: float = 0.0  # replicas the engines' queues ask for (policy/engine_load)
+    engine: EngineLoad | None = None  # the engines' fresh reports, for latency objectives
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,14 @@ class DecisionKind(enum.StrEnum):
     # The policy asked for more, but the node's CPU is saturated and the replicas added
     # last did not raise throughput: the target stays (policy/saturation.py).
     NODE_SATURATED = "node_saturated"
+    # Up for an LLM deployment's objectives (policy/llm_objectives.py), by what bound it:
+    UP_PREFILL = "up_prefill"  # TTFT: the prefill flow or backlog
+    UP_DECODE = "up_decode"  # TPOT: the decode batch
+    UP_KV = "up_kv"  # the KV cache
+
+
+_UP_KINDS = {Bound.PREFILL: DecisionKind.UP_PREFILL, Bound.DECODE: DecisionKind.UP_DECODE,
+             Bound.KV: DecisionKind.UP_KV}
 
 
 @dataclass(frozen=True)
@@ -368,6 +382,13 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                "projected_rate": projected,
                "service_time_s": service, "demand_replicas": demand,
                "engine_demand": inputs.engine_demand}
+    objective = _objective(inputs, config, rate, projected, latest)
+    up_kind, why_more = DecisionKind.UP, ""
+    if objective is not None:  # objectives, not levels: they replace the sizing above
+        demand = objective.replicas
+        signals.update(objective.signals, demand_replicas=demand)
+        up_kind = _UP_KINDS.get(objective.bound, DecisionKind.UP)
+        why_more = f"; {objective.reason}"
     wanted = math.ceil(demand - 1e-9)
     base = max(inputs.target, inputs.running, 1)
     if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):
@@ -381,8 +402,8 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         step = _bounds(min(wanted, cap), config)
         why = (f"{rate:.0f} req/s offered, slope {slope:+.0f}/s, projected {projected:.0f} "
                f"over {lead:.2f}s lead, {per_replica:.0f} req/s per replica -> {demand:.1f} "
-               "replicas")
-        up = Decision(step, DecisionKind.UP, f"up: {why}", PolicyState(user=state.user), signals)
+               f"replicas{why_more}")
+        up = Decision(step, up_kind, f"up: {why}", PolicyState(user=state.user), signals)
         if surge or inputs.target == 0:
             return up
         since = state.up_since if state.up_since is not None else now
@@ -406,6 +427,17 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                         PolicyState(down_since=since, user=state.user), signals)
     return Decision(held, DecisionKind.HOLD, f"hold: demand {demand:.1f} replicas",
                     PolicyState(user=state.user), signals)
+
+
+def _objective(inputs: ScalingInputs, config: AutoscalingConfig, rate: float,
+               projected: float, latest: LoadSample | None) -> ObjectiveDemand | None:
+    """The objectives' demand, when the deployment states them and its engines report."""
+    objectives = config.latency_objectives
+    if objectives is None or inputs.engine is None or inputs.engine.replicas <= 0:
+        return None
+    return objective_demand(inputs.engine, objectives, rate=rate, projected_rate=projected,
+                            router_queued=latest.queued if latest else 0.0,
+                            fallback_batch=config.target_ongoing_requests)
 
 
 # -- custom -------------------------------------------------------------------------------

@@ -15,6 +15,14 @@ engine_demand`):
   outputs fill it while the batch is not full): replicas x mean use / `kv_target`.
 
 Stale reports (older than two periods) are dropped by the caller (`fresh`).
+
+A replica also reports what its engine measured of its own capacity, for a deployment
+with latency objectives (policy/llm_objectives.py): the prompt tokens admitted and not
+yet answered with a first token (the prefill backlog), the prefill rate it sustained
+while it had such a backlog, the mean prompt length, and the decode step's cost as
+`decode_step_s + decode_s_per_seq x batch` fitted to its inter-token gaps (llm/capacity.py
+measures them in the replica, for any engine). 0 means "not measured yet"; summing takes
+the backlog's sum and the mean of each measured rate over the replicas that measured it.
 """
 
 from __future__ import annotations
@@ -40,16 +48,33 @@ class EngineReport:
     kv_cache_usage: float  # 0..1
     period_s: float  # how often the replica reports
     at: float = 0.0  # when it arrived (the controller's monotonic clock)
+    # What the replica measured (0: not yet): see the module's docstring.
+    prefill_backlog_tokens: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    prompt_tokens: float = 0.0  # mean prompt length of its recent requests
+    decode_step_s: float = 0.0
+    decode_s_per_seq: float = 0.0
 
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """The fresh reports of one deployment, summed (KV use: the mean)."""
+    """The fresh reports of one deployment, summed (KV use: the mean).
+
+    Capacity fields are per replica (the mean of those that measured them; 0: none did),
+    the backlog is the deployment's sum. A simulator fills them from its engine model:
+    prefill_tokens_per_s = 1 / prefill_s_per_token, decode_step_s = step_s,
+    decode_s_per_seq = decode_s_per_seq, the backlog the prompt tokens not yet computed.
+    """
 
     replicas: int
     waiting: float
     running: float
     kv_cache_usage: float
+    prefill_backlog_tokens: float = 0.0  # prompt tokens admitted, no first token yet (sum)
+    prefill_tokens_per_s: float = 0.0  # what one replica sustains while it has a backlog
+    prompt_tokens: float = 0.0  # mean prompt length
+    decode_step_s: float = 0.0  # a decode step's fixed cost ...
+    decode_s_per_seq: float = 0.0  # ... and its cost per sequence in the batch (0: unknown)
 
 
 def fresh_load(reports: Iterable[EngineReport], now: float) -> EngineLoad | None:
@@ -57,8 +82,20 @@ def fresh_load(reports: Iterable[EngineReport], now: float) -> EngineLoad | None
     live = [r for r in reports if now - r.at <= STALE_PERIODS * r.period_s + 0.05]
     if not live:
         return None
+    fitted = [r for r in live if r.decode_s_per_seq > 0]
     return EngineLoad(len(live), sum(r.waiting for r in live), sum(r.running for r in live),
-                      sum(r.kv_cache_usage for r in live) / len(live))
+                      sum(r.kv_cache_usage for r in live) / len(live),
+                      prefill_backlog_tokens=sum(r.prefill_backlog_tokens for r in live),
+                      prefill_tokens_per_s=_measured_mean(r.prefill_tokens_per_s for r in live),
+                      prompt_tokens=_measured_mean(r.prompt_tokens for r in live),
+                      decode_step_s=_measured_mean(r.decode_step_s for r in fitted),
+                      decode_s_per_seq=_measured_mean(r.decode_s_per_seq for r in fitted))
+
+
+def _measured_mean(values: Iterable[float]) -> float:
+    """The mean of the values above 0 (measured), 0.0 when none is."""
+    measured = [v for v in values if v > 0]
+    return sum(measured) / len(measured) if measured else 0.0
 
 
 def engine_demand(load: EngineLoad | None, kv_target: float = KV_TARGET) -> float:

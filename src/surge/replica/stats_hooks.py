@@ -24,14 +24,18 @@ from surge.policy.engine_load import EngineReport
 from surge.replica.user_code import UserCode
 from surge.transport.messages import PrefixHeld, RoutingStats
 
-__all__ = ["AUTOSCALING_HOOK", "ROUTING_HOOK", "StatsHooks", "engine_report", "prefix_frame",
-           "routing_frame"]
+__all__ = ["AUTOSCALING_HOOK", "MEASURED_KEYS", "ROUTING_HOOK", "StatsHooks", "engine_report",
+           "prefix_frame", "routing_frame"]
 
 log = logging.getLogger("surge.replica")
 
 ROUTING_HOOK = "record_routing_stats"
 AUTOSCALING_HOOK = "record_autoscaling_stats"
 JITTER = 0.1  # as Ray: each period is drawn from [0.9, 1.1] x the configured one
+# What an engine measured of its capacity, read from `record_autoscaling_stats` under
+# these names (LLMServer's, llm/capacity.py) for latency objectives; absent: 0.
+MEASURED_KEYS = ("prefill_backlog_tokens", "prefill_tokens_per_s", "prompt_tokens",
+                 "decode_step_s", "decode_s_per_seq")
 
 
 def _number(stats: Mapping[str, Any], *names: str) -> float | None:
@@ -74,9 +78,10 @@ def engine_report(stats: Any, replica_id: str, period_s: float) -> EngineReport:
     """The controller's report for what `record_autoscaling_stats` returned."""
     if not isinstance(stats, Mapping):
         raise TypeError(f"{AUTOSCALING_HOOK} returned {type(stats).__name__}, expected a dict")
+    measured = {key: _number(stats, key) or 0.0 for key in MEASURED_KEYS}
     return EngineReport(replica_id, _number(stats, "engine_waiting", "waiting") or 0.0,
                         _number(stats, "engine_running", "running") or 0.0,
-                        _number(stats, "kv_cache_usage") or 0.0, period_s)
+                        _number(stats, "kv_cache_usage") or 0.0, period_s, **measured)
 
 
 class StatsHooks:

@@ -1,0 +1,154 @@
+"""Replicas an LLM deployment needs for its latency objectives (p99 TTFT and TPOT).
+
+An engine's latency has two budgets, and each is spent by a different resource:
+
+* **TTFT, prefill-bound.** A new prompt waits behind the prompt tokens its replica has
+  admitted and not yet answered (the *prefill backlog*), then is computed at the
+  replica's prefill rate P (tokens/s, measured by the replica while it had a backlog).
+  Two demands follow. The flow: prompts of p tokens arriving at rate r (projected over
+  the start-up lead, as the proactive policy projects it) need r x p / (P x rho)
+  replicas, with rho the utilization at which an M/D/1 queue's mean wait plus its
+  service time p/P stays within the TTFT target (rho = 2k / (1 + 2k), k = T / (p/P) - 1,
+  kept within [RHO_MIN, RHO_MAX]). The backlog: B tokens, plus the router-queued
+  requests' prompts, drained within the target need B / (P x T) replicas. The backlog
+  grows as soon as prefill falls behind, whatever the KV cache holds: prefill-heavy load
+  with KV use near 30% and a growing queue is seen (llm-d-autoscaling#662).
+* **TPOT, decode-bound.** A decode step costs `decode_step_s + decode_s_per_seq x batch`
+  (fitted by each replica to its inter-token gaps), so TPOT stays within its target T
+  up to a batch of (T - decode_step_s) / decode_s_per_seq. Running plus waiting
+  sequences (the waiting decode once prefilled), grown by projected / current rate,
+  over that batch are the decode demand.
+* **KV-bound.** Replicas x mean KV use / KV_TARGET (policy/engine_load.py).
+
+The largest of the three is the demand, and names the reason (`bound`). Until a
+replica has measured, documented fallbacks stand in: DEFAULT_PREFILL_TOKENS_PER_S for
+P, and for the decode batch the deployment's `target_ongoing_requests` (LLMServer sets
+it to the engine's max_num_seqs). Pure: plain numbers in, a number and a reason out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from surge.config.autoscaling import Objectives
+from surge.policy.engine_load import KV_TARGET, EngineLoad
+
+__all__ = [
+    "DEFAULT_PREFILL_TOKENS_PER_S",
+    "RHO_MAX",
+    "RHO_MIN",
+    "Bound",
+    "ObjectiveDemand",
+    "max_decode_batch",
+    "objective_demand",
+    "prefill_utilization",
+]
+
+# Prefill tokens/s a replica is assumed to sustain until it measured its own: an 8B
+# model's prefill on one GPU is 10^4 tokens/s in order of magnitude.
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+# The prefill utilization sized for: never past 90% (the wait grows without bound near
+# 1), and never below 50% for a target a single prompt alone nearly misses (more
+# replicas cannot make one prompt's prefill faster).
+RHO_MAX = 0.9
+RHO_MIN = 0.5
+
+
+class Bound(enum.StrEnum):
+    """Which resource the demand is sized by."""
+
+    PREFILL = "prefill"  # the TTFT objective: the prefill flow or backlog
+    DECODE = "decode"  # the TPOT objective: the decode batch
+    KV = "kv"  # the KV cache
+    NONE = "none"  # no load
+
+
+@dataclass(frozen=True)
+class ObjectiveDemand:
+    replicas: float
+    bound: Bound
+    reason: str
+    signals: Mapping[str, float] = field(default_factory=dict)
+
+
+def prefill_utilization(ttft_s: float, prefill_s: float) -> float:
+    """The utilization at which an M/D/1 queue's TTFT (wait + service) is `ttft_s`."""
+    if prefill_s <= 0:
+        return RHO_MAX
+    k = ttft_s / prefill_s - 1.0  # the wait the target allows, in service times
+    if k <= 0:
+        return RHO_MIN
+    return min(RHO_MAX, max(RHO_MIN, 2 * k / (1 + 2 * k)))
+
+
+def max_decode_batch(tpot_s: float, step_s: float, per_seq_s: float, fallback: float) -> float:
+    """The batch at which a decode step takes `tpot_s`; `fallback` while unmeasured."""
+    if per_seq_s <= 0:
+        return max(fallback, 1.0)
+    return max((tpot_s - step_s) / per_seq_s, 1.0)
+
+
+def _prefill(load: EngineLoad, ttft_s: float, projected_rate: float,
+             router_queued: float) -> tuple[float, dict[str, float]]:
+    rate = load.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
+    prompt = load.prompt_tokens
+    rho = prefill_utilization(ttft_s, prompt / rate)
+    flow = projected_rate * prompt / (rate * rho)
+    backlog = load.prefill_backlog_tokens + router_queued * prompt
+    drain = backlog / (rate * ttft_s)
+    return max(flow, drain), {"prefill_tokens_per_s": rate, "prompt_tokens": prompt,
+                              "prefill_rho": rho, "prefill_flow_replicas": flow,
+                              "prefill_backlog_tokens": backlog,
+                              "prefill_backlog_replicas": drain}
+
+
+def _decode(load: EngineLoad, tpot_s: float, growth: float,
+            fallback_batch: float) -> tuple[float, dict[str, float]]:
+    batch = max_decode_batch(tpot_s, load.decode_step_s, load.decode_s_per_seq,
+                             fallback_batch)
+    sequences = (load.running + load.waiting) * growth
+    return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences}
+
+
+def objective_demand(load: EngineLoad, objectives: Objectives, *, rate: float,
+                     projected_rate: float, router_queued: float = 0.0,
+                     fallback_batch: float, kv_target: float = KV_TARGET) -> ObjectiveDemand:
+    """Replicas the objectives ask for, given the engines' reports and the offered load.
+
+    `rate` and `projected_rate` are the offered requests/s now and over the start-up lead;
+    `router_queued` the requests waiting in routers (not yet in any engine's backlog).
+    """
+    signals: dict[str, float] = {}
+    demands: dict[Bound, float] = {}
+    if objectives.ttft_s is not None:
+        demands[Bound.PREFILL], more = _prefill(load, objectives.ttft_s, projected_rate,
+                                                router_queued)
+        signals.update(more)
+    if objectives.tpot_s is not None:
+        growth = max(1.0, projected_rate / rate) if rate > 0 else 1.0
+        demands[Bound.DECODE], more = _decode(load, objectives.tpot_s, growth,
+                                              fallback_batch)
+        signals.update(more)
+    demands[Bound.KV] = load.replicas * load.kv_cache_usage / kv_target if kv_target > 0 \
+        else 0.0
+    bound, replicas = max(demands.items(), key=lambda item: item[1])
+    if replicas <= 0:
+        bound = Bound.NONE
+    signals.update({f"{b.value}_replicas": d for b, d in demands.items()})
+    return ObjectiveDemand(replicas, bound, _reason(bound, replicas, signals), signals)
+
+
+def _reason(bound: Bound, replicas: float, s: Mapping[str, float]) -> str:
+    if bound is Bound.PREFILL:
+        return (f"TTFT: {s['prefill_backlog_tokens']:.0f} prompt tokens waiting, "
+                f"{s['prompt_tokens']:.0f} a prompt at {s['prefill_tokens_per_s']:.0f} "
+                f"tokens/s a replica -> {replicas:.1f} replicas (prefill-bound)")
+    if bound is Bound.DECODE:
+        return (f"TPOT: {s['decode_sequences']:.0f} sequences, at most "
+                f"{s['decode_batch_max']:.0f} a replica -> {replicas:.1f} replicas "
+                "(decode-bound)")
+    if bound is Bound.KV:
+        return f"KV cache -> {replicas:.1f} replicas (KV-bound)"
+    return "no load on the engines"

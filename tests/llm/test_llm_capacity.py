@@ -1,0 +1,160 @@
+"""What a replica measures of its engine's capacity (llm/capacity.py), what LLMServer
+reports of it, and shedding against the TTFT objective, on the mock vLLM engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from surge.llm.capacity import MIN_GAPS, CapacityMeter
+from surge.llm.config import LLMConfig
+from surge.llm.protocol import OpenAIError
+from surge.llm.server import LLMServer
+from surge.llm.service import OpenAIService, objectives_of
+from surge.replica.stats_hooks import engine_report
+from surge.testing import MockVLLMEngine
+
+
+def test_the_prefill_rate_is_tokens_answered_over_the_time_a_backlog_waited() -> None:
+    meter = CapacityMeter(window_s=10.0)
+    meter.admitted(1_000, 0.0)
+    meter.admitted(3_000, 0.0)
+    assert meter.backlog_tokens == 4_000
+    meter.first_token(1_000, 0.1)
+    meter.first_token(3_000, 0.4)  # 4,000 tokens in 0.4 s of backlog
+    meter.admitted(2_000, 5.0)  # idle from 0.4 to 5.0: not counted
+    meter.first_token(2_000, 5.2)  # 6,000 in 0.6 s
+    report = meter.report(5.5)
+    assert report["prefill_tokens_per_s"] == pytest.approx(10_000)
+    assert report["prompt_tokens"] == pytest.approx(2_000)
+    assert report["prefill_backlog_tokens"] == 0.0
+    assert meter.decoding == 3
+    # an idle window keeps what was measured; an aborted request leaves the backlog
+    meter.admitted(500, 30.0)
+    meter.ended(500, False, 30.01)
+    assert meter.report(31.0)["prefill_tokens_per_s"] == pytest.approx(10_000)
+    assert meter.backlog_tokens == 0
+
+
+def test_the_decode_cost_is_a_line_through_gap_against_batch() -> None:
+    meter = CapacityMeter()
+    for batch in range(1, 41):  # gap = 10 ms + 0.2 ms a sequence
+        meter.gap(0.01 + 0.0002 * batch, batch)
+    report = meter.report(1.0)
+    assert report["decode_step_s"] == pytest.approx(0.01)
+    assert report["decode_s_per_seq"] == pytest.approx(0.0002)
+
+
+def test_a_batch_that_did_not_vary_gives_the_gap_per_sequence() -> None:
+    meter = CapacityMeter()
+    for _ in range(MIN_GAPS - 1):
+        meter.gap(0.02, 10)
+    assert meter.report(1.0)["decode_s_per_seq"] == 0.0  # too few gaps: not measured
+    meter.gap(0.02, 10)
+    report = meter.report(2.0)
+    assert (report["decode_step_s"], report["decode_s_per_seq"]) == (0.0, pytest.approx(0.002))
+
+
+def test_engine_report_reads_the_measured_keys() -> None:
+    report = engine_report({"engine_waiting": 2, "engine_running": 3, "kv_cache_usage": 0.3,
+                            "prefill_backlog_tokens": 900, "prefill_tokens_per_s": 12_000,
+                            "prompt_tokens": 300, "decode_step_s": 0.01,
+                            "decode_s_per_seq": 0.0002}, "r-1", 0.25)
+    assert (report.prefill_backlog_tokens, report.prefill_tokens_per_s, report.prompt_tokens,
+            report.decode_step_s, report.decode_s_per_seq) == (900, 12_000, 300, 0.01, 0.0002)
+    old = engine_report({"engine_waiting": 2}, "r-1", 0.25)  # an engine that measures none
+    assert (old.prefill_backlog_tokens, old.prefill_tokens_per_s) == (0.0, 0.0)
+
+
+MOCK = {"step_s": 0.002, "decode_s_per_seq": 0.0, "prefill_s_per_token": 0.0005,
+        "max_num_batched_tokens": 64, "block_size": 16, "num_blocks": 4096,
+        "max_model_len": 4096}
+
+
+def mock_config(objectives: dict[str, Any] | None) -> LLMConfig:
+    deployment = {"autoscaling_config": {"objectives": objectives}} if objectives else {}
+    return LLMConfig(model_loading_config={"model_id": "mock"},
+                     llm_engine="surge.testing:MockVLLMEngine", engine_kwargs=MOCK,
+                     deployment_config=deployment)
+
+
+def chat(words: int) -> bytes:
+    """A prompt of its own (none of it in the prefix cache)."""
+    chat.count += 1  # type: ignore[attr-defined]
+    text = " ".join(f"w{chat.count}-{i}" for i in range(words))  # type: ignore[attr-defined]
+    return json.dumps({"model": "mock", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": text}]}).encode()
+
+
+chat.count = 0  # type: ignore[attr-defined]
+
+
+def test_objectives_come_from_the_llm_configs_autoscaling_config() -> None:
+    assert objectives_of(mock_config(None)) is None
+    objectives = objectives_of(mock_config({"ttft_ms": 150}))
+    assert objectives is not None and (objectives.ttft_s, objectives.shed) == (0.15, True)
+
+
+def test_a_burst_past_the_ttft_objective_is_shed_with_429_and_retry_after() -> None:
+    """Prefill at 2,000 tokens/s: 100-token prompts take 50 ms each. Once the replica has
+    measured that, a request arriving behind 10 others (0.55 s predicted) misses a 150 ms
+    TTFT objective: 429 rate_limit_exceeded with Retry-After, at once; the rest serve."""
+    async def main() -> None:
+        cfg = mock_config({"ttft_ms": 150})
+        engine = MockVLLMEngine(cfg)
+        svc = OpenAIService(cfg, engine, await engine.start())
+        # measure: a few requests one after another
+        for _ in range(3):
+            run = await svc.prepare_chat(chat(100))
+            await run.complete()
+        measured = svc.capacity.report(svc.clock())
+        assert 1_000 < measured["prefill_tokens_per_s"] < 2_500
+        outcomes: list[Any] = []
+
+        async def one() -> None:
+            try:
+                run = await svc.prepare_chat(chat(100))
+            except OpenAIError as exc:
+                outcomes.append(exc)
+                return
+            outcomes.append(await run.complete())
+
+        await asyncio.gather(*(one() for _ in range(12)))
+        shed = [o for o in outcomes if isinstance(o, OpenAIError)]
+        served = [o for o in outcomes if not isinstance(o, OpenAIError)]
+        assert shed and served and svc.shed == len(shed)
+        assert {(e.status, e.type, e.code) for e in shed} == {
+            (429, "rate_limit_error", "rate_limit_exceeded")}
+        assert all(e.retry_after_s is not None and e.retry_after_s >= 1.0 for e in shed)
+        # none is shed once the backlog has drained
+        run = await svc.prepare_chat(chat(100))
+        await run.complete()
+        await engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_without_objectives_nothing_is_shed_and_the_server_reports_what_it_measured() -> None:
+    async def main() -> None:
+        server = LLMServer.sync_init(mock_config(None))
+        await server.start()
+        svc = server.service
+        assert svc is not None
+
+        async def one() -> None:
+            run = await svc.prepare_chat(chat(100))
+            await run.complete()
+
+        await asyncio.gather(*(one() for _ in range(12)))
+        assert svc.shed == 0
+        stats = await server.record_autoscaling_stats()
+        assert set(stats) >= {"engine_waiting", "engine_running", "kv_cache_usage",
+                              "prefill_backlog_tokens", "prefill_tokens_per_s",
+                              "prompt_tokens", "decode_step_s", "decode_s_per_seq"}
+        assert stats["prefill_tokens_per_s"] > 0 and stats["prompt_tokens"] > 100
+        await server.shutdown()
+
+    asyncio.run(main())
