@@ -114,6 +114,31 @@ def test_goodput_counts_the_streams_that_met_every_objective() -> None:
     assert not Slo.parse({"e2el": 500}).met(0.0, 0.0, 0.501)
 
 
+def test_429s_are_counted_as_shed_and_goodput_is_also_over_served_and_shed() -> None:
+    schedule = pulse(1, 2, baseline_s=1, ramp_s=0.1, hold_s=1, after_s=1)
+    record = Record(slo=Slo.parse(["ttft:100"]))
+    for i, ttft in enumerate((0.05, 0.05, 0.05, 0.5)):  # three good streams, one late
+        record.sent_at(i, 0.0)
+        record.ok_at(i, i + 1, 1.0)
+        record.stream_at(i, first_s=ttft, done_s=1.0, ttft_s=ttft, tpot_s=0.01, tokens=10,
+                         e2el_s=1.0)
+    for i, kind in enumerate(("429", "429", "503", "timeout"), start=4):
+        record.sent_at(i, 0.0)
+        record.error_at(kind, i, i + 1)
+    llm = summarize(record, schedule, slo_ms=100)["llm"]
+    assert (llm["shed"], llm["shed_pct"], llm["failed_5xx"], llm["timeouts"]) == (
+        2, 25.0, 1, 1)
+    assert (llm["goodput_pct"], llm["goodput_of_answered_pct"]) == (75.0, 50.0)
+    rows = dict(summary_table_rows(llm))
+    assert rows["shed (429) / 5xx / timeouts"] == "2 (25%) / 1 / 1"
+
+
+def summary_table_rows(llm: dict[str, object]) -> list[tuple[str, str]]:
+    from surge.loadtest.llm_report import facts
+
+    return facts({"llm": llm})
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     (["ttft"], "METRIC:MS"),
     (["ttft:fast"], "not a number of milliseconds"),

@@ -23,8 +23,10 @@ def _goodput(llm: dict[str, Any]) -> list[tuple[str, str]]:
     if llm.get("goodput") is None:
         return []
     objectives = " ".join(f"{k}<={v:g}ms" for k, v in llm["goodput"].items())
+    of_answered = llm.get("goodput_of_answered_pct")
+    shed = "" if of_answered is None else f"; {of_answered:g}% of served + shed"
     return [(f"goodput ({objectives})", f"{llm['good_completed']:,} streams "
-                                        f"({llm['goodput_pct']:g}%), "
+                                        f"({llm['goodput_pct']:g}%{shed}), "
                                         f"{llm['request_goodput'] or 0:g} req/s")]
 
 
@@ -41,6 +43,9 @@ def facts(summary: dict[str, Any]) -> list[tuple[str, str]]:
                              ("time per output token", "tpot"),
                              ("inter-token latency", "itl"), ("end-to-end", "e2el"))),
         *_goodput(llm),
+        ("shed (429) / 5xx / timeouts", f"{llm.get('shed', 0):,} ({llm.get('shed_pct') or 0:g}%)"
+                                        f" / {llm.get('failed_5xx', 0):,} / "
+                                        f"{llm.get('timeouts', 0):,}"),
         ("output tokens/s mean / peak", f"{llm['tokens_per_s_mean']:,.0f} / "
                                         f"{llm['tokens_per_s_peak']:,.0f}"),
     ]

@@ -102,6 +102,7 @@ def _stream_summary(record: Record) -> dict[str, Any] | None:
         "request_goodput": (round(record.good / duration, 3) if slo is not None and duration
                             else None),
         "goodput_pct": round(100 * record.good / streams, 2) if slo is not None else None,
+        **_shed_summary(record, streams),
         "output_tokens_p50": percentile(as_us, 0.50),
         "tokens_per_s_mean": round(total / (len(active) * BUCKET_S), 1) if active else 0.0,
         "tokens_per_s_peak": round(max(record.tokens, default=0.0) * POINTS_PER_S, 1),
@@ -111,6 +112,22 @@ def _stream_summary(record: Record) -> dict[str, Any] | None:
                               ("itl", record.itl), ("e2el", record.e2el)):
         summary.update(_metric(metric, histogram))
     return summary
+
+
+def _shed_summary(record: Record, streams: int) -> dict[str, Any]:
+    """An LLM run's requests by how they ended: served (2xx streams), *shed* (429: the
+    server refused what its latency objective could not take, at once), failed (5xx),
+    timed out or lost; and the goodput over what was served and what was shed (a shed
+    request is not a good one, but neither is it a failure)."""
+    errors = record.error_totals()
+    shed = errors.get("429", 0)
+    failed = sum(n for kind, n in errors.items() if kind.isdigit() and kind.startswith("5"))
+    answered = streams + shed
+    return {"shed": shed, "shed_pct": round(100 * shed / record.sent, 2) if record.sent
+            else None, "failed_5xx": failed, "timeouts": errors.get("timeout", 0),
+            "connection_errors": errors.get("connection", 0),
+            "goodput_of_answered_pct": (round(100 * record.good / answered, 2)
+                                        if record.slo is not None and answered else None)}
 
 
 def _metric(name: str, histogram: Mapping[int, int]) -> dict[str, float | None]:
