@@ -146,3 +146,18 @@ def test_direction_changes_and_the_replica_timeline() -> None:
     assert direction_changes(log) == 2
     samples = [ReplicaSample(t + 0.05, 1 if t < 30 else 3, 0) for t in range(0, 60)]
     assert replica_timeline(samples, 60.0) == [1.0, 3.0]
+
+
+def test_the_engines_reports_feed_the_autoscaling_step() -> None:
+    sim = Simulation(Scenario.from_mapping(scenario()))
+    assert sim.llm is not None and sim.engine_load == sim.llm.engine_load
+    sim.run(until_s=14.0)  # 6 req/s for 4 s on what started as one replica
+    load = sim.engine_load(sim.end_s)
+    assert load is not None
+    assert 1 <= load.replicas == sum(r.engine_report is not None for r in sim.llm.replicas)
+    assert load.running > 0
+    assert load.prefill_tokens_per_s == 1 / TIMING["prefill_s_per_token"]
+    assert (load.decode_step_s, load.decode_s_per_seq) == (TIMING["step_s"],
+                                                           TIMING["decode_s_per_seq"])
+    assert load.prompt_tokens > 0
+    assert sim.decisions and sim.decisions[0].target > sim.decisions[0].previous

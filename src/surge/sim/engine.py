@@ -196,6 +196,8 @@ class Simulation:
         # urgent report's own delay.
         self.decision_delay_s = (control.decision_s if control.decision_s is not None
                                  else URGENT_REPORT_DELAY_S)
+        if self.engine_load is None and self.llm is not None:
+            self.engine_load = self.llm.engine_load  # its replicas' reports
 
     def __repr__(self) -> str:
         return (f"<Simulation {self.scenario.name} t={self.end_s:.1f}s target={self.target} "

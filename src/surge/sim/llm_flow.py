@@ -33,7 +33,7 @@ from collections import deque
 from surge.loadtest.stats import latency_key, percentile
 from surge.loadtest.traces import TraceRequest
 from surge.policy.admission import admit, queue_share
-from surge.policy.engine_load import EngineLoad, EngineReport, fresh_load
+from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
 from surge.sim.cluster import ClusterState
 from surge.sim.engine_model import StepOutput
@@ -230,17 +230,13 @@ class LLMFlow(EventFlow):
         """A replica's routing stats (to the router) and autoscaling stats (controller)."""
         if not replica.routable:
             return
-        model = replica.model
         replica.reported = (replica.queue, replica.in_flight, now)
-        replica.kv_reported = (float(len(model.waiting)), float(len(model.running)),
-                               model.blocks.usage())
+        replica.engine_report = replica.report(now, self.spec.report_s)
         self.at(now + self.spec.report_s, self._report, replica)
 
     def engine_load(self, now: float) -> EngineLoad | None:
-        reports = [EngineReport(r.replica_id, *r.kv_reported, period_s=self.spec.report_s,
-                                at=r.reported[2])
-                   for r in self.replicas if r.reported is not None]
-        return fresh_load(reports, now)
+        return fresh_load([r.engine_report for r in self.replicas
+                           if r.engine_report is not None], now)
 
     # -- results ---------------------------------------------------------------------------
 

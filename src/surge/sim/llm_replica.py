@@ -20,10 +20,12 @@ the LLM report's oracle.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import cycle
 
 from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest
+from surge.policy.engine_load import EngineReport
 from surge.sim.engine_model import VOCAB, EngineModel, EngineTiming, StepOutput
 
 __all__ = ["LLMReplica", "LLMRequest", "probe_capacity", "prompt_tokens"]
@@ -36,6 +38,7 @@ _MIN_STEP_S = 1e-4
 _PROBE_WARMUP = 50
 _PROBE_COMPLETIONS = 300
 _PROBE_REQUESTS = 2000  # the trace's first, whose lengths it cycles through
+_PROMPTS_KEPT = 64  # recent prompts whose mean length a replica reports
 
 
 def prompt_tokens(request: TraceRequest, index: int) -> tuple[int, ...]:
@@ -75,8 +78,9 @@ class LLMReplica:
     requests: dict[str, LLMRequest] = field(default_factory=dict)
     # the last routing-stats report: (engine queue, in flight then, when)
     reported: tuple[int, int, float] | None = None
-    kv_reported: tuple[float, float, float] = (0.0, 0.0, 0.0)  # waiting, running, KV use
+    engine_report: EngineReport | None = None  # the last autoscaling stats
     steps: int = 0
+    prompts: deque[int] = field(default_factory=lambda: deque(maxlen=_PROMPTS_KEPT))
 
     @classmethod
     def new(cls, replica_id: str, timing: EngineTiming) -> LLMReplica:
@@ -92,6 +96,7 @@ class LLMReplica:
         return len(self.model.waiting) + len(self.model.running)
 
     def add(self, request: LLMRequest) -> None:
+        self.prompts.append(request.trace.input_length)
         sid = str(request.index)
         self.requests[sid] = request
         self.model.add(sid, prompt_tokens(request.trace, request.index),
@@ -105,6 +110,22 @@ class LLMReplica:
         self.stepping = True
         self.steps += 1
         return self.model.step()
+
+    def report(self, now: float, period_s: float) -> EngineReport:
+        """What LLMServer's record_autoscaling_stats would say now. The capacity a real
+        replica measures (llm/capacity.py) is taken from the timing instead, as
+        EngineLoad's docstring says a simulator fills it: prefill at 1 /
+        prefill_s_per_token, a decode step of step_s + decode_s_per_seq x batch."""
+        model, timing = self.model, self.model.timing
+        backlog = sum(r.trace.input_length for r in self.requests.values()
+                      if r.first_at is None)
+        return EngineReport(
+            self.replica_id, float(len(model.waiting)), float(len(model.running)),
+            model.blocks.usage(), period_s, now, prefill_backlog_tokens=float(backlog),
+            prefill_tokens_per_s=(1 / timing.prefill_s_per_token
+                                  if timing.prefill_s_per_token > 0 else 0.0),
+            prompt_tokens=sum(self.prompts) / len(self.prompts) if self.prompts else 0.0,
+            decode_step_s=timing.step_s, decode_s_per_seq=timing.decode_s_per_seq)
 
     @staticmethod
     def duration(out: StepOutput) -> float:
