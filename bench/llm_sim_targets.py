@@ -1,0 +1,107 @@
+"""Issue 34's simulator targets for LLM replicas: a 30-minute replay and a 10x step.
+
+    .venv/bin/python bench/llm_sim_targets.py [--minutes 30] [--seed 1]
+
+Both in `surge simulate`'s LLM model (sim/llm_flow.py: EngineModel replicas on mock-engine
+timing, routed on their reported queues, autoscaled by policy.autoscale_step), on the
+engine timing of bench/llm_sim_vs_real.py, replicas starting in `--startup` seconds:
+
+* replay: a BurstGPT-shaped trace (gamma burstiness 0.25) of `--minutes`, its mean rate
+  stepping LOW -> HIGH -> MID -> LOW req/s in equal parts, served by each policy: changes
+  of scaling direction per 10 minutes (target <= 1) and replica-seconds against the
+  trace's oracle (ceil(rate / what one replica serves at its target load) at every
+  instant, no start-up; target <= 1.1x);
+* step: `--step-from` req/s for 60 s, then `--step-to` (>= 10x) for 120 s, Poisson
+  arrivals (burstiness 1, so the step is the only surge) and BurstGPT lengths: seconds
+  from the step to the first scale-up decision, Ray's default policy (`ray_default`)
+  against surge's (`proactive`), each with its defaults.
+
+Last line: `summary: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.llm_sim_vs_real import DEPLOYMENT, ENGINE, OBJECTIVES
+from surge.sim.scenario import Scenario
+from surge.sim.sweep import simulate
+
+POLICIES = ("proactive", "ray_default")
+LOW, HIGH, MID = 2.0, 12.0, 6.0
+STEP_AT_S = 60.0
+
+
+def scenario(schedule: list[dict[str, float]], policy: str, burstiness: float, seed: int,
+             startup_s: float, max_replicas: int) -> Scenario:
+    scaling = {**DEPLOYMENT["autoscaling_config"], "max_replicas": max_replicas,  # type: ignore[dict-item]
+               "policy": {"policy_function": policy}}
+    return Scenario.from_mapping({
+        "name": f"llm-{policy}", "seed": seed, "slo_ms": OBJECTIVES["ttft_ms"],
+        "cluster": {"nodes": 1, "replicas_per_node": max_replicas, "startup_s": startup_s},
+        "traffic": {"timeout_s": 300, "schedule": schedule},
+        "llm": {"engine": ENGINE, "trace": {"shape": "burstgpt", "burstiness": burstiness},
+                "objectives": OBJECTIVES},
+        "deployment": {"name": "LLM", **DEPLOYMENT, "autoscaling_config": scaling}})
+
+
+def replay(minutes: float, seed: int, startup_s: float) -> dict[str, Any]:
+    part = minutes * 60 / 4
+    schedule = [{"rps": r, "for_s": part} for r in (LOW, HIGH, MID, LOW)]
+    print(f"replay: {minutes:g} min, {LOW:g} -> {HIGH:g} -> {MID:g} -> {LOW:g} req/s "
+          f"(burstiness 0.25), start-up {startup_s:g} s\n")
+    print("| policy | requests | changes of direction | per 10 min | replica-s | oracle | "
+          "x oracle | TTFT p99 ms | TPOT p99 ms | SLO attainment |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    out = {}
+    for policy in POLICIES:
+        run = simulate(scenario(schedule, policy, 0.25, seed, startup_s, 64))
+        s, m = run.summary, run.summary["llm_sim"]
+        print(f"| {policy} | {m['requests']:,} | {m['direction_changes']} | "
+              f"{m['direction_changes_per_10min']:g} | {s['replica_seconds']:,.0f} | "
+              f"{s['oracle_replica_seconds']:,.0f} | {s['oracle_ratio']:.3f} | "
+              f"{m['ttft_ms']['p99']:,.0f} | {m['tpot_ms']['p99']:,.0f} | "
+              f"{100 * m['slo_attainment']:.2f}% |", flush=True)
+        out[f"{policy}_changes_per_10min"] = m["direction_changes_per_10min"]
+        out[f"{policy}_x_oracle"] = s["oracle_ratio"]
+    return out
+
+
+def step(low: float, high: float, seed: int, startup_s: float) -> dict[str, Any]:
+    schedule = [{"rps": low, "for_s": STEP_AT_S}, {"rps": high, "for_s": 120.0}]
+    print(f"\nstep: {low:g} -> {high:g} req/s ({high / low:g}x) at t={STEP_AT_S:g} s, Poisson "
+          "arrivals, BurstGPT lengths\n")
+    print("| policy | first scale-up after the step | its decision |\n|---|--:|---|")
+    out = {}
+    for policy in POLICIES:
+        run = simulate(scenario(schedule, policy, 1.0, seed, startup_s, 64))
+        ups = [d for d in run.simulation.decisions
+               if d.target > d.previous and d.t >= STEP_AT_S]
+        first = ups[0] if ups else None
+        print(f"| {policy} | {'never' if first is None else f'{first.t - STEP_AT_S:.3f} s'} | "
+              f"{'' if first is None else f'{first.previous} -> {first.target}: {first.reason}'}"
+              " |", flush=True)
+        out[f"{policy}_first_up_s"] = None if first is None else round(first.t - STEP_AT_S, 3)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--startup", type=float, default=2.0, help="replica start-up, s")
+    parser.add_argument("--step-from", type=float, default=1.0)
+    parser.add_argument("--step-to", type=float, default=12.0)
+    args = parser.parse_args()
+    summary = replay(args.minutes, args.seed, args.startup)
+    summary.update(step(args.step_from, args.step_to, args.seed, args.startup))
+    print("\nsummary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()
