@@ -17,9 +17,6 @@ runs them) in virtual time, once per routing policy, same arrivals:
 * `prefix_events`: the same index also fed by what the engines report they hold and
   evicted (their KV events, translated by policy/kv_chunks.py in each replica and sent
   every `REPORT_S`, as LLMServer's routing stats carry them);
-* `prefix_events`: the same index also fed by what the engines report they hold and
-  evicted (their KV events, translated by policy/kv_chunks.py in each replica and sent
-  every `REPORT_S`, as LLMServer's routing stats carry them);
 * `oracle`: the same choice (`choose_by_prefix`, same slack) on what each engine really
   holds (its KV blocks, read from the engine model).
 
@@ -46,6 +43,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from surge.codecs.kv_events import replay as replay_events
 from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest, block_reuse, mooncake_shaped
@@ -77,8 +75,8 @@ def tokens_of(r: TraceRequest) -> tuple[int, ...]:
 
 
 class Cluster:
-    def __init__(self, replicas: int) -> None:
-        self.engines = [EngineModel(TIMING) for _ in range(replicas)]
+    def __init__(self, replicas: int, timing: EngineTiming = TIMING) -> None:
+        self.engines = [EngineModel(timing) for _ in range(replicas)]
         self.busy_until = [0.0] * replicas
         self.busy_s = [0.0] * replicas
         self.served = [0] * replicas
@@ -159,9 +157,9 @@ def _stream(tokens: tuple[int, ...]) -> bytes:
 
 
 def replay(trace: list[TraceRequest], replicas: int, policy: Policy, seed: int,
-           ) -> dict[str, float]:
+           timing: EngineTiming = TIMING) -> dict[str, float]:
     rng = random.Random(seed)
-    c = Cluster(replicas)
+    c = Cluster(replicas, timing)
     prompts: dict[str, tuple[list[int], int, tuple[int, ...]]] = {}
     events: list[tuple[float, int, int, int]] = []  # (time, kind 0 step-end 1 arrival, i, n)
     for n, r in enumerate(trace):
@@ -232,7 +230,11 @@ def main() -> None:
                         help="routers (proxies) taking the requests in turn, each its index")
     parser.add_argument("--policies",
                         default="round_robin,p2c,byte_prefix,prefix_index,prefix_events,oracle")
+    parser.add_argument("--num-blocks", type=int, default=TIMING.num_blocks,
+                        help="each engine's KV blocks of 16 tokens (fewer: a KV-bound "
+                             "regime, where every replica cannot hold every popular prefix)")
     args = parser.parse_args()
+    timing = replace(TIMING, num_blocks=args.num_blocks)
     rng = random.Random(args.seed)
     probe = mooncake_shaped(500, 1.0, random.Random(args.seed))
     mean_in = statistics.mean(r.input_length for r in probe)
@@ -244,13 +246,14 @@ def main() -> None:
     trace = mooncake_shaped(args.requests, rate, rng)
     reuse = block_reuse(trace)
     print(f"trace: {len(trace)} requests at {rate:.1f}/s, mean input {mean_in:.0f} tokens, "
-          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas, "
+          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas "
+          f"of {timing.num_blocks} KV blocks, "
           f"{args.routers} router(s)")
     rows = {}
     for name in args.policies.split(","):
         policy = make_policies(args.replicas, args.routers)[name]
         started = time.perf_counter()
-        rows[name] = replay(trace, args.replicas, policy, args.seed)
+        rows[name] = replay(trace, args.replicas, policy, args.seed, timing)
         print(f"  {name}: {time.perf_counter() - started:.1f} s", flush=True)
     print()
     print("| policy | prefix-cache hit rate | TTFT p50 s | TTFT p99 s | e2e p50 s | "
@@ -278,6 +281,9 @@ def main() -> None:
     if "prefix_index" in rows and "round_robin" in rows:
         summary["index_vs_rr"] = (
             f"{rows['prefix_index']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
+    if "prefix_events" in rows and "round_robin" in rows:
+        summary["events_vs_rr"] = (
+            f"{rows['prefix_events']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
     print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 
