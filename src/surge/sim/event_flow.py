@@ -22,14 +22,48 @@ from surge.policy.autoscaling import LoadSample
 from surge.policy.engine_load import EngineLoad
 from surge.sim.cluster import ClusterState
 
-__all__ = ["EventFlow"]
+__all__ = ["EventFlow", "TickLoad"]
 
 _EPS = 1e-9
 # An open bucket shorter than this is not a sample (LoadTracker.peek's rule).
 _MIN_OPEN_BUCKET_S = 0.005
 
 
-class EventFlow:
+class TickLoad:
+    """A flow's counts over the open tick, and its load sample (any flow: fluid or not).
+    The flow keeps `_arrivals`, `_completions`, `_rejections`, `queued`, `ongoing`,
+    `totals` and `drain_per_s`."""
+
+    _arrivals: int
+    _completions: int
+    _rejections: int
+    queued: int
+    ongoing: int
+    totals: dict[str, int]
+    drain_per_s: float
+
+    # -- the tick's load sample ------------------------------------------------------------
+
+    def open_bucket(self, now: float, since: float) -> LoadSample | None:
+        """The tick so far, as the controller's LoadTracker.peek sees it (None if < 5 ms)."""
+        if now - since < _MIN_OPEN_BUCKET_S:
+            return None
+        return LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
+                          rejections=self._rejections, queued=self.queued,
+                          ongoing=self.ongoing, duration_s=now - since)
+
+    def close_tick(self, now: float, duration_s: float) -> LoadSample:
+        """What the routers would have reported over the tick, summed (LoadTracker)."""
+        sample = LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
+                            rejections=self._rejections, queued=self.queued,
+                            ongoing=self.ongoing, duration_s=duration_s)
+        self.totals["completed"] += self._completions
+        self.drain_per_s = self._completions / duration_s
+        self._arrivals = self._completions = self._rejections = 0
+        return sample
+
+
+class EventFlow(TickLoad):
     """The heap, the counters and the load sample of a single-request flow."""
 
     def __init__(self, points: int, slo_s: float) -> None:
@@ -103,25 +137,6 @@ class EventFlow:
         histogram[key] = histogram.get(key, 0) + 1
         if within:
             self.within[arrival_point] += 1
-
-    # -- the tick's load sample ------------------------------------------------------------
-
-    def open_bucket(self, now: float, since: float) -> LoadSample | None:
-        """The tick so far, as the controller's LoadTracker.peek sees it (None if < 5 ms)."""
-        if now - since < _MIN_OPEN_BUCKET_S:
-            return None
-        return LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                          rejections=self._rejections, queued=self.queued,
-                          ongoing=self.ongoing, duration_s=now - since)
-
-    def close_tick(self, now: float, duration_s: float) -> LoadSample:
-        sample = LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                            rejections=self._rejections, queued=self.queued,
-                            ongoing=self.ongoing, duration_s=duration_s)
-        self.totals["completed"] += self._completions
-        self.drain_per_s = self._completions / duration_s
-        self._arrivals = self._completions = self._rejections = 0
-        return sample
 
     def engine_load(self, now: float) -> EngineLoad | None:
         """The engines' fresh reports, summed (flows without engines: None)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surge.policy.admission import admit, queue_room, queue_share
-from surge.policy.autoscaling import LoadSample
+from surge.sim.event_flow import TickLoad
 from surge.sim.scenario import Scenario
 
 __all__ = ["Cohort", "Flow"]
@@ -54,7 +54,7 @@ class Cohort:
     arrived: float  # start of their step
 
 
-class Flow:
+class Flow(TickLoad):
     def __init__(self, scenario: Scenario, rng: np.random.Generator, points: int) -> None:
         self.schedule = scenario.traffic.schedule
         self.poisson = scenario.traffic.arrivals == "poisson"
@@ -257,23 +257,3 @@ class Flow:
         key = round(self._delay_s(routable, rate) * 1e6)
         delays = self.delays[self.point]
         delays[key] = delays.get(key, 0) + count
-
-    # -- the tick's load sample ----------------------------------------------------------------
-
-    def open_bucket(self, now: float, since: float) -> LoadSample | None:
-        """The tick so far, as the controller's LoadTracker.peek sees it (None if < 5 ms)."""
-        if now - since < 0.005:
-            return None
-        return LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                          rejections=self._rejections, queued=self.queued,
-                          ongoing=self.ongoing, duration_s=now - since)
-
-    def close_tick(self, now: float, duration_s: float) -> LoadSample:
-        """What the routers would have reported over the tick, summed (LoadTracker)."""
-        sample = LoadSample(t=now, arrivals=self._arrivals, completions=self._completions,
-                            rejections=self._rejections, queued=self.queued,
-                            ongoing=self.ongoing, duration_s=duration_s)
-        self.totals["completed"] += self._completions
-        self.drain_per_s = self._completions / duration_s
-        self._arrivals = self._completions = self._rejections = 0
-        return sample
