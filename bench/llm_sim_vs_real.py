@@ -16,6 +16,10 @@ mean rate is `--low` req/s for the first fifth, `--high` for the next two fifths
 
 Printed side by side: TTFT and TPOT p50/p90/p99, SLO attainment (TTFT and TPOT within
 OBJECTIVES), running replicas per 30 s window and replica-seconds, with sim/real ratios.
+The real run is one draw of its timing; the simulator runs `--sim-seeds` seeds (its
+routing draws, the replicas' report phases, the controller's clock) and gives the median
+and the range: on a trace of a few hundred bursty requests a p99 is a handful of them,
+and one scale-up more or less moves it by seconds.
 Last line: `summary: ...`. Hold /tmp/surge-bench.lock around a real run.
 """
 
@@ -28,6 +32,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -112,16 +117,16 @@ def run_real(trace: Path, out: Path) -> tuple[dict[str, Any], list[float]]:
     return report, startups
 
 
-def run_sim(trace: Path, startup_s: float, out: Path) -> dict[str, Any]:
+def run_sim(trace: Path, startup_s: float, out: Path, seed: int) -> dict[str, Any]:
     scenario = {
-        "name": "llm-sim-vs-real", "seed": 1, "slo_ms": OBJECTIVES["ttft_ms"],
+        "name": "llm-sim-vs-real", "seed": seed, "slo_ms": OBJECTIVES["ttft_ms"],
         "cluster": {"nodes": 1, "replicas_per_node": 16, "startup_s": startup_s},
         "traffic": {"timeout_s": TIMEOUT_S},
         "llm": {"engine": ENGINE, "trace": {"file": str(trace)}, "routing": "engine_score",
                 "objectives": OBJECTIVES},
         "deployment": {"name": "LLM", **DEPLOYMENT}}
     run = simulate(Scenario.from_mapping(scenario, str(out / "scenario.yaml"), out))
-    (out / "sim.json").write_text(json.dumps(run.report, indent=1) + "\n")
+    (out / f"sim-{seed}.json").write_text(json.dumps(run.report, indent=1) + "\n")
     return run.report
 
 
@@ -142,36 +147,67 @@ def _v(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def compare(real: dict[str, Any] | None, sim: dict[str, Any], end_s: float) -> dict[str, Any]:
+def _spread(values: list[float], digits: int) -> str:
+    """median [min-max] of the simulated runs."""
+    if len(values) == 1:
+        return _v(values[0], digits)
+    return (f"{_v(statistics.median(values), digits)} [{_v(min(values), digits)}-"
+            f"{_v(max(values), digits)}]")
+
+
+def _sim_figures(sim: dict[str, Any]) -> dict[str, float]:
     s = sim["summary"]["llm_sim"]
-    r = real["summary"].get("llm") if real else None
-    rows = []
-    for metric in ("ttft", "tpot"):
-        for q, key in (("p50", "median"), ("p90", "p90"), ("p99", "p99")):
-            rows.append((f"{metric.upper()} {q} (ms)", r[f"{key}_{metric}_ms"] if r else None,
-                         s[f"{metric}_ms"][q]))
-    good = r["goodput_pct"] / 100 if r and r.get("goodput_pct") is not None else None
-    rows.append(("SLO attainment", good, s["slo_attainment"]))
-    sim_line = s["replica_timeline"]
-    real_line = real_timeline(real, end_s) if real else [None] * len(sim_line)
-    real_rs = sum(v for v in real_line if v is not None) * TIMELINE_S if real else None
-    sim_rs = sum(sim_line) * TIMELINE_S
-    rows.append(("running replica-seconds", real_rs, sim_rs))
-    print("| figure | real | simulated | sim/real |\n|---|--:|--:|--:|")
-    for label, rv, sv in rows:
+    out = {f"{m.upper()} {q} (ms)": s[f"{m}_ms"][q] for m in ("ttft", "tpot")
+           for q in ("p50", "p90", "p99")}
+    out["SLO attainment"] = s["slo_attainment"]
+    out["running replica-seconds"] = sum(s["replica_timeline"]) * TIMELINE_S
+    return out
+
+
+def _real_figures(real: dict[str, Any], end_s: float) -> dict[str, float | None]:
+    r = real["summary"]["llm"]
+    out: dict[str, float | None] = {
+        f"{m.upper()} {q} (ms)": r[f"{key}_{m}_ms"] for m in ("ttft", "tpot")
+        for q, key in (("p50", "median"), ("p90", "p90"), ("p99", "p99"))}
+    out["SLO attainment"] = (r["goodput_pct"] / 100 if r.get("goodput_pct") is not None
+                             else None)
+    out["running replica-seconds"] = sum(v for v in real_timeline(real, end_s)
+                                         if v is not None) * TIMELINE_S
+    return out
+
+
+def compare(real: dict[str, Any] | None, sims: list[dict[str, Any]],
+            end_s: float) -> dict[str, Any]:
+    """Prints the table and the timeline; the simulated figures are the median [range]
+    over the simulator's seeds (its routing draws and report phases)."""
+    figures = [_sim_figures(sim) for sim in sims]
+    real_fig = _real_figures(real, end_s) if real else {}
+    ratios: dict[str, str] = {}
+    print(f"| figure | real | simulated ({len(sims)} seeds: median [range]) | sim/real "
+          "(median) | real within range |\n|---|--:|--:|--:|:-:|")
+    for label in figures[0]:
         digits = 3 if label == "SLO attainment" else 1
-        print(f"| {label} | {_v(rv, digits)} | {_v(sv, digits)} | {_ratio(sv, rv)} |")
-    print(f"\nrunning replicas, mean per {TIMELINE_S:g} s window (real / simulated):")
+        values = [f[label] for f in figures]
+        rv = real_fig.get(label)
+        ratios[label] = _ratio(statistics.median(values), rv)
+        inside = "-" if rv is None else ("yes" if min(values) <= rv <= max(values) else "no")
+        print(f"| {label} | {_v(rv, digits)} | {_spread(values, digits)} | {ratios[label]} | "
+              f"{inside} |")
+    lines = [sim["summary"]["llm_sim"]["replica_timeline"] for sim in sims]
+    real_line = real_timeline(real, end_s) if real else [None] * len(lines[0])
+    print(f"\nrunning replicas, mean per {TIMELINE_S:g} s window: real / simulated median "
+          "[range], sim/real")
     errors = []
-    for index, sv in enumerate(sim_line):
+    for index in range(len(lines[0])):
+        values = [line[index] for line in lines]
         rv = real_line[index] if index < len(real_line) else None
+        median = statistics.median(values)
         if rv:
-            errors.append(abs(sv - rv) / rv)
-        print(f"  {index * TIMELINE_S:>5.0f} s  {_v(rv, 2):>6} / {sv:>5.2f}  "
-              f"{_ratio(sv, rv):>5}")
-    return {"p99_ttft_ratio": _ratio(s["ttft_ms"]["p99"], r["p99_ttft_ms"] if r else None),
-            "p99_tpot_ratio": _ratio(s["tpot_ms"]["p99"], r["p99_tpot_ms"] if r else None),
-            "replica_seconds_ratio": _ratio(sim_rs, real_rs),
+            errors.append(abs(median - rv) / rv)
+        print(f"  {index * TIMELINE_S:>5.0f} s  {_v(rv, 2):>6} / {_spread(values, 2):<20} "
+              f"{_ratio(median, rv):>5}")
+    return {"p99_ttft_ratio": ratios["TTFT p99 (ms)"], "p99_tpot_ratio": ratios["TPOT p99 (ms)"],
+            "replica_seconds_ratio": ratios["running replica-seconds"],
             "timeline_mean_abs_error": f"{sum(errors) / len(errors):.3f}" if errors else "-",
             "timeline_windows_within_15pct": (f"{sum(e <= 0.15 for e in errors)}/{len(errors)}"
                                               if errors else "-")}
@@ -183,6 +219,8 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=0.5, help="req/s before and after")
     parser.add_argument("--high", type=float, default=2.0, help="req/s in the middle")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--sim-seeds", type=int, default=5,
+                        help="simulate with seeds 1..N (routing draws, report phases)")
     parser.add_argument("--sim-only", action="store_true")
     parser.add_argument("--reuse", action="store_true",
                         help="simulate again against the real run already in --out")
@@ -205,12 +243,14 @@ def main() -> None:
     print(f"replica start-up: {startup} s ({len(startups)} measured: "
           f"{', '.join(f'{s:.2f}' for s in startups) or 'none, assumed'})", flush=True)
     started = time.perf_counter()
-    sim = run_sim(trace, startup, out)
-    print(f"simulated in {time.perf_counter() - started:.1f} s\n", flush=True)
-    summary = compare(real, sim, args.minutes * 60)
-    sim_llm = sim["summary"]["llm_sim"]
-    summary.update(sim_first_up_s=sim_llm["first_scale_up_s"],
-                   sim_direction_changes=sim_llm["direction_changes"], startup_s=startup)
+    sims = [run_sim(trace, startup, out, seed) for seed in range(1, args.sim_seeds + 1)]
+    print(f"simulated {len(sims)} seeds in {time.perf_counter() - started:.1f} s\n", flush=True)
+    summary = compare(real, sims, args.minutes * 60)
+    summary.update(
+        sim_first_up_s=statistics.median(
+            s["summary"]["llm_sim"]["first_scale_up_s"] or math.inf for s in sims),
+        sim_direction_changes=statistics.median(
+            s["summary"]["llm_sim"]["direction_changes"] for s in sims), startup_s=startup)
     print("\nsummary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 
