@@ -16,6 +16,10 @@ engine timing of bench/llm_sim_vs_real.py, replicas starting in `--startup` seco
   from the step to the first scale-up decision, Ray's default policy (`ray_default`)
   against surge's (`proactive`), each with its defaults.
 
+`proactive+objectives` is surge's policy with the deployment's latency objectives
+(`autoscaling_config.objectives`: the TTFT and TPOT of OBJECTIVES), sized by
+policy/llm_objectives.py from the engines' reports.
+
 Last line: `summary: ...`.
 """
 
@@ -32,15 +36,20 @@ from bench.llm_sim_vs_real import DEPLOYMENT, ENGINE, OBJECTIVES
 from surge.sim.scenario import Scenario
 from surge.sim.sweep import simulate
 
-POLICIES = ("proactive", "ray_default")
+# (row, policy, latency objectives in autoscaling_config: issue 34 item 1)
+POLICIES = (("proactive", "proactive", False), ("proactive+objectives", "proactive", True),
+            ("ray_default", "ray_default", False))
 LOW, HIGH, MID = 2.0, 12.0, 6.0
 STEP_AT_S = 60.0
 
 
 def scenario(schedule: list[dict[str, float]], policy: str, burstiness: float, seed: int,
-             startup_s: float, max_replicas: int) -> Scenario:
-    scaling = {**DEPLOYMENT["autoscaling_config"], "max_replicas": max_replicas,  # type: ignore[dict-item]
-               "policy": {"policy_function": policy}}
+             startup_s: float, max_replicas: int, objectives: bool = False) -> Scenario:
+    scaling: dict[str, Any] = {**DEPLOYMENT["autoscaling_config"],  # type: ignore[dict-item]
+                               "max_replicas": max_replicas,
+                               "policy": {"policy_function": policy}}
+    if objectives:
+        scaling["objectives"] = dict(OBJECTIVES)
     return Scenario.from_mapping({
         "name": f"llm-{policy}", "seed": seed, "slo_ms": OBJECTIVES["ttft_ms"],
         "cluster": {"nodes": 1, "replicas_per_node": max_replicas, "startup_s": startup_s},
@@ -59,16 +68,16 @@ def replay(minutes: float, seed: int, startup_s: float) -> dict[str, Any]:
           "x oracle | TTFT p99 ms | TPOT p99 ms | SLO attainment |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     out = {}
-    for policy in POLICIES:
-        run = simulate(scenario(schedule, policy, 0.25, seed, startup_s, 64))
+    for row, policy, objectives in POLICIES:
+        run = simulate(scenario(schedule, policy, 0.25, seed, startup_s, 64, objectives))
         s, m = run.summary, run.summary["llm_sim"]
-        print(f"| {policy} | {m['requests']:,} | {m['direction_changes']} | "
+        print(f"| {row} | {m['requests']:,} | {m['direction_changes']} | "
               f"{m['direction_changes_per_10min']:g} | {s['replica_seconds']:,.0f} | "
               f"{s['oracle_replica_seconds']:,.0f} | {s['oracle_ratio']:.3f} | "
               f"{m['ttft_ms']['p99']:,.0f} | {m['tpot_ms']['p99']:,.0f} | "
               f"{100 * m['slo_attainment']:.2f}% |", flush=True)
-        out[f"{policy}_changes_per_10min"] = m["direction_changes_per_10min"]
-        out[f"{policy}_x_oracle"] = s["oracle_ratio"]
+        out[f"{row}_changes_per_10min"] = m["direction_changes_per_10min"]
+        out[f"{row}_x_oracle"] = s["oracle_ratio"]
     return out
 
 
@@ -78,15 +87,15 @@ def step(low: float, high: float, seed: int, startup_s: float) -> dict[str, Any]
           "arrivals, BurstGPT lengths\n")
     print("| policy | first scale-up after the step | its decision |\n|---|--:|---|")
     out = {}
-    for policy in POLICIES:
-        run = simulate(scenario(schedule, policy, 1.0, seed, startup_s, 64))
+    for row, policy, objectives in POLICIES:
+        run = simulate(scenario(schedule, policy, 1.0, seed, startup_s, 64, objectives))
         ups = [d for d in run.simulation.decisions
                if d.target > d.previous and d.t >= STEP_AT_S]
         first = ups[0] if ups else None
-        print(f"| {policy} | {'never' if first is None else f'{first.t - STEP_AT_S:.3f} s'} | "
+        print(f"| {row} | {'never' if first is None else f'{first.t - STEP_AT_S:.3f} s'} | "
               f"{'' if first is None else f'{first.previous} -> {first.target}: {first.reason}'}"
               " |", flush=True)
-        out[f"{policy}_first_up_s"] = None if first is None else round(first.t - STEP_AT_S, 3)
+        out[f"{row}_first_up_s"] = None if first is None else round(first.t - STEP_AT_S, 3)
     return out
 
 
