@@ -14,6 +14,10 @@ Every request ends exactly once in the `Record`: 2xx, another status, "timeout" 
 answer `timeout_s` after its scheduled time; its connection is closed), "connection"
 (refused, reset or closed mid-request, unparseable answer), "overflow" (the wait queue
 was full) or, if the run is cut short by `max_time_s`, unanswered.
+
+(A little over 500 lines: the schedule's sender and the connection pool it hands requests
+to are one state machine, whose hot path is kept flat; split, each half would reach into
+the other's fields.)
 """
 
 from __future__ import annotations
