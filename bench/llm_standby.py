@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT / "src"), str(ROOT)] + [
     p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from bench.common import cpu_seconds, free_port, process_tree, pss_kib, rss_kib  # noqa: E402
+from bench.common import cmdline, cpu_seconds, free_port, process_tree, pss_kib, rss_kib  # noqa: E402
 
 CASES = ("standby", "cold", "store")
 MOCK_ENGINE = "bench.apps.llm_standby_engines:WeightedMockEngine"
@@ -162,7 +162,14 @@ def idle_cost(pid: int, seconds: float) -> dict[str, float]:
             "pss_mib": sum(pss_kib(p) for p in pids) / 1024,
             "cpu_pct": 100 * sum(cpu.values()) / elapsed,
             "replica_rss_mib": rss_kib(pid) / 1024, "replica_pss_mib": pss_kib(pid) / 1024,
-            "replica_cpu_pct": 100 * cpu[pid] / elapsed}
+            "replica_cpu_pct": 100 * cpu[pid] / elapsed,
+            **{f"cpu_pct:{_title(p)}": 100 * cpu[p] / elapsed for p in pids if p != pid}}
+
+
+def _title(pid: int) -> str:
+    """A process's short name: its title's first word (vLLM's engine core sets one)."""
+    words = cmdline(pid).split()
+    return Path(words[0]).name if words else str(pid)
 
 
 # -- one round -------------------------------------------------------------------------------
@@ -276,14 +283,19 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, float]:
                 1000 * statistics.median(r.decision_to_token_s for r in ok), 1)
     idle = [r.idle for r in rounds if r.idle]
     if idle:
-        medians = {k: statistics.median(i[k] for i in idle) for k in idle[0]}
+        medians = {k: statistics.median(i.get(k, 0.0) for i in idle) for k in idle[0]}
         print(f"\nstandby idle cost over {args.idle_s:g} s (median of {len(idle)}): "
               f"RSS {medians['rss_mib']:.0f} MiB, PSS {medians['pss_mib']:.0f} MiB, "
               f"CPU {medians['cpu_pct']:.1f}% of a core, {medians['processes']:.0f} "
               f"process(es); of which the replica's own process: RSS "
               f"{medians['replica_rss_mib']:.0f} MiB, PSS {medians['replica_pss_mib']:.0f} "
               f"MiB, CPU {medians['replica_cpu_pct']:.1f}%")
-        summary.update({f"standby_idle_{k}": round(v, 1) for k, v in medians.items()})
+        others = {k.split(":", 1)[1]: v for k, v in medians.items() if k.startswith("cpu_pct:")}
+        if others:
+            print("  CPU% of its other processes: " + ", ".join(
+                f"{name} {value:.1f}%" for name, value in sorted(others.items())))
+        summary.update({f"standby_idle_{k}": round(v, 1) for k, v in medians.items()
+                        if ":" not in k})
     refills = [r.refill_s for r in rounds if r.refill_s == r.refill_s]
     if refills:
         print(f"refill (decision -> a new standby ready): {_ms(refills)} ms")
