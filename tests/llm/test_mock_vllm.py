@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -93,6 +94,36 @@ def test_steps_take_the_modelled_time_and_a_batch_shares_them() -> None:
         assert all(len(r) == 5 for r in results)
         assert e.steps == 5  # four sequences decoded together
         assert elapsed >= 5 * 0.02
+        await e.shutdown()
+
+    run(main)
+
+
+def test_the_loops_own_work_between_steps_does_not_add_to_them() -> None:
+    """Other work holds the event loop 3 ms of every 7 (as a busy replica's would), so
+    many of the engine's 5 ms steps wake late: a busy engine's steps still start where
+    the last one ended, 40 steps in ~0.2 s, not 40 x (5 ms + the lateness) (~0.27 s)."""
+    async def main() -> None:
+        e = engine(step_s=0.005)
+        await e.start()
+        loop = asyncio.get_running_loop()
+        busy = True
+
+        async def other_work() -> None:  # on its own schedule (never in step with the
+            at = loop.time()  # engine's, whose wakes it delays)
+            while busy:
+                at += 0.007
+                await asyncio.sleep(max(0.0, at - loop.time()))
+                time.sleep(0.003)
+
+        other = asyncio.create_task(other_work())
+        started = loop.time()
+        deltas = await collect(e, "x y z", 40, "r")
+        elapsed = loop.time() - started
+        busy = False
+        await other
+        assert len(deltas) == 40
+        assert 40 * 0.005 <= elapsed < 40 * 0.005 + 0.03
         await e.shutdown()
 
     run(main)

@@ -2,7 +2,8 @@
 
 It speaks `surge.llm.engine.LLMEngine` and runs sim/engine_model.py's scheduler for
 real: one task loops over engine steps, sleeps until each step's modelled end (absolute
-deadlines, so late timers do not add up), then hands out the step's tokens; a request
+deadlines, each step starting where the last one ended, so the loop's own work and late
+timers do not add up), then hands out the step's tokens; a request
 first waits its `request_s` (the frontend's cost). So TTFT and ITL grow with the batch,
 long prompts and a cold prefix cache as a real engine's do, and the KV cache fills,
 evicts and preempts. What it reports is vLLM's: `stats()` (waiting, running, KV use,
@@ -44,6 +45,9 @@ from surge.testing.llm import WordsChat
 __all__ = ["MockVLLMEngine"]
 
 MAX_EVENT_BATCHES = 1024  # a reader that falls this far behind loses the oldest
+# How far behind its modelled steps the loop may fall and still catch up: past this (a
+# stalled host) the lost time is dropped rather than made up in a burst of short steps.
+MAX_LAG_S = 0.005
 
 
 class MockVLLMEngine(WordsChat):
@@ -71,17 +75,21 @@ class MockVLLMEngine(WordsChat):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = 0.0  # when the step now modelled ends, on the loop's clock
+        deadline = loop.time()  # when the step now modelled ends, on the loop's clock
         while True:
-            await self._work.wait()
             if self.model.idle:
                 self._work.clear()
+                await self._work.wait()
+                deadline = loop.time()  # the first step after idling starts now
                 continue
             step = self.model.step()
             self.steps += 1
-            # Steps end at absolute deadlines: a timer that fires late (asyncio's are
-            # coarse at ~1 ms steps) shortens the next step instead of adding up.
-            deadline = max(deadline, loop.time()) + step.duration_s
+            # A busy engine's next step starts when the last one ended, as vLLM's does:
+            # steps end at absolute deadlines, so the time this loop spends between them
+            # (handing out tokens, modelling the next step, a late timer) comes out of
+            # the next step instead of adding to each, up to MAX_LAG_S: a host that
+            # stalled longer is not made up in a burst of steps.
+            deadline = max(deadline, loop.time() - MAX_LAG_S) + step.duration_s
             await asyncio.sleep(deadline - loop.time())
             events = self.model.take_events()
             if events:
