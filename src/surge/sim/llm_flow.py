@@ -60,6 +60,9 @@ class LLMFlow(EventFlow):
         routers = scenario.cluster.proxies
         self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
         self.max_wait_s = scenario.deployment.queue_wait_limit_s
+        # the service time the routers measure, which bounds a wait by time from below:
+        # a request's mean time on an engine at its target load (Scenario.llm_capacity)
+        self.service_s = scenario.service.time_s.mean
         self.waiting: deque[LLMRequest] = deque()  # in the router, in arrival order
         self.replicas: list[LLMReplica] = []  # routable, in the cluster's order
         self.by_id: dict[str, LLMReplica] = {}
@@ -93,7 +96,8 @@ class LLMFlow(EventFlow):
             self._dispatch(request, replica, now)
             return
         queued_before = self.queued
-        if admit(queued_before, self.queue_limit, self.drain_per_s, self.max_wait_s) is not None:
+        if admit(queued_before, self.queue_limit, self.drain_per_s, self.max_wait_s,
+                 self.service_s) is not None:
             request.done = True
             self.count_rejection()
             return
