@@ -161,3 +161,16 @@ def test_the_engines_reports_feed_the_autoscaling_step() -> None:
                                                            TIMING["decode_s_per_seq"])
     assert load.prompt_tokens > 0
     assert sim.decisions and sim.decisions[0].target > sim.decisions[0].previous
+
+
+def test_the_router_queues_and_refuses_as_policy_dispatch_decides(tmp_path: Path) -> None:
+    """Bounded by time (max_queued_requests unset): the wait a request would have is the
+    queue over in flight / service time, never less than one service time's worth."""
+    write_burstgpt([TraceRequest(0.0, 50, 20)] * 10, tmp_path / "ten.csv")
+    data = scenario(**{"llm.trace": {"file": "ten.csv"}, "traffic.schedule": None,
+                       "deployment.autoscaling_config": None,
+                       "deployment.num_replicas": 1, "deployment.max_ongoing_requests": 2,
+                       "deployment.max_queue_wait_s": 0.1})
+    sim = Simulation(Scenario.from_mapping(data, "ten.yaml", tmp_path)).run()
+    # 2 in flight, room for 2 waiting (one service time at 2 / service per second), 6 refused
+    assert sim.flow.totals == {"arrived": 10, "completed": 4, "rejected": 6, "timed_out": 0}

@@ -2,8 +2,10 @@
 
 A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
 
-* arrivals are the trace's, at its times; past `max_queued_requests` (the routers'
-  summed shares, policy.admission) a request is rejected, and one still waiting in the
+* arrivals are the trace's, at its times; a request no replica has room for queues or
+  is refused as the router decides it (policy.dispatch.refuse: `max_queued_requests`,
+  the routers' summed shares, or with it unset the wait bound by time, with the mean
+  time of a request at target load as the service time), and one still waiting in the
   router `timeout_s` after it arrived times out;
 * the router picks a replica as surge's router does for an LLM deployment
   (policy/engine_routing.py `choose_by_score` on `engine_score`: each replica's last
@@ -32,7 +34,8 @@ from collections import deque
 
 from surge.loadtest.stats import latency_key, percentile
 from surge.loadtest.traces import TraceRequest
-from surge.policy.admission import admit, queue_share
+from surge.policy.admission import queue_share
+from surge.policy.dispatch import refuse
 from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
 from surge.sim.cluster import ClusterState
@@ -96,8 +99,8 @@ class LLMFlow(EventFlow):
             self._dispatch(request, replica, now)
             return
         queued_before = self.queued
-        if admit(queued_before, self.queue_limit, self.drain_per_s, self.max_wait_s,
-                 self.service_s) is not None:
+        if refuse(queued_before, self.queue_limit, self.max_wait_s, self.ongoing,
+                  self.service_s, self.drain_per_s, None, 503) is not None:
             request.done = True
             self.count_rejection()
             return
