@@ -137,18 +137,20 @@ def objective_demand(load: EngineLoad, objectives: Objectives, *, rate: float,
     if replicas <= 0:
         bound = Bound.NONE
     signals.update({f"{b.value}_replicas": d for b, d in demands.items()})
+    signals["kv_cache_usage"] = load.kv_cache_usage
     return ObjectiveDemand(replicas, bound, _reason(bound, replicas, signals), signals)
 
 
 def _reason(bound: Bound, replicas: float, s: Mapping[str, float]) -> str:
+    kv = f"KV {100 * s['kv_cache_usage']:.0f}%"
     if bound is Bound.PREFILL:
         return (f"TTFT: {s['prefill_backlog_tokens']:.0f} prompt tokens waiting, "
                 f"{s['prompt_tokens']:.0f} a prompt at {s['prefill_tokens_per_s']:.0f} "
-                f"tokens/s a replica -> {replicas:.1f} replicas (prefill-bound)")
+                f"tokens/s a replica -> {replicas:.1f} replicas (prefill-bound; {kv})")
     if bound is Bound.DECODE:
         return (f"TPOT: {s['decode_sequences']:.0f} sequences, at most "
                 f"{s['decode_batch_max']:.0f} a replica -> {replicas:.1f} replicas "
-                "(decode-bound)")
+                f"(decode-bound; {kv})")
     if bound is Bound.KV:
-        return f"KV cache -> {replicas:.1f} replicas (KV-bound)"
+        return f"{kv} -> {replicas:.1f} replicas (KV-bound)"
     return "no load on the engines"
