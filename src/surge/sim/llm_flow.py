@@ -11,14 +11,14 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
   (policy/engine_routing.py `choose_by_score` on `engine_score`: each replica's last
   routing-stats report, sent every `report_s`, plus this router's in flight there since,
   power of two choices, none past `max_ongoing_requests`), or in turn (`round_robin`);
-  a request no replica has room for waits in the router's queue, taken in order as
-  requests finish;
+  the router's queue is taken in order as requests finish;
 * each replica is an EngineModel stepped on virtual time (sim/llm_replica.py); a request
   holds its replica's slot from dispatch to its last token; TTFT is from arrival to the
   first token's step end, TPOT (as `vllm bench serve`) the time from the first to the last
   token over the tokens after the first;
 * the replicas' reports are also what the controller's EngineTracker sums for
-  autoscaling (`engine_load`: fresh reports' waiting, running and mean KV use);
+  autoscaling (`engine_load`: fresh reports' waiting, running, mean KV use, the prefill
+  backlog and the capacity fields, sim/llm_replica.LLMReplica.report);
 * a replica that leaves routing finishes what it holds, then reports no more.
 
 One router stands for all (its in-flight counts are every router's): the engines' own
