@@ -9,7 +9,8 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
   router `timeout_s` after it arrived times out;
 * the router picks a replica as surge's router does for an LLM deployment
   (policy/engine_routing.py `choose_by_score` on `engine_score`: each replica's last
-  routing-stats report, sent every `report_s`, plus this router's in flight there since,
+  routing-stats report, sent when it starts and then every `report_s` +-10% as
+  replica/stats_hooks.py sends them, plus this router's in flight there since,
   power of two choices, none past `max_ongoing_requests`), or in turn (`round_robin`);
   the router's queue is taken in order as requests finish;
 * each replica is an EngineModel stepped on virtual time (sim/llm_replica.py); a request
@@ -48,6 +49,9 @@ from surge.sim.scenario import Scenario
 __all__ = ["LLMFlow"]
 
 _EPS = 1e-9
+# A replica's report period is drawn from [0.9, 1.1] x report_s each time (as Ray's and
+# replica/stats_hooks.py's JITTER), so replicas do not report in step.
+REPORT_JITTER = 0.1
 
 
 class LLMFlow(EventFlow):
@@ -222,8 +226,8 @@ class LLMFlow(EventFlow):
             if replica_id not in self.by_id:
                 replica = LLMReplica.new(replica_id, self.spec.timing)
                 self.by_id[replica_id] = replica
-                # its reports come every report_s, at a phase of its own
-                self.at(now + self.rng.uniform(0, self.spec.report_s), self._report, replica)
+                # as replica/stats_hooks.py: a report at once, then every report_s +-10%
+                self.at(now, self._report, replica)
         self.replicas = [self.by_id[i] for i in routable]
         for replica in self.replicas:
             replica.routable = True
@@ -239,7 +243,9 @@ class LLMFlow(EventFlow):
             return
         replica.reported = (replica.queue, replica.in_flight, now)
         replica.engine_report = replica.report(now, self.spec.report_s)
-        self.at(now + self.spec.report_s, self._report, replica)
+        self.at(now + self.spec.report_s * self.rng.uniform(1 - REPORT_JITTER,
+                                                          1 + REPORT_JITTER),
+                self._report, replica)
 
     def engine_load(self, now: float) -> EngineLoad | None:
         return fresh_load([r.engine_report for r in self.replicas
