@@ -41,7 +41,8 @@ ray-suite:
 # linked as .venv-llm (scripts/llm-env.sh says how and why). surge runs in it from src/.
 LLM_PY := .venv-llm/bin/python
 # tests/llm's fake-engine tests run in the main suite; these need vLLM.
-LLM_TESTS := tests/llm/test_vllm.py tests/llm/test_vllm_embeddings.py tests/llm/test_vllm_kv_events.py
+LLM_TESTS := tests/llm/test_vllm.py tests/llm/test_vllm_embeddings.py tests/llm/test_vllm_kv_events.py \
+	tests/llm/test_vllm_standby.py
 LLM_RUN := VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONPATH=$(CURDIR)/src:$(CURDIR)
 
 llm-env:
