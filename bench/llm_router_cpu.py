@@ -1,17 +1,24 @@
 """The LLM router's cost on the real data path: proxy CPU per routed chat request.
 
-    .venv/bin/python bench/llm_router_cpu.py [--replicas 4] [--duration 8]
+    .venv/bin/python bench/llm_router_cpu.py [--replicas 4] [--duration 8] \
+        [--ttft-connections 150]
 
-One surge instance (bench/apps/llm_mock_app.py) serves an OpenAI app on mock vLLM engines
-(0.2 ms steps: never the limit) and a plain POST echo. wrk posts the same chat body to
-both, in turns: to `/v1/chat/completions` it takes the LLM path (the prompt read into
-chunk names, the prefix index, the engine-score choice, the chat answer), to `/echo` the
-same proxy path without it. The proxy's CPU per request on each (less its idle CPU,
-measured first) and their difference, for a short chat (~300 bytes) and a 220 KB one,
-with `max_tokens: 1` and no streaming. "Routed requests/s per proxy core" is 1 / (proxy
-CPU per LLM request). Replicas' CPU is left out (the mock engine tokenises 220 KB of
-words per request). The machine's other load moves wall-clock figures more than CPU per
-request: read the difference within one run. Last line: `summary: ...`.
+One surge instance (bench/apps/llm_mock_app.py) serves an OpenAI app on mock vLLM
+engines (0.2 ms steps: never the limit), the same app with prefix routing off
+(`request_router_kwargs: {prefix_routing: false}`, at /off) and a plain POST echo. wrk
+posts the same chat body to the three, in turns: to `/v1/chat/completions` it takes the
+LLM path (the prompt read into chunk names, the prefix index, the engine-score choice,
+the chat answer), to `/off/...` the LLM path without the prompt read and the index, to
+`/echo` the same proxy path without any of it. With `--ttft-connections N`, then N
+connections post the 220 KB chat to the LLM path with prefix routing on and off, in
+turns: its latency (one token, not streamed) is the first token's, so their p99s' gap is
+what prefix routing adds to TTFT at that concurrency. The proxy's CPU per request on
+each (less its idle CPU, measured first) and their difference, for a short chat (~300
+bytes) and a 220 KB one, with `max_tokens: 1` and no streaming. "Routed requests/s per
+proxy core" is 1 / (proxy CPU per LLM request). Replicas' CPU is left out (the mock
+engine tokenises 220 KB of words per request). The machine's other load moves wall-clock
+figures more than CPU per request: read the difference within one run. Last line:
+`summary: ...`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import cmdline, cpu_seconds, free_port, run_wrk, start_system
 
 ROOT = Path(__file__).resolve().parent.parent
+# the LLM path; the same with prefix routing off (request_router_kwargs); a plain echo
+PATHS = ("/v1/chat/completions", "/off/v1/chat/completions", "/echo")
 
 
 def chat_body(system_bytes: int) -> str:
@@ -51,6 +60,9 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ttft-connections", type=int, default=0,
+                        help="then 220 KB chats (max_tokens 1: latency ~ TTFT) from this "
+                        "many connections, prefix routing on and off in turns")
     args = parser.parse_args()
     port = free_port()
     rows: dict[str, dict[str, list[float]]] = {}
@@ -66,7 +78,7 @@ def main() -> None:
         for name, size, connections in (("short", 300, 32), ("220kb", 220_000, 8)):
             script = lua_script(chat_body(size), Path(tmp))
             for _ in range(args.rounds):
-                for path in ("/v1/chat/completions", "/echo"):
+                for path in PATHS:
                     result = run_wrk(f"{system.url}{path}", connections, args.duration,
                                      proxy, script=str(script))
                     if result.non_2xx or result.errors:
@@ -81,6 +93,20 @@ def main() -> None:
                     print(f"  {name} {path}: {result.rps:,.0f} req/s, proxy "
                           f"{result.cpu_us_per_request:,.0f} µs/req, p99 {result.p99_ms} ms",
                           flush=True)
+        rows_ttft: dict[str, list[tuple[float, float]]] = {}
+        if args.ttft_connections:
+            script = lua_script(chat_body(220_000), Path(tmp))
+            for i in range(args.rounds):
+                paths = PATHS[:2] if i % 2 == 0 else PATHS[1::-1]
+                for path in paths:
+                    result = run_wrk(f"{system.url}{path}", args.ttft_connections,
+                                     args.duration, proxy, script=str(script))
+                    if result.non_2xx or result.errors:
+                        raise RuntimeError(f"{path} (220kb x {args.ttft_connections}): "
+                                           f"{result}")
+                    rows_ttft.setdefault(path, []).append((result.p50_ms, result.p99_ms))
+                    print(f"  220kb x {args.ttft_connections} {path}: {result.rps:,.0f} "
+                          f"req/s, p50 {result.p50_ms} ms p99 {result.p99_ms} ms", flush=True)
     print()
     print(f"{args.replicas} mock replicas; medians of {args.rounds} interleaved rounds; proxy "
           f"idle {idle_us_per_s:,.0f} µs/s taken out")
@@ -94,14 +120,35 @@ def main() -> None:
               f"{statistics.median(row['rps']):,.0f} | {statistics.median(row['p99']):.2f} |")
     for name in ("short", "220kb"):
         llm = statistics.median(rows[f"{name} /v1/chat/completions"]["cpu"])
+        off = statistics.median(rows[f"{name} /off/v1/chat/completions"]["cpu"])
         echo = statistics.median(rows[f"{name} /echo"]["cpu"])
         summary[f"{name}_llm_cpu_us"] = f"{llm:.0f}"
+        summary[f"{name}_off_cpu_us"] = f"{off:.0f}"
         summary[f"{name}_echo_cpu_us"] = f"{echo:.0f}"
         summary[f"{name}_llm_extra_us"] = f"{llm - echo:.0f}"
+        summary[f"{name}_prefix_routing_us"] = f"{llm - off:.0f}"
         summary[f"{name}_routed_per_core_s"] = f"{1e6 / llm:.0f}"
         print(f"{name}: the LLM path costs {llm - echo:,.0f} µs more proxy CPU a request "
-              f"({llm:,.0f} vs {echo:,.0f}); {1e6 / llm:,.0f} routed requests/s per proxy core")
+              f"({llm:,.0f} vs {echo:,.0f}), of which prefix routing {llm - off:,.0f} "
+              f"(off: {off:,.0f}); {1e6 / llm:,.0f} routed requests/s per proxy core")
+    if args.ttft_connections:
+        summary.update(ttft_phase(rows_ttft))
     print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def ttft_phase(rows: dict[str, list[tuple[float, float]]]) -> dict[str, str]:
+    """The 220 KB chats' latency with prefix routing on (PATHS[0]) and off (PATHS[1])."""
+    on, off = rows[PATHS[0]], rows[PATHS[1]]
+    p99_on = statistics.median(r[1] for r in on)
+    p99_off = statistics.median(r[1] for r in off)
+    p50_on = statistics.median(r[0] for r in on)
+    p50_off = statistics.median(r[0] for r in off)
+    print(f"220 KB chats, max_tokens 1: prefix routing on p50/p99 {p50_on:.1f}/{p99_on:.1f} "
+          f"ms (rounds: {', '.join(f'{r[1]:.1f}' for r in on)}), off {p50_off:.1f}/"
+          f"{p99_off:.1f} ms ({', '.join(f'{r[1]:.1f}' for r in off)}): on adds "
+          f"{p99_on - p99_off:+.1f} ms at p99")
+    return {"ttft_p99_on_ms": f"{p99_on:.1f}", "ttft_p99_off_ms": f"{p99_off:.1f}",
+            "ttft_p50_on_ms": f"{p50_on:.1f}", "ttft_p50_off_ms": f"{p50_off:.1f}"}
 
 
 if __name__ == "__main__":

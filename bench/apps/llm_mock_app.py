@@ -2,9 +2,10 @@
 `python llm_mock_app.py PORT REPLICAS`.
 
 `/` is `build_openai_app` on `surge.testing:MockVLLMEngine` (REPLICAS replicas, steps of
-0.2 ms and no per-token cost: the engines are never the limit); `/echo` answers any POST
-with its body's length, so a request there takes the same proxy path without the LLM
-routing (no prompt read, no prefix choice).
+0.2 ms and no per-token cost: the engines are never the limit), `/off` the same app with
+`request_router_kwargs: {prefix_routing: false}` (its router reads no prompt); `/echo`
+answers any POST with its body's length, so a request there takes the same proxy path
+without the LLM routing (no prompt read, no prefix choice).
 """
 
 from __future__ import annotations
@@ -25,20 +26,26 @@ class Echo:
         return {"bytes": len(await request.body())}
 
 
-def main() -> None:
-    port, replicas = int(sys.argv[1]), int(sys.argv[2])
-    os.environ.setdefault("SURGE_LOG_LEVEL", "WARNING")
-    serve.start(http_options={"port": port})
-    serve.run(build_openai_app({"llm_configs": [{
+def llm(replicas: int, prefix_routing: bool) -> dict[str, Any]:
+    router = {"request_router_kwargs": {"prefix_routing": prefix_routing}}
+    return {"llm_configs": [{
         "model_loading_config": {"model_id": "mock"},
         "llm_engine": "surge.testing:MockVLLMEngine",
         "engine_kwargs": {"step_s": 0.0002, "decode_s_per_seq": 0.0,
                           "prefill_s_per_token": 0.0, "max_num_seqs": 512,
                           "max_num_batched_tokens": 1_000_000, "num_blocks": 200_000,
                           "max_model_len": 200_000},
-        "deployment_config": {"num_replicas": replicas,
-                              "max_ongoing_requests": 1000}}]}),
-              name="llm", route_prefix="/")
+        "deployment_config": {"num_replicas": replicas, "max_ongoing_requests": 1000,
+                              "request_router_config": router}}]}
+
+
+def main() -> None:
+    port, replicas = int(sys.argv[1]), int(sys.argv[2])
+    os.environ.setdefault("SURGE_LOG_LEVEL", "WARNING")
+    serve.start(http_options={"port": port})
+    serve.run(build_openai_app(llm(replicas, True)), name="llm", route_prefix="/")
+    # the same app with prefix routing off (request_router_kwargs), at /off
+    serve.run(build_openai_app(llm(replicas, False)), name="llm-off", route_prefix="/off")
     serve.run(Echo.bind(), name="echo", route_prefix="/echo")
     print(f"READY http://127.0.0.1:{port}", flush=True)
     serve_until_sigterm(None)
