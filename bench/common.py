@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "apps"
@@ -140,17 +141,20 @@ class System:
 
 @contextmanager
 def start_system(name: str, argv: list[str], env: dict[str, str] | None = None,
-                 timeout_s: float = 180.0) -> Iterator[System]:
+                 timeout_s: float = 180.0, stderr: IO[str] | None = None,
+                 ) -> Iterator[System]:
     """Run `argv` (prints `READY url [k=v ...]` when serving); stop its process group after.
 
     A process of Ray's virtualenv starts a Ray instance of its own (RAY_ADDRESS=local):
     without it `ray.init()` joins the cluster named in /tmp/ray/ray_current_cluster,
     which a cluster killed earlier leaves behind, and waits for its dead GCS for ever.
-    One that does not say READY within `timeout_s` is stopped (its readline ends)."""
+    One that does not say READY within `timeout_s` is stopped (its readline ends).
+    Its stderr is discarded unless `stderr` (an open file) keeps it."""
     extra = dict(env or {})
     if argv[0] == str(RAY_PYTHON):
         extra.setdefault("RAY_ADDRESS", "local")
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL if stderr is None else stderr,
                                text=True, env={**os.environ, **extra},
                                start_new_session=True, cwd=ROOT)
     assert process.stdout is not None

@@ -28,12 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, free_port
+from bench.common import ROOT, free_port, start_system
 from surge.loadtest.llm import LLMPreset
 from surge.loadtest.options import PulseOptions
 from surge.loadtest.runner import run_pulse
@@ -82,35 +79,21 @@ def make_trace(minutes: float, low: float, high: float, seed: int, path: Path) -
 def run_real(trace: Path, out: Path) -> tuple[dict[str, Any], list[float]]:
     """The pulse's report and the start-up times the controller logged."""
     port, control = free_port(), f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "SURGE_ADDRESS": control, "SURGE_LOG_LEVEL": "INFO",
+    env = {"SURGE_ADDRESS": control, "SURGE_LOG_LEVEL": "INFO",
            "PYTHONPATH": str(ROOT / "src")}
     log = out / "surge.log"
     config = json.dumps({"engine_kwargs": ENGINE, "deployment": DEPLOYMENT})
-    with log.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, str(APP), str(port), config],
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-                                   cwd=ROOT, start_new_session=True)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith("READY"):
-            raise RuntimeError(f"the app did not start: {line!r}; see {log}")
+    with log.open("w") as stderr, start_system(
+            "surge", [sys.executable, str(APP), str(port), config], env, timeout_s=300,
+            stderr=stderr) as system:
         before = len(STARTED.findall(log.read_text()))
         preset = LLMPreset(kind="chat", model="mock", trace=str(trace),
                            goodput=Slo.parse([f"ttft:{OBJECTIVES['ttft_ms']:g}",
                                               f"tpot:{OBJECTIVES['tpot_ms']:g}"]))
-        options = PulseOptions(url=line.split()[1], schedule=preset.trace_schedule(),
+        options = PulseOptions(url=system.url, schedule=preset.trace_schedule(),
                                llm=preset, timeout_s=TIMEOUT_S, slo_ms=OBJECTIVES["ttft_ms"],
                                surge_address=control)
         report = run_pulse(options, quiet=True).report
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
     startups = [float(x) for x in STARTED.findall(log.read_text())[before:]]
     (out / "real.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "startups.json").write_text(json.dumps(startups) + "\n")
