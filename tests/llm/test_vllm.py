@@ -10,7 +10,6 @@ extra parameter) makes lengths exact.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,9 +163,21 @@ def test_async_client_concurrent_streams(served: Served) -> None:
     assert asyncio.run(go()) == [16] * 8
 
 
-def test_disconnect_aborts_the_engine_request(client: Any, served: Served) -> None:
-    os.environ["SURGE_ADDRESS"] = served.control
+def test_disconnect_aborts_the_engine_request(client: Any, served: Served,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from surge import serve
+    from surge.api.instance import disconnect
+
+    # This process joins the served instance as a driver for the handle; it leaves it
+    # after, so a later module's serve.start makes its own instead of reusing this one.
+    monkeypatch.setenv("SURGE_ADDRESS", served.control)
+    try:
+        _disconnect_aborts(client, serve)
+    finally:
+        disconnect(shutdown=False)
+
+
+def _disconnect_aborts(client: Any, serve: Any) -> None:
 
     handle = serve.get_deployment_handle("LLMServer:tiny", "llm_app")
 
