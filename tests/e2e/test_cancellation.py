@@ -10,8 +10,9 @@ its file, as Ray's tests have theirs send a signal.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from tests.eventually import eventually
 pytestmark = pytest.mark.e2e
 
 HANG_S = 100.0  # a handler that is not cancelled keeps its replica this long
+T = TypeVar("T")
 
 
 def _mark(folder: str, name: str) -> None:
@@ -37,14 +39,19 @@ def _marked(folder: Path, name: str) -> bool:
     return (folder / name).exists()
 
 
-async def _hang(folder: str, tag: str) -> None:
-    """Sleep HANG_S, marking `<tag>.started`, and `<tag>.cancelled` if cancelled."""
+async def _watched(folder: str, tag: str, work: Callable[[], Awaitable[T]]) -> T:
+    """Mark `<tag>.started`, then await `work()`; mark `<tag>.cancelled` if cancelled."""
     _mark(folder, f"{tag}.started")
     try:
-        await asyncio.sleep(HANG_S)
+        return await work()
     except asyncio.CancelledError:
         _mark(folder, f"{tag}.cancelled")
         raise
+
+
+async def _hang(folder: str, tag: str) -> None:
+    """Sleep HANG_S, watched as `tag`."""
+    await _watched(folder, tag, lambda: asyncio.sleep(HANG_S))
 
 
 # One request at a time, so that a hung one is seen; queued calls wait by count (not by
@@ -69,15 +76,13 @@ class Leaf:
 
     async def hold(self, tag: str = "hold") -> str:
         """Hold a slot until the `release` file exists (a gate across processes)."""
-        self.calls += 1
-        _mark(self.folder, f"{tag}.started")
-        try:
+        async def released() -> str:
             while not (Path(self.folder) / "release").exists():
                 await asyncio.sleep(0.02)
-        except asyncio.CancelledError:
-            _mark(self.folder, f"{tag}.cancelled")
-            raise
-        return "held"
+            return "held"
+
+        self.calls += 1
+        return await _watched(self.folder, tag, released)
 
     def ping(self) -> str:
         return "pong"
@@ -93,12 +98,7 @@ class Middle:
         self.folder = folder
 
     async def __call__(self) -> str:
-        _mark(self.folder, "middle.started")
-        try:
-            return str(await self.leaf.remote())
-        except asyncio.CancelledError:
-            _mark(self.folder, "middle.cancelled")
-            raise
+        return str(await _watched(self.folder, "middle", self.leaf.remote))
 
     async def ping(self) -> str:
         return str(await self.leaf.ping.remote())
@@ -119,12 +119,7 @@ class Ingress:
         return str(await self.middle.ping.remote()) + str(await self.leaf.ping.remote())
 
     async def chain(self) -> str:
-        _mark(self.folder, "ingress.started")
-        try:
-            return str(await self.middle.remote())
-        except asyncio.CancelledError:
-            _mark(self.folder, "ingress.cancelled")
-            raise
+        return str(await _watched(self.folder, "ingress", self.middle.remote))
 
     async def fire_and_forget(self) -> str:
         self.leaf.remote()  # dropped at once: still the request's call

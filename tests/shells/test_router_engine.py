@@ -39,6 +39,12 @@ async def report(router: Router, replica: FakeReplica, queue: int,
                            what=f"the router to learn {replica.name}'s queue")
 
 
+async def report_idle(router: Router, replicas: list[FakeReplica]) -> None:
+    """Every replica reports an empty engine queue."""
+    for replica in replicas:
+        await report(router, replica, 0)
+
+
 def test_requests_go_to_the_shorter_engine_queue() -> None:
     async def main() -> None:
         a, b = FakeReplica("a", hold=True), FakeReplica("b", hold=True)
@@ -109,8 +115,7 @@ def test_a_session_sticks_then_spills_when_its_replica_is_over_the_slack() -> No
     async def main() -> None:
         replicas = [FakeReplica(name, hold=True) for name in "abc"]
         async with routing(*replicas, max_ongoing=50) as router:
-            for replica in replicas:
-                await report(router, replica, 0)
+            await report_idle(router, replicas)
             for i in range(3):
                 router.submit(call(str(i), session="chat-1"))
             await eventually_async(lambda: sum(len(r.held) for r in replicas) == 3, WAIT_S)
@@ -134,8 +139,7 @@ def test_different_sessions_spread_and_each_finds_its_replica_again() -> None:
     async def main() -> None:
         replicas = [FakeReplica(name) for name in "abc"]
         async with routing(*replicas, max_ongoing=50) as router:
-            for replica in replicas:
-                await report(router, replica, 0)
+            await report_idle(router, replicas)
             homes: dict[str, set[bytes]] = {}
             for round_ in range(3):
                 for s in range(12):
@@ -148,6 +152,10 @@ def test_different_sessions_spread_and_each_finds_its_replica_again() -> None:
     run(main)
 
 
+# A long system prompt that chats share: several chunks of prefix.
+SHOP = "You answer questions about the shoes on sale tonight. " * 20
+
+
 def chat(system: str, user: str, fields_first: bool = True) -> Pending:
     body = {"model": "m", "messages": [{"role": "system", "content": system},
                                        {"role": "user", "content": user}]}
@@ -158,30 +166,29 @@ def chat(system: str, user: str, fields_first: bool = True) -> Pending:
     return Pending(message, Sink())
 
 
+def holder(router: Router, pending: Pending) -> str:
+    """The replica a request was sent to."""
+    return next(name for name, link in router.pool.links.items()
+                if pending in link.in_flight.values())
+
+
 def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
     async def main() -> None:
         replicas = [FakeReplica(name, hold=True) for name in "abc"]
         async with routing(*replicas, max_ongoing=50) as router:
-            for replica in replicas:
-                await report(router, replica, 0)
-
-            def holder(pending: Pending) -> str:
-                return next(name for name, link in router.pool.links.items()
-                            if pending in link.in_flight.values())
-
-            shop = "You answer questions about the shoes on sale tonight. " * 20
-            first = chat(shop, "which are red?")
+            await report_idle(router, replicas)
+            first = chat(SHOP, "which are red?")
             router.submit(first)
-            home = holder(first)
+            home = holder(router, first)
             # another question after the same system prompt, its fields in another order:
             # a byte-prefix key would differ, the prompt's prefix does not
-            second = chat(shop, "and which are blue?", fields_first=False)
+            second = chat(SHOP, "and which are blue?", fields_first=False)
             router.submit(second)
-            assert holder(second) == home
+            assert holder(router, second) == home
             assert router.pool.prefixes.matched(second.prefix or [])[home] >= 4
             other = chat("You write code. " * 80, "a sort function")
             router.submit(other)
-            assert holder(other) != home  # nothing held: the less loaded of two
+            assert holder(router, other) != home  # nothing held: the less loaded of two
             assert first.prefix and other.prefix and first.prefix[0] != other.prefix[0]
 
     run(main)
@@ -198,26 +205,19 @@ def test_with_prefix_routing_off_chats_go_by_load_alone() -> None:
             assert router.replica_set is not None
             on = router.replica_set
             router.update(dataclasses.replace(on, prefix_routing=False))
-            for replica in replicas:
-                await report(router, replica, 0)
-
-            def holder(pending: Pending) -> str:
-                return next(name for name, link in router.pool.links.items()
-                            if pending in link.in_flight.values())
-
-            shop = "You answer questions about the shoes on sale tonight. " * 20
-            first, second = chat(shop, "which are red?"), chat(shop, "and blue?")
+            await report_idle(router, replicas)
+            first, second = chat(SHOP, "which are red?"), chat(SHOP, "and blue?")
             router.submit(first)
             router.submit(second)
             # scores 1 and 0: the less loaded one wins (on, the holder would: 1 <= 0 + 2)
-            assert holder(second) != holder(first)
+            assert holder(router, second) != holder(router, first)
             assert first.prefix is None and second.prefix is None  # never read
-            assert router.pool.prefixes.matched(prompt_chunks(chat(shop, "x"))) == {}
+            assert router.pool.prefixes.matched(prompt_chunks(chat(SHOP, "x"))) == {}
             router.update(on)
-            third, fourth = chat(shop, "green?"), chat(shop, "and black?")
+            third, fourth = chat(SHOP, "green?"), chat(SHOP, "and black?")
             router.submit(third)
             router.submit(fourth)
-            assert holder(fourth) == holder(third)
+            assert holder(router, fourth) == holder(router, third)
             for replica in replicas:
                 replica.release()
 
@@ -231,8 +231,7 @@ def test_only_a_post_is_read_for_its_prompt() -> None:
     async def main() -> None:
         replicas = [FakeReplica(name, hold=True) for name in "ab"]
         async with routing(*replicas, max_ongoing=50) as router:
-            post = chat("You answer questions about the shoes on sale tonight. " * 20,
-                        "which are red?")
+            post = chat(SHOP, "which are red?")
             router.submit(post)
             assert post.prefix
             get = Pending(msgspec.structs.replace(post.message, method="GET"), Sink())
@@ -248,10 +247,8 @@ def test_what_an_engine_reports_it_holds_or_evicted_moves_the_index() -> None:
     async def main() -> None:
         replicas = [FakeReplica(name, hold=True) for name in "ab"]
         async with routing(*replicas, max_ongoing=50) as router:
-            for replica in replicas:
-                await report(router, replica, 0)
-            shop = "You answer questions about the shoes on sale tonight. " * 20
-            probe = chat(shop, "which are red?")
+            await report_idle(router, replicas)
+            probe = chat(SHOP, "which are red?")
             names = prompt_chunks(probe)
             index = router.pool.prefixes
 
