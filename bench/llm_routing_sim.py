@@ -1,12 +1,19 @@
 """LLM routing policies on mock engines, in virtual time: prefix-cache hits, TTFT, balance.
 
-    .venv/bin/python bench/llm_routing_sim.py [--replicas 16] [--requests 4000] [--load 0.7]
+    .venv/bin/python bench/llm_routing_sim.py [--replicas 16] [--requests 4000] [--load 0.7] \
+        [--mix system_prompts,conversations] [--trace mooncake.jsonl]
 
-A Mooncake-shaped trace (generated here, seeded: sessions whose turns extend the
-previous turn's 512-token blocks, over a Zipf-popular pool of system prompts; equal
-block ids are equal tokens) is replayed against `--replicas` engine models
-(sim/engine_model.py: vLLM's scheduler, step time and prefix cache, as the mock engine
-runs them) in virtual time, once per routing policy, same arrivals:
+Mooncake-shaped traces (generated here, seeded; equal block ids are equal tokens), one
+per `--mix` (loadtest/traces.py): `system_prompts`, sessions whose turns extend the
+previous turn's 512-token blocks over a Zipf-popular pool of system prompts, most reuse
+in heads every replica soon holds; `conversations`, the mix of Mooncake's FAST'25
+conversation and synthetic traces, most reuse a conversation's own earlier turns (or a
+published file with `--trace`, its gaps scaled to the rate), each replayed against
+`--replicas` engine models (sim/engine_model.py: vLLM's scheduler, step time and prefix
+cache, as the mock engine runs them) in virtual time, once per routing policy, same
+arrivals. Each trace's line gives its reuse shape (reuse_shape: how much of the reuse is
+in heads `--replicas`+ requests had, and round robin's ceiling with caches that never
+evict: what prefix routing can gain over it at most):
 
 * `round_robin`; `p2c`: power of two choices on the engines' queues (what surge does
   for an LLM deployment without affinity);
@@ -31,7 +38,9 @@ busy time per replica. The engine queue a router sees is exact here (no report d
 this measures the policies' choices, not the data path. `--routers K` spreads the
 requests over K routers (proxies) in turn, each with its own index: fed by its own sends
 only, each sees 1/K of the traffic; fed by the engines' events, each sees what all sent.
-Last line: `summary: ...`.
+With several traces, a last table puts them side by side: prefix_events against the
+oracle and round robin, and its balance. The rate is --load x the replicas' capacity if
+each finds cached what round robin would at most. Last line: `summary: ...`.
 """
 
 from __future__ import annotations
@@ -44,9 +53,18 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from surge.codecs.kv_events import replay as replay_events
-from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest, block_reuse, mooncake_shaped
+from surge.loadtest.traces import (
+    BLOCK_TOKENS,
+    MOONCAKE_MIXES,
+    ReuseShape,
+    TraceRequest,
+    mooncake_shaped,
+    read_mooncake,
+    reuse_shape,
+)
 from surge.policy.engine_routing import (
     AFFINITY_PREFIX_BYTES,
     choose_by_score,
@@ -233,28 +251,81 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=TIMING.num_blocks,
                         help="each engine's KV blocks of 16 tokens (fewer: a KV-bound "
                              "regime, where every replica cannot hold every popular prefix)")
+    parser.add_argument("--mix", default=",".join(MOONCAKE_MIXES),
+                        help="the generated traces' reuse mixes, each in turn "
+                             f"({', '.join(MOONCAKE_MIXES)}: loadtest/traces.py)")
+    parser.add_argument("--trace", default="",
+                        help="replay this Mooncake .jsonl instead (its first --requests, "
+                             "its gaps scaled to the rate)")
     args = parser.parse_args()
     timing = replace(TIMING, num_blocks=args.num_blocks)
-    rng = random.Random(args.seed)
-    probe = mooncake_shaped(500, 1.0, random.Random(args.seed))
+    shapes = {}
+    for name in ([args.trace] if args.trace else args.mix.split(",")):
+        trace, rate = make_trace(args, name, timing)
+        shape = reuse_shape(trace, args.replicas)
+        print(f"{name}: {len(trace)} requests at {rate:.1f}/s, mean input "
+              f"{statistics.mean(r.input_length for r in trace):.0f} tokens, mean output "
+              f"{statistics.mean(r.output_length for r in trace):.0f}, block reuse "
+              f"{shape.reuse:.0%} ({shape.widely_shared:.0%} of it in heads "
+              f"{args.replicas}+ requests had before; round robin's ceiling "
+              f"{shape.round_robin:.0%}: at most {shape.ceiling:.2f}x); {args.replicas} "
+              f"replicas of {timing.num_blocks} KV blocks, {args.routers} router(s)")
+        rows = {}
+        for policy_name in args.policies.split(","):
+            policy = make_policies(args.replicas, args.routers)[policy_name]
+            started = time.perf_counter()
+            rows[policy_name] = replay(trace, args.replicas, policy, args.seed, timing)
+            print(f"  {policy_name}: {time.perf_counter() - started:.1f} s", flush=True)
+        print_rows(rows)
+        shapes[Path(name).stem] = (shape, rows)
+    if len(shapes) > 1:
+        print_side_by_side(shapes)
+    cost = router_cost()
+    print()
+    print(f"router cost (CPU): a 220 KB chat body read into chunk names p50 "
+          f"{cost['parse_220kb_us_p50']:.0f} µs, p99 {cost['parse_220kb_us_p99']:.0f} µs; "
+          f"a decision at 512 replicas p50/p99: 3 holders {cost['decision_3_hold_us_p50']:.1f}"
+          f"/{cost['decision_3_hold_us_p99']:.1f} µs, all holding the system prompt "
+          f"{cost['decision_all_hold_us_p50']:.1f}/{cost['decision_all_hold_us_p99']:.1f} µs")
+    summary = {}
+    for mix, (_, rows) in shapes.items():
+        prefix = f"{mix}_" if len(shapes) > 1 else ""
+        summary.update({f"{prefix}{k}_hit": f"{v['hit_rate']:.3f}" for k, v in rows.items()})
+        for policy in ("prefix_index", "prefix_events"):
+            short = policy.removeprefix("prefix_")
+            for base, tag in (("oracle", "oracle"), ("round_robin", "rr")):
+                if policy in rows and base in rows:
+                    summary[f"{prefix}{short}_vs_{tag}"] = (
+                        f"{rows[policy]['hit_rate'] / rows[base]['hit_rate']:.2f}")
+    summary.update({k: f"{v:.1f}" for k, v in cost.items()})
+    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def make_trace(args: argparse.Namespace, name: str,
+               timing: EngineTiming) -> tuple[list[TraceRequest], float]:
+    """The trace `name` names (a mix, or a file) at --rate, or at --load x an estimate of
+    the replicas' capacity: a replica's if it finds cached what round robin would with
+    caches that never evict (reuse_shape) and decode runs 64 wide, so that no policy
+    is over capacity."""
+    if args.trace:
+        fits = [r for r in read_mooncake(name)
+                if r.input_length + r.output_length <= timing.max_model_len]
+        probe = fits[:args.requests]
+    else:
+        probe = mooncake_shaped(args.requests, 1.0, random.Random(args.seed), mix=name)
     mean_in = statistics.mean(r.input_length for r in probe)
     mean_out = statistics.mean(r.output_length for r in probe)
-    # a replica's capacity if half the prompt is cached and decode runs 64 wide
-    per_request_s = (mean_in * 0.5 * TIMING.prefill_s_per_token
-                     + mean_out * (TIMING.step_s + 64 * TIMING.decode_s_per_seq) / 64)
+    cached = reuse_shape(probe, args.replicas).round_robin
+    per_request_s = (mean_in * (1 - cached) * timing.prefill_s_per_token
+                     + mean_out * (timing.step_s + 64 * timing.decode_s_per_seq) / 64)
     rate = args.rate or args.load * args.replicas / per_request_s
-    trace = mooncake_shaped(args.requests, rate, rng)
-    reuse = block_reuse(trace)
-    print(f"trace: {len(trace)} requests at {rate:.1f}/s, mean input {mean_in:.0f} tokens, "
-          f"mean output {mean_out:.0f}, block reuse {reuse:.0%}; {args.replicas} replicas "
-          f"of {timing.num_blocks} KV blocks, "
-          f"{args.routers} router(s)")
-    rows = {}
-    for name in args.policies.split(","):
-        policy = make_policies(args.replicas, args.routers)[name]
-        started = time.perf_counter()
-        rows[name] = replay(trace, args.replicas, policy, args.seed, timing)
-        print(f"  {name}: {time.perf_counter() - started:.1f} s", flush=True)
+    if not args.trace:
+        return mooncake_shaped(args.requests, rate, random.Random(args.seed), mix=name), rate
+    scale = (len(probe) - 1) / rate / (probe[-1].at_s - probe[0].at_s)  # its gaps, rescaled
+    return [replace(r, at_s=(r.at_s - probe[0].at_s) * scale) for r in probe], rate
+
+
+def print_rows(rows: dict[str, dict[str, float]]) -> None:
     print()
     print("| policy | prefix-cache hit rate | TTFT p50 s | TTFT p99 s | e2e p50 s | "
           "served max/mean | busy max/mean | decision µs (wall) |")
@@ -263,28 +334,25 @@ def main() -> None:
         print(f"| {name} | {row['hit_rate']:.1%} | {row['ttft_p50']:.3f} | "
               f"{row['ttft_p99']:.3f} | {row['e2e_p50']:.2f} | {row['served_max_mean']:.2f} | "
               f"{row['busy_max_mean']:.2f} | {row['decide_us']:.0f} |")
-    cost = router_cost()
     print()
-    print(f"router cost (CPU): a 220 KB chat body read into chunk names p50 "
-          f"{cost['parse_220kb_us_p50']:.0f} µs, p99 {cost['parse_220kb_us_p99']:.0f} µs; "
-          f"a decision at 512 replicas p50/p99: 3 holders {cost['decision_3_hold_us_p50']:.1f}"
-          f"/{cost['decision_3_hold_us_p99']:.1f} µs, all holding the system prompt "
-          f"{cost['decision_all_hold_us_p50']:.1f}/{cost['decision_all_hold_us_p99']:.1f} µs")
-    summary = {f"{k}_hit": f"{v['hit_rate']:.3f}" for k, v in rows.items()}
-    summary.update({k: f"{v:.1f}" for k, v in cost.items()})
-    if "prefix_index" in rows and "oracle" in rows:
-        summary["index_vs_oracle"] = (
-            f"{rows['prefix_index']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
-    if "prefix_events" in rows and "oracle" in rows:
-        summary["events_vs_oracle"] = (
-            f"{rows['prefix_events']['hit_rate'] / rows['oracle']['hit_rate']:.2f}")
-    if "prefix_index" in rows and "round_robin" in rows:
-        summary["index_vs_rr"] = (
-            f"{rows['prefix_index']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
-    if "prefix_events" in rows and "round_robin" in rows:
-        summary["events_vs_rr"] = (
-            f"{rows['prefix_events']['hit_rate'] / rows['round_robin']['hit_rate']:.2f}")
-    print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+def print_side_by_side(shapes: dict[str, tuple[ReuseShape, dict[str, dict[str, float]]]]
+                       ) -> None:
+    """prefix_events (else prefix_index) against the oracle and round robin, per trace."""
+    print("| trace | block reuse | widely shared | ceiling vs RR | routed hit | oracle | "
+          "round robin | vs oracle | vs round robin | served max/mean | busy max/mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for mix, (shape, rows) in shapes.items():
+        routed = rows.get("prefix_events") or rows.get("prefix_index")
+        oracle, rr = rows.get("oracle"), rows.get("round_robin")
+        if routed is None or oracle is None or rr is None:
+            continue
+        print(f"| {mix} | {shape.reuse:.0%} | {shape.widely_shared:.0%} | "
+              f"{shape.ceiling:.2f}x | {routed['hit_rate']:.1%} | {oracle['hit_rate']:.1%} | "
+              f"{rr['hit_rate']:.1%} | {routed['hit_rate'] / oracle['hit_rate']:.2f} | "
+              f"{routed['hit_rate'] / rr['hit_rate']:.2f}x | {routed['served_max_mean']:.2f} | "
+              f"{routed['busy_max_mean']:.2f} |")
 
 
 def router_cost(replicas: int = 512, rounds: int = 3000) -> dict[str, float]:

@@ -22,6 +22,7 @@ from surge.loadtest.traces import (
     read_burstgpt,
     read_mooncake,
     read_trace,
+    reuse_shape,
     write_burstgpt,
     write_mooncake,
 )
@@ -103,3 +104,29 @@ def test_shaped_traces_round_trip_through_their_published_formats(tmp_path: Path
     assert block_reuse(burst) == 0.0
     (tmp_path / "empty.jsonl").write_text("")
     assert read_trace(tmp_path / "empty.jsonl") == []
+
+
+def test_the_conversations_mix_reuses_mostly_its_own_turns_and_the_default_shared_heads() -> None:
+    conversations = mooncake_shaped(2000, 5.0, random.Random(7), mix="conversations")
+    prompts = mooncake_shaped(2000, 5.0, random.Random(7))
+    own, shared = reuse_shape(conversations), reuse_shape(prompts)
+    assert own.reuse >= 0.45 and shared.reuse >= 0.5
+    # heads 16+ requests had make most of the default's reuse, a tenth of the other's
+    assert shared.widely_shared > 0.4 > 0.2 > own.widely_shared
+    # so round robin finds far less of it: the ceiling of routing on the prefix over it
+    assert own.ceiling > 3 > 2 > shared.ceiling > 1
+    assert all(r.hash_ids[0] == 0 and len(r.hash_ids) <= 120 for r in conversations)
+    with pytest.raises(ValueError, match="mix is one of"):
+        mooncake_shaped(1, 1.0, random.Random(1), mix="agents")
+
+
+def test_reuse_shape_counts_round_robin_hits_on_caches_that_never_evict() -> None:
+    a, b = TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(0, 1536, 1, (1, 2, 3))
+    # on 2 replicas: a on replica 0, b on 1 (finds nothing), a on 0 again (finds a)
+    shape = reuse_shape([a, b, a], replicas=2)
+    assert shape.reuse == pytest.approx(4 / 7)
+    assert shape.round_robin == pytest.approx(2 / 7)
+    assert shape.ceiling == pytest.approx(2.0)
+    assert shape.widely_shared == pytest.approx(2 / 4)  # 1 and 2 in a's second go: 2 had them
+    assert reuse_shape([]) == reuse_shape([TraceRequest(0, 1, 1)])
+    assert reuse_shape([]).ceiling == float("inf")
