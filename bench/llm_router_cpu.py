@@ -12,10 +12,13 @@ the chat answer), to `/off/...` the LLM path without the prompt read and the ind
 `/echo` the same proxy path without any of it. With `--ttft-connections N`, then N
 connections post the 220 KB chat to the LLM path with prefix routing on and off, in
 turns: its latency (one token, not streamed) is the first token's, so their p99s' gap is
-what prefix routing adds to TTFT at that concurrency. The proxy's CPU per request on
-each (less its idle CPU, measured first) and their difference, for a short chat (~300
-bytes) and a 220 KB one, with `max_tokens: 1` and no streaming. "Routed requests/s per
-proxy core" is 1 / (proxy CPU per LLM request). Replicas' CPU is left out (the mock
+what prefix routing adds to TTFT at that concurrency (the mock replicas, on the same
+cores, make that p99 noisy); `--choose-times` also times each replica choice in the proxy
+(bench/apps/choose_timer: the time routing holds a request between its body and its
+send) and prints its p50/p99 with prefix routing on and off in that phase. The proxy's
+CPU per request on each (less its idle CPU, measured first) and their difference, for a
+short chat (~300 bytes) and a 220 KB one, with `max_tokens: 1` and no streaming. "Routed
+requests/s per proxy core" is 1 / (proxy CPU per LLM request). Replicas' CPU is left out (the mock
 engine tokenises 220 KB of words per request). The machine's other load moves wall-clock
 figures more than CPU per request: read the difference within one run. Last line:
 `summary: ...`.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -63,12 +67,19 @@ def main() -> None:
     parser.add_argument("--ttft-connections", type=int, default=0,
                         help="then 220 KB chats (max_tokens 1: latency ~ TTFT) from this "
                         "many connections, prefix routing on and off in turns")
+    parser.add_argument("--choose-times", action="store_true",
+                        help="time each replica choice in the proxy (a bench-only hook)")
     args = parser.parse_args()
     port = free_port()
+    times_dir = tempfile.mkdtemp(prefix="surge-choose-") if args.choose_times else ""
+    env = {"SURGE_BENCH_CHOOSE_TIMES": times_dir, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "bench" / "apps" / "choose_timer"),
+                    os.environ.get("PYTHONPATH", "")) if p)} if times_dir else None
+    taken = 0
     rows: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, start_system(
             "surge", [sys.executable, str(ROOT / "bench" / "apps" / "llm_mock_app.py"),
-                      str(port), str(args.replicas)], timeout_s=300) as system:
+                      str(port), str(args.replicas)], env=env, timeout_s=300) as system:
         proxy = [p for p in system.pids() if "surge:proxy" in cmdline(p)]
         assert proxy, "no proxy process found"
         before = cpu_seconds(proxy)
@@ -94,6 +105,8 @@ def main() -> None:
                           f"{result.cpu_us_per_request:,.0f} µs/req, p99 {result.p99_ms} ms",
                           flush=True)
         rows_ttft: dict[str, list[tuple[float, float]]] = {}
+        if times_dir:
+            taken = len(choose_times(times_dir, proxy))
         if args.ttft_connections:
             script = lua_script(chat_body(220_000), Path(tmp))
             for i in range(args.rounds):
@@ -107,6 +120,7 @@ def main() -> None:
                     rows_ttft.setdefault(path, []).append((result.p50_ms, result.p99_ms))
                     print(f"  220kb x {args.ttft_connections} {path}: {result.rps:,.0f} "
                           f"req/s, p50 {result.p50_ms} ms p99 {result.p99_ms} ms", flush=True)
+        choices = choose_times(times_dir, proxy)[taken:] if times_dir else []
     print()
     print(f"{args.replicas} mock replicas; medians of {args.rounds} interleaved rounds; proxy "
           f"idle {idle_us_per_s:,.0f} µs/s taken out")
@@ -133,6 +147,8 @@ def main() -> None:
               f"(off: {off:,.0f}); {1e6 / llm:,.0f} routed requests/s per proxy core")
     if args.ttft_connections:
         summary.update(ttft_phase(rows_ttft))
+    if choices:
+        summary.update(choose_phase(choices, args.ttft_connections))
     print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 
@@ -149,6 +165,34 @@ def ttft_phase(rows: dict[str, list[tuple[float, float]]]) -> dict[str, str]:
           f"{p99_on - p99_off:+.1f} ms at p99")
     return {"ttft_p99_on_ms": f"{p99_on:.1f}", "ttft_p99_off_ms": f"{p99_off:.1f}",
             "ttft_p50_on_ms": f"{p50_on:.1f}", "ttft_p50_off_ms": f"{p50_off:.1f}"}
+
+
+def choose_times(directory: str, proxy: list[int]) -> list[tuple[bool, int, int]]:
+    """The proxies' replica choices so far (bench/apps/choose_timer): (prefix routing on,
+    body bytes, ns), as last written (every 256 choices)."""
+    out: list[tuple[bool, int, int]] = []
+    for pid in proxy:
+        path = Path(directory) / f"{pid}.json"
+        if path.exists():
+            out += [tuple(x) for x in json.loads(path.read_text())]  # type: ignore[misc]
+    return out
+
+
+def choose_phase(choices: list[tuple[bool, int, int]], connections: int) -> dict[str, str]:
+    """What routing holds a 220 KB chat for in the proxy, prefix routing on and off."""
+    out = {}
+    for on in (True, False):
+        spent = sorted(ns / 1e3 for flag, size, ns in choices if flag == on and size > 200_000)
+        if len(spent) < 100:
+            continue
+        p50, p99 = statistics.median(spent), statistics.quantiles(spent, n=100)[98]
+        name = "on" if on else "off"
+        print(f"replica choice for a 220 KB chat at {connections} connections, prefix "
+              f"routing {name}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs, max {spent[-1]:,.0f} "
+              f"µs ({len(spent)} choices)")
+        out[f"choose_{name}_us_p50"] = f"{p50:.0f}"
+        out[f"choose_{name}_us_p99"] = f"{p99:.0f}"
+    return out
 
 
 if __name__ == "__main__":
