@@ -103,6 +103,7 @@ class FakeRouter:
         self.counts = [0, 0, 0]  # arrived, completed, rejected
         self.owed = 0.0
         self.reported: tuple[int, ...] = (0, 0, 0, 0, 0)
+        self.reported_at = time.monotonic()  # as Router.load_report: measured_at, covers_s
         self.recorder = Recorder("proxy", self.router_id)
         self.sent: tuple[float, TelemetryReport] | None = None  # the last telemetry
         self.urgent: asyncio.TimerHandle | None = None
@@ -162,7 +163,7 @@ class FakeRouter:
         peer = self.peer
         if peer is None or peer.is_closed:
             return
-        reports = []
+        reports, at = [], time.monotonic()
         for deployment in self.watching:
             now = (*self.counts, self.load.queued, self.load.in_flight)
             last = self.reported
@@ -170,7 +171,9 @@ class FakeRouter:
                 continue
             self.reported = now
             reports.append(LoadReport(deployment, now[0] - last[0], now[1] - last[1],
-                                      now[2] - last[2], now[3], now[4]))
+                                      now[2] - last[2], now[3], now[4], measured_at=at,
+                                      covers_s=at - self.reported_at))
+            self.reported_at = at
         if reports:
             peer.push(topic, reports)
 

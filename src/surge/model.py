@@ -331,3 +331,8 @@ class LoadReport:
     rejections: int
     queued: int  # gauge: waiting in this router now
     in_flight: int  # gauge: sent by this router and not yet answered
+    # When the router measured it (its own monotonic clock) and how long its counters
+    # cover (since its previous report): the controller spreads them over that time,
+    # not from when the report came (policy/load_spread.py). None, 0.0: not said.
+    measured_at: float | None = None
+    covers_s: float = 0.0

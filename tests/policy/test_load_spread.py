@@ -11,7 +11,14 @@ import random
 import pytest
 
 from surge.policy.autoscaling import LoadSample, arrival_rate, arrival_slope
-from surge.policy.load_spread import MAX_COVER_INTERVALS, ReportSpread
+from surge.policy.load_spread import (
+    MAX_COVER_INTERVALS,
+    OFFSET_WINDOW_S,
+    Late,
+    Offset,
+    ReportSpread,
+    amend,
+)
 
 TICK = 0.125
 EVERY = 0.5  # told interval: four ticks
@@ -131,3 +138,99 @@ def test_bunched_routers_on_a_smooth_ramp_read_as_the_ramp() -> None:
     last = spread[-1].t
     assert 20_000 * (last - 5.0 - EVERY - 0.3) < arrival_rate(spread, last, 0.3) \
         < 20_000 * (last - 5.0)
+
+
+# -- reports that say when they were measured and what they cover ----------------------------
+
+
+def timed(spread: ReportSpread, source: int, arrivals: float, came: float, measured: float,
+          covers: float, every: float = EVERY) -> Late | None:
+    return spread.add(source, (arrivals, 0.0, 0.0), came, every, measured, covers)
+
+
+def test_a_timed_report_is_spread_from_when_its_router_measured_it() -> None:
+    # Router clock 100 s behind: the offset is learnt from its reports' smallest delay.
+    spread = ReportSpread(TICK)
+    assert timed(spread, 1, 20.0, 1.0, -99.0, EVERY) is None  # 40/s over [1.0, 1.5)
+    assert spread.take(1.25) == (10.0, 0.0, 0.0)
+    # Its next came 0.125 s late (its delay was 0 before): it still covers [1.5, 2.0),
+    # the quarter before the open bucket's start (1.25 -> taken at 1.625)...
+    assert spread.take(1.5) == (10.0, 0.0, 0.0)
+    assert spread.take(1.625) == (0.0, 0.0, 0.0)
+    late = timed(spread, 1, 40.0, 1.625, -98.5, EVERY)  # 80/s over [1.5, 2.0)
+    assert late == Late(1.5, 1.625, (10.0, 0.0, 0.0))  # ... is returned: a closed bucket's
+    assert spread.take(2.0) == (30.0, 0.0, 0.0)
+    assert repr(spread) == "<ReportSpread sources=1 spreading=0 rate=0.0/s>"
+
+
+@pytest.mark.parametrize(("measured", "covers", "expected_rate"), [
+    (10.0, 0.5, 16.0),  # what the router says it covers, not the gap between arrivals
+    (10.0, 0.25, 32.0),  # an urgent report's short interval
+    (10.0, 5.0, 8.0),  # back from idle: at most two told intervals
+])
+def test_a_timed_report_covers_what_its_router_says(measured: float, covers: float,
+                                                    expected_rate: float) -> None:
+    spread = ReportSpread(TICK)
+    spread.take(10.0)
+    timed(spread, 1, 8.0, 10.0, measured, covers)
+    assert spread.take(10.125) == (expected_rate * TICK, 0.0, 0.0)
+
+
+def test_the_smallest_delay_of_the_last_one_to_two_windows_is_kept() -> None:
+    assert OFFSET_WINDOW_S == 10.0
+    offset = Offset(0.25, 10.0)
+    assert offset.update(9.0, 11.0) == Offset(0.25, 10.0)  # came 2 s late: kept
+    assert offset.update(10.875, 11.0).delay == 0.125  # a smaller one replaces it at once
+    later = offset.update(19.5, 20.0)  # a new window: the last one's best still counts
+    assert later == Offset(0.5, 20.0, 0.25) and later.delay == 0.25
+    assert later.update(29.5, 30.0).delay == 0.5  # a delay that grew for good is learnt
+
+
+def test_reports_held_through_a_stall_land_where_they_were_measured() -> None:
+    # A router every 0.5 s at 40 req/s; the controller's loop stalls from 2.0 to 3.25:
+    # its next tick closes [2.0, 3.25) before it reads the two reports measured at 2.5
+    # and 3.0. Their shares in the closed bucket come back as Late, the rest lands
+    # after: the bucket after the stall reads 40/s, not the two reports on top of it.
+    spread = ReportSpread(TICK)
+    timed(spread, 1, 20.0, 1.5, 1.5, EVERY)
+    timed(spread, 1, 20.0, 2.0, 2.0, EVERY)  # 40/s over [2.0, 2.5)
+    assert spread.take(2.0) == (20.0, 0.0, 0.0)  # [1.5, 2.0)
+    assert spread.take(3.25) == (20.0, 0.0, 0.0)  # the stall's bucket, before the reads
+    lates = [timed(spread, 1, 20.0, 3.25, 2.5, EVERY), timed(spread, 1, 20.0, 3.25, 3.0,
+                                                             EVERY)]
+    assert lates == [Late(2.5, 3.0, (20.0, 0.0, 0.0)), Late(3.0, 3.25, (10.0, 0.0, 0.0))]
+    assert spread.take(3.375) == (5.0, 0.0, 0.0)  # 40/s: [3.25, 3.5) of the second
+    samples = [LoadSample(2.0, 20.0, 0, 0, 0, 0, duration_s=0.5),
+               LoadSample(3.25, 20.0, 0, 0, 0, 0, duration_s=1.25)]
+    assert [amend(samples, late) for late in lates if late is not None] == [20.0, 10.0]
+    assert [s.arrivals / s.duration_s for s in samples] == [40.0, 40.0]
+
+
+def test_every_tick_a_report_measured_before_the_open_bucket_is_late_whole() -> None:
+    spread = ReportSpread(TICK)
+    spread.take(1.0)
+    assert timed(spread, 1, 4.0, 1.0625, 0.9375, TICK, TICK) is None  # a first: offset 1/8
+    assert spread.take(1.125) == (4.0, 0.0, 0.0)
+    late = timed(spread, 1, 6.0, 1.5, 0.9375, TICK, TICK)  # measured 1.0625, read at 1.5
+    assert late == Late(0.9375, 1.0625, (6.0, 0.0, 0.0))
+    assert spread.take(1.5) == (0.0, 0.0, 0.0)
+    late = timed(spread, 1, 3.0, 1.75, 1.5, 0.0, TICK)  # covers unknown: as measured now
+    assert late is None and spread.take(1.75) == (3.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(("late", "expected", "placed"), [
+    # buckets [0.5, 1.0), [1.0, 1.25), [1.25, 1.5)
+    (Late(1.0, 1.5, (8.0, 4.0, 2.0)), [0.0, 4.0, 4.0], 8.0),
+    (Late(0.75, 1.125, (6.0, 0.0, 0.0)), [4.0, 2.0, 0.0], 6.0),
+    (Late(0.0, 0.75, (6.0, 0.0, 0.0)), [2.0, 0.0, 0.0], 2.0),  # older than the series: dropped
+    (Late(1.5, 2.0, (6.0, 0.0, 0.0)), [0.0, 0.0, 0.0], 0.0),  # newer: none (the caller's)
+])
+def test_amend_adds_a_late_share_to_the_buckets_it_overlaps(
+        late: Late, expected: list[float], placed: float) -> None:
+    samples = [LoadSample(1.0, 0, 0, 0, 0, 0, duration_s=0.5),
+               LoadSample(1.25, 0, 0, 0, 0, 0, duration_s=0.25),
+               LoadSample(1.5, 0, 0, 0, 0, 0, duration_s=0.25)]
+    assert amend(samples, late) == placed
+    assert [s.arrivals for s in samples] == expected
+    ratio = late.counts[1] / late.counts[0]
+    assert [s.completions for s in samples] == [a * ratio for a in expected]

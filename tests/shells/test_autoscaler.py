@@ -92,6 +92,29 @@ def test_reports_less_often_than_every_tick_are_spread_and_a_late_tick_lasts_lon
     assert last(tracker).arrivals == 7
 
 
+def test_reports_read_after_a_stall_land_in_the_buckets_they_were_measured_in() -> None:
+    # A router every 0.5 s at 40 req/s by its own clock (100 s behind this one); the
+    # loop stalls from 2.0 to 3.25 s and its first tick after closes the stall's bucket
+    # before it reads the two reports measured meanwhile: they are added to it (and the
+    # next bucket reads 40/s, not the held reports on top of the next ones).
+    tracker = LoadTracker(0.125)
+    tracker.report_interval_s = 0.5
+    for at in (1.5, 2.0):
+        tracker.report(1, timed(20, at - 100, 0.5), at)
+        tracker.close_bucket(at, [DEP])
+    tracker.close_bucket(3.25, [DEP])
+    assert last(tracker).arrivals == 20  # [2.0, 2.5) only: read before the stall
+    tracker.report(1, timed(20, 2.5 - 100, 0.5), 3.25)
+    tracker.report(1, timed(20, 3.0 - 100, 0.5), 3.25)
+    tracker.close_bucket(3.375, [DEP])
+    assert [(s.t, s.arrivals / s.duration_s) for s in tracker.series[DEP]][-2:] == [
+        (3.25, 40.0), (3.375, 40.0)]
+
+
+def timed(arrivals: int, measured_at: float, covers_s: float) -> LoadReport:
+    return LoadReport(DEP, arrivals, 0, 0, 0, 0, measured_at=measured_at, covers_s=covers_s)
+
+
 def test_a_disconnected_source_is_forgotten() -> None:
     tracker = LoadTracker(TICK_S)
     tracker.report(1, load(queued=2, in_flight=3), 0.9)

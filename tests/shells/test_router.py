@@ -148,6 +148,26 @@ def test_requests_spread_over_two_replicas() -> None:
     run(main)
 
 
+def test_a_load_report_says_when_it_was_measured_and_what_it_covers() -> None:
+    async def main() -> None:
+        clock = FakeClock(monotonic=5.0)
+        async with routing(FakeReplica("r", hold=True), clock=clock) as router:
+            router.submit(request(b"1"))
+            clock.advance(0.25)
+            report = router.load_report()
+            assert report is not None and report.arrivals == 1
+            assert (report.measured_at, report.covers_s) == (5.25, 0.25)  # since it began
+            clock.advance(0.5)
+            assert router.load_report() is None  # nothing changed: nothing sent...
+            router.submit(request(b"2"))
+            clock.advance(0.25)
+            report = router.load_report()  # ... so the next covers since the last sent
+            assert report is not None and report.arrivals == 1
+            assert (report.measured_at, report.covers_s) == (6.0, 0.75)
+
+    run(main)
+
+
 def test_request_beyond_max_ongoing_queues_until_a_slot_frees() -> None:
     async def main() -> None:
         replica = FakeReplica("r", hold=True)

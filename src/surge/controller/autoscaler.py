@@ -4,7 +4,8 @@ Routers (proxies and handles) push per-deployment counters every 0.1 s (less oft
 there are many: policy/cadence.py), only when something changed: arrivals (offered,
 rejected included), completions, rejections, and their queued and in-flight gauges.
 `LoadTracker` sums them into one `LoadSample` per tick, each report's counters spread
-over the time it covers (policy/load_spread.py), and keeps the last minute;
+over the time it covers by the router's clock (policy/load_spread.py; the share of a
+report read after its buckets closed is added to them), and keeps the last minute;
 `Autoscaler.step` runs policy.autoscale_step (the step the simulator runs too) with
 the deployment's policy (policy/resolve.py) and remembers the decisions for status and
 metrics. It also keeps each deployment's saturation state
@@ -24,7 +25,7 @@ from surge.config import AutoscalingConfig
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import Step, StepInputs, autoscale_step
 from surge.policy.autoscaling import Decision, DecisionKind, LoadSample, PolicyState
-from surge.policy.load_spread import ReportSpread
+from surge.policy.load_spread import ReportSpread, amend
 from surge.policy.resolve import HISTORY_S, Policy, resolve_policy
 from surge.policy.saturation import CLEAR_CPU, SaturationState
 
@@ -60,8 +61,12 @@ class LoadTracker:
         counters = self._counters.get(did)
         if counters is None:
             counters = self._counters[did] = ReportSpread(self.tick_s)
-        counters.add(source, (report.arrivals, report.completions, report.rejections), now,
-                     self.report_interval_s)
+        late = counters.add(source, (report.arrivals, report.completions, report.rejections),
+                            now, self.report_interval_s, report.measured_at, report.covers_s)
+        if late is not None:  # read after its bucket closed (the loop stalled): amend it
+            series = self.series.get(did)
+            if series is not None:
+                amend(series, late)
         gauges = self._gauges.get(did)
         if gauges is None:
             gauges = self._gauges[did] = {}

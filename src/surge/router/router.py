@@ -127,6 +127,7 @@ class Router:
         self.on_pressure: Callable[[], None] | None = None
         self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
+        self._reported_at = self._now()  # when: the next report's counters cover since
         self._matching_timer: asyncio.TimerHandle | None = None
         self._heat = ModelHeat()  # how often each model is asked for here
         # An LLM server's model id, once a replica's Models frame says so: the proxy
@@ -580,8 +581,10 @@ class Router:
             if now == last:
                 return None
             self._reported = now
+            at, since = self._now(), self._reported_at
+            self._reported_at = at
         return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
-                          now[2] - last[2], now[3], now[4])
+                          now[2] - last[2], now[3], now[4], measured_at=at, covers_s=at - since)
 
     def close(self) -> None:
         with self.lock:
