@@ -234,3 +234,47 @@ def test_amend_adds_a_late_share_to_the_buckets_it_overlaps(
     assert [s.arrivals for s in samples] == expected
     ratio = late.counts[1] / late.counts[0]
     assert [s.completions for s in samples] == [a * ratio for a in expected]
+
+
+def ramp_through_a_stall(timed_reports: bool) -> list[tuple[float, float]]:
+    """1,000 routers every 0.5 s on a ramp of 20,000 req/s per s; the controller's loop
+    stalls from 10.0 to 10.6 s: the reports measured meanwhile are read just after its
+    tick at 10.6. Per tick after 8 s: (t, the 0.3 s rate / the ramp's rate 0.5 s before),
+    read once the held reports are in (the stall's own tick decided before: on less)."""
+    rng = random.Random(3)
+    routers, start, stall = 1000, 5.0, (10.0, 10.6)
+    due = [(start + rng.uniform(0.0, 0.5), i) for i in range(routers)]
+    heapq.heapify(due)
+    last = dict.fromkeys(range(routers), start)
+    spread, samples, held, out, t = ReportSpread(TICK), [], [], [], start
+    while t < 14.0:
+        end = t + TICK if not stall[0] <= t < stall[1] else stall[1]
+        while due[0][0] <= end:
+            at, i = heapq.heappop(due)
+            arrived = 10_000.0 * ((at - start) ** 2 - (last[i] - start) ** 2) / routers
+            report = (i, (arrived, 0.0, 0.0), at, EVERY,
+                      at if timed_reports else None, at - last[i])
+            last[i] = at
+            (held if stall[0] < at < stall[1] else [report]).append(report)
+            if not stall[0] < at < stall[1]:
+                spread.add(*report)
+            heapq.heappush(due, (at + EVERY, i))
+        samples.append(LoadSample(end, spread.take(end)[0], 0, 0, 0, 0, duration_s=end - t))
+        for i, counts, _, every, measured, covers in held:  # read after the tick
+            late = spread.add(i, counts, end, every, measured, covers)
+            if late is not None:
+                amend(samples, late)
+        held, t = [], end
+        if t > 8.0:
+            out.append((t, arrival_rate(samples, t, 0.3) / (20_000 * (t - start - EVERY))))
+    return out
+
+
+def test_a_stall_does_not_read_a_ramp_high_when_reports_say_when_they_were_measured() -> None:
+    # Spread from their arrival, the reports held through the stall land on top of the
+    # next ones and the ramp reads high (the controller then scaled past it:
+    # bench/control_scale.py); placed where they were measured, it reads the ramp.
+    untimed = ramp_through_a_stall(False)
+    timed_ = ramp_through_a_stall(True)
+    assert max(ratio for t, ratio in untimed if t > 10.6) > 1.4  # (0.37 at the stall, 1.51)
+    assert all(0.9 < ratio < 1.1 for _, ratio in timed_)  # (0.92-0.98 here)
