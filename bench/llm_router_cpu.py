@@ -172,9 +172,10 @@ def choose_times(directory: str, proxy: list[int]) -> list[tuple[bool, int, int]
     body bytes, ns), as last written (every 256 choices)."""
     out: list[tuple[bool, int, int]] = []
     for pid in proxy:
-        path = Path(directory) / f"{pid}.json"
+        path = Path(directory) / f"{pid}.jsonl"
         if path.exists():
-            out += [tuple(x) for x in json.loads(path.read_text())]  # type: ignore[misc]
+            for line in path.read_text().splitlines():
+                out += [tuple(x) for x in json.loads(line)]  # type: ignore[misc]
     return out
 
 

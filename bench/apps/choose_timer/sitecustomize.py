@@ -2,8 +2,9 @@
 PYTHONPATH): in every process that imports surge's router, each `Router._choose` (the
 replica choice: with prefix routing, the prompt read into chunk names, the index and the
 scores) is timed on the wall clock and written, with whether the router reads prompts
-and the body's size, to `$SURGE_BENCH_CHOOSE_TIMES/<pid>.json` every 256 choices. It is
-the time routing holds a request (and the proxy's loop) between its body and its send."""
+and the body's size, appended to `$SURGE_BENCH_CHOOSE_TIMES/<pid>.jsonl` (a line of the
+last 256 choices at a time, so writing stays O(1) a choice). It is the time routing holds
+a request (and the proxy's loop) between its body and its send."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ def _patch(module: Any) -> None:
             body = getattr(pending.message, "body", b"") or b""
             _samples.append((bool(self._prefix_routing), len(body),
                              time.perf_counter_ns() - started))
-            if len(_samples) % 256 == 0:
-                with open(os.path.join(_OUT, f"{os.getpid()}.json"), "w") as out:
-                    json.dump(_samples, out)
+            if len(_samples) >= 256:
+                with open(os.path.join(_OUT, f"{os.getpid()}.jsonl"), "a") as out:
+                    out.write(json.dumps(_samples) + "\n")
+                _samples.clear()
 
     module.Router._choose = _choose
 
