@@ -33,6 +33,7 @@ from surge.policy.autoscaling import (
     ray_total_requests,
     service_time_s,
 )
+from surge.policy.engine_load import EngineLoad
 
 SERVICE_S = 0.01  # 10 ms per request: at target_ongoing_requests=2, 200 req/s per replica
 
@@ -356,6 +357,41 @@ def test_measurements_without_enough_data() -> None:
     few_done = [bucket(i, completions=1.0, ongoing=3.0) for i in range(1, 5)]
     assert service_time_s(few_done, 0.4, 0.25) == 0.25  # 4 completions: not enough
     assert service_time_s([], 0.4, 0.25) == 0.25
+
+
+def test_a_long_service_time_is_measured_over_a_window_with_enough_completions() -> None:
+    # 12 s requests at 2 req/s: 2 completions in 1 s, 4 in 2 s, 8 in 4 s (measured there)
+    samples = [bucket(i, arrivals=0.2, completions=0.2, ongoing=24.0) for i in range(1, 301)]
+    assert service_time_s(samples, 30.0, 0.01) == 0.01  # over 1 s: the default
+    assert service_time_s(samples, 30.0, 0.01, longest_s=30.0) == pytest.approx(12.0)
+    # the last window is `longest_s` itself: 3 s holds 2.5 s of samples, 5 completions
+    assert service_time_s(samples[-25:], 30.0, 0.01, longest_s=3.0) == pytest.approx(12.0)
+    assert service_time_s(samples[-25:], 30.0, 0.01, longest_s=2.0) == 0.01  # 4 in 2 s
+
+
+def llm_burst() -> list[LoadSample]:
+    """30 s of 2 req/s of 12 s requests (24 in flight), then 10 arrivals in 0.3 s."""
+    return [bucket(i, arrivals=10 / 3 if i > 297 else 0.2, completions=0.2, ongoing=24.0)
+            for i in range(1, 301)]
+
+
+def test_an_llm_deployments_rate_is_read_over_its_service_time() -> None:
+    # Its engines report: the 12 s service time is measured over 4 s, and the rate and
+    # slope over 12 s, so the burst is 10 requests more in flight (34 / 8 = 4.25
+    # replicas, and its slope), not 33 req/s that last (33 x 12 / 8 = 50 replicas).
+    llm = config(max_replicas=64, target_ongoing_requests=8, upscale_delay_s=30.0)
+    inputs = ScalingInputs(30.0, 3, 3, llm_burst(), 2.0, engine=EngineLoad(3, 0, 24, 0.1))
+    decision = proactive(inputs, llm, PolicyState())
+    assert decision.signals["service_time_s"] == pytest.approx(12.0)
+    assert decision.signals["rate_window_s"] == decision.signals["slope_window_s"] == \
+        pytest.approx(12.0)
+    assert decision.signals["rate"] == pytest.approx(2.7833, abs=1e-4)
+    assert decision.signals["demand_replicas"] == pytest.approx(5.3207, abs=1e-4)
+    assert (decision.target, decision.kind) == (6, "up")
+    # Without engines the 1 s window sees 2 completions: the default service time.
+    bare = proactive(ScalingInputs(30.0, 3, 3, llm_burst(), 2.0), llm, PolicyState())
+    assert bare.signals["rate_window_s"] == 0.3
+    assert bare.signals["service_time_s"] == 0.01
 
 
 def test_steady_load_below_capacity_holds() -> None:

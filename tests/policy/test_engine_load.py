@@ -11,6 +11,7 @@ from surge.policy.autoscaling import LoadSample, PolicyState, proactive, ray_def
 from surge.policy.engine_load import (
     EngineLoad,
     EngineReport,
+    engine_capacity,
     engine_demand,
     fresh_load,
 )
@@ -33,6 +34,30 @@ def report(replica: str, waiting: float, running: float, kv: float, at: float,
 ])
 def test_engine_demand(load: EngineLoad | None, demand: float, why: str) -> None:
     assert engine_demand(load) == pytest.approx(demand), why
+
+
+@pytest.mark.parametrize(("load", "demand", "why"), [
+    (EngineLoad(1, 1, 3, 0.1), 0.5, "a request that arrived mid-step beside a half-empty "
+                                    "batch: (3 + 1) / 8, not 1 x 4 / 3"),
+    (EngineLoad(2, 1, 8, 0.1), 1.125, "one full engine and a new, idle one: 9 / 8, "
+                                      "not 2 x 9 / 8 (the idle one runs nothing)"),
+    (EngineLoad(1, 8, 8, 0.3), 2.0, "a full batch and as many waiting: twice"),
+    (EngineLoad(2, 10, 10, 0.97), 4.0, "KV full at 5 sequences a replica: 20 / 5"),
+    (EngineLoad(1, 4, 16, 0.9), 2.5, "KV full, running past the batch: never more than "
+                                     "the batch a replica, 20 / 8"),
+    (EngineLoad(2, 3, 0, 0.0), 0.375, "a stalled engine: its waiting over the batch"),
+    (EngineLoad(2, 0, 16, 0.4), 1.0, "nothing waits: KV pressure only"),
+])
+def test_engine_demand_over_the_batch(load: EngineLoad, demand: float, why: str) -> None:
+    assert engine_demand(load, batch=8) == pytest.approx(demand), why
+
+
+def test_engine_capacity() -> None:
+    assert engine_capacity(EngineLoad(2, 1, 6, 0.2), batch=8) == 8.0
+    assert engine_capacity(EngineLoad(2, 1, 6, 0.85), batch=8) == 3.0  # KV-bound
+    assert engine_capacity(EngineLoad(2, 1, 6, 0.2), batch=0) == 3.0  # batch unknown
+    assert engine_demand(EngineLoad(2, 1, 0, 0.9), batch=8) == 3.0  # KV full, none runs
+    assert engine_demand(EngineLoad(2, 1, 0, 0.0), batch=0) == 3.0  # stalled: one more
 
 
 def test_engine_demand_without_a_kv_target() -> None:

@@ -55,6 +55,8 @@ def test_prefill_utilization_is_the_m_d_1_load_that_meets_the_target(
     (0.05, 0.0, 0.0, 256, 256.0),       # not measured: the fallback
     (0.05, 0.0, 0.0, 0, 1.0),           # ... never below one sequence
     (0.005, 0.01, 0.0002, 256, 1.0),    # the fixed cost alone misses it: one sequence
+    (0.1, 0.02, 0.002, 8, 8.0),         # fast steps fit 40, but the engine batches 8
+    (0.1, 0.02, 0.002, 0, 40.0),        # ... unless its batch is not known
 ])
 def test_the_decode_batch_that_meets_tpot(tpot_s: float, step_s: float, per_seq_s: float,
                                           fallback: float, batch: float) -> None:
@@ -112,6 +114,14 @@ def test_a_full_decode_batch_is_decode_bound_and_grows_with_the_slope() -> None:
     # 600 sequences x 1.5 (the rate's projected growth) / 200 a replica
     assert demand.replicas == pytest.approx(4.5)
     assert "decode-bound" in demand.reason
+
+
+def test_requests_queued_in_routers_decode_too() -> None:
+    # 2 engines of 8 sequences, both full, and 16 more queued in the routers: 4 replicas
+    demand = objective_demand(load(replicas=2, running=16, decode_step_s=0.02,
+                                   decode_s_per_seq=0.002), Objectives(tpot_s=0.1),
+                              rate=1, projected_rate=1, router_queued=16, fallback_batch=8)
+    assert (demand.bound, demand.replicas) == (Bound.DECODE, pytest.approx(4.0))
 
 
 def test_an_unmeasured_decode_cost_sizes_by_target_ongoing_requests() -> None:

@@ -281,9 +281,12 @@ def test_an_overloaded_autoscaled_run_balances_its_books() -> None:
 
 def test_an_urgent_report_brings_the_decision_forward() -> None:
     """With urgent decisions (the controller's default) the queue that starts to grow at
-    the jump is reported within 5 ms and decided on at once, not at the 1.1 s tick."""
+    the jump is reported within 5 ms and decided on at once, not at the 1.1 s tick.
+    Without a standby: with one ready the policy looks only its 50 ms activation ahead,
+    and the ramp's first 11 ms do not ask for a second replica yet."""
+    cold = {**AUTOSCALED, "standby_replicas": 0}
     s = scenario(traffic__schedule=[{"rps": 50, "for_s": 1}, {"rps": 150, "for_s": 2}],
-                 deployment__num_replicas=None, deployment__autoscaling_config=AUTOSCALED,
+                 deployment__num_replicas=None, deployment__autoscaling_config=cold,
                  control__urgent_decisions=True)
     sim = Simulation(s).run()
     first = sim.decisions[0]

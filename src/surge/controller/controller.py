@@ -324,6 +324,7 @@ class Controller:
             running=self.state.count_running_current(record.id),
             target=record.target,
             samples=samples, startup_lead_s=record.startup_lead_s,
+            standbys=self.state.group(record.id).count(ReplicaState.STANDBY, record.version),
             engine=self.engines.load(record.id, now), node_cpu=record.node_cpu))
         record.standby_floor = step.standby_replicas
         record.target = step.target

@@ -11,6 +11,11 @@ Last, when the node's CPU is saturated and the replicas added last did not raise
 throughput (policy.saturation), a decision to add more keeps the target instead (kind
 NODE_SATURATED).
 
+The start-up lead the policy projects over is the measured cold start's, or, while
+standbys are ready, a standby's activation (`standby_lead_s`): those come within
+milliseconds, so sizing for the load a cold start away would buy replicas early; a
+decision that wants more than the standbys give is taken again over the cold lead.
+
 Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
 a router whose queue starts to grow reports after `URGENT_REPORT_DELAY_S`, and the
 controller then decides at once on the open bucket, at most once per
@@ -20,7 +25,7 @@ controller then decides at once on the open bucket, at most once per
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from surge.config import AutoscalingConfig
 from surge.policy.autoscaling import (
@@ -37,6 +42,7 @@ from surge.policy.saturation import SaturationState, hold_on_saturation, observe
 from surge.policy.schedule import floors_at, with_floors
 
 __all__ = [
+    "STANDBY_LEAD_S",
     "TICK_S",
     "URGENT_DECISION_INTERVAL_S",
     "URGENT_REPORT_DELAY_S",
@@ -47,6 +53,11 @@ __all__ = [
 ]
 
 
+# A standby serves this soon after it is asked for: its activation is a route-table push
+# (docs/llm.md: 10 ms with mock engines), plus a tick's margin.
+STANDBY_LEAD_S = 0.05
+
+
 @dataclass(frozen=True)
 class StepInputs:
     now: float  # the policy's clock (monotonic seconds)
@@ -54,7 +65,9 @@ class StepInputs:
     running: int  # RUNNING replicas of the current version
     target: int
     samples: Sequence[LoadSample]  # oldest first; may end with the open bucket
-    startup_lead_s: float = 1.0
+    startup_lead_s: float = 1.0  # measured: asking for a replica -> it serves (cold)
+    standbys: int = 0  # STANDBY replicas ready to activate
+    standby_lead_s: float = STANDBY_LEAD_S  # ... and how soon one serves once asked
     engine: EngineLoad | None = None  # the engines' fresh reports (policy/engine_load.py)
     node_cpu: float | None = None  # busy share of its node's cores; None: not known
     saturation: SaturationState = field(default_factory=SaturationState)  # the last step's
@@ -85,12 +98,20 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
                    inputs: StepInputs) -> Step:
     floors = floors_at(config.schedule_windows, inputs.second_of_day, config.min_replicas,
                        config.standby_replicas)
+    lead = (min(inputs.startup_lead_s, inputs.standby_lead_s) if inputs.standbys > 0
+            else inputs.startup_lead_s)
     scaling = ScalingInputs(now=inputs.now, running=inputs.running, target=inputs.target,
-                            samples=inputs.samples, startup_lead_s=inputs.startup_lead_s,
-                            engine_demand=engine_demand(inputs.engine),
+                            samples=inputs.samples, startup_lead_s=lead,
+                            engine_demand=engine_demand(inputs.engine,
+                                                        config.target_ongoing_requests),
                             engine=inputs.engine)
+    bounded = with_floors(config, floors)
     try:
-        decision = policy(scaling, with_floors(config, floors), state)
+        decision = policy(scaling, bounded, state)
+        if lead < inputs.startup_lead_s and decision.target > inputs.target + inputs.standbys:
+            # more than the standbys give: the rest start cold, so look that far ahead
+            decision = policy(replace(scaling, startup_lead_s=inputs.startup_lead_s),
+                              bounded, state)
     except Exception as exc:  # a user policy must not stop the control loop
         decision = Decision(inputs.target, DecisionKind.POLICY_FAILED,
                             f"policy failed: {exc!r}; keeping {inputs.target} replicas", state)

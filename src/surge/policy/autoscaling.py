@@ -314,6 +314,13 @@ class ProactiveSettings:
     downscale_band: float = 0.7
     # Service time assumed until completions measure it (seconds per request).
     default_service_time_s: float = 0.01
+    # An LLM deployment's (its engines report) requests stream for seconds: its service
+    # time is measured over up to this long (the shortest window with MIN_COMPLETIONS),
+    # and its rate and slope over a window as long as that service time, up to this:
+    # arrivals that come and go within one request's time are load it already holds,
+    # not a rate that lasts (a 0.3 s burst of 12 s requests read as a rate asked for 50
+    # replicas on a BurstGPT replay).
+    max_service_window_s: float = 30.0
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> ProactiveSettings:
@@ -350,15 +357,24 @@ def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float) -> 
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
 
 
-def service_time_s(samples: Sequence[LoadSample], now: float, default: float) -> float:
-    """Little's law over the last second: W = mean ongoing / completion rate."""
-    recent = _window(samples, now, 1.0)
-    span = sum(s.duration_s for s in recent)
-    done = sum(s.completions for s in recent)
-    if span <= 0 or done < 5:
-        return default
-    ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
-    return max(ongoing / (done / span), 1e-5)
+MIN_COMPLETIONS = 5  # completions a service time is measured on
+
+
+def service_time_s(samples: Sequence[LoadSample], now: float, default: float,
+                   longest_s: float = 1.0) -> float:
+    """Little's law, W = mean ongoing / completion rate, over the last second, or the
+    shortest of 2, 4, 8 ... seconds up to `longest_s` with MIN_COMPLETIONS."""
+    seconds = 1.0
+    while True:
+        recent = _window(samples, now, seconds)
+        span = sum(s.duration_s for s in recent)
+        done = sum(s.completions for s in recent)
+        if span > 0 and done >= MIN_COMPLETIONS:
+            ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
+            return max(ongoing / (done / span), 1e-5)
+        if seconds >= longest_s:
+            return default
+        seconds = min(2 * seconds, longest_s)
 
 
 def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyState,
@@ -366,19 +382,27 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     """Size for the offered rate projected over the start-up lead time; act on surges now."""
     s = settings or ProactiveSettings()
     now, samples = inputs.now, inputs.samples
-    rate = arrival_rate(samples, now, s.rate_window_s)
     lead = max(inputs.startup_lead_s, 0.1)
     slope_window = max(s.slope_window_s,
                        min(lead / s.lead_per_slope_window, s.max_slope_window_s))
+    rate_window = s.rate_window_s
+    if inputs.engine is None:
+        service = service_time_s(samples, now, s.default_service_time_s)
+    else:  # LLM requests: see max_service_window_s
+        service = service_time_s(samples, now, s.default_service_time_s,
+                                 s.max_service_window_s)
+        rate_window = max(rate_window, min(service, s.max_service_window_s))
+        slope_window = max(slope_window, rate_window)
+    rate = arrival_rate(samples, now, rate_window)
     slope = arrival_slope(samples, now, slope_window)
-    service = service_time_s(samples, now, s.default_service_time_s)
     projected = max(rate, rate + slope * lead)
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
     per_replica = config.target_ongoing_requests / service  # requests/s at target load
     demand = max(projected / per_replica, in_system / config.target_ongoing_requests,
                  inputs.engine_demand)
-    signals = {"rate": rate, "slope": slope, "slope_window_s": slope_window,
+    signals = {"rate": rate, "rate_window_s": rate_window, "slope": slope,
+               "slope_window_s": slope_window,
                "projected_rate": projected,
                "service_time_s": service, "demand_replicas": demand,
                "engine_demand": inputs.engine_demand}

@@ -7,10 +7,15 @@ an `EngineLoad` and `engine_demand` turns it into a number of replicas, which th
 proactive policy takes as one more lower bound on its demand (`ScalingInputs.
 engine_demand`):
 
-* waiting sequences: an engine runs what its batch and KV cache allow, so the replicas'
-  `running` is what they sustain now; with w waiting, (running + w) / running times the
-  reporting replicas would run everything (a stalled engine, nothing running yet
-  something waiting, asks for one more);
+* waiting sequences: an engine runs at most its batch (max_num_seqs: the deployment's
+  `target_ongoing_requests`, which LLMServer sets to it), fewer once its KV cache is full
+  (mean use past `kv_target`: then what the replicas run now is what they hold); with w
+  waiting, (running + w) / that capacity replicas would run everything (a stalled engine,
+  nothing running yet something waiting, asks for one more). Sized by the batch, not by
+  what runs now: a request that arrived during a step waits until the next one (~30 ms)
+  beside a half-empty batch, and a new replica's first, idle report runs nothing; neither
+  is demand (sized by what runs now, each asked for 1.5x the replicas, and chained
+  1 -> 2 -> 3 -> 4 within 15 s on a real run);
 * KV-cache use, a pressure term that rises before anything waits (long prompts and
   outputs fill it while the batch is not full): replicas x mean use / `kv_target`.
 
@@ -30,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["KV_TARGET", "EngineLoad", "EngineReport", "engine_demand", "fresh_load"]
+__all__ = ["KV_TARGET", "EngineLoad", "EngineReport", "engine_capacity", "engine_demand",
+           "fresh_load"]
 
 # The KV-cache use each replica is sized for: above it vLLM starts to preempt sequences.
 KV_TARGET = 0.8
@@ -98,13 +104,26 @@ def _measured_mean(values: Iterable[float]) -> float:
     return sum(measured) / len(measured) if measured else 0.0
 
 
-def engine_demand(load: EngineLoad | None, kv_target: float = KV_TARGET) -> float:
-    """Replicas the engines' queues and KV caches ask for (0.0: no signal)."""
+def engine_demand(load: EngineLoad | None, batch: float = 0.0,
+                  kv_target: float = KV_TARGET) -> float:
+    """Replicas the engines' queues and KV caches ask for (0.0: no signal).
+
+    `batch` is the sequences one engine runs at once (max_num_seqs; 0: not known)."""
     if load is None or load.replicas <= 0:
         return 0.0
     queued = 0.0
     if load.waiting > 0:
-        queued = (load.replicas * (load.running + load.waiting) / load.running
-                  if load.running > 0 else load.replicas + 1.0)
+        capacity = engine_capacity(load, batch, kv_target)
+        queued = ((load.running + load.waiting) / capacity if capacity > 0
+                  else load.replicas + 1.0)
     pressure = load.replicas * load.kv_cache_usage / kv_target if kv_target > 0 else 0.0
     return max(queued, pressure)
+
+
+def engine_capacity(load: EngineLoad, batch: float, kv_target: float = KV_TARGET) -> float:
+    """Sequences one replica runs at once: `batch`, unless it is not known or the KV
+    caches are past `kv_target` (then what the replicas run now is all they hold)."""
+    running = load.running / load.replicas
+    if batch <= 0 or load.kv_cache_usage >= kv_target:
+        return min(running, batch) if batch > 0 else running
+    return batch

@@ -15,9 +15,10 @@ An engine's latency has two budgets, and each is spent by a different resource:
   with KV use near 30% and a growing queue is seen (llm-d-autoscaling#662).
 * **TPOT, decode-bound.** A decode step costs `decode_step_s + decode_s_per_seq x batch`
   (fitted by each replica to its inter-token gaps), so TPOT stays within its target T
-  up to a batch of (T - decode_step_s) / decode_s_per_seq. Running plus waiting
-  sequences (the waiting decode once prefilled), grown by projected / current rate,
-  over that batch are the decode demand.
+  up to a batch of (T - decode_step_s) / decode_s_per_seq, and no engine batches more
+  than its max_num_seqs (the deployment's `target_ongoing_requests`). Running, waiting
+  and router-queued sequences (all decode once prefilled), grown by projected / current
+  rate, over that batch are the decode demand.
 * **KV-bound.** Replicas x mean KV use / KV_TARGET (policy/engine_load.py).
 
 The largest of the three is the demand, and names the reason (`bound`). Until a
@@ -84,10 +85,13 @@ def prefill_utilization(ttft_s: float, prefill_s: float) -> float:
 
 
 def max_decode_batch(tpot_s: float, step_s: float, per_seq_s: float, fallback: float) -> float:
-    """The batch at which a decode step takes `tpot_s`; `fallback` while unmeasured."""
+    """The batch at which a decode step takes `tpot_s`, never past `fallback` (the
+    engine's max_num_seqs: it batches no more, however fast its steps); `fallback` while
+    unmeasured."""
     if per_seq_s <= 0:
         return max(fallback, 1.0)
-    return max((tpot_s - step_s) / per_seq_s, 1.0)
+    fitted = (tpot_s - step_s) / per_seq_s
+    return max(min(fitted, fallback) if fallback > 0 else fitted, 1.0)
 
 
 def _prefill(load: EngineLoad, ttft_s: float, projected_rate: float,
@@ -104,11 +108,11 @@ def _prefill(load: EngineLoad, ttft_s: float, projected_rate: float,
                               "prefill_backlog_replicas": drain}
 
 
-def _decode(load: EngineLoad, tpot_s: float, growth: float,
-            fallback_batch: float) -> tuple[float, dict[str, float]]:
+def _decode(load: EngineLoad, tpot_s: float, growth: float, fallback_batch: float,
+            router_queued: float) -> tuple[float, dict[str, float]]:
     batch = max_decode_batch(tpot_s, load.decode_step_s, load.decode_s_per_seq,
                              fallback_batch)
-    sequences = (load.running + load.waiting) * growth
+    sequences = (load.running + load.waiting + router_queued) * growth
     return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences}
 
 
@@ -129,7 +133,7 @@ def objective_demand(load: EngineLoad, objectives: Objectives, *, rate: float,
     if objectives.tpot_s is not None:
         growth = max(1.0, projected_rate / rate) if rate > 0 else 1.0
         demands[Bound.DECODE], more = _decode(load, objectives.tpot_s, growth,
-                                              fallback_batch)
+                                              fallback_batch, router_queued)
         signals.update(more)
     demands[Bound.KV] = load.replicas * load.kv_cache_usage / kv_target if kv_target > 0 \
         else 0.0

@@ -98,8 +98,9 @@ class DecisionLog:
     kind: str = ""  # the decision's DecisionKind value
 
 
-def history_needed_s(config: AutoscalingConfig) -> float:
-    """How far back any built-in or Ray-style policy reads, capped at the controller's."""
+def history_needed_s(config: AutoscalingConfig, engines: bool = False) -> float:
+    """How far back any built-in or Ray-style policy reads, capped at the controller's
+    (`engines`: the deployment's engines report, as an LLM deployment's)."""
     spec = config.policy or {}
     windows = [1.0, config.look_back_period_s + max(config.metrics_interval_s, TICK_S)]
     if spec.get("policy_function") in (None, "", "proactive"):
@@ -109,6 +110,8 @@ def history_needed_s(config: AutoscalingConfig) -> float:
             settings = ProactiveSettings()
         windows += [settings.rate_window_s, settings.slope_window_s,
                     settings.max_slope_window_s]  # the slope's window grows with the lead
+        if engines:  # an LLM deployment's service time, rate and slope
+            windows.append(settings.max_service_window_s)
     return min(HISTORY_S, max(windows) + 0.5)
 
 
@@ -169,7 +172,8 @@ class Simulation:
         self.shape = TrafficShape(scenario.traffic.schedule)
         config = scenario.autoscaling
         history = self.history_s if self.history_s is not None else (
-            history_needed_s(config) if config is not None else 1.0)
+            history_needed_s(config, scenario.llm is not None) if config is not None
+            else 1.0)
         self.samples = deque(maxlen=max(1, round(history / TICK_S)))
         self.policy: Policy | None = None
         if config is not None:
@@ -344,7 +348,8 @@ class Simulation:
         step = autoscale_step(self.policy, config, self.state, StepInputs(
             now=now + self.offset, second_of_day=self._second_of_day(now),
             running=cluster.running, target=self.target, samples=samples,
-            startup_lead_s=cluster.startup_lead_s,
+            startup_lead_s=cluster.startup_lead_s, standbys=cluster.standby,
+            standby_lead_s=self.scenario.cluster.standby_activation_s,
             engine=self.engine_load(now) if self.engine_load is not None else None))
         if step.standby_replicas != self.standby_wanted:
             self.standby_wanted = step.standby_replicas

@@ -1,0 +1,44 @@
+"""policy.autoscale_step: the lead the policy projects over is a ready standby's, and the
+cold start's for what the standbys cannot give."""
+
+from __future__ import annotations
+
+import pytest
+
+from surge.config import AutoscalingConfig
+from surge.policy.autoscale_step import STANDBY_LEAD_S, StepInputs, autoscale_step
+from surge.policy.autoscaling import LoadSample, PolicyState, proactive
+
+CONFIG = AutoscalingConfig(min_replicas=1, max_replicas=100, target_ongoing_requests=2,
+                           upscale_delay_s=30.0, downscale_delay_s=60.0)
+
+
+def ramp(t: float) -> float:
+    """100 req/s until 10 s, then growing by 1000 req/s every second (10 ms requests)."""
+    return 100.0 + 1000.0 * max(0.0, t - 10.0)
+
+
+SAMPLES = [LoadSample(t=i / 10, arrivals=ramp(i / 10) / 10, completions=ramp(i / 10) / 10,
+                      rejections=0, queued=0, ongoing=ramp(i / 10) * 0.01)
+           for i in range(91, 111)]
+
+
+@pytest.mark.parametrize(("standbys", "target", "projected", "why"), [
+    (0, 15, 3000.0, "no standby: 1000 req/s + 1000/s over the 2 s cold start"),
+    (2, 6, 1100.0, "2 ready: they serve in 50 ms (floored at 0.1 s): 1100 req/s, 4 -> 6"),
+    (20, 6, 1100.0, "more ready than needed: the same"),
+    (1, 15, 3000.0, "1 ready, 2 wanted over its lead: the rest start cold, sized over 2 s"),
+])
+def test_the_lead_is_a_ready_standbys(standbys: int, target: int, projected: float,
+                                      why: str) -> None:
+    step = autoscale_step(proactive, CONFIG, PolicyState(), StepInputs(
+        now=11.0, second_of_day=0.0, running=4, target=4, samples=SAMPLES,
+        startup_lead_s=2.0, standbys=standbys))
+    assert step.target == target, why
+    assert step.decision.signals["projected_rate"] == pytest.approx(projected), why
+
+
+def test_a_cold_start_shorter_than_the_activation_keeps_its_own_lead() -> None:
+    inputs = StepInputs(now=11.0, second_of_day=0.0, running=4, target=4, samples=SAMPLES,
+                        startup_lead_s=STANDBY_LEAD_S / 2, standbys=3)
+    assert autoscale_step(proactive, CONFIG, PolicyState(), inputs).target == 6
