@@ -359,14 +359,12 @@ def test_measurements_without_enough_data() -> None:
     assert service_time_s([], 0.4, 0.25) == 0.25
 
 
-def test_a_long_service_time_is_measured_over_a_window_with_enough_completions() -> None:
-    # 12 s requests at 2 req/s: 2 completions in 1 s, 4 in 2 s, 8 in 4 s (measured there)
+def test_a_long_service_time_is_measured_over_a_longer_window() -> None:
+    # 12 s requests at 2 req/s: 2 completions in 1 s (too few), 60 in 30 s
     samples = [bucket(i, arrivals=0.2, completions=0.2, ongoing=24.0) for i in range(1, 301)]
     assert service_time_s(samples, 30.0, 0.01) == 0.01  # over 1 s: the default
-    assert service_time_s(samples, 30.0, 0.01, longest_s=30.0) == pytest.approx(12.0)
-    # the last window is `longest_s` itself: 3 s holds 2.5 s of samples, 5 completions
-    assert service_time_s(samples[-25:], 30.0, 0.01, longest_s=3.0) == pytest.approx(12.0)
-    assert service_time_s(samples[-25:], 30.0, 0.01, longest_s=2.0) == 0.01  # 4 in 2 s
+    assert service_time_s(samples, 30.0, 0.01, seconds=30.0) == pytest.approx(12.0)
+    assert service_time_s(samples[-20:], 30.0, 0.01, seconds=30.0) == 0.01  # 4 in 2 s
 
 
 def llm_burst() -> list[LoadSample]:
@@ -549,12 +547,28 @@ def test_drop_in_load_holds_until_downscale_delay_then_steps_down() -> None:
     assert decision.kind == "hold"
 
 
+def test_a_scale_down_goes_no_lower_than_the_most_its_delay_needed() -> None:
+    # 10 replicas; the load falls to 100 req/s (0.5 replicas) but for one bucket at 30 s
+    # asks for 5 (1000 req/s): after 60 s below the band it steps halfway to 5, the most
+    # the delay needed, not halfway to its last moment's 1 (6): a lull's depth would be
+    # the next burst's change of direction.
+    state, target = PolicyState(), 10
+    for now, rate in ((20.0, 100.0), (30.0, 1000.0), (50.0, 100.0), (80.0, 100.0)):
+        decision = decide(traffic([(-1e9, rate)], now), now, target, target, state=state)
+        state = decision.state
+    assert (decision.target, decision.kind) == (8, "down")
+    assert decision.reason.startswith("down: demand 0.5 replicas (at most 5.0) below")
+    state = PolicyState(down_since=20.0, down_peak=8.2)
+    decision = decide(traffic([(-1e9, 100.0)], 80.0), 80.0, 10, 10, state=state)
+    assert decision.target == 9  # ceil(8.2)
+
+
 def test_scale_down_never_goes_below_min_replicas() -> None:
     cfg = config(min_replicas=3, max_replicas=100, downscale_delay_s=60.0)
     state = decide(traffic([(-1e9, 100.0)], 0.0), 0.0, 4, 4, cfg).state
     decision = decide(traffic([(-1e9, 100.0)], 60.0), 60.0, 4, 4, cfg, state)
     assert (decision.target, decision.kind) == (3, "down")
-    assert decision.reason == "down: demand 0.5 replicas below 70% of 4 for 60s"
+    assert decision.reason == "down: demand 0.5 replicas (at most 0.5) below 70% of 4 for 60s"
     at_min = decide(traffic([(-1e9, 100.0)], 60.1), 60.1, 3, 3, cfg)
     assert (at_min.target, *timers(at_min)) == (3, None, None)
     # From 10 the step halves the gap to min_replicas (3), not to the demand (1).

@@ -91,6 +91,7 @@ class PolicyState:
 
     up_since: float | None = None
     down_since: float | None = None
+    down_peak: float = 0.0  # proactive: the most demand seen since down_since
     user: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -315,11 +316,12 @@ class ProactiveSettings:
     # Service time assumed until completions measure it (seconds per request).
     default_service_time_s: float = 0.01
     # An LLM deployment's (its engines report) requests stream for seconds: its service
-    # time is measured over up to this long (the shortest window with MIN_COMPLETIONS),
-    # and its rate and slope over a window as long as that service time, up to this:
-    # arrivals that come and go within one request's time are load it already holds,
-    # not a rate that lasts (a 0.3 s burst of 12 s requests read as a rate asked for 50
-    # replicas on a BurstGPT replay).
+    # time is measured over this long (a second holds a handful of completions, and the
+    # noise of 1 / their count read as a service time ratchets replicas up), and its
+    # rate, slope and requests in the system over a window as long as that service
+    # time, up to this: arrivals that come and go within one request's time are load it
+    # already holds, not a rate that lasts (a 0.3 s burst of 12 s requests read as a
+    # rate asked for 50 replicas on a BurstGPT replay).
     max_service_window_s: float = 30.0
 
     @classmethod
@@ -357,24 +359,22 @@ def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float) -> 
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
 
 
-MIN_COMPLETIONS = 5  # completions a service time is measured on
-
-
 def service_time_s(samples: Sequence[LoadSample], now: float, default: float,
-                   longest_s: float = 1.0) -> float:
-    """Little's law, W = mean ongoing / completion rate, over the last second, or the
-    shortest of 2, 4, 8 ... seconds up to `longest_s` with MIN_COMPLETIONS."""
-    seconds = 1.0
-    while True:
-        recent = _window(samples, now, seconds)
-        span = sum(s.duration_s for s in recent)
-        done = sum(s.completions for s in recent)
-        if span > 0 and done >= MIN_COMPLETIONS:
-            ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
-            return max(ongoing / (done / span), 1e-5)
-        if seconds >= longest_s:
-            return default
-        seconds = min(2 * seconds, longest_s)
+                   seconds: float = 1.0) -> float:
+    """Little's law over the last `seconds`: W = mean ongoing / completion rate."""
+    recent = _window(samples, now, seconds)
+    span = sum(s.duration_s for s in recent)
+    done = sum(s.completions for s in recent)
+    if span <= 0 or done < 5:
+        return default
+    ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
+    return max(ongoing / (done / span), 1e-5)
+
+
+def _mean_ongoing(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
+    recent = _window(samples, now, seconds)
+    span = sum(s.duration_s for s in recent)
+    return sum(s.ongoing * s.duration_s for s in recent) / span if span > 0 else 0.0
 
 
 def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyState,
@@ -398,6 +398,8 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     projected = max(rate, rate + slope * lead)
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
+    if inputs.engine is not None and latest is not None:  # what the replicas held
+        in_system = _mean_ongoing(samples, now, rate_window) + latest.queued
     per_replica = config.target_ongoing_requests / service  # requests/s at target load
     demand = max(projected / per_replica, in_system / config.target_ongoing_requests,
                  inputs.engine_demand)
@@ -438,17 +440,22 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                         PolicyState(up_since=since, user=state.user), signals)
     if demand < inputs.target * s.downscale_band and inputs.target > config.min_replicas:
         since = state.down_since if state.down_since is not None else now
-        low = _bounds(max(wanted, 0), config)
+        # down to what the whole delay needed at its most, not to its last moment: a
+        # lull in bursty load would otherwise turn the next burst into a change of
+        # direction
+        peak = max(demand, state.down_peak if state.down_since is not None else 0.0)
+        low = _bounds(max(math.ceil(peak - 1e-9), 0), config)
         if now - since + _EPS_S >= config.downscale_delay_s:
             step = max(low, inputs.target - max(1, (inputs.target - low) // 2))
             return Decision(_bounds(step, config), DecisionKind.DOWN,
-                            f"down: demand {demand:.1f} replicas below "
+                            f"down: demand {demand:.1f} replicas (at most {peak:.1f}) below "
                             f"{s.downscale_band:.0%} of {inputs.target} for "
                             f"{config.downscale_delay_s:g}s", PolicyState(user=state.user),
                             signals)
         return Decision(held, DecisionKind.HOLD, f"hold: demand {demand:.1f} replicas (waiting "
                         f"downscale_delay_s={config.downscale_delay_s:g})",
-                        PolicyState(down_since=since, user=state.user), signals)
+                        PolicyState(down_since=since, down_peak=peak, user=state.user),
+                        signals)
     return Decision(held, DecisionKind.HOLD, f"hold: demand {demand:.1f} replicas",
                     PolicyState(user=state.user), signals)
 
