@@ -240,8 +240,7 @@ class HyperConnection:
         stream = self.streams.get(stream_id)
         if stream is None:
             return True
-        if stream.held:
-            stream.held.add(stream_id, data)
+        if stream.held.behind(stream_id, data):
             return False
         try:
             sent = self._send(stream_id, data)

@@ -82,6 +82,13 @@ class Held:
         self.chunks.append(data)
         self.size += len(data)
 
+    def behind(self, stream_id: int, data: bytes | memoryview) -> bool:
+        """Hold `data` if anything is held already (it must go after that); True if so."""
+        if not self.chunks:
+            return False
+        self.add(stream_id, data)
+        return True
+
     def rest(self, data: bytes | memoryview, sent: int) -> None:
         """Hold what was not sent of a message: it may exceed the limit once."""
         self.chunks.append(memoryview(data)[sent:])
@@ -202,8 +209,7 @@ class H2Sender:
         stream = self.streams.get(stream_id)
         if stream is None:
             return True
-        if stream.held:
-            stream.held.add(stream_id, data)
+        if stream.held.behind(stream_id, data):
             return False
         return sent_or_held(stream_id, stream, data, self._write_data(stream, data),
                             self.blocked)
