@@ -14,10 +14,11 @@ import asyncio
 import json
 import os
 import random
-import signal
 import sys
 import time
 from typing import Any
+
+from until_sigterm import serve_until_sigterm, wait_for_replicas
 
 from surge import serve
 
@@ -43,20 +44,9 @@ def main() -> None:
     serve.run(app, name="calibrate", route_prefix="/calibrate")
     scaling = options.get("autoscaling_config") or {}
     running, standby = scaling.get("min_replicas", 1), scaling.get("standby_replicas", 0)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        states = serve.status().applications["calibrate"].deployments["Sleeper"]
-        counts = states.replica_states
-        if counts.get("RUNNING", 0) >= running and counts.get("STANDBY", 0) >= standby:
-            break
-        time.sleep(0.1)
+    wait_for_replicas(serve, "calibrate", {"RUNNING": running, "STANDBY": standby}, 60)
     print(f"READY http://127.0.0.1:{port}/calibrate", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        while True:
-            time.sleep(1)
-    finally:
-        serve.shutdown()
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

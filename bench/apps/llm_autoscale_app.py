@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import time
+
+from until_sigterm import serve_until_sigterm, wait_for_replicas
 
 from surge import serve
 from surge.serve.llm import build_openai_app
@@ -32,20 +32,10 @@ def main() -> None:
         "engine_kwargs": config["engine_kwargs"],
         "deployment_config": deployment}]}), name="llm", route_prefix="/")
     floor = (deployment.get("autoscaling_config") or {}).get("min_replicas", 1)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        running = sum(d.replica_states.get("RUNNING", 0)
-                      for d in serve.status().applications["llm"].deployments.values())
-        if running >= floor:  # one model: its LLMServer is the ingress
-            break
-        time.sleep(0.1)
+    # one model: its LLMServer is the ingress
+    wait_for_replicas(serve, "llm", {"RUNNING": floor}, 120)
     print(f"READY http://127.0.0.1:{port}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        while True:
-            time.sleep(1)
-    finally:
-        serve.shutdown()
+    serve_until_sigterm(serve.shutdown)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from until_sigterm import wait_for_replicas
+
 from surge import serve
 
 BASE = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2}
@@ -39,12 +41,7 @@ def main() -> None:
     serve.start(http_options={"port": port})
     serve.run(Step.options(autoscaling_config=CASES[case]).bind(), name="step",
               route_prefix="/step")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        states = serve.status().applications["step"].deployments["Step"].replica_states
-        if states.get("STANDBY", 0) >= CASES[case].get("standby_replicas", 0):
-            break
-        time.sleep(0.1)
+    wait_for_replicas(serve, "step", {"STANDBY": CASES[case].get("standby_replicas", 0)}, 30)
     print(f"READY http://127.0.0.1:{port}/step", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
