@@ -12,7 +12,6 @@ start here (bench/llm_standby.py --engine vllm: cold start ~30-50 s, activation
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,17 +36,11 @@ def instance() -> Iterator[Running]:
     from surge.testing.tiny_llm import make_tiny_llama
 
     make_tiny_llama(MODEL_CACHE)
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)  # the replicas inherit them
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ENV.items():
+            patch.setenv(key, value)  # the replicas inherit them
         with running_instance() as running:
             yield running
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def test_a_standby_vllm_replica_serves_at_activation(instance: Running) -> None:

@@ -11,11 +11,12 @@ dead within ~2 s.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from surge import serve
 from tests.e2e.conftest import Running
@@ -67,16 +68,11 @@ class RayCluster:
 
 @contextlib.contextmanager
 def environ(values: dict[str, str]) -> Iterator[None]:
-    previous = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
+    """`values` in the environment while the block runs, the previous ones after."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in values.items():
+            patch.setenv(key, value)
         yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
