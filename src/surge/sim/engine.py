@@ -153,7 +153,7 @@ class Simulation:
         if scenario.llm is not None:  # long streams finish after the trace
             self.drain_points += math.ceil(LLM_DRAIN_S / TICK_S)
             self.flow = self.events = self.llm = LLMFlow(
-                scenario, random.Random(int(seeds[5].generate_state(1)[0])),
+                scenario, scenario.llm, random.Random(int(seeds[5].generate_state(1)[0])),
                 self.points + self.drain_points)
         elif scenario.multiplex is None:
             self.flow = Flow(scenario, np.random.default_rng(seeds[0]),
@@ -162,7 +162,7 @@ class Simulation:
             self.drain_points += math.ceil(
                 50 * scenario.multiplex.load_time_s.quantile(0.999) / TICK_S)
             self.flow = self.events = self.mux = MuxFlow(
-                scenario, np.random.default_rng(seeds[4]),
+                scenario, scenario.multiplex, np.random.default_rng(seeds[4]),
                 random.Random(int(seeds[5].generate_state(1)[0])),
                 self.points + self.drain_points)
         self.cluster = ClusterState(scenario.cluster,

@@ -8,6 +8,9 @@ point), `queued` and `ongoing`, `totals`, the per-point counts the report reads
 `begin_tick` / `run_until` / `sync`, the tick's `LoadSample` (`close_tick`, and
 `open_bucket` for an urgent decision), and `pressure_at` (when a router's queue last
 started to grow). `engine_load` is what replicas report of their engines (None here).
+What their routers share is here too: a request that waits (`wait`) starts the queue's
+urgent report and times out `timeout_s` after it arrived unless it has left the queue
+(`done`); each flow says how it takes a timed-out request out of its router (`unqueue`).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from surge.loadtest.stats import latency_key
+from surge.policy.admission import queue_share
 from surge.policy.autoscaling import LoadSample
 from surge.policy.engine_load import EngineLoad
 from surge.sim.cluster import ClusterState
+from surge.sim.scenario import Scenario
 
-__all__ = ["EventFlow", "TickLoad"]
+__all__ = ["EventFlow", "TickLoad", "Waiting"]
 
 _EPS = 1e-9
 # An open bucket shorter than this is not a sample (LoadTracker.peek's rule).
@@ -63,10 +68,17 @@ class TickLoad:
         return sample
 
 
+class Waiting(Protocol):
+    """A request as the routers' queue sees it."""
+
+    point: int  # the 100 ms point it arrived in
+    done: bool  # dispatched, timed out or rejected: no router may take it again
+
+
 class EventFlow(TickLoad):
     """The heap, the counters and the load sample of a single-request flow."""
 
-    def __init__(self, points: int, slo_s: float) -> None:
+    def __init__(self, scenario: Scenario, points: int) -> None:
         self.events: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
         self._seq = 0
         self.point = 0
@@ -79,7 +91,12 @@ class EventFlow(TickLoad):
         self.timeouts_done = [0] * points
         self.latency: list[dict[int, int]] = [{} for _ in range(points)]
         self.within: list[int] = [0] * points  # 2xx within the SLO, by arrival point
-        self.slo_s = slo_s
+        self.slo_s = scenario.slo_ms / 1000
+        self.overhead_s = scenario.service.overhead_s
+        self.timeout_s = scenario.traffic.timeout_s
+        self.max_ongoing = scenario.deployment.max_ongoing_requests
+        routers = scenario.cluster.proxies
+        self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
         self._arrivals = self._completions = self._rejections = 0
         self.drain_per_s = 0.0
         self.pressure_at: float | None = None
@@ -91,6 +108,10 @@ class EventFlow(TickLoad):
 
     def sync(self, cluster: ClusterState, now: float) -> None:
         """Follow the cluster's routable replicas."""
+        raise NotImplementedError
+
+    def unqueue(self, request: Any, now: float) -> None:
+        """Take a request that timed out out of the router's queue."""
         raise NotImplementedError
 
     # -- the heap ----------------------------------------------------------------------
@@ -111,6 +132,22 @@ class EventFlow(TickLoad):
             if self.pressure_at is not None:
                 return when
         return stop
+
+    # -- the routers' queue ---------------------------------------------------------------
+
+    def wait(self, request: Waiting, queued_before: int, now: float) -> None:
+        """`request` waits in a router that held `queued_before` waiting ones."""
+        if queued_before == 0 and self.pressure_at is None:
+            self.pressure_at = now  # a router tells the controller at once (urgent)
+        self.at(now + self.timeout_s, self._time_out, request)
+
+    def _time_out(self, request: Waiting, now: float) -> None:
+        if request.done:
+            return
+        request.done = True
+        self.queued -= 1
+        self.count_timeout(request.point)
+        self.unqueue(request, now)
 
     # -- accounting ----------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ from collections import deque
 
 from surge.loadtest.stats import latency_key, percentile
 from surge.loadtest.traces import TraceRequest
-from surge.policy.admission import queue_share
 from surge.policy.dispatch import refuse
 from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
@@ -55,17 +54,11 @@ REPORT_JITTER = 0.1
 
 
 class LLMFlow(EventFlow):
-    def __init__(self, scenario: Scenario, rng: random.Random, points: int) -> None:
-        super().__init__(points, scenario.slo_ms / 1000)
-        spec = scenario.llm
-        assert spec is not None
-        self.spec: LLMSpec = spec
+    def __init__(self, scenario: Scenario, spec: LLMSpec, rng: random.Random,
+                 points: int) -> None:
+        super().__init__(scenario, points)
+        self.spec = spec  # the scenario's `llm:` section
         self.rng = rng
-        self.overhead_s = scenario.service.overhead_s
-        self.timeout_s = scenario.traffic.timeout_s
-        self.capacity = scenario.deployment.max_ongoing_requests
-        routers = scenario.cluster.proxies
-        self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
         self.max_wait_s = scenario.deployment.queue_wait_limit_s
         # the service time the routers measure, which bounds a wait by time from below:
         # a request's mean time on an engine at its target load (Scenario.llm_capacity)
@@ -110,17 +103,10 @@ class LLMFlow(EventFlow):
             return
         self.queued += 1
         self.waiting.append(request)
-        if queued_before == 0 and self.pressure_at is None:
-            self.pressure_at = now  # a router tells the controller at once (urgent)
-        self.at(now + self.timeout_s, self._time_out, request)
+        self.wait(request, queued_before, now)
 
-    def _time_out(self, request: LLMRequest, now: float) -> None:
-        if request.done:
-            return
-        request.done = True
-        self.queued -= 1
+    def unqueue(self, request: LLMRequest, now: float) -> None:
         self.waiting.remove(request)
-        self.count_timeout(request.point)
 
     # -- routing -------------------------------------------------------------------------
 
@@ -131,12 +117,12 @@ class LLMFlow(EventFlow):
         if self.spec.routing == "round_robin":
             for k in range(len(replicas)):
                 replica = replicas[(self._turn + k) % len(replicas)]
-                if replica.in_flight < self.capacity:
+                if replica.in_flight < self.max_ongoing:
                     self._turn = (self._turn + k + 1) % len(replicas)
                     return replica
             return None
         in_flight = [r.in_flight for r in replicas]
-        index = choose_by_score(in_flight, [self._score(r) for r in replicas], self.capacity,
+        index = choose_by_score(in_flight, [self._score(r) for r in replicas], self.max_ongoing,
                                 self.rng)
         return None if index == NO_REPLICA else replicas[index]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from surge.loadtest.schedule import arrival_times
 from surge.loadtest.stats import latency_key
-from surge.policy.admission import admit, queue_share
+from surge.policy.admission import admit
 from surge.policy.autoscaling import LoadSample
 from surge.sim.cluster import ClusterState
 from surge.sim.event_flow import EventFlow
@@ -71,21 +71,14 @@ class MuxStats:
 
 
 class MuxFlow(EventFlow):
-    def __init__(self, scenario: Scenario, rng: np.random.Generator, py_rng: random.Random,
-                 points: int) -> None:
-        super().__init__(points, scenario.slo_ms / 1000)
-        mux = scenario.multiplex
-        assert mux is not None
-        self.mux: Multiplexing = mux
+    def __init__(self, scenario: Scenario, mux: Multiplexing, rng: np.random.Generator,
+                 py_rng: random.Random, points: int) -> None:
+        super().__init__(scenario, points)
+        self.mux = mux  # the scenario's `multiplex:` section
         self.scenario = scenario
         self.schedule = scenario.traffic.schedule
         self.rng, self.py_rng = rng, py_rng
         self.service_s = scenario.service.time_s
-        self.overhead_s = scenario.service.overhead_s
-        self.timeout_s = scenario.traffic.timeout_s
-        self.max_ongoing = scenario.deployment.max_ongoing_requests
-        routers = scenario.cluster.proxies
-        self.queue_limit = queue_share(scenario.deployment.queue_limit, routers) * routers
         self.top = mux.popularity.top(TOP_MODELS)
         self.replicas: list[MuxReplica] = []  # routable, in the cluster's order
         self.by_id: dict[str, MuxReplica] = {}
@@ -149,16 +142,9 @@ class MuxFlow(EventFlow):
             self.router.cancel(request, now)
             self.count_rejection()
             return
-        if queued_before == 0 and self.pressure_at is None:
-            self.pressure_at = now  # a router tells the controller at once (urgent)
-        self.at(now + self.timeout_s, self._time_out, request)
+        self.wait(request, queued_before, now)
 
-    def _time_out(self, request: Request, now: float) -> None:
-        if request.done:
-            return
-        request.done = True
-        self.queued -= 1
-        self.count_timeout(request.point)
+    def unqueue(self, request: Request, now: float) -> None:
         self.router.cancel(request, now)
 
     def dispatch(self, request: Request, replica: MuxReplica, now: float) -> None:
