@@ -28,6 +28,7 @@ import msgspec
 
 from surge.clock import SYSTEM
 from surge.config import HTTPOptions, gRPCOptions
+from surge.config.defaults import REPLICA_NICE
 from surge.config.weights import WeightStoreOptions
 from surge.control_auth import user_dir
 from surge.errors import ConfigError, RayServeException
@@ -136,6 +137,9 @@ class ReplicaProcessSpec(MemberSpec, frozen=True, kw_only=True, tag="replica"):
     weight_store: str | NodeWeightStore | None = None
     # ray_actor_options num_cpus: its thread pools' size (replica/threads.py)
     num_cpus: float = 1.0
+    # how much nicer than its starter it runs (policy/threads.replica_nice: the local
+    # backend counts its node's replicas; a backend that cannot count leaves the default)
+    nice: int = REPLICA_NICE
 
 
 class WeightStoreProcessSpec(msgspec.Struct, frozen=True, kw_only=True, tag="weights"):
@@ -168,13 +172,14 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
 
     def replica(self, replica_id: str, app: str, deployment: str, listen: Unix | Tcp,
                 lifetime: Lifetime, weight_store: str | NodeWeightStore | None = None,
-                num_cpus: float = 1.0) -> ReplicaProcessSpec:
+                num_cpus: float = 1.0, nice: int = REPLICA_NICE) -> ReplicaProcessSpec:
         return ReplicaProcessSpec(controller=self.controller, process_id=replica_id,
                                   token=self.token, lifetime=lifetime, logging=self.logging,
                                   metrics=self.metrics, app=app, deployment=deployment,
                                   listen=listen, weight_store=weight_store,
                                   # JSON has no inf; both size the pools at 1 thread
-                                  num_cpus=num_cpus if math.isfinite(num_cpus) else 0.0)
+                                  num_cpus=num_cpus if math.isfinite(num_cpus) else 0.0,
+                                  nice=nice)
 
     def proxy(self, proxy_id: str, port: int | None, lifetime: Lifetime) -> ProxyProcessSpec:
         return ProxyProcessSpec(controller=self.controller, process_id=proxy_id,

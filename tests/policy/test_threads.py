@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from surge.policy.threads import POOLS, ThreadLimits, pool_size, thread_limits, user_threads
+from surge.config.defaults import REPLICA_NICE
+from surge.policy.threads import (
+    POOLS,
+    ThreadLimits,
+    cores_used,
+    pool_size,
+    replica_nice,
+    thread_limits,
+    user_threads,
+)
 
 OWN = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
        "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -80,3 +89,25 @@ def test_torch_has_no_variable_of_its_own() -> None:
     limits = thread_limits(4.0, {})
     assert limits.pools["torch"] == 4
     assert all(not name.startswith("TORCH") for name in limits.env)
+
+
+@pytest.mark.parametrize(("num_cpus", "cores"), [
+    (1.0, 1.0), (2.0, 2.0), (2.5, 2.5),  # its num_cpus ...
+    (0.0, 1.0), (0.5, 1.0),  # ... at least one: its own thread runs Python
+    (math.inf, 1.0), (math.nan, 1.0),
+])
+def test_a_replica_uses_its_num_cpus_at_least_one_core(num_cpus: float, cores: float) -> None:
+    assert cores_used(num_cpus) == cores
+
+
+@pytest.mark.parametrize(("wanted", "node_cores", "nice"), [
+    (1.0, 2, 0),  # one replica on two cores: the proxy keeps a core, nothing to yield
+    (1.0, 16, 0), (15.0, 16, 0), (15.99, 16, 0),
+    (2.0, 2, REPLICA_NICE),  # the replicas can take every core: the proxy must outrank them
+    (3.0, 2, REPLICA_NICE), (32.0, 2, REPLICA_NICE), (16.0, 16, REPLICA_NICE),
+    (1.0, 1, REPLICA_NICE),  # one core: any replica can take it
+])
+def test_a_replica_is_nicer_only_where_the_replicas_can_take_every_core(
+        wanted: float, node_cores: int, nice: int) -> None:
+    assert replica_nice(wanted, node_cores) == nice
+    assert replica_nice(wanted, node_cores, nicer=5) == (5 if nice else 0)

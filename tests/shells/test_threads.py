@@ -1,10 +1,13 @@
-"""replica.threads: the pools this process loaded are resized, and given back."""
+"""replica.threads: the pools this process loaded are resized, and given back; the local
+backend's count of the cores its replicas can use sets each one's priority."""
 
 from __future__ import annotations
 
 import numpy  # noqa: F401 - loads the BLAS library whose pool is resized
 import threadpoolctl
 
+from surge.backends.local import NodeCores
+from surge.config.defaults import REPLICA_NICE
 from surge.replica.threads import SizedPools, owns_thread_pools, size_pools
 
 
@@ -44,3 +47,17 @@ def test_a_class_says_it_owns_its_pools() -> None:
 
     assert owns_thread_pools(Engine) and not owns_thread_pools(object)
     assert not owns_thread_pools(lambda: None)
+
+
+def test_a_replica_starts_nicer_once_the_nodes_replicas_can_take_every_core() -> None:
+    cores = NodeCores(4)
+    assert cores.take("a", 1.0) == 0  # alone on 4 cores
+    assert cores.take("b", 0.5) == 0  # counts one core: 2 of 4
+    assert cores.take("c", 2.0) == REPLICA_NICE  # 4 of 4
+    assert repr(cores) == "<NodeCores 4 of 4 held by 3>"
+    cores.give_back("c")
+    cores.give_back("c")  # twice is once
+    assert cores.take("d", 1.0) == 0  # 3 of 4: the one that left is not counted
+    cores.take("d", 1.0)  # the same replica again (a restart) is counted once
+    assert repr(cores) == "<NodeCores 3 of 4 held by 3>"
+    assert cores.take("e", float("inf")) == REPLICA_NICE  # counted as one core

@@ -11,7 +11,8 @@ instance's state directory, where the node's weight store (surge.weights, one pr
 beside the fork server) listens too; each replica's spec names that socket. GPUs are
 found from CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as
 CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved (processes may
-share cores).
+share cores), but counted: a replica starts nicer than the proxy only once the node's
+replicas can keep all its cores busy (policy/threads.replica_nice).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from surge.backends.early import PROXY, forkserver_env, take_early
 from surge.backends.forking import ForkServer
 from surge.config.weights import WeightStoreOptions
 from surge.launch import Lifetime, Membership, Unix, encode, hand_spec, start_process
+from surge.policy.threads import cores_used, replica_nice
 from surge.process import open_pidfd, pid_gone
 from surge.weights.node import NodeStore
 
-__all__ = ["LocalBackend", "detect_gpus"]
+__all__ = ["LocalBackend", "NodeCores", "detect_gpus", "node_cores"]
 
 log = logging.getLogger("surge.backend")
 
@@ -56,6 +58,33 @@ def detect_gpus() -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
+
+
+def node_cores() -> int:
+    """The cores this process may run on (its affinity: a container's cpuset)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class NodeCores:
+    """The cores this node's replicas can keep busy (policy/threads.cores_used), by
+    replica, for the priority each new one starts at (policy/threads.replica_nice)."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.held: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"<NodeCores {sum(self.held.values()):g} of {self.cores} held by {len(self.held)}>"
+
+    def take(self, owner: str, num_cpus: float) -> int:
+        """Count `owner` (a replica of `num_cpus`) in; the nice it starts at."""
+        self.held[owner] = cores_used(num_cpus)
+        return replica_nice(sum(self.held.values()), self.cores)
+
+    def give_back(self, owner: str) -> None:
+        self.held.pop(owner, None)
 
 
 class GpuPool:
@@ -113,6 +142,7 @@ class LocalBackend:
         self.membership = membership
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
+        self.cores = NodeCores(node_cores())
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
         if state_dir:
             self.socket_dir = os.path.join(state_dir, "sockets")
@@ -157,10 +187,11 @@ class LocalBackend:
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         store = self.weights.address if self.weights is not None else None
+        nice = self.cores.take(launch.replica_id, launch.resources.num_cpus)
         spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
                                               launch.deployment.name, Unix(self.socket_dir),
                                               self.lifetime, store,
-                                              launch.resources.num_cpus))
+                                              launch.resources.num_cpus, nice))
         env = self._env(extra, launch.sys_path)
         if self.forkserver is not None and not self.forkserver.broken:
             self.forkserver.submit(launch.replica_id, spec, env)
@@ -193,6 +224,7 @@ class LocalBackend:
         if process_id in self.adopted or process_id in self.processes:
             return
         self.adopted[process_id] = (pid, open_pidfd(pid))
+        self.cores.take(process_id, 1.0)  # (a replica or a proxy: counted as one core)
         if gpus:
             self.gpus.claim(process_id, gpus, num_gpus)
 
@@ -260,6 +292,8 @@ class LocalBackend:
                     self._spawn(process_id, "surge.replica", spec, env)
                     if asked is not None:
                         self._signal(process_id, asked)
+        for exit_ in exits:
+            self.cores.give_back(exit_.process_id)
         return exits
 
     def _forkserver_events(self, forkserver: ForkServer) -> list[Exit]:

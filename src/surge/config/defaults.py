@@ -15,10 +15,11 @@ QUEUE_SAFETY_LIMIT = 10_000
 # client retry on the capacity the autoscaler is adding (surge-only; None: count only).
 DEFAULT_MAX_QUEUE_WAIT_S = 0.1
 # Replicas run this much nicer than the proxy and the controller (CPU priority, Linux
-# nice): on a node whose cores the replicas saturate, the proxy still gets the CPU to
-# refuse the excess in milliseconds and the controller to hear and decide; on an idle
-# share of the CPU it changes nothing. (Measured: 32 CPU-bound replicas on 2 cores left the
-# proxy so little CPU that 503s took 189 ms and clients timed out by thousands.)
+# nice) where the node's replicas can keep all its cores busy (policy/threads.replica_nice):
+# on a node whose cores the replicas saturate, the proxy still gets the CPU to refuse the
+# excess in milliseconds and the controller to hear and decide. (Measured: 32 CPU-bound
+# replicas on 2 cores left the proxy so little CPU that 503s took 189 ms and clients timed
+# out by thousands.) Below that it only delays the replicas' wake-ups behind the proxy's.
 REPLICA_NICE = 10
 # Ray Serve's health-check cadence and patience.
 DEFAULT_HEALTH_CHECK_PERIOD_S = 10.0

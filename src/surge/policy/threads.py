@@ -1,4 +1,5 @@
-"""How many threads each of a replica's thread pools gets: its `num_cpus`, as Ray does.
+"""How many threads each of a replica's thread pools gets: its `num_cpus`, as Ray does;
+and whether it runs nicer than the proxy.
 
 A numeric library sizes its pool to the machine's cores unless told otherwise, so N
 replicas on a node each start a pool as wide as the node and their threads spin against
@@ -15,6 +16,13 @@ reads them (OpenBLAS: `OPENBLAS_NUM_THREADS`, then `GOTO_NUM_THREADS`, then
 wins; a pool none of them sizes gets `pool_size(num_cpus)`. Pure: the replica's shell
 (replica/threads.py) puts `env` in its environment and resizes the pools it already
 loaded (a forked replica inherits its template's) to `pools`.
+
+A replica runs `REPLICA_NICE` nicer than the proxy where the node's replicas can keep
+all its cores busy, so that the proxy still gets the CPU to refuse the excess; below
+that the nice buys nothing and costs latency: a nicer process that wakes on a core
+where a nice-0 one runs waits for it (its share, and so its turn, is 110/1024 of the
+other's at nice 10). `replica_nice` decides it from the cores the node's replicas can
+use, this one counted: each one's `num_cpus`, at least one (its own Python thread).
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["POOLS", "ThreadLimits", "pool_size", "thread_limits", "user_threads"]
+from surge.config.defaults import REPLICA_NICE
+
+__all__ = ["POOLS", "ThreadLimits", "cores_used", "pool_size", "replica_nice", "thread_limits",
+           "user_threads"]
 
 # pool -> the variables that size it, in the order its library reads them (the first one
 # set wins). A pool's own variable (the first) is the one surge sets when it is unset;
@@ -79,3 +90,19 @@ def thread_limits(num_cpus: float, environ: Mapping[str, str]) -> ThreadLimits:
         if pool not in OWN_VARIABLE_FREE and own not in environ:
             env[own] = str(pools[pool])
     return ThreadLimits(env, pools)
+
+
+def cores_used(num_cpus: float) -> float:
+    """The cores a replica of `num_cpus` can keep busy: its `num_cpus`, at least one (its
+    own thread runs Python whatever its pools); a non-finite amount counts one."""
+    if not math.isfinite(num_cpus):
+        return 1.0
+    return max(1.0, num_cpus)
+
+
+def replica_nice(cores_wanted: float, node_cores: int, nicer: int = REPLICA_NICE) -> int:
+    """How much nicer than the proxy a replica starts: `nicer` when the node's replicas,
+    this one included, can keep its `node_cores` busy (`cores_wanted`: the sum of their
+    `cores_used`), else 0. One that started below that stays at 0 as more come: the
+    proxy then shares one core's worth with it, and the rest by weight with the others."""
+    return nicer if cores_wanted >= node_cores else 0

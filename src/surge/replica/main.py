@@ -292,7 +292,7 @@ def main(launch: ReplicaProcessSpec) -> int:
     configure_logging("replica", f"{app}:{launch.process_id}", launch.logging)
     set_store(launch.weight_store, launch.node_id)  # weights.load maps from its store
     # Before the user's code imports its libraries; a forked replica's inherited pools too.
-    yield_cpu_to_the_front()  # first: threads the pools start later inherit it
+    yield_cpu_to_the_front(launch.nice)  # first: threads the pools start later inherit it
     pools = size_pools(launch.num_cpus)
     import uvloop
 
