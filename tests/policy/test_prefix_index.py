@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterator
@@ -9,13 +10,17 @@ from collections.abc import Iterator
 from surge.policy.engine_routing import NO_REPLICA
 from surge.policy.prefix_index import (
     CHUNK_BYTES,
-    COARSE_BYTES,
     FINE_BYTES,
+    GROWTH,
+    MAX_PROMPT_BYTES,
     MAX_PROMPT_CHUNKS,
+    WIDE_HOLDERS,
+    WIDE_SAMPLE,
     PrefixIndex,
     choose_by_prefix,
     chunk_end,
     chunk_names,
+    holders,
     prompt_stream,
 )
 
@@ -70,15 +75,48 @@ def test_chunks_are_chained_full_and_bounded() -> None:
     assert chunk_names(b"short") == []
 
 
-def test_chunks_are_coarse_past_the_first_fine_bytes() -> None:
-    assert [chunk_end(k) for k in (0, 1, FINE_BYTES // CHUNK_BYTES - 1)] == [
-        CHUNK_BYTES, 2 * CHUNK_BYTES, FINE_BYTES]
-    assert chunk_end(FINE_BYTES // CHUNK_BYTES) == FINE_BYTES + COARSE_BYTES
-    long = bytes(range(256)) * 880  # 220 KB: 128 fine chunks, then 94 coarse ones
+def test_a_name_is_sha1_of_the_parents_name_and_the_chunk() -> None:
+    stream = bytes(range(256)) * 3
+    first = hashlib.sha1(stream[:256]).digest()[:8]
+    second = hashlib.sha1(first + stream[256:512]).digest()[:8]
+    assert chunk_names(stream)[:2] == [int.from_bytes(first, "big"),
+                                       int.from_bytes(second, "big")]
+
+
+def test_chunks_grow_by_an_eighth_past_the_first_fine_bytes() -> None:
+    # (chunk, where it ends): CHUNK_BYTES up to FINE_BYTES, then 1/8 of the bytes before
+    # it in whole CHUNK_BYTES
+    table = [(0, 256), (1, 512), (15, 4096), (16, 4608), (17, 5120), (18, 5632),
+             (19, 6144), (20, 6912), (21, 7680), (22, 8448), (23, 9472)]
+    assert [(k, chunk_end(k)) for k, _ in table] == table
+    assert FINE_BYTES == 16 * CHUNK_BYTES and GROWTH == 8
+    for k in range(FINE_BYTES // CHUNK_BYTES, MAX_PROMPT_CHUNKS):
+        step = chunk_end(k) - chunk_end(k - 1)
+        assert step % CHUNK_BYTES == 0 and step == chunk_end(k - 1) // GROWTH // CHUNK_BYTES \
+            * CHUNK_BYTES
+    # the bound: the last chunk ends within 1 MiB, the next would end past it
+    last = chunk_end(MAX_PROMPT_CHUNKS - 1)
+    assert last <= MAX_PROMPT_BYTES < last + last // GROWTH // CHUNK_BYTES * CHUNK_BYTES
+
+
+def test_a_long_prompt_has_few_chunks_and_its_prefixes_keep_their_names() -> None:
+    long = bytes(range(256)) * 880  # 220 KB
     names = chunk_names(long)
-    assert len(names) == FINE_BYTES // CHUNK_BYTES + (len(long) - FINE_BYTES) // COARSE_BYTES
-    assert chunk_names(long[:FINE_BYTES + COARSE_BYTES - 1]) == names[:FINE_BYTES // CHUNK_BYTES]
-    assert chunk_end(MAX_PROMPT_CHUNKS - 1) == 1024 * 1024  # the bound: 1 MiB of prompt
+    # (stream bytes, full chunks): a partial chunk does not count
+    table = [(255, 0), (256, 1), (4095, 15), (4096, 16), (4607, 16), (4608, 17),
+             (100_000, 44), (len(long), 51)]
+    for size, count in table:
+        assert len(chunk_names(long[:size])) == count, size
+        assert chunk_names(long[:size]) == names[:count]
+    assert len(set(names)) == len(names)
+    changed = bytearray(long)
+    changed[150_000] ^= 1  # in chunk 48 (148,992-167,424): the names before it stay
+    other = chunk_names(bytes(changed))
+    assert other[:48] == names[:48] and not set(other[48:]) & set(names)
+    huge = long * 6  # 1.3 MB: named up to the bound
+    assert chunk_names(huge) == chunk_names(huge[:MAX_PROMPT_BYTES])
+    assert len(chunk_names(huge)) == MAX_PROMPT_CHUNKS
+    assert len(chunk_names(huge, max_chunks=1000)) == MAX_PROMPT_CHUNKS
 
 
 # -- the index -----------------------------------------------------------------------
@@ -167,14 +205,14 @@ def test_the_holders_are_read_only_down_to_the_first_depth_with_one_in_the_slack
     rng = random.Random(4)
     read: list[int] = []
 
-    def holders(depth: int, indices: list[int]) -> tuple[int, Iterator[int]]:
+    def reading(depth: int, indices: list[int]) -> tuple[int, Iterator[int]]:
         def each() -> Iterator[int]:
             for index in indices:
                 read.append(index)
                 yield index
         return depth, each()
 
-    held = [holders(9, [0]), holders(5, [1, 2]), holders(1, [3])]
+    held = [reading(9, [0]), reading(5, [1, 2]), reading(1, [3])]
     assert choose_by_prefix([0, 0, 0, 0], [0, 0, 0, 0], 10, held, rng) == 0
     assert read == [0]
 
@@ -184,6 +222,37 @@ def test_a_full_replica_is_never_chosen_for_its_prefix() -> None:
     assert choose_by_prefix([4, 0], [1, 1], 4, [(9, [0])], rng) == 1  # in-flight full
     assert choose_by_prefix([0, 0], [4, 1], 4, [(9, [0])], rng) == 1  # its engine full
     assert choose_by_prefix([0, 0], [1, 1], 4, [(9, [5])], rng) in (0, 1)  # not routable
+
+
+def wide(held_by: int, routable: list[str]) -> tuple[PrefixIndex, int, dict[str, int]]:
+    """An index where r0 .. r{held_by - 1} hold chunk 1: (it, their mask, positions)."""
+    index = PrefixIndex()
+    for i in range(held_by):
+        index.record(f"r{i}", [1])
+    [(_, mask)] = index.held([1])
+    return index, mask, {r: i for i, r in enumerate(routable)}
+
+
+def test_a_depth_few_replicas_hold_is_read_whole() -> None:
+    routable = [f"r{i}" for i in range(40)][::-1]  # positions: r39 first
+    index, mask, at = wide(WIDE_HOLDERS, routable)
+    assert holders(index, mask, routable, at, random.Random(1)) == [39 - i for i in range(16)]
+    assert holders(index, mask, routable[:30], {r: at[r] for r in routable[:30]},
+                   random.Random(1)) == [39 - i for i in range(10, 16)]  # routable ones
+
+
+def test_a_depth_most_replicas_hold_is_read_on_a_sample_of_them() -> None:
+    routable = [f"r{i}" for i in range(40)] + ["new"]  # `new` holds nothing yet
+    index, mask, at = wide(30, routable)
+    for seed in range(50):
+        found = holders(index, mask, routable, at, random.Random(seed))
+        assert len(found) == len(set(found)) == WIDE_SAMPLE, seed  # found in 8 probes
+        assert all(position < 30 for position in found), seed  # holders only
+    # the probes find one routable holder (again and again): it alone
+    assert holders(index, mask, ["r7", "new"], {"r7": 0, "new": 1}, random.Random(2)) == [0]
+    # they find none (no routable holder): all the mask's routable ones, none here
+    assert holders(index, mask, ["new"], {"new": 0}, random.Random(2)) == []
+    assert holders(index, mask, [], {}, random.Random(2)) == []
 
 
 def test_without_a_held_prefix_it_is_power_of_two_on_the_score() -> None:

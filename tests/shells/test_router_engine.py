@@ -212,7 +212,8 @@ def test_with_prefix_routing_off_chats_go_by_load_alone() -> None:
             # scores 1 and 0: the less loaded one wins (on, the holder would: 1 <= 0 + 2)
             assert holder(router, second) != holder(router, first)
             assert first.prefix is None and second.prefix is None  # never read
-            assert router.pool.prefixes.matched(prompt_chunks(chat(SHOP, "x"))) == {}
+            assert router.pool.prefixes.matched(
+                prompt_chunks(chat(SHOP, "x"), router.pool.prompt_names)) == {}
             router.update(on)
             third, fourth = chat(SHOP, "green?"), chat(SHOP, "and black?")
             router.submit(third)
@@ -249,7 +250,7 @@ def test_what_an_engine_reports_it_holds_or_evicted_moves_the_index() -> None:
         async with routing(*replicas, max_ongoing=50) as router:
             await report_idle(router, replicas)
             probe = chat(SHOP, "which are red?")
-            names = prompt_chunks(probe)
+            names = prompt_chunks(probe, router.pool.prompt_names)
             index = router.pool.prefixes
 
             async def tell(replica: FakeReplica, frame: PrefixHeld,

@@ -70,7 +70,8 @@ from surge.llm.responses import (
 from surge.policy.kv_chunks import ChunkCoverage
 from surge.policy.llm_models import split_lora_id
 from surge.policy.llm_shedding import shed_retry_after
-from surge.policy.prefix_index import chunk_names, prompt_stream
+from surge.policy.prefix_index import prompt_stream
+from surge.policy.prompt_names import PromptNames
 
 __all__ = ["OpenAIService", "Run", "engine_error", "objectives_of"]
 
@@ -110,6 +111,7 @@ class OpenAIService:
         # what the engine caches, in the routers' chunk names (engines with KV events)
         self.prefixes = ChunkCoverage() if callable(getattr(engine, "kv_events", None)) \
             else None
+        self.prompt_names = PromptNames()  # recent prompts: their chunks not hashed again
         self.capacity = CapacityMeter()  # what the engine sustains (autoscaling stats)
         self.objectives = objectives_of(config)
         self.shed = 0  # requests answered 429 against the TTFT objective
@@ -247,7 +249,8 @@ class OpenAIService:
             return
         lora = getattr(self.engine, "lora_id", None)
         lora_id = lora(run.adapter) if lora is not None and run.adapter else None
-        self.prefixes.served(chunk_names(stream), len(stream), run.prompt.token_ids, lora_id)
+        self.prefixes.served(self.prompt_names.names(stream), len(stream),
+                             run.prompt.token_ids, lora_id)
 
     def prefix_change(self) -> dict[str, Any] | None:
         """What the engine cached and evicted since the last call, in chunk names (the

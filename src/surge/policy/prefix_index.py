@@ -3,9 +3,12 @@
 A prompt is read as a stream of bytes that is the same for every request that shares
 its beginning, whatever the body's JSON field order: the model (and adapter), then each
 chat message's role and text (or the completion prompt), with separators. The stream is
-cut into chunks, each named by a hash chained from the one before, so equal names mean
-equal prefixes; only full chunks count. A chunk is CHUNK_BYTES (about 64 tokens: a few
-of vLLM's 16-token blocks) for the first FINE_BYTES, then COARSE_BYTES.
+cut into chunks, each named by a hash chained from the one before (SHA-1 of the
+previous name and the chunk, 8 bytes kept), so equal names mean equal prefixes; only
+full chunks count. A chunk is CHUNK_BYTES (about 64 tokens: a few of vLLM's 16-token
+blocks) for the first FINE_BYTES, then an eighth of the stream before it, so a prompt's
+chunks grow with its log size (51 for 220 KB) and its naming costs little more than
+hashing its bytes once.
 
 `PrefixIndex` maps chunk names to the replicas believed to hold them, a bit per
 replica, bounded to `max_chunks` names (least recently used forgotten first). It learns
@@ -18,16 +21,19 @@ per chunk of the prompt, and it stops at the first chunk nobody holds.
 replica with room holds a prefix and its score is within the slack of that choice's
 (the same bounded spill as affinity, policy/engine_routing.py): then one holding the
 longest (ties: lower score, then fewer in flight). It reads the holders deepest first
-and stops at the first depth with one in the slack, so a decision stays flat at 512
-replicas unless hundreds hold the same depth and are all over the slack.
+and stops at the first depth with one in the slack. `holders` reads a depth's replicas:
+all of them while they are few; of a depth most replicas hold (a popular system prompt
+followed by a new question), WIDE_SAMPLE found by probing random replicas, so the choice
+among them is the power of two choices and a decision stays flat at 512 replicas.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -39,23 +45,43 @@ from surge.policy.engine_routing import (
 )
 from surge.policy.routing import Loads
 
-__all__ = ["CHUNK_BYTES", "COARSE_BYTES", "FINE_BYTES", "MAX_PROMPT_CHUNKS", "PrefixIndex",
-           "choose_by_prefix", "chunk_end", "chunk_names", "prompt_stream"]
+__all__ = ["CHUNK_BYTES", "FINE_BYTES", "GROWTH", "MAX_PROMPT_BYTES", "MAX_PROMPT_CHUNKS",
+           "WIDE_HOLDERS", "WIDE_PROBES", "WIDE_SAMPLE", "PrefixIndex", "choose_by_prefix",
+           "chunk_end", "chunk_names", "holders", "prompt_stream"]
 
 # About 64 tokens: fine enough that a shared system prompt of a few hundred tokens counts.
 CHUNK_BYTES = 256
-# Past the first FINE_BYTES, chunks are COARSE_BYTES (~512 tokens, a few of an engine's
-# blocks): a long history is matched coarsely, and a 220 KB prompt is 230 chunks to name
-# rather than 860 (naming costs ~0.7 µs a chunk beyond its bytes' hashing).
-FINE_BYTES = 32 * 1024
-COARSE_BYTES = 2048
-_FINE_CHUNKS = FINE_BYTES // CHUNK_BYTES
-# Chunks of one prompt that are looked at: 1 MiB of prompt, so one request's cost is
-# bounded whatever its size.
-MAX_PROMPT_CHUNKS = _FINE_CHUNKS + (1024 * 1024 - FINE_BYTES) // COARSE_BYTES
+# Past the first FINE_BYTES, a chunk is 1/GROWTH of the stream before it (in whole
+# CHUNK_BYTES): a long history is matched within 12.5% of its length, and a 220 KB
+# prompt is 51 chunks to name rather than 860 of CHUNK_BYTES (naming costs ~0.5 µs a
+# chunk beyond hashing its bytes; the bytes ~0.45 ns each with SHA-1).
+FINE_BYTES = 4096
+GROWTH = 8
+# What of a prompt is named: 1 MiB, so one request's cost is bounded whatever its size.
+MAX_PROMPT_BYTES = 1024 * 1024
+
+
+def _chunk_ends() -> tuple[int, ...]:
+    ends = [CHUNK_BYTES]
+    while True:
+        end = ends[-1]
+        step = CHUNK_BYTES if end < FINE_BYTES else end // GROWTH // CHUNK_BYTES * CHUNK_BYTES
+        if end + step > MAX_PROMPT_BYTES:
+            return tuple(ends)
+        ends.append(end + step)
+
+
+_ENDS = _chunk_ends()
+MAX_PROMPT_CHUNKS = len(_ENDS)
 # Names the index keeps by default: ~64 MB of KV-cache-worth of prompt per replica at
 # 512 replicas would be far more; this bounds the router's memory (~25 MB) instead.
 DEFAULT_MAX_CHUNKS = 200_000
+# A depth more than WIDE_HOLDERS replicas hold is read on WIDE_SAMPLE of them, the first
+# found among WIDE_PROBES random replicas: when most replicas hold it, 8 probes find two
+# almost always, and reading a handful of holders whole costs about as much as probing.
+WIDE_HOLDERS = 16
+WIDE_SAMPLE = 2
+WIDE_PROBES = 8
 _MESSAGE_END = b"\x1e"
 _ROLE_END = b"\x1f"
 
@@ -102,23 +128,24 @@ def prompt_stream(body: bytes, adapter: str = "") -> bytes | None:
 
 
 def chunk_end(k: int) -> int:
-    """Where chunk k (from 0) of a stream ends, in bytes."""
-    if k < _FINE_CHUNKS:
-        return (k + 1) * CHUNK_BYTES
-    return FINE_BYTES + (k + 1 - _FINE_CHUNKS) * COARSE_BYTES
+    """Where chunk k (from 0, below MAX_PROMPT_CHUNKS) of a stream ends, in bytes."""
+    return _ENDS[k]
 
 
-def chunk_names(stream: bytes, max_chunks: int = MAX_PROMPT_CHUNKS) -> list[int]:
-    """The chained names of the stream's full chunks (at most `max_chunks`)."""
-    names: list[int] = []
-    parent = b""
+def chunk_names(stream: bytes, max_chunks: int = MAX_PROMPT_CHUNKS,
+                known: Sequence[int] = ()) -> list[int]:
+    """The chained names of the stream's full chunks (at most `max_chunks`). `known`:
+    the names of its first chunks, already known (policy/prompt_names.py checked that
+    their bytes are those of a stream named before), from which the chain goes on."""
+    names = list(known)
+    parent = names[-1].to_bytes(8, "big") if names else b""
     view = memoryview(stream)
-    size, start = len(stream), 0
-    for k in range(max_chunks):
-        end = chunk_end(k)
-        if end > size:
-            break
-        parent = hashlib.blake2b(view[start:end], digest_size=8, key=parent).digest()
+    start = _ENDS[len(names) - 1] if names else 0
+    count = bisect.bisect_right(_ENDS, len(stream), hi=min(max_chunks, len(_ENDS)))
+    for end in _ENDS[len(names):count]:
+        digest = hashlib.sha1(parent, usedforsecurity=False)  # a name, not a secret
+        digest.update(view[start:end])
+        parent = digest.digest()[:8]
         names.append(int.from_bytes(parent, "big"))
         start = end
     return names
@@ -237,6 +264,27 @@ class PrefixIndex:
     def matched(self, names: Sequence[int]) -> dict[str, int]:
         """Replica id -> the depth `held` reads for it."""
         return {r: depth for depth, mask in self.held(names) for r in self.replicas(mask)}
+
+
+def holders(index: PrefixIndex, mask: int, routable: Sequence[str], at: Mapping[str, int],
+            rng: random.Random) -> list[int]:
+    """The positions in `routable` (replica ids; `at` the reverse) of the replicas in
+    `mask` (a pair of `index.held`): all while they are WIDE_HOLDERS or fewer, else the
+    first WIDE_SAMPLE of WIDE_PROBES random routable replicas that are in it (all, when
+    the probes find none: most of the mask is not routable)."""
+    if mask.bit_count() > WIDE_HOLDERS and routable:
+        found: list[int] = []
+        bits = index.bits
+        for _ in range(WIDE_PROBES):
+            position = rng.randrange(len(routable))
+            bit = bits.get(routable[position], -1)
+            if bit >= 0 and mask >> bit & 1 and position not in found:
+                found.append(position)
+                if len(found) == WIDE_SAMPLE:
+                    break
+        if found:
+            return found
+    return [at[r] for r in index.replicas(mask) if r in at]
 
 
 def _ladder(depth: int) -> list[int]:

@@ -30,7 +30,8 @@ from surge.policy.engine_routing import (
     engine_score,
     rendezvous,
 )
-from surge.policy.prefix_index import choose_by_prefix, chunk_names, prompt_stream
+from surge.policy.prefix_index import choose_by_prefix, holders, prompt_stream
+from surge.policy.prompt_names import PromptNames
 from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending
 from surge.router.slots import Loads
@@ -79,9 +80,10 @@ def request_key(message: HttpRequest | Call | GrpcRequest, by_prefix: bool = Tru
     return b""
 
 
-def prompt_chunks(pending: Pending) -> list[int]:
-    """The chunk names of the request's prompt ([] for none), read once per request.
-    Only an OpenAI POST whose whole body came carries one."""
+def prompt_chunks(pending: Pending, named: PromptNames) -> list[int]:
+    """The chunk names of the request's prompt ([] for none), read once per request
+    (`named`: the pool's recent prompts, whose chunks are not hashed again). Only an
+    OpenAI POST whose whole body came carries one."""
     names = pending.prefix
     if names is None:
         names = pending.prefix = []
@@ -90,7 +92,7 @@ def prompt_chunks(pending: Pending) -> list[int]:
                 and not message.more_body and message.path.endswith(LLM_PREFIX_PATHS)):
             stream = prompt_stream(message.body)
             if stream is not None:
-                names += chunk_names(stream)
+                names += named.names(stream)
     return names
 
 
@@ -101,11 +103,11 @@ def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pendi
     neither its prompt nor its body's first bytes count, only its session and the load."""
     loads = pool.loads
     scores = Scores(loads, now)
-    names = prompt_chunks(pending) if by_prefix else []
+    names = prompt_chunks(pending, pool.prompt_names) if by_prefix else []
     if names:
         prefixes = pool.prefixes
-        at = pool.positions()
-        held = ((depth, (at[r] for r in prefixes.replicas(mask) if r in at))
+        at, routable = pool.positions(), pool.routable_ids()
+        held = ((depth, holders(prefixes, mask, routable, at, rng))
                 for depth, mask in prefixes.held(names))
         choice = choose_by_prefix(loads, scores, capacity, held, rng, pool.local)
         if choice != NO_REPLICA:

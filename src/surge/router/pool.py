@@ -6,7 +6,8 @@ Routable slots on the router's own node come first (`local` of them), which is h
 policy/routing.py prefers them. `loads` is the in-flight count per routable slot that
 the policies sample, the callers' threads' own links (own_links.py) included;
 `prefixes` what the replicas' engines hold of which prompts (policy/prefix_index.py),
-forgotten for a replica when it stops being routable.
+forgotten for a replica when it stops being routable; `prompt_names` the last prompts
+routed and their chunk names (policy/prompt_names.py).
 
 No I/O of its own and no lock: the router calls it with its lock held.
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 
 from surge.model import ReplicaInfo
 from surge.policy.prefix_index import PrefixIndex
+from surge.policy.prompt_names import PromptNames
 from surge.router.own_links import OwnLinks
 from surge.router.replica_link import ReplicaLink
 from surge.router.slots import Loads, Slot
@@ -35,7 +37,9 @@ class ReplicaPool:
         self.loads = Loads(self.routable, 1, own_links)
         # What each replica's engine holds of which prompts (LLM deployments only).
         self.prefixes = PrefixIndex()
+        self.prompt_names = PromptNames()  # recent prompts: not hashed again
         self._positions: dict[str, int] | None = None  # replica id -> routable index
+        self._ids: list[str] | None = None  # and back
 
     def __len__(self) -> int:
         return len(self.routable)
@@ -58,9 +62,15 @@ class ReplicaPool:
             self._positions = {s.info.replica_id: i for i, s in enumerate(self.routable)}
         return self._positions
 
+    def routable_ids(self) -> list[str]:
+        """The routable replicas' ids, in order (rebuilt after a change)."""
+        if self._ids is None:
+            self._ids = [s.info.replica_id for s in self.routable]
+        return self._ids
+
     def add(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         """The replica's link is open and trusted: route to it."""
-        self._positions = None
+        self._positions = self._ids = None
         slot = Slot(info, link)
         self.by_id[info.replica_id] = slot
         if info.node_id == self.node_id:
@@ -70,7 +80,7 @@ class ReplicaPool:
             self.routable.append(slot)
 
     def _remove(self, slot: Slot) -> None:
-        self._positions = None
+        self._positions = self._ids = None
         index = self.routable.index(slot)
         del self.routable[index]
         if index < self.local:
@@ -108,7 +118,7 @@ class ReplicaPool:
         self.routable.clear()  # no caller's thread may start a request any more
         self.by_id.clear()
         self.prefixes = PrefixIndex()
-        self._positions = None
+        self._positions = self._ids = None
         self.local = 0
         for link in self.links.values():
             link.close()

@@ -469,7 +469,8 @@ class Router:
             return self._choose_for_model(model, fallback)
         prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
         if prompt is None:
-            prompt = prompt_chunks(pending) if self._prefix_routing else []
+            prompt = prompt_chunks(pending, self.pool.prompt_names) \
+                if self._prefix_routing else []
         if self._by_engine or prompt:
             # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
             return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
