@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -16,7 +17,7 @@ import uvloop
 
 from surge.transport.connection import FramedProtocol
 from surge.transport.messages import End, Item, Message
-from surge.transport.threadsafe import ThreadSafeProtocol
+from surge.transport.threadsafe import READ_BYTES, ThreadSafeProtocol
 from tests.eventually import eventually_async
 
 WAIT_S = 5.0
@@ -201,6 +202,34 @@ def test_a_lent_link_is_read_by_the_waiting_thread_until_reclaimed(run: Runner) 
         server.close()
 
     run(main())
+
+
+def test_a_thread_reads_into_one_buffer_and_every_frame_keeps_its_bytes(run: Runner) -> None:
+    """The reading thread reuses its buffer: a frame longer than one read (READ_BYTES),
+    then others, each read into the same bytes, all arrive whole."""
+    async def main() -> None:
+        client, peer, server = await connected()
+        client.lend()
+        frames = [item(1, READ_BYTES + 1000), item(2, 10), item(3, 70_000)]
+
+        def read_each() -> None:
+            for count, frame in enumerate(frames, 1):
+                asyncio.run_coroutine_threadsafe(_send(peer, frame), loop).result(WAIT_S)
+                deadline = time.monotonic() + WAIT_S
+                client.read_until(lambda c=count: len(client.received) == c,
+                                  lambda d=deadline: d - time.monotonic())
+
+        loop = asyncio.get_running_loop()
+        await in_thread(read_each)
+        assert [message for _, message in client.received] == frames
+        client.close()
+        server.close()
+
+    run(main())
+
+
+async def _send(peer: Peer, frame: Message) -> None:
+    peer.send(frame)
 
 
 def test_reclaim_wakes_a_reading_thread_which_hands_the_reading_back(run: Runner) -> None:

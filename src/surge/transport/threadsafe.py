@@ -42,6 +42,18 @@ from surge.transport.messages import Message
 __all__ = ["READ_BYTES", "ThreadSafeProtocol"]
 
 READ_BYTES = 256 * 1024  # per read on a lent link, as uvloop reads
+# Each reading thread's buffer for them: a fresh `recv(READ_BYTES)` is a buffer above
+# malloc's mmap threshold, so every read (one per sync handle call) cost an mmap, an
+# mremap to shrink it to what came, and a munmap when it was dropped.
+_read_buffers = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """This thread's buffer for reads on lent links (made at its first)."""
+    view: memoryview | None = getattr(_read_buffers, "view", None)
+    if view is None:
+        view = _read_buffers.view = memoryview(bytearray(READ_BYTES))
+    return view
 
 
 class ThreadSafeProtocol(FramedProtocol):
@@ -221,16 +233,17 @@ class ThreadSafeProtocol(FramedProtocol):
         sock = self._sock
         if sock is None or not self.lent:
             return False
+        buffer = _read_buffer()
         try:
-            data = sock.recv(READ_BYTES)
+            count = sock.recv_into(buffer)
         except (BlockingIOError, InterruptedError):
             return True
         except OSError:
-            data = b""
-        if not data:  # the peer is gone: let the transport see it and report it
+            count = 0
+        if not count:  # the peer is gone: let the transport see it and report it
             self._loop.call_soon_threadsafe(self.reclaim)
             return False
-        self.data_received(data)
+        self.data_received(bytes(buffer[:count]))  # (a copy: the buffer is read into again)
         return True
 
     def close(self) -> None:
