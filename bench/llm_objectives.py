@@ -16,7 +16,11 @@ words, each its own (no prefix-cache hits), MAX_TOKENS output tokens.
   target_ongoing_requests = max_num_seqs, no objectives). The figure: the first
   scale-up decision (the controller's record, `loop_stats`) minus the step's first
   scheduled send (both this machine's monotonic clock), its kind and target; and the
-  step's answers: 2xx, 429 (shed), 5xx, errors; TTFT p50/p99 of the 2xx.
+  step's answers: 2xx, 429 (shed), 5xx, errors; TTFT p50/p99 of the 2xx. Beside it, when
+  the step's 2nd and 3rd requests were due: the step's first request comes on the
+  baseline's beat (1 s after the one before), so nothing can tell the step from the
+  baseline before its 2nd request (each round's arrivals are its seed's, the same in
+  every run).
 * sim: the same step (a BurstGPT-shaped trace, burstiness 1: Poisson, BurstGPT's
   lengths) through `surge simulate`'s LLM model with the step held 60 s, under
   `ray_default` (Ray's defaults), `proactive` (levels) and `proactive` + objectives; the
@@ -105,6 +109,7 @@ class RealRound:
     reason: str = ""
     statuses: dict[str, int] = field(default_factory=dict)
     ttft_s: list[float] = field(default_factory=list)
+    step_sends_s: list[float] = field(default_factory=list)  # the step's 2nd, 3rd request
 
 
 def llm_config(case: str) -> dict[str, Any]:
@@ -175,7 +180,8 @@ def real_round(url: str, case: str, index: int) -> RealRound:
     from surge.serve.llm import build_openai_app
 
     app = f"{case}-r{index}"
-    result = RealRound(case, index)
+    result = RealRound(case, index, step_sends_s=[
+        t - BASELINE_S for t in arrivals(index, STEP_S) if t >= BASELINE_S][1:3])
     serve.run(build_openai_app({"llm_configs": [llm_config(case)]}), name=app,
               route_prefix=f"/{app}")
     try:
@@ -205,14 +211,15 @@ def _pct(values: list[float], q: float) -> float:
 def real_report(rounds: list[RealRound]) -> dict[str, float]:
     print(f"\nreal surge, mock engines: {BASE_RPS:g} -> {STEP_RPS:g} req/s "
           f"({STEP_RPS / BASE_RPS:g}x), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} tokens")
-    print("| case | round | step -> first scale-up ms | kind | target | step's answers | "
-          "TTFT p50 / p99 ms (2xx) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | round | step -> first scale-up ms | the step's 2nd / 3rd request ms | "
+          "kind | target | step's answers | TTFT p50 / p99 ms (2xx) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rounds:
         answers = " ".join(f"{k}:{v}" for k, v in sorted(r.statuses.items()))
-        print(f"| {r.case} | {r.index} | {1000 * r.first_decision_s:.0f} | {r.kind or '-'} | "
-              f"{r.target or '-'} | {answers} | {1000 * _pct(r.ttft_s, 0.5):.0f} / "
-              f"{1000 * _pct(r.ttft_s, 0.99):.0f} |")
+        sends = " / ".join(f"{1000 * t:.0f}" for t in r.step_sends_s)
+        print(f"| {r.case} | {r.index} | {1000 * r.first_decision_s:.0f} | {sends} | "
+              f"{r.kind or '-'} | {r.target or '-'} | {answers} | "
+              f"{1000 * _pct(r.ttft_s, 0.5):.0f} / {1000 * _pct(r.ttft_s, 0.99):.0f} |")
     summary: dict[str, float] = {}
     for case in CASES:
         times = [r.first_decision_s for r in rounds if r.case == case

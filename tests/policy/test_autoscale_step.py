@@ -42,3 +42,35 @@ def test_a_cold_start_shorter_than_the_activation_keeps_its_own_lead() -> None:
     inputs = StepInputs(now=11.0, second_of_day=0.0, running=4, target=4, samples=SAMPLES,
                         startup_lead_s=STANDBY_LEAD_S / 2, standbys=3)
     assert autoscale_step(proactive, CONFIG, PolicyState(), inputs).target == 6
+
+
+QUIET = [LoadSample(t=i / 10, arrivals=1.0, completions=1.0, rejections=0, queued=0,
+                    ongoing=0.1) for i in range(91, 111)]  # 10 req/s, 10 ms each
+WAITING = PolicyState(down_since=1.0, down_peak=0.5)  # below the band since 1 s
+
+
+@pytest.mark.parametrize(("samples", "state", "urgent", "target", "kind", "down_since"), [
+    # a surge: up, at a tick or between ticks
+    (SAMPLES, PolicyState(), False, 15, "up", None),
+    (SAMPLES, PolicyState(), True, 15, "up", None),
+    # 10 replicas for 10 req/s: a tick starts the wait before a scale-down; between
+    # ticks nothing is decided, the state stays as it was
+    (QUIET, PolicyState(), False, 10, "hold", 11.0),
+    (QUIET, PolicyState(), True, 10, "hold", None),
+    # the wait (5 s) is over: a tick scales down, between ticks it is left to the tick
+    (QUIET, WAITING, False, 6, "down", None),
+    (QUIET, WAITING, True, 10, "hold", 1.0),
+])
+def test_an_urgent_step_only_scales_up(samples: list[LoadSample], state: PolicyState,
+                                       urgent: bool, target: int, kind: str,
+                                       down_since: float | None) -> None:
+    config = AutoscalingConfig(min_replicas=1, max_replicas=100, target_ongoing_requests=2,
+                               upscale_delay_s=30.0, downscale_delay_s=5.0)
+    inputs = StepInputs(now=11.0, second_of_day=0.0, running=10, target=10,
+                        samples=samples, startup_lead_s=2.0, urgent=urgent)
+    step = autoscale_step(proactive, config, state, inputs)
+    assert (step.target, step.decision.kind.value) == (target, kind)
+    assert step.decision.state.down_since == down_since
+    if urgent and kind == "hold":
+        assert step.decision.state is state
+        assert step.decision.reason.startswith("hold (between ticks only a scale-up")

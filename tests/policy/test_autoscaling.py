@@ -349,11 +349,33 @@ def test_windows_hold_exactly_their_buckets() -> None:
     assert service_time_s(samples, 10.0, 0.5) == pytest.approx(2.0 / 100.0)
 
 
+def test_a_short_open_bucket_weighs_by_its_length_in_an_llm_deployments_slope() -> None:
+    """A decision between ticks reads the open bucket: for an LLM deployment (`weighted`)
+    one request 10 ms into it counts as one request, not as a rate of 100/s."""
+    samples = [bucket(i, arrivals=1.0 if i % 10 == 0 else 0.0) for i in range(291, 301)]
+    tick = [*samples[1:], bucket(301, arrivals=1.0)]
+    opened = [*samples, LoadSample(30.01, 1.0, 0, 0, 0, 0, duration_s=0.01)]
+    # a request in a tick's bucket after the one in the bucket before, and the same
+    # request 10 ms into the open bucket: about the same slope weighted...
+    assert arrival_slope(tick, 30.1, 1.0, weighted=True) == pytest.approx(9.70, abs=0.01)
+    assert arrival_slope(opened, 30.01, 1.0, weighted=True) == pytest.approx(11.11, abs=0.01)
+    # ... and unweighted, 4.6 times as steep
+    assert arrival_slope(tick, 30.1, 1.0) == pytest.approx(9.70, abs=0.01)
+    assert arrival_slope(opened, 30.01, 1.0) == pytest.approx(45.12, abs=0.01)
+    # equal buckets: the plain least squares of their rates either way
+    ramp = [bucket(i, arrivals=i - 90.0) for i in range(91, 101)]
+    assert arrival_slope(ramp, 10.0, 1.0, weighted=True) == pytest.approx(100.0)
+    assert arrival_slope(ramp, 10.0, 1.0) == pytest.approx(100.0)
+
+
 def test_measurements_without_enough_data() -> None:
     assert arrival_rate([], 1.0, 0.3) == 0.0
     assert arrival_slope([bucket(9, arrivals=1), bucket(10, arrivals=5)], 1.0, 1.0) == 0.0
     same_time = [bucket(10, arrivals=n) for n in (1.0, 5.0, 9.0)]
     assert arrival_slope(same_time, 1.0, 1.0) == 0.0
+    assert arrival_slope(same_time, 1.0, 1.0, weighted=True) == 0.0
+    no_time = [LoadSample(1.0, n, 0, 0, 0, 0, duration_s=0.0) for n in (1.0, 5.0, 9.0)]
+    assert arrival_slope(no_time, 1.0, 1.0, weighted=True) == 0.0
     few_done = [bucket(i, completions=1.0, ongoing=3.0) for i in range(1, 5)]
     assert service_time_s(few_done, 0.4, 0.25) == 0.25  # 4 completions: not enough
     assert service_time_s([], 0.4, 0.25) == 0.25

@@ -13,6 +13,7 @@ import json
 from collections import Counter
 
 import msgspec
+import pytest
 
 from surge.router.engine_choice import prompt_chunks, request_key
 from surge.router.replica_link import Pending
@@ -291,3 +292,43 @@ def test_request_keys() -> None:
     assert request_key(Call(0, "m", b"")) == b""
     grpc = GrpcRequest(0, "/pkg.S/M", "mod:add", [], b"", "r", "app")
     assert request_key(grpc) == b""
+
+
+def test_a_jump_in_arrivals_is_reported_at_once_once_the_engines_queue() -> None:
+    """Engines queue, not this router, so its queue never starts to grow: two requests
+    1 ms apart after 1 req/s call `on_pressure` (policy/arrival_jump.py) once the
+    replicas report their engines, once per regular report; before, they do not."""
+    async def main() -> None:
+        a = FakeReplica("a", hold=True)
+        clock = FakeClock(monotonic=0.0)
+        pressed: list[float] = []
+        async with routing(a, max_ongoing=50, clock=clock) as router:
+            router.on_pressure = lambda: pressed.append(clock.monotonic())
+
+            def arrive(gap_s: float) -> None:
+                clock.advance(gap_s)
+                router.submit(call(f"{clock.monotonic():.3f}"))
+
+            for _ in range(2):  # a burst before any engine report: not watched
+                arrive(0.001)
+            assert pressed == []
+            await report(router, a, 0)
+            for _ in range(20):  # 1 req/s, a report every 0.1 s
+                for _ in range(10):
+                    clock.advance(0.1)
+                    router.load_report()
+                arrive(0.0)
+            assert pressed == []
+            arrive(0.001)  # the next 1 ms after: a jump
+            assert pressed == [pytest.approx(20.003)]
+            arrive(0.001)
+            router.load_report(urgent=True)  # the urgent report does not rearm...
+            arrive(0.001)
+            assert len(pressed) == 1
+            clock.advance(0.1)
+            router.load_report()  # ... the regular one does
+            arrive(0.001)
+            assert len(pressed) == 2
+            a.release()
+
+    run(main)

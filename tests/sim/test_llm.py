@@ -174,3 +174,24 @@ def test_the_router_queues_and_refuses_as_policy_dispatch_decides(tmp_path: Path
     sim = Simulation(Scenario.from_mapping(data, "ten.yaml", tmp_path)).run()
     # 2 in flight, room for 2 waiting (one service time at 2 / service per second), 6 refused
     assert sim.flow.totals == {"arrived": 10, "completed": 4, "rejected": 6, "timed_out": 0}
+
+
+def test_a_jump_in_arrivals_is_decided_on_between_ticks(tmp_path: Path) -> None:
+    """The router never queues while the engines have room: a jump in its arrivals
+    (policy/arrival_jump.py) is its urgent report instead. 1 req/s evenly, then two
+    1,000-token prompts 9 ms apart at 20.0 s (the TTFT objective's flow at that rate
+    wants 1.5 replicas): the decision comes 5 ms after the second (the urgent report's
+    delay); with urgent decisions off, at a tick once the routers' reports show it."""
+    times = [float(t) for t in range(20)] + [20.0, 20.009]
+    write_burstgpt([TraceRequest(t, 1000, 4) for t in times], tmp_path / "jump.csv")
+
+    def first_up(urgent: bool) -> tuple[float, int, str]:
+        data = scenario(**{"llm.trace": {"file": "jump.csv"}, "traffic.schedule": None,
+                           "control": {"urgent_decisions": urgent, "clock_offset_s": 0},
+                           "deployment.autoscaling_config.objectives": {"ttft_ms": 1000}})
+        sim = Simulation(Scenario.from_mapping(data, "jump.yaml", tmp_path)).run()
+        d = next(d for d in sim.decisions if d.target > d.previous)
+        return round(d.t, 6), sim.counters.urgent_decisions, d.kind
+
+    assert first_up(True) == (20.014, 1, "up_prefill")
+    assert first_up(False) == (20.2, 0, "up_prefill")  # the tick after the report lag

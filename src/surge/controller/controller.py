@@ -296,7 +296,8 @@ class Controller:
         return Observed(frozenset(p for p in others if is_proxy(p)), self.backend.placements())
 
     def decide_now(self, did: DeploymentId) -> None:
-        """A router's queue just started to grow: decide (and act) without waiting a tick."""
+        """A router's queue just started to grow, or an LLM router's arrivals jumped: decide
+        (and act) without waiting a tick; only a scale-up counts (policy/autoscale_step.py)."""
         record = self.state.deployments.get(did)
         if record is None or record.config.autoscaling_config is None or \
                 self.recovery.active:
@@ -305,11 +306,11 @@ class Controller:
         if not urgent_decision_due(record.last_urgent_decision, now):
             return
         record.last_urgent_decision = now
-        self._autoscale(record, now, self.load.peek(did, now))
+        self._autoscale(record, now, self.load.peek(did, now), urgent=True)
         self.executor.apply(reconcile_deployment(self.state, did, now))
 
     def _autoscale(self, record: DeploymentRecord, now: float,
-                   open_bucket: LoadSample | None = None) -> None:
+                   open_bucket: LoadSample | None = None, urgent: bool = False) -> None:
         config = record.config.autoscaling_config
         if config is None or record.deleting:
             if record.node_saturated:  # autoscaling was removed: no hold is left to show
@@ -325,7 +326,8 @@ class Controller:
             target=record.target,
             samples=samples, startup_lead_s=record.startup_lead_s,
             standbys=self.state.group(record.id).count(ReplicaState.STANDBY, record.version),
-            engine=self.engines.load(record.id, now), node_cpu=record.node_cpu))
+            engine=self.engines.load(record.id, now), node_cpu=record.node_cpu,
+            urgent=urgent))
         record.standby_floor = step.standby_replicas
         record.target = step.target
         record.node_saturated = self.autoscaler.saturated(record.id)

@@ -345,11 +345,23 @@ def arrival_rate(samples: Sequence[LoadSample], now: float, seconds: float) -> f
     return sum(s.arrivals for s in recent) / span if span > 0 else 0.0
 
 
-def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
-    """Least-squares slope of the per-bucket arrival rate, in requests/s per second."""
+def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float,
+                  weighted: bool = False) -> float:
+    """Least-squares slope of the per-bucket arrival rate, in requests/s per second.
+
+    `weighted`: each bucket at its middle and weighted by its length, for an LLM
+    deployment, whose decisions between ticks come on a jump in its arrivals (policy/
+    arrival_jump.py) with an open bucket holding a request or two. Unweighted, one
+    request 10 ms into it read as 100 req/s, and after 1 req/s as a slope of +45/s (3
+    replicas, where a tick's bucket holding the same request asked for none); weighted
+    it counts as the requests it holds. (Buckets of one length give the same slope
+    either way. A router's queue that starts to grow, the other urgent report, is
+    decided on unweighted: the short bucket's steep slope is what acts on it.)"""
     recent = _window(samples, now, seconds)
     if len(recent) < 3:
         return 0.0
+    if weighted:
+        return _weighted_slope(recent)
     xs = [s.t for s in recent]
     ys = [s.arrivals / s.duration_s for s in recent]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -357,6 +369,22 @@ def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float) -> 
     if var == 0:
         return 0.0
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+
+
+def _weighted_slope(recent: Sequence[LoadSample]) -> float:
+    weights = [s.duration_s for s in recent]
+    total = sum(weights)
+    if total <= 0:
+        return 0.0
+    xs = [s.t - s.duration_s / 2 for s in recent]
+    mean_x = sum(w * x for w, x in zip(weights, xs, strict=True)) / total
+    mean_rate = sum(s.arrivals for s in recent) / total
+    var = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
+    if var <= 1e-12 * total:
+        return 0.0
+    # the sum of w (x - mean_x) (arrivals / w - mean_rate), without dividing by w
+    return sum((x - mean_x) * (s.arrivals - w * mean_rate)
+               for w, x, s in zip(weights, xs, recent, strict=True)) / var
 
 
 def service_time_s(samples: Sequence[LoadSample], now: float, default: float,
@@ -394,7 +422,7 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         rate_window = max(rate_window, min(service, s.max_service_window_s))
         slope_window = max(slope_window, rate_window)
     rate = arrival_rate(samples, now, rate_window)
-    slope = arrival_slope(samples, now, slope_window)
+    slope = arrival_slope(samples, now, slope_window, weighted=inputs.engine is not None)
     projected = max(rate, rate + slope * lead)
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0

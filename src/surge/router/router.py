@@ -31,7 +31,9 @@ are chosen on it instead of on this router's in-flight counts alone, and a reque
 a session id prefers one replica, within a bound (router/engine_choice.py,
 policy/engine_routing.py). An OpenAI chat or completion goes, from a deployment's first
 request, to the replica holding the longest prefix of its prompt, within the same bound
-(policy/prefix_index.py; the index lives in the pool).
+(policy/prefix_index.py; the index lives in the pool). Such replicas queue in their
+engines, not here, so this router's queue never starts to grow and tells the autoscaler
+nothing early: a jump in its arrivals does instead (`on_pressure`, policy/arrival_jump.py).
 
 On a multi-node backend the router knows its node: replicas there are kept at the
 front of the routable list and preferred (policy.routing's `local`). Links to other
@@ -62,6 +64,7 @@ from surge.config import QUEUE_SAFETY_LIMIT
 from surge.errors import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from surge.model import LOCAL_NODE, DeploymentId, LoadReport, ReplicaInfo, ReplicaSet
 from surge.policy.admission import smoothed
+from surge.policy.arrival_jump import ArrivalWatch
 from surge.policy.dispatch import (
     MODEL_SCAN_LIMIT,
     CompletionRate,
@@ -124,6 +127,7 @@ class Router:
         self._rate = CompletionRate(self._now(), self.completed)
         self.rejected = 0
         self.arrived = 0
+        # Called when the queue starts to grow, or arrivals jump: report to the autoscaler now
         self.on_pressure: Callable[[], None] | None = None
         self.closing = False  # set when surge shuts down on purpose: lost links are expected
         self._reported = (0, 0, 0, 0, 0)  # arrived, completed, rejected, queued, in flight
@@ -134,6 +138,10 @@ class Router:
         # routes `<lora_base>:<adapter>` bodies by adapter (policy/llm_models.py).
         self.lora_base = ""
         self._by_engine = False  # a replica reports its engine's queue: route on it
+        # ... and its engines queue, not this router: a jump in arrivals is reported at
+        # once instead (policy/arrival_jump.py)
+        self._watch = ArrivalWatch()
+        self._watched = (0, self._now())  # arrivals, when: the watch's last report
         self._prefix_routing = True  # the set's: OpenAI prompts go by the prefix held
         # (now, matching timeout) for the drain under way, read at its first model
         # request (_choose_queued)
@@ -288,6 +296,9 @@ class Router:
             model = pending.message.model_id
             if model:
                 self._heat.hit(model, self._now())
+            if self._by_engine and self._watch.arrived(self._now()) \
+                    and self.on_pressure is not None:
+                self._loop.call_soon_threadsafe(self.on_pressure)  # (not the loop's thread)
             return True
 
     def _start(self, pending: Pending, thread: int | None = None) -> bool:
@@ -326,6 +337,9 @@ class Router:
             model = pending.message.model_id
             if model:
                 self._heat.hit(model, self._now())
+            if self._by_engine and self._watch.arrived(self._now()) \
+                    and self.on_pressure is not None:
+                self.on_pressure()  # arrivals jumped: tell the autoscaler now
             if not self._start(pending):
                 self._enqueue(pending, model)
 
@@ -573,9 +587,12 @@ class Router:
                     self.deployment)
         self._loop.call_soon(self._drain)
 
-    def load_report(self) -> LoadReport | None:
-        """What changed since the last report, or None when nothing did."""
+    def load_report(self, urgent: bool = False) -> LoadReport | None:
+        """What changed since the last report, or None when nothing did. `urgent`: a
+        report sent early (a queue started to grow, arrivals jumped), not the regular one."""
         with self.lock:
+            if self._by_engine:
+                self._report_watch(not urgent)
             now = (self.arrived, self.completed, self.rejected, len(self._queue),
                    self.in_flight)
             last = self._reported
@@ -586,6 +603,13 @@ class Router:
             self._reported_at = at
         return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
                           now[2] - last[2], now[3], now[4], measured_at=at, covers_s=at - since)
+
+    def _report_watch(self, rearm: bool) -> None:
+        """The arrival watch's recent rate takes in the arrivals since its last report."""
+        arrived, at = self._watched
+        now = self._now()
+        self._watch.reported(self.arrived - arrived, now - at, rearm)
+        self._watched = (self.arrived, now)
 
     def close(self) -> None:
         with self.lock:

@@ -140,8 +140,9 @@ class RouterRuntime:
         """Send what changed in every router since its last report, if anything did."""
         peer = self.peer
         if peer is not None and not peer.is_closed:
-            reports = [r for r in (router.load_report() for router in self.routers.values())
-                       if r is not None]
+            urgent = topic == "load_urgent"
+            reports = [r for r in (router.load_report(urgent)
+                                   for router in self.routers.values()) if r is not None]
             if reports:
                 peer.push(topic, reports)
 

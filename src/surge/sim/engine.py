@@ -327,7 +327,8 @@ class Simulation:
         self._reconcile(now)
 
     def _decide_now(self, now: float, tick_start: float) -> None:
-        """A router's queue just started to grow: decide without waiting for the tick."""
+        """A router's queue just started to grow (or, LLM, its arrivals jumped): decide
+        without waiting for the tick; only a scale-up counts (policy/autoscale_step.py)."""
         if not urgent_decision_due(self._last_urgent, now):
             return
         self._last_urgent = now
@@ -335,10 +336,11 @@ class Simulation:
         bucket = self.flow.open_bucket(now, tick_start)
         if bucket is not None:
             bucket = replace(bucket, t=now + self.offset)
-        self._decide(now, bucket)
+        self._decide(now, bucket, urgent=True)
         self._reconcile(now)
 
-    def _decide(self, now: float, open_bucket: LoadSample | None) -> None:
+    def _decide(self, now: float, open_bucket: LoadSample | None,
+                urgent: bool = False) -> None:
         config, cluster = self.scenario.autoscaling, self.cluster
         if config is None or self.policy is None:
             return
@@ -350,7 +352,8 @@ class Simulation:
             running=cluster.running, target=self.target, samples=samples,
             startup_lead_s=cluster.startup_lead_s, standbys=cluster.standby,
             standby_lead_s=self.scenario.cluster.standby_activation_s,
-            engine=self.engine_load(now) if self.engine_load is not None else None))
+            engine=self.engine_load(now) if self.engine_load is not None else None,
+            urgent=urgent))
         if step.standby_replicas != self.standby_wanted:
             self.standby_wanted = step.standby_replicas
             cluster.dirty = True

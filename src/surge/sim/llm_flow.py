@@ -20,7 +20,11 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
 * the replicas' reports are also what the controller's EngineTracker sums for
   autoscaling (`engine_load`: fresh reports' waiting, running, mean KV use, the prefill
   backlog and the capacity fields, sim/llm_replica.LLMReplica.report);
-* a replica that leaves routing finishes what it holds, then reports no more.
+* a replica that leaves routing finishes what it holds, then reports no more;
+* the router never queues while the engines have room, so it tells the controller of a
+  jump in its arrivals instead (policy/arrival_jump.py, as surge's router does for an
+  LLM deployment): an urgent decision `URGENT_REPORT_DELAY_S` after it (`pressure_at`),
+  its recent rate fed a report a tick.
 
 One router stands for all (its in-flight counts are every router's): the engines' own
 queues, which every router reads, dominate the choice. A request within both of the
@@ -35,6 +39,8 @@ from collections import deque
 
 from surge.loadtest.stats import latency_key, percentile
 from surge.loadtest.traces import TraceRequest
+from surge.policy.arrival_jump import ArrivalWatch
+from surge.policy.autoscaling import LoadSample
 from surge.policy.dispatch import refuse
 from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
@@ -71,12 +77,17 @@ class LLMFlow(EventFlow):
         self._now = 0.0  # the time of the event being handled (for report ages)
         # per request that finished: (arrival time, TTFT s, TPOT s or -1, within SLO)
         self.finished: list[tuple[float, float, float, bool]] = []
+        self.watch = ArrivalWatch()  # the router's: its arrivals jump (an urgent report)
 
     def __repr__(self) -> str:
         return (f"<LLMFlow {self.spec.routing} ongoing={self.ongoing} queued={self.queued} "
                 f"replicas={len(self.replicas)} {self.totals}>")
 
     # -- arrivals ------------------------------------------------------------------------
+
+    def close_tick(self, now: float, duration_s: float) -> LoadSample:
+        self.watch.reported(self._arrivals, duration_s)  # the router's report a tick
+        return super().close_tick(now, duration_s)
 
     def begin_tick(self, t0: float, t1: float) -> None:
         """Schedule the trace's requests that arrive in [t0, t1)."""
@@ -91,6 +102,8 @@ class LLMFlow(EventFlow):
         self._now = now
         request = LLMRequest(index, now, self.point, trace)
         self.count_arrival()
+        if self.watch.arrived(now) and self.pressure_at is None:
+            self.pressure_at = now  # the router reports at once (urgent)
         replica = self._choose()
         if replica is not None:
             self._dispatch(request, replica, now)
