@@ -623,6 +623,43 @@ def test_the_controller_and_the_simulator_size_for_the_same_llm_objectives() -> 
         decision.target, decision.kind.value, decision.reason)
 
 
+def test_an_urgent_decision_only_scales_up_the_tick_decides_the_rest() -> None:
+    """Between ticks (`decide_now`: a router's queue started to grow, or an LLM router's
+    arrivals jumped) only a scale-up is decided: on a load that wants fewer replicas the
+    target and the policy's state stay as they were; the next tick starts the wait
+    before the scale-down."""
+    from surge.policy.autoscaling import DecisionKind, LoadSample
+
+    async def main() -> None:
+        h = Harness(clock=FakeClock(monotonic=10.0))
+        config = DeploymentConfig(name="Model", autoscaling_config=AutoscalingConfig(
+            min_replicas=1, max_replicas=20, initial_replicas=4, downscale_delay_s=60.0))
+        await h.deploy(app(config))
+        await h.tick(0.0)
+        for replica_id in h.backend.started():
+            await h.ready(replica_id)
+        quiet = [LoadSample(t=9.0 + i / 10, arrivals=1.0, completions=1.0, rejections=0,
+                            queued=0.0, ongoing=0.1) for i in range(1, 11)]
+        series = h.controller.load.series[DID]
+        series.clear()
+        series.extend(quiet)
+        before = h.controller.autoscaler.states[DID]  # the deploy's tick: waiting to go down
+        assert before.down_since == 10.0
+        h.controller.clock.advance(0.05)
+        h.controller.decide_now(DID)
+        last = h.controller.autoscaler.last[DID]
+        assert (last.kind, last.target) == (DecisionKind.HOLD, 4)
+        assert last.reason.startswith("hold (between ticks only a scale-up is decided)")
+        assert h.controller.autoscaler.states[DID] is before  # its demand not kept either
+        await h.tick()
+        after = h.controller.autoscaler.states[DID]
+        assert h.state.deployments[DID].target == 4 and after is not before
+        assert after.down_since == 10.0 and after.down_peak == pytest.approx(
+            h.controller.autoscaler.last[DID].signals["demand_replicas"])
+
+    run(main)
+
+
 # -- rolling update and delete ---------------------------------------------------------------
 
 
