@@ -15,7 +15,7 @@ from surge.policy.dispatch import (
     Answer,
     CompletionRate,
     Refusal,
-    answer,
+    after_rejection,
     drain,
     model_settings,
     next_matching_due,
@@ -119,27 +119,21 @@ def test_model_settings(frames: list[tuple[int, float] | None], replicas: int,
 # -- what an answer means -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rejected", "routable", "saturated", "pinned", "cancelled",
-                          "expected"), [
-    # a rejection: hold the replica as full, back to the head of the queue
-    (True, True, False, False, False, Answer(True, False, False, True, False, False)),
+@pytest.mark.parametrize(("routable", "saturated", "pinned", "cancelled", "expected"), [
+    # hold the replica as full, back to the head of the queue
+    (True, False, False, False, Answer(True, False, True)),
     # ... already held: not again
-    (True, True, True, False, False, Answer(False, False, False, True, False, False)),
+    (True, True, False, False, Answer(False, False, True)),
     # ... from a replica gone meanwhile: nothing to hold
-    (True, False, False, False, False, Answer(False, False, False, True, False, False)),
+    (False, False, False, False, Answer(False, False, True)),
     # ... pinned to that replica (a reservation's dispatch): try it again, not the queue
-    (True, True, False, True, False, Answer(True, False, True, False, False, False)),
+    (True, False, True, False, Answer(True, True, False)),
     # ... cancelled meanwhile: it goes nowhere
-    (True, True, False, False, True, Answer(True, False, False, False, False, False)),
-    # an answer: the replica has room, the request is done and delivered
-    (False, True, True, False, False, Answer(False, True, False, False, True, True)),
-    (False, False, False, True, False, Answer(False, False, False, False, True, True)),
-    # ... cancelled: done, not delivered
-    (False, True, False, False, True, Answer(False, True, False, False, False, True)),
+    (True, False, False, True, Answer(True, False, False)),
 ])
-def test_answer(rejected: bool, routable: bool, saturated: bool, pinned: bool,
-                cancelled: bool, expected: Answer) -> None:
-    assert answer(rejected, routable, saturated, pinned, cancelled) == expected
+def test_after_rejection(routable: bool, saturated: bool, pinned: bool, cancelled: bool,
+                         expected: Answer) -> None:
+    assert after_rejection(routable, saturated, pinned, cancelled) == expected
 
 
 # -- draining the queue -------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import TypeVar
 from surge.policy.admission import admit, drain_rate, queue_room
 
 __all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "Answer", "CompletionRate", "Refusal",
-           "answer", "drain", "model_settings", "next_matching_due", "queues_at_any_load",
+           "after_rejection", "drain", "model_settings", "next_matching_due", "queues_at_any_load",
            "refuse"]
 
 # Until a multiplexed replica tells its own (Models frames).
@@ -74,7 +74,9 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
     request in flight fits with more (they drain faster)."""
     if queued >= limit:
         return False
-    room = queue_room(drain_rate(1, service_s), max_wait_s, service_s)
+    if max_wait_s is None or service_s <= 0:
+        return True  # no bound by time (queue_room's None), or no rate known yet
+    room = queue_room(1 / service_s, max_wait_s, service_s)  # (drain_rate at 1 in flight)
     return room is None or queued < room
 
 
@@ -113,29 +115,24 @@ def model_settings(frames: Iterable[tuple[int, float] | None], replicas: int,
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What to do with a request's final frame."""
+    """What to do with a request its replica rejected (full with other routers' requests).
 
-    saturate: bool  # hold its replica as full for a moment (it rejected)
-    unsaturate: bool  # its replica answered: it has room again as far as this one knows
+    Any other final frame needs no deciding: the request is done, its replica has room
+    again as far as this router knows, and the frame reaches the caller unless the
+    request was cancelled (the router does that inline: every request comes that way)."""
+
+    saturate: bool  # hold its replica as full for a moment
     resend_later: bool  # try the same replica again in a moment (pinned)
     requeue: bool  # back to the head of the queue
-    deliver: bool  # hand the frame to the caller
-    completed: bool  # count it done (and its service time)
 
 
-@functools.cache  # (every answer asks: 32 cases, made once each)
-def answer(rejected: bool, routable: bool, saturated: bool, pinned: bool,
-           cancelled: bool) -> Answer:
+@functools.cache  # (16 cases, made once each)
+def after_rejection(routable: bool, saturated: bool, pinned: bool, cancelled: bool) -> Answer:
     """A rejection holds its replica as full (if still routable and not held already)
     and sends the request again: to the replica it is pinned to, else through the
-    queue's head; anything else is done, frees its replica and reaches the caller
-    unless cancelled."""
-    if rejected:
-        return Answer(saturate=routable and not saturated, unsaturate=False,
-                      resend_later=pinned, requeue=not pinned and not cancelled,
-                      deliver=False, completed=False)
-    return Answer(saturate=False, unsaturate=routable, resend_later=False, requeue=False,
-                  deliver=not cancelled, completed=True)
+    queue's head, unless it was cancelled."""
+    return Answer(saturate=routable and not saturated, resend_later=pinned,
+                  requeue=not pinned and not cancelled)
 
 
 def drain(queue: deque[T], model_of: Callable[[T], str], cancelled: Callable[[T], bool],

@@ -2,7 +2,7 @@
 
 This is the shell: it holds the queue, the timers and the lock, and does what
 policy/dispatch.py decides on plain data (queue or refuse, which queued requests go,
-what an answer means) with the time of its one injected clock; its replicas (one link
+what a rejection means) with the time of its one injected clock; its replicas (one link
 each, the routable ones and their load) are router/pool.py's. (It is over 500 lines
 because every way a request goes through it lives here: submitted on the loop or from a
 caller's thread, queued, reserved and dispatched, answered, rejected, lost.)
@@ -68,7 +68,7 @@ from surge.policy.arrival_jump import ArrivalWatch
 from surge.policy.dispatch import (
     MODEL_SCAN_LIMIT,
     CompletionRate,
-    answer,
+    after_rejection,
     drain,
     model_settings,
     next_matching_due,
@@ -144,7 +144,7 @@ class Router:
         self._watched = (0, self._now())  # arrivals, when: the watch's last report
         self._prefix_routing = True  # the set's: OpenAI prompts go by the prefix held
         # (now, matching timeout) for the drain under way, read at its first model
-        # request (_choose_queued)
+        # request (_choose)
         self._drain_times: tuple[float, float] | None = None
 
     def __repr__(self) -> str:
@@ -457,29 +457,22 @@ class Router:
         with self.lock:
             if self._queue:
                 self._drain_times = None
-                self._queue = drain(self._queue, _model_of, _cancelled,
-                                    self._choose_queued, self._go)
+                self._queue = drain(self._queue, _model_of, _cancelled, self._choose, self._go)
 
-    def _choose_queued(self, pending: Pending) -> int:
-        """`_choose` in a drain: a model request falls back to any replica once it
-        waited the matching timeout (read once a drain, and only if a model request is
-        seen)."""
-        model = pending.message.model_id
-        if not model:
-            return self._choose(pending, False)
-        times = self._drain_times
-        if times is None:
-            times = self._drain_times = (self._now(), self._matching_timeout())
-        return self._choose_for_model(model, times[0] - pending.queued_at >= times[1])
-
-    def _choose(self, pending: Pending, fallback: bool) -> int:
+    def _choose(self, pending: Pending, fallback: bool | None = None) -> int:
         """The routable replica's index for `pending`, or NO_REPLICA: by its model
         (policy/model_routing.py), on the engines' queues with affinity once a replica
         reports them or by the prefix held for an OpenAI prompt (router/engine_choice.py),
         else power of two choices on in-flight counts. `fallback`: a model request that
-        waited long enough may go anywhere."""
+        waited long enough may go anywhere; None (a drain's choice): once it waited the
+        matching timeout (read once a drain, and only if a model request is seen)."""
         model = pending.message.model_id
         if model:
+            if fallback is None:
+                times = self._drain_times
+                if times is None:
+                    times = self._drain_times = (self._now(), self._matching_timeout())
+                fallback = times[0] - pending.queued_at >= times[1]
             return self._choose_for_model(model, fallback)
         prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
         if prompt is None:
@@ -544,30 +537,33 @@ class Router:
         model = pending.message.model_id
         if model and slot is not None:
             slot.release(model)
-        rejected = isinstance(message, Rejected)
-        if rejected:
-            pending.link = None
-        todo = answer(rejected, slot is not None, slot is not None and slot.saturated,
-                      bool(pending.pinned), pending.cancelled)
-        if slot is not None and (todo.saturate or todo.unsaturate):
-            slot.saturated = todo.saturate
-            if todo.saturate:
-                self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._unsaturate,
-                              slot)
-        if todo.resend_later:  # into a reservation: that replica or none
-            self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._resend, pending)
-        if todo.requeue:
-            self._queue.appendleft(pending)
-        if todo.completed:
+        if isinstance(message, Rejected):
+            self._rejected(slot, pending)
+        else:  # done (policy/dispatch.Answer): its replica has room again
+            if slot is not None:
+                slot.saturated = False
             self.completed += 1
             self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
-        if todo.deliver:
-            pending.sink.deliver(message)
+            if not pending.cancelled:
+                pending.sink.deliver(message)
         if slot is None and not link.in_flight:
             self.pool.retire(link)
         elif link.owner is not None and not link.in_flight and not link.lent:
             link.lend()  # reclaimed, and all answered: its thread may read it again
         self._drain()
+
+    def _rejected(self, slot: Slot | None, pending: Pending) -> None:
+        pending.link = None
+        todo = after_rejection(slot is not None, slot is not None and slot.saturated,
+                               bool(pending.pinned), pending.cancelled)
+        if todo.saturate:
+            assert slot is not None
+            slot.saturated = True
+            self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._unsaturate, slot)
+        if todo.resend_later:  # into a reservation: that replica or none
+            self._on_loop(self._loop.call_later, SATURATION_HOLD_S, self._resend, pending)
+        if todo.requeue:
+            self._queue.appendleft(pending)
 
     def _on_loop(self, function: Callable[..., object], *args: object) -> None:
         if threading.get_ident() == self._loop_thread:

@@ -70,4 +70,7 @@ class Loads:
         slot = self.slots[index]
         if slot.saturated:
             return self.capacity
-        return len(slot.link.in_flight) + self.own.load(slot.info.replica_id)
+        own = self.own
+        if own.links:  # (a sync handle's threads' links; a proxy has none: no call)
+            return len(slot.link.in_flight) + own.load(slot.info.replica_id)
+        return len(slot.link.in_flight)
