@@ -33,9 +33,11 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def observer(clock: FakeClock) -> Iterator[Observer]:
+def observer(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Observer]:
     """Two replicas of an LLM deployment and one of a deployment that is not one."""
-    REGISTRY.drain()  # what earlier tests left
+    # A registry of its own: an earlier test that made LLMMetrics outside a replica
+    # defined its names without the replica's tags, and a name keeps its first shape
+    monkeypatch.setattr(REGISTRY, "families", {})
     state = ControllerState("127.0.0.1:1", HTTPOptions(), 1, head=Placement("local", "x"))
     for did in (CHAT, SHOP):
         spec = DeploymentSpec(config=DeploymentConfig(name=did.name), target_blob=b"",
