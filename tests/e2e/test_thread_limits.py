@@ -16,7 +16,7 @@ import pytest
 
 from surge import serve
 from surge.backends.local import node_cores
-from surge.policy.threads import cores_used, replica_nice
+from surge.policy.threads import replica_cores, replica_nice
 from tests.e2e.conftest import Running, running_instance
 from tests.e2e.procs import surge_processes
 from tests.e2e.thread_app import BlasThreads, OwnsItsPools
@@ -76,8 +76,10 @@ def test_a_forked_replicas_blas_pool_follows_num_cpus(instance: Running,
     assert answer["env"]["OMP_NUM_THREADS"] == omp
     # ... and the replica yields the CPU to the proxy (this process started the instance)
     # where the node's replicas (it alone: the test's earlier ones were deleted) can keep
-    # all its cores busy: on 2 cores, the num_cpus=2 one
-    nicer = replica_nice(cores_used(options.get("num_cpus", 1.0)), node_cores())
+    # all its cores busy: on 2 cores, the num_cpus=2 one and the ones whose user's
+    # variable asks for 3 threads
+    env_vars = options.get("runtime_env", {}).get("env_vars", {})
+    nicer = replica_nice(replica_cores(options.get("num_cpus", 1.0), env_vars), node_cores())
     assert answer["nice"] == min(19, os.nice(0) + nicer)
 
 

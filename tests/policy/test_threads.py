@@ -10,10 +10,15 @@ from surge.config.defaults import REPLICA_NICE
 from surge.policy.threads import (
     POOLS,
     ThreadLimits,
+    cfs_quota_cores,
     cores_used,
+    cpu_max_cores,
     pool_size,
+    replica_cores,
     replica_nice,
     thread_limits,
+    to_renice,
+    usable_cores,
     user_threads,
 )
 
@@ -111,3 +116,57 @@ def test_a_replica_is_nicer_only_where_the_replicas_can_take_every_core(
         wanted: float, node_cores: int, nice: int) -> None:
     assert replica_nice(wanted, node_cores) == nice
     assert replica_nice(wanted, node_cores, nicer=5) == (5 if nice else 0)
+
+
+@pytest.mark.parametrize(("num_cpus", "environ", "cores"), [
+    (1.0, {}, 1.0), (2.5, {}, 2.5), (0.5, {}, 1.0),  # cores_used: surge sizes the pools
+    (1.0, {"OMP_NUM_THREADS": "4"}, 4.0),  # the user's variable wins over num_cpus ...
+    (1.0, {"OPENBLAS_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}, 3.0),  # ... any pool's
+    (6.0, {"OMP_NUM_THREADS": "2"}, 6.0),  # narrower pools: num_cpus still counts
+    (1.0, {"OMP_NUM_THREADS": "zero"}, 1.0),  # a value no library reads
+    (math.inf, {"MKL_NUM_THREADS": "2"}, 2.0),
+])
+def test_a_replica_counts_its_widest_thread_pool(num_cpus: float, environ: dict[str, str],
+                                                 cores: float) -> None:
+    assert replica_cores(num_cpus, environ) == cores
+
+
+def test_the_replicas_below_the_nice_are_reniced_once_they_can_take_every_core() -> None:
+    nices = {"a": 0, "b": REPLICA_NICE, "c": 3}
+    assert to_renice(nices, 1.5, 2) == []  # below the cores: nobody
+    assert to_renice(nices, 2.0, 2) == ["a", "c"]  # raised to the nice, never lowered
+    assert to_renice(nices, 4.0, 2, nicer=3) == ["a"]
+    assert to_renice({}, 8.0, 2) == []
+
+
+@pytest.mark.parametrize(("text", "cores"), [
+    ("max 100000\n", None),  # no quota
+    ("200000 100000\n", 2.0),  # docker --cpus=2
+    ("150000 100000", 1.5), ("50000 100000", 0.5),
+    ("", None), ("max", None), ("abc 100000", None), ("100000 0", None), ("0 100000", None),
+])
+def test_a_cgroup_v2_cpu_max_gives_the_cores_its_quota_allows(text: str,
+                                                              cores: float | None) -> None:
+    assert cpu_max_cores(text) == cores
+
+
+@pytest.mark.parametrize(("quota", "period", "cores"), [
+    ("-1\n", "100000\n", None),  # no quota
+    ("200000\n", "100000\n", 2.0), ("25000", "50000", 0.5),
+    ("", "100000", None), ("100000", "", None),
+])
+def test_a_cgroup_v1_cfs_quota_gives_the_cores_it_allows(quota: str, period: str,
+                                                         cores: float | None) -> None:
+    assert cfs_quota_cores(quota, period) == cores
+
+
+@pytest.mark.parametrize(("affinity", "quotas", "cores"), [
+    (64, [], 64), (64, [None, None], 64),  # no quota: the affinity (a cpuset)
+    (64, [2.0], 2), (64, [1.5], 2), (64, [0.5], 1),  # a quota, rounded up
+    (64, [None, 8.0, 4.0], 4),  # the tightest of a group's and those above it
+    (2, [8.0], 2),  # a quota wider than the cpuset
+    (0, [], 1),
+])
+def test_the_node_has_the_cores_of_its_affinity_less_its_cpu_quota(
+        affinity: int, quotas: list[float | None], cores: int) -> None:
+    assert usable_cores(affinity, quotas) == cores

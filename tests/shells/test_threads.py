@@ -52,12 +52,15 @@ def test_a_class_says_it_owns_its_pools() -> None:
 def test_a_replica_starts_nicer_once_the_nodes_replicas_can_take_every_core() -> None:
     cores = NodeCores(4)
     assert cores.take("a", 1.0) == 0  # alone on 4 cores
-    assert cores.take("b", 0.5) == 0  # counts one core: 2 of 4
+    assert cores.take("b", 1.0) == 0  # 2 of 4
     assert cores.take("c", 2.0) == REPLICA_NICE  # 4 of 4
-    assert repr(cores) == "<NodeCores 4 of 4 held by 3>"
+    assert repr(cores) == "<NodeCores 4 of 4 held by 3, 1 nicer>"
+    assert cores.renice() == ["a", "b"]  # the ones that started below it
+    assert cores.renice() == []  # once
     cores.give_back("c")
     cores.give_back("c")  # twice is once
     assert cores.take("d", 1.0) == 0  # 3 of 4: the one that left is not counted
     cores.take("d", 1.0)  # the same replica again (a restart) is counted once
-    assert repr(cores) == "<NodeCores 3 of 4 held by 3>"
-    assert cores.take("e", float("inf")) == REPLICA_NICE  # counted as one core
+    assert repr(cores) == "<NodeCores 3 of 4 held by 3, 2 nicer>"
+    assert cores.take("e", 1.0, nice=0) == 0  # adopted: the nice it runs at
+    assert cores.renice() == ["d", "e"]

@@ -72,8 +72,9 @@ class Backend(Protocol):
     def start_proxy(self, launch: ProxyLaunch) -> int: ...
 
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
-              num_gpus: float = 0.0) -> None:
-        """Take over a live process a previous controller started (after a restart)."""
+              num_gpus: float = 0.0, resources: ReplicaResources | None = None) -> None:
+        """Take over a live process a previous controller started (after a restart);
+        `resources`: a replica's (its deployment's), None for any other process."""
         ...
 
     def terminate(self, process_id: str) -> None:

@@ -12,7 +12,8 @@ beside the fork server) listens too; each replica's spec names that socket. GPUs
 found from CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as
 CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved (processes may
 share cores), but counted: a replica starts nicer than the proxy only once the node's
-replicas can keep all its cores busy (policy/threads.replica_nice).
+replicas can keep all its cores busy (policy/threads.replica_nice), and those that
+started below that are reniced then (every thread: a nice is per thread on Linux).
 """
 
 from __future__ import annotations
@@ -36,13 +37,21 @@ from surge.backends.base import (
 )
 from surge.backends.early import PROXY, forkserver_env, take_early
 from surge.backends.forking import ForkServer
+from surge.config import ReplicaResources
 from surge.config.weights import WeightStoreOptions
 from surge.launch import Lifetime, Membership, Unix, encode, hand_spec, start_process
-from surge.policy.threads import cores_used, replica_nice
+from surge.policy.threads import (
+    cfs_quota_cores,
+    cpu_max_cores,
+    replica_cores,
+    replica_nice,
+    to_renice,
+    usable_cores,
+)
 from surge.process import open_pidfd, pid_gone
 from surge.weights.node import NodeStore
 
-__all__ = ["LocalBackend", "NodeCores", "detect_gpus", "node_cores"]
+__all__ = ["LocalBackend", "NodeCores", "detect_gpus", "node_cores", "raise_nice"]
 
 log = logging.getLogger("surge.backend")
 
@@ -60,31 +69,115 @@ def detect_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
 
 
-def node_cores() -> int:
-    """The cores this process may run on (its affinity: a container's cpuset)."""
+def node_cores(cgroup_root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int:
+    """The cores this process's replicas can keep busy: its affinity (a container's
+    cpuset), less a cgroup CPU quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`) on its group
+    or one above it (policy/threads.usable_cores)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        affinity = len(os.sched_getaffinity(0))
+    else:
+        affinity = os.cpu_count() or 1
+    groups = _own_groups(_read(own) or "")
+    quotas = [cpu_max_cores(text) for text in _read_each(
+        cgroup_root, groups.get("", "/"), "cpu.max")]
+    v1 = os.path.join(cgroup_root, "cpu")
+    for quota, period in zip(_read_each(v1, groups.get("cpu", "/"), "cpu.cfs_quota_us"),
+                             _read_each(v1, groups.get("cpu", "/"), "cpu.cfs_period_us"),
+                             strict=False):
+        quotas.append(cfs_quota_cores(quota, period))
+    return usable_cores(affinity, quotas)
+
+
+def _own_groups(text: str) -> dict[str, str]:
+    """/proc/self/cgroup's group by controller: "" for v2's, "cpu" for v1's CPU one."""
+    groups: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(","):
+                if controller in ("", "cpu"):
+                    groups[controller] = parts[2]
+    return groups
+
+
+def _read_each(mount: str, group: str, name: str) -> list[str]:
+    """`name` in `group` and each group above it up to `mount` (a container's namespace
+    shows its own group at the mount, where the path it is told may not exist)."""
+    texts, relative = [], group.strip("/")
+    while True:
+        text = _read(os.path.join(mount, relative, name))
+        if text is not None:
+            texts.append(text)
+        if not relative:
+            return texts
+        relative = os.path.dirname(relative)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def raise_nice(pid: int, increment: int) -> None:
+    """Make every thread of `pid` at least `increment` nicer than this process (raising
+    a nice needs no privilege; each thread has its own, and one it starts inherits it)."""
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return  # gone
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < target:
+                os.setpriority(os.PRIO_PROCESS, tid, target)
+        except OSError:
+            pass  # the thread is gone, or not ours
+
+
+def _nicer_than_this(pid: int) -> int:
+    try:
+        return max(0, os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0))
+    except OSError:
+        return 0  # gone: its exit comes with the next poll
 
 
 class NodeCores:
-    """The cores this node's replicas can keep busy (policy/threads.cores_used), by
-    replica, for the priority each new one starts at (policy/threads.replica_nice)."""
+    """The cores this node's replicas can keep busy (policy/threads.replica_cores) and
+    the nice each runs at, by replica: the priority each new one starts at, and the
+    earlier ones to renice once they can keep every core busy (policy/threads)."""
 
     def __init__(self, cores: int) -> None:
         self.cores = cores
         self.held: dict[str, float] = {}
+        self.nices: dict[str, int] = {}
 
     def __repr__(self) -> str:
-        return f"<NodeCores {sum(self.held.values()):g} of {self.cores} held by {len(self.held)}>"
+        nicer = sum(1 for n in self.nices.values() if n)
+        return (f"<NodeCores {sum(self.held.values()):g} of {self.cores} held by "
+                f"{len(self.held)}, {nicer} nicer>")
 
-    def take(self, owner: str, num_cpus: float) -> int:
-        """Count `owner` (a replica of `num_cpus`) in; the nice it starts at."""
-        self.held[owner] = cores_used(num_cpus)
-        return replica_nice(sum(self.held.values()), self.cores)
+    def take(self, owner: str, cores: float, nice: int | None = None) -> int:
+        """Count `owner` (a replica that can keep `cores` busy) in; the nice it starts at
+        (`nice`: the one it runs at already, an adopted replica's)."""
+        self.held[owner] = cores
+        wanted = replica_nice(sum(self.held.values()), self.cores)
+        self.nices[owner] = wanted if nice is None else nice
+        return self.nices[owner]
+
+    def renice(self) -> list[str]:
+        """The replicas to make nicer now (policy/threads.to_renice), counted as nicer."""
+        wanted = sum(self.held.values())
+        owners = to_renice(self.nices, wanted, self.cores)
+        for owner in owners:
+            self.nices[owner] = replica_nice(wanted, self.cores)
+        return owners
 
     def give_back(self, owner: str) -> None:
         self.held.pop(owner, None)
+        self.nices.pop(owner, None)
 
 
 class GpuPool:
@@ -143,6 +236,7 @@ class LocalBackend:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.gpus = GpuPool(detect_gpus() if gpus is None else gpus)
         self.cores = NodeCores(node_cores())
+        self.renice_when_forked: set[str] = set()  # reniced while the fork server had it
         # Replicas on this host listen on Unix sockets here: cheaper than loopback TCP.
         if state_dir:
             self.socket_dir = os.path.join(state_dir, "sockets")
@@ -187,12 +281,13 @@ class LocalBackend:
         if launch.resources.num_gpus > 0:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         store = self.weights.address if self.weights is not None else None
-        nice = self.cores.take(launch.replica_id, launch.resources.num_cpus)
+        env = self._env(extra, launch.sys_path)
+        num_cpus = launch.resources.num_cpus
+        nice = self.cores.take(launch.replica_id, replica_cores(num_cpus, env))
+        self._renice_others()
         spec = encode(self.membership.replica(launch.replica_id, launch.deployment.app,
                                               launch.deployment.name, Unix(self.socket_dir),
-                                              self.lifetime, store,
-                                              launch.resources.num_cpus, nice))
-        env = self._env(extra, launch.sys_path)
+                                              self.lifetime, store, num_cpus, nice))
         if self.forkserver is not None and not self.forkserver.broken:
             self.forkserver.submit(launch.replica_id, spec, env)
             self.pending[launch.replica_id] = (spec, env, None)
@@ -216,15 +311,42 @@ class LocalBackend:
         if previous is not None and previous.poll() is not None:  # its exit, still unseen
             self._exits.append(Exit(process_id, previous.returncode))
         self.processes[process_id] = process
+        self._forked_now(process_id, process.pid)  # a pending one started anew
         return process.pid
 
+    def _renice_others(self) -> None:
+        """Renice the replicas that started below the nice the node's replicas now want."""
+        for owner in self.cores.renice():
+            pid = self._pid(owner)
+            if pid is None:  # not forked yet: its spec says it starts at 0
+                self.renice_when_forked.add(owner)
+            else:
+                raise_nice(pid, self.cores.nices[owner])
+
+    def _pid(self, process_id: str) -> int | None:
+        process = self.processes.get(process_id)
+        adopted = self.adopted.get(process_id)
+        if process is not None:
+            return process.pid
+        return self.forked.get(process_id) or (adopted[0] if adopted else None)
+
+    def _forked_now(self, process_id: str, pid: int) -> None:
+        if process_id in self.renice_when_forked:
+            self.renice_when_forked.discard(process_id)
+            raise_nice(pid, self.cores.nices.get(process_id, 0))
+
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
-              num_gpus: float = 0.0) -> None:
-        """Take over a live process that a previous controller started."""
+              num_gpus: float = 0.0, resources: ReplicaResources | None = None) -> None:
+        """Take over a live process that a previous controller started (`resources`: a
+        replica's, whose cores are counted; its nice is raised, never lowered, as needed)."""
         if process_id in self.adopted or process_id in self.processes:
             return
         self.adopted[process_id] = (pid, open_pidfd(pid))
-        self.cores.take(process_id, 1.0)  # (a replica or a proxy: counted as one core)
+        if resources is not None:
+            env = dict(self._env(dict(resources.env_vars), ()))
+            self.cores.take(process_id, replica_cores(resources.num_cpus, env),
+                            nice=_nicer_than_this(pid))
+            self._renice_others()
         if gpus:
             self.gpus.claim(process_id, gpus, num_gpus)
 
@@ -294,6 +416,7 @@ class LocalBackend:
                         self._signal(process_id, asked)
         for exit_ in exits:
             self.cores.give_back(exit_.process_id)
+            self.renice_when_forked.discard(exit_.process_id)
         return exits
 
     def _forkserver_events(self, forkserver: ForkServer) -> list[Exit]:
@@ -301,6 +424,7 @@ class LocalBackend:
         for process_id, pid in events.spawned:
             pending = self.pending.pop(process_id, None)
             self.forked[process_id] = pid
+            self._forked_now(process_id, pid)
             if pending is not None and pending[2] is not None:
                 self._signal(process_id, pending[2])
         for process_id, why in events.failed:

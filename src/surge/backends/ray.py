@@ -43,6 +43,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from surge.backends.base import Exit, Placement, PlacementError, ProxyLaunch, ReplicaLaunch
 from surge.backends.ray_host import ProcessHost
 from surge.clock import SYSTEM
+from surge.config import ReplicaResources
 from surge.config.weights import WeightStoreOptions
 from surge.errors import ConfigError
 from surge.launch import ORPHAN_TIMEOUT_S, Lifetime, Membership, NodeWeightStore, Tcp, encode
@@ -209,7 +210,7 @@ class RayBackend:
         return 0
 
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
-              num_gpus: float = 0.0) -> None:
+              num_gpus: float = 0.0, resources: ReplicaResources | None = None) -> None:
         """Watch a process a previous controller started: find its actor by name."""
         if process_id in self.hosts:
             return

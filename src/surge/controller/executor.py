@@ -288,7 +288,7 @@ class Executor:
             next_health_check=now + record.config.health_check_period_s,
             own_health_check=action.own_health_check, rank=action.rank))
         self.backend.adopt(info.replica_id, info.pid, list(action.gpus),
-                           record.config.resources.num_gpus)
+                           record.config.resources.num_gpus, record.config.resources)
         log.info("re-attached replica %s of %s (pid %d)", info.replica_id, info.deployment,
                  info.pid)
         self.publisher.replica_set(info.deployment)

@@ -22,19 +22,25 @@ all its cores busy, so that the proxy still gets the CPU to refuse the excess; b
 that the nice buys nothing and costs latency: a nicer process that wakes on a core
 where a nice-0 one runs waits for it (its share, and so its turn, is 110/1024 of the
 other's at nice 10). `replica_nice` decides it from the cores the node's replicas can
-use, this one counted: each one's `num_cpus`, at least one (its own Python thread).
+use, this one counted (`replica_cores`: each one's `num_cpus`, at least one, its own
+Python thread, or its widest thread pool where the user's variables size one wider),
+against the node's cores (`usable_cores`: its affinity, less a cgroup CPU quota, which
+`cpu_max_cores` and `cfs_quota_cores` read). Once they reach it, the replicas that
+started below it are made as nice (`to_renice`): the first two replicas of a deployment
+on 2 cores would otherwise run at 0 and 10.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from surge.config.defaults import REPLICA_NICE
 
-__all__ = ["POOLS", "ThreadLimits", "cores_used", "pool_size", "replica_nice", "thread_limits",
-           "user_threads"]
+__all__ = ["POOLS", "ThreadLimits", "cfs_quota_cores", "cores_used", "cpu_max_cores",
+           "pool_size", "replica_cores", "replica_nice", "thread_limits", "to_renice",
+           "usable_cores", "user_threads"]
 
 # pool -> the variables that size it, in the order its library reads them (the first one
 # set wins). A pool's own variable (the first) is the one surge sets when it is unset;
@@ -103,6 +109,50 @@ def cores_used(num_cpus: float) -> float:
 def replica_nice(cores_wanted: float, node_cores: int, nicer: int = REPLICA_NICE) -> int:
     """How much nicer than the proxy a replica starts: `nicer` when the node's replicas,
     this one included, can keep its `node_cores` busy (`cores_wanted`: the sum of their
-    `cores_used`), else 0. One that started below that stays at 0 as more come: the
-    proxy then shares one core's worth with it, and the rest by weight with the others."""
+    `replica_cores`), else 0. The ones that started below it are reniced once the count
+    reaches it (`to_renice`)."""
     return nicer if cores_wanted >= node_cores else 0
+
+
+def replica_cores(num_cpus: float, environ: Mapping[str, str]) -> float:
+    """The cores a replica of `num_cpus` whose environment is `environ` can keep busy:
+    `cores_used`, or its widest thread pool where the user's variables (an
+    `OMP_NUM_THREADS` in its `runtime_env`) size one wider than `num_cpus`."""
+    return max(cores_used(num_cpus), *thread_limits(num_cpus, environ).pools.values())
+
+
+def to_renice(nices: Mapping[str, int], cores_wanted: float, node_cores: int,
+              nicer: int = REPLICA_NICE) -> list[str]:
+    """The replicas (`nices`: each one's nice, by id) to make nicer now that the node's
+    replicas want `cores_wanted`: those below `replica_nice`'s answer, once it is not 0."""
+    nice = replica_nice(cores_wanted, node_cores, nicer)
+    return [owner for owner, now in nices.items() if now < nice] if nice else []
+
+
+def cpu_max_cores(text: str) -> float | None:
+    """The cores a cgroup v2 `cpu.max` ("QUOTA PERIOD", in µs) allows; None: no quota
+    ("max ...") or a text that is not one."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    return _ratio(parts[0], parts[1])
+
+
+def cfs_quota_cores(quota_us: str, period_us: str) -> float | None:
+    """The cores a cgroup v1 `cpu.cfs_quota_us` and `cpu.cfs_period_us` allow; None: no
+    quota (-1) or a text that is not one."""
+    return _ratio(quota_us.strip(), period_us.strip())
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    if not (quota.isdigit() and period.isdigit()) or not int(quota) or not int(period):
+        return None  # ("-1" is not digits: no quota)
+    return int(quota) / int(period)
+
+
+def usable_cores(affinity: int, quotas: Iterable[float | None]) -> int:
+    """The cores a node's processes can keep busy: the `affinity` count (a cpuset), less
+    the tightest CPU quota (`docker --cpus=2`, a Kubernetes CPU limit) rounded up, at
+    least one."""
+    limits = [math.ceil(q) for q in quotas if q is not None]
+    return max(1, min([affinity, *limits]))

@@ -91,7 +91,8 @@ def size_pools(num_cpus: float,
 def yield_cpu_to_the_front(increment: int = REPLICA_NICE) -> None:
     """Run this replica (every thread and process it starts) `increment` nicer than the
     proxy and controller that started it (config.defaults.REPLICA_NICE where the node's
-    replicas can keep all its cores busy, else 0: policy/threads.replica_nice). Called
+    replicas can keep all its cores busy, else 0 until the backend renices it:
+    policy/threads.replica_nice and to_renice). Called
     first thing, before its start-up: a starting replica must not outrank the serving ones
     (reniced only once built, the demo's first replica lost the CPU to the seven forking
     beside it and refused 0.3% of the pulse's onset, where from the start it refuses none)."""

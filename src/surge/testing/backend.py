@@ -14,6 +14,7 @@ from surge.backends.base import (
     ProxyLaunch,
     ReplicaLaunch,
 )
+from surge.config import ReplicaResources
 
 __all__ = ["FakeBackend", "FakeProcess"]
 
@@ -69,7 +70,7 @@ class FakeBackend:
         return pid
 
     def adopt(self, process_id: str, pid: int, gpus: list[str] | None = None,
-              num_gpus: float = 0.0) -> None:
+              num_gpus: float = 0.0, resources: ReplicaResources | None = None) -> None:
         self.calls.append(("adopt", process_id))
         self.processes.setdefault(process_id, FakeProcess(process_id, pid, "adopted"))
 
