@@ -16,6 +16,7 @@ import pytest
 
 from surge import serve
 from surge.backends.local import node_cores
+from surge.config.defaults import REPLICA_NICE
 from surge.policy.threads import replica_cores, replica_nice
 from tests.e2e.conftest import Running, running_instance
 from tests.e2e.procs import surge_processes
@@ -81,6 +82,29 @@ def test_a_forked_replicas_blas_pool_follows_num_cpus(instance: Running,
     env_vars = options.get("runtime_env", {}).get("env_vars", {})
     nicer = replica_nice(replica_cores(options.get("num_cpus", 1.0), env_vars), node_cores())
     assert answer["nice"] == min(19, os.nice(0) + nicer)
+
+
+def test_the_first_replica_is_reniced_once_the_replicas_can_take_every_core(
+        instance: Running) -> None:
+    # Two replicas of half the node's cores each: the first starts at the proxy's
+    # priority, the second reaches the node's cores, and the first is made as nice.
+    half = max(node_cores(), 2) / 2
+    handle = serve.run(BlasThreads.options(num_replicas=2, ray_actor_options={
+        "num_cpus": half}).bind(), name="pair", route_prefix="/pair")
+    try:
+        pids: set[int] = set()
+
+        def both_answered() -> bool:
+            pids.add(handle.remote().result(timeout_s=30)["pid"])
+            return len(pids) == 2
+
+        eventually(both_answered, 60, what="both replicas answered")
+        nicer = min(19, os.nice(0) + REPLICA_NICE)
+        for pid in pids:  # every thread of each
+            tasks = os.listdir(f"/proc/{pid}/task")
+            assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {nicer}
+    finally:
+        serve.delete("pair")
 
 
 def _unsized_pool() -> int:

@@ -23,7 +23,7 @@ def report() -> dict[str, object]:
     return {"blas": [p["num_threads"] for p in pools if p["user_api"] == "blas"],
             "numpy_inherited": NUMPY_INHERITED,
             "env": {name: os.environ.get(name) for name in VARIABLES},
-            "nice": os.nice(0)}
+            "nice": os.nice(0), "pid": os.getpid()}
 
 
 @serve.deployment
