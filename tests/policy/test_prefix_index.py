@@ -248,11 +248,26 @@ def test_a_depth_most_replicas_hold_is_read_on_a_sample_of_them() -> None:
         found = holders(index, mask, routable, at, random.Random(seed))
         assert len(found) == len(set(found)) == WIDE_SAMPLE, seed  # found in 8 probes
         assert all(position < 30 for position in found), seed  # holders only
-    # the probes find one routable holder (again and again): it alone
+    # the probes find fewer than WIDE_SAMPLE: all the mask's routable ones, never one alone
+    # of several (r7 and r8 among 32 routable: 8 probes often find only one of them)
+    few = ["r7", "r8"] + [f"new{i}" for i in range(30)]
+    few_at = {r: i for i, r in enumerate(few)}
+    assert all(sorted(holders(index, mask, few, few_at, random.Random(seed))) == [0, 1]
+               for seed in range(50))
     assert holders(index, mask, ["r7", "new"], {"r7": 0, "new": 1}, random.Random(2)) == [0]
-    # they find none (no routable holder): all the mask's routable ones, none here
-    assert holders(index, mask, ["new"], {"new": 0}, random.Random(2)) == []
+    assert holders(index, mask, ["new"], {"new": 0}, random.Random(2)) == []  # no holder
     assert holders(index, mask, [], {}, random.Random(2)) == []
+
+
+def test_a_depth_a_minority_holds_is_read_whole_and_its_holder_with_room_found() -> None:
+    routable = [f"r{i}" for i in range(512)]
+    index, mask, at = wide(24, routable)  # more than WIDE_HOLDERS, fewer than half
+    in_flight = [8] * 23 + [0] * (512 - 23)  # r0 .. r22 full (capacity 8), r23 idle
+    for seed in range(50):
+        rng = random.Random(seed)
+        found = holders(index, mask, routable, at, rng)
+        assert sorted(found) == list(range(24)), seed
+        assert choose_by_prefix(in_flight, in_flight, 8, [(1, found)], rng) == 23, seed
 
 
 def test_without_a_held_prefix_it_is_power_of_two_on_the_score() -> None:

@@ -22,9 +22,10 @@ replica with room holds a prefix and its score is within the slack of that choic
 (the same bounded spill as affinity, policy/engine_routing.py): then one holding the
 longest (ties: lower score, then fewer in flight). It reads the holders deepest first
 and stops at the first depth with one in the slack. `holders` reads a depth's replicas:
-all of them while they are few; of a depth most replicas hold (a popular system prompt
-followed by a new question), WIDE_SAMPLE found by probing random replicas, so the choice
-among them is the power of two choices and a decision stays flat at 512 replicas.
+all of them while they are few or a minority of the routable ones; of a depth most
+replicas hold (a popular system prompt followed by a new question), WIDE_SAMPLE found by
+probing random replicas (all, if the probes find fewer), so the choice among them is the
+power of two choices and a decision stays flat at 512 replicas.
 """
 
 from __future__ import annotations
@@ -76,9 +77,13 @@ MAX_PROMPT_CHUNKS = len(_ENDS)
 # Names the index keeps by default: ~64 MB of KV-cache-worth of prompt per replica at
 # 512 replicas would be far more; this bounds the router's memory (~25 MB) instead.
 DEFAULT_MAX_CHUNKS = 200_000
-# A depth more than WIDE_HOLDERS replicas hold is read on WIDE_SAMPLE of them, the first
-# found among WIDE_PROBES random replicas: when most replicas hold it, 8 probes find two
-# almost always, and reading a handful of holders whole costs about as much as probing.
+# A depth more than WIDE_HOLDERS replicas hold, and at least half the routable ones, is
+# read on WIDE_SAMPLE of them, the first found among WIDE_PROBES random routable
+# replicas: at half, 8 probes find two 96% of the time (else it is read whole), and
+# reading a handful of holders whole costs about as much as probing. Fewer are read
+# whole: a sample of a minority is often one holder, and the holders left out are not
+# read at a shallower depth either (`held` leaves them out there), so a request whose
+# sample is over the slack would lose its cache hit to the general choice.
 WIDE_HOLDERS = 16
 WIDE_SAMPLE = 2
 WIDE_PROBES = 8
@@ -269,10 +274,11 @@ class PrefixIndex:
 def holders(index: PrefixIndex, mask: int, routable: Sequence[str], at: Mapping[str, int],
             rng: random.Random) -> list[int]:
     """The positions in `routable` (replica ids; `at` the reverse) of the replicas in
-    `mask` (a pair of `index.held`): all while they are WIDE_HOLDERS or fewer, else the
-    first WIDE_SAMPLE of WIDE_PROBES random routable replicas that are in it (all, when
-    the probes find none: most of the mask is not routable)."""
-    if mask.bit_count() > WIDE_HOLDERS and routable:
+    `mask` (a pair of `index.held`): all, unless more than WIDE_HOLDERS and at least half
+    of the routable replicas hold it: then the first WIDE_SAMPLE of WIDE_PROBES random
+    routable replicas that are in it (all, when the probes find fewer)."""
+    held_by = mask.bit_count()
+    if held_by > WIDE_HOLDERS and 2 * held_by >= len(routable) > 0:
         found: list[int] = []
         bits = index.bits
         for _ in range(WIDE_PROBES):
@@ -281,9 +287,7 @@ def holders(index: PrefixIndex, mask: int, routable: Sequence[str], at: Mapping[
             if bit >= 0 and mask >> bit & 1 and position not in found:
                 found.append(position)
                 if len(found) == WIDE_SAMPLE:
-                    break
-        if found:
-            return found
+                    return found
     return [at[r] for r in index.replicas(mask) if r in at]
 
 
