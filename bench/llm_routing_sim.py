@@ -30,10 +30,10 @@ evict: what prefix routing can gain over it at most):
 Then the router's own cost, CPU per request: reading a 220 KB chat body's prompt into
 chunk names (`prompt_stream` + `chunk_names`, once per request; and the same body again
 through `PromptNames`, as a router's pool names prompts), and one decision
-(`PrefixIndex.held` + `holders` + `choose_by_prefix`) at 512 replicas, when 3 of them
-hold the prompt's prefix, when 24 hold its first part (a 20 KB system prompt, then a
-question shorter than a chunk there: a minority, read whole) and when all 512 do (a
-popular system prompt: read on a sample).
+(`PrefixIndex.held` + `read_holders` + `choose_by_prefix`) at 512 replicas, when 3 of
+them hold the prompt's prefix, and when 24, 128 and all 512 hold its first part (a 20 KB
+system prompt, then a question shorter than a chunk there: a depth more than 16 hold is
+read on a sample first, whole only when the sampled holders are all over the slack).
 
 Per policy: the engines' prefix-cache hit rate (vLLM's: prompt tokens found cached over
 prompt tokens), TTFT p50/p99, end-to-end p50, and the max/mean of requests served and of
@@ -79,8 +79,8 @@ from surge.policy.prefix_index import (
     PrefixIndex,
     choose_by_prefix,
     chunk_names,
-    holders,
     prompt_stream,
+    read_holders,
 )
 from surge.policy.prompt_names import PromptNames
 from surge.sim.engine_model import EngineModel, EngineTiming
@@ -152,7 +152,7 @@ def make_policies(replicas: int, routers: int = 1) -> dict[str, Policy]:
                     rng: random.Random) -> int:
         index = indexes[next(sent) % routers]
         names = chunk_names(body)
-        held = [(depth, holders(index, mask, ids, at, rng)) for depth, mask in index.held(names)]
+        held = read_holders(index, index.held(names), at, rng)
         choice = choose_by_prefix(c.in_flight, scores(c), capacity, held, rng)
         index.record(ids[choice], names)
         return choice
@@ -299,6 +299,7 @@ def main() -> None:
           f"a decision at 512 replicas p50/p99: 3 holders {cost['decision_3_hold_us_p50']:.1f}"
           f"/{cost['decision_3_hold_us_p99']:.1f} µs, 24 holding the system prompt "
           f"{cost['decision_24_hold_us_p50']:.1f}/{cost['decision_24_hold_us_p99']:.1f} µs, "
+          f"128 {cost['decision_128_hold_us_p50']:.1f}/{cost['decision_128_hold_us_p99']:.1f} µs, "
           f"all holding it "
           f"{cost['decision_all_hold_us_p50']:.1f}/{cost['decision_all_hold_us_p99']:.1f} µs")
     summary = {}
@@ -399,7 +400,8 @@ def router_cost(replicas: int = 512, rounds: int = 3000) -> dict[str, float]:
     ids = [f"replica-{i}" for i in range(replicas)]
     at = {r: i for i, r in enumerate(ids)}
     names = [chunk_names(prompt_stream(q) or b"") for q in questions]
-    for case, held_by in (("3_hold", 3), ("24_hold", 24), ("all_hold", replicas)):
+    for case, held_by in (("3_hold", 3), ("24_hold", 24), ("128_hold", 128),
+                          ("all_hold", replicas)):
         index = PrefixIndex()
         for i in range(replicas):  # each replica's own conversations
             own = json.dumps({"model": "m", "messages": [
@@ -413,8 +415,7 @@ def router_cost(replicas: int = 512, rounds: int = 3000) -> dict[str, float]:
         for k in range(rounds):
             prompt = names[k % len(names)]
             started = time.process_time_ns()
-            held = ((depth, holders(index, mask, ids, at, rng))
-                    for depth, mask in index.held(prompt))
+            held = read_holders(index, index.held(prompt), at, rng)
             choose_by_prefix(in_flight, scores, 100, held, rng)
             spent.append(time.process_time_ns() - started)
         q = statistics.quantiles(spent, n=100)

@@ -15,6 +15,7 @@ from surge.policy.prefix_index import (
     MAX_PROMPT_BYTES,
     MAX_PROMPT_CHUNKS,
     WIDE_HOLDERS,
+    WIDE_RUN,
     WIDE_SAMPLE,
     PrefixIndex,
     choose_by_prefix,
@@ -22,6 +23,9 @@ from surge.policy.prefix_index import (
     chunk_names,
     holders,
     prompt_stream,
+    read_holders,
+    run_of_holders,
+    sample_holders,
 )
 
 SYSTEM = "You are a helpful shopping assistant. " * 40  # ~1.5 KB
@@ -236,38 +240,72 @@ def wide(held_by: int, routable: list[str]) -> tuple[PrefixIndex, int, dict[str,
 def test_a_depth_few_replicas_hold_is_read_whole() -> None:
     routable = [f"r{i}" for i in range(40)][::-1]  # positions: r39 first
     index, mask, at = wide(WIDE_HOLDERS, routable)
-    assert holders(index, mask, routable, at, random.Random(1)) == [39 - i for i in range(16)]
-    assert holders(index, mask, routable[:30], {r: at[r] for r in routable[:30]},
-                   random.Random(1)) == [39 - i for i in range(10, 16)]  # routable ones
+    read = list(read_holders(index, [(1, mask)], at, random.Random(1)))
+    assert read == [(1, [39 - i for i in range(16)])]
+    assert holders(index, mask, {r: at[r] for r in routable[:30]}) == [
+        39 - i for i in range(10, 16)]  # the routable ones
 
 
-def test_a_depth_most_replicas_hold_is_read_on_a_sample_of_them() -> None:
+def test_a_wide_depth_is_read_on_a_sample_then_a_run_then_whole() -> None:
     routable = [f"r{i}" for i in range(40)] + ["new"]  # `new` holds nothing yet
     index, mask, at = wide(30, routable)
     for seed in range(50):
-        found = holders(index, mask, routable, at, random.Random(seed))
-        assert len(found) == len(set(found)) == WIDE_SAMPLE, seed  # found in 8 probes
-        assert all(position < 30 for position in found), seed  # holders only
-    # the probes find fewer than WIDE_SAMPLE: all the mask's routable ones, never one alone
-    # of several (r7 and r8 among 32 routable: 8 probes often find only one of them)
-    few = ["r7", "r8"] + [f"new{i}" for i in range(30)]
-    few_at = {r: i for i, r in enumerate(few)}
-    assert all(sorted(holders(index, mask, few, few_at, random.Random(seed))) == [0, 1]
-               for seed in range(50))
-    assert holders(index, mask, ["r7", "new"], {"r7": 0, "new": 1}, random.Random(2)) == [0]
-    assert holders(index, mask, ["new"], {"new": 0}, random.Random(2)) == []  # no holder
-    assert holders(index, mask, [], {}, random.Random(2)) == []
-
-
-def test_a_depth_a_minority_holds_is_read_whole_and_its_holder_with_room_found() -> None:
-    routable = [f"r{i}" for i in range(512)]
-    index, mask, at = wide(24, routable)  # more than WIDE_HOLDERS, fewer than half
-    in_flight = [8] * 23 + [0] * (512 - 23)  # r0 .. r22 full (capacity 8), r23 idle
+        (d1, sample), (d2, run), (d3, whole) = read_holders(
+            index, [(1, mask)], at, random.Random(seed))
+        assert d1 == d2 == d3 == 1
+        assert len(sample) == len(set(sample)) == WIDE_SAMPLE, seed  # found in 8 probes
+        assert len(run) == len(set(run)) == WIDE_RUN, seed
+        assert all(position < 30 for position in sample + run), seed  # holders only
+        assert whole == list(range(30))
+    # a run from a random bit wraps around to the lowest: consecutive holders, 8 of them
+    runs = {tuple(run_of_holders(index, mask, at, random.Random(seed))) for seed in range(200)}
+    assert {tuple(sorted(r)) for r in runs} >= {(0, 1, 2, 3, 4, 5, 6, 7),
+                                                  (0, 1, 2, 3, 4, 5, 6, 29)}
+    assert all(sorted(r) == sorted({(r[0] + k) % 30 for k in range(8)}) for r in runs)
+    # holders that are not routable are never sampled; none routable: no sample read
+    few_at = {"r7": 0, "r8": 1, "new": 2}
     for seed in range(50):
-        rng = random.Random(seed)
-        found = holders(index, mask, routable, at, rng)
-        assert sorted(found) == list(range(24)), seed
-        assert choose_by_prefix(in_flight, in_flight, 8, [(1, found)], rng) == 23, seed
+        assert set(sample_holders(index, mask, few_at, random.Random(seed))) <= {0, 1}
+        assert sorted(run_of_holders(index, mask, few_at, random.Random(seed))) == [0, 1]
+    assert list(read_holders(index, [(1, mask)], {"new": 0}, random.Random(2))) == [
+        (1, []), (1, [])]
+
+
+def recorded(pairs: Iterator[tuple[int, list[int]]], read: list[list[int]]
+             ) -> Iterator[tuple[int, list[int]]]:
+    """The pairs, each one's replicas added to `read` as choose_by_prefix takes it."""
+    for depth, indices in pairs:
+        read.append(indices)
+        yield depth, indices
+
+
+def test_a_large_minority_with_room_is_found_on_the_sample() -> None:
+    routable = [f"r{i}" for i in range(512)]
+    index, mask, at = wide(128, routable)  # a quarter of the replicas hold it
+    in_flight = [1] * 512  # all with room, equal scores
+    for seed in range(50):
+        rng, read = random.Random(seed), []
+        pairs = recorded(read_holders(index, [(1, mask)], at, rng), read)
+        choice = choose_by_prefix(in_flight, in_flight, 8, pairs, rng)
+        assert len(read) == 1 and len(read[0]) == WIDE_SAMPLE, seed  # the sample only
+        assert choice in read[0], seed
+
+
+def test_when_the_sampled_holders_are_all_full_the_depth_is_read_whole() -> None:
+    routable = [f"r{i}" for i in range(512)]
+    for held_by in (24, 128, 300):  # a minority, a large minority, a majority
+        index, mask, at = wide(held_by, routable)
+        last = held_by - 1  # the only holder with room (capacity 8); the others idle
+        in_flight = [8] * last + [0] * (512 - last)
+        whole = 0
+        for seed in range(50):
+            rng, read = random.Random(seed), []
+            pairs = recorded(read_holders(index, [(1, mask)], at, rng), read)
+            assert choose_by_prefix(in_flight, in_flight, 8, pairs, rng) == last, seed
+            # read on until it was found: in the sample, the run, or the whole depth
+            assert last in read[-1] and all(last not in r for r in read[:-1]), seed
+            whole += len(read) == 3 and len(read[-1]) == held_by
+        assert whole > 25, held_by  # mostly the whole depth (the rest found it sampled)
 
 
 def test_without_a_held_prefix_it_is_power_of_two_on_the_score() -> None:

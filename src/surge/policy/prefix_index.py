@@ -21,11 +21,12 @@ per chunk of the prompt, and it stops at the first chunk nobody holds.
 replica with room holds a prefix and its score is within the slack of that choice's
 (the same bounded spill as affinity, policy/engine_routing.py): then one holding the
 longest (ties: lower score, then fewer in flight). It reads the holders deepest first
-and stops at the first depth with one in the slack. `holders` reads a depth's replicas:
-all of them while they are few or a minority of the routable ones; of a depth most
-replicas hold (a popular system prompt followed by a new question), WIDE_SAMPLE found by
-probing random replicas (all, if the probes find fewer), so the choice among them is the
-power of two choices and a decision stays flat at 512 replicas.
+and stops at the first depth with one in the slack. `read_holders` gives it a depth's
+replicas: all of them while they are few; of a depth more hold (a system prompt many
+replicas have, followed by a new question), first WIDE_SAMPLE of them found by random
+probes (the power of two choices among them), then WIDE_RUN more, and all of them only
+when those are all over the slack, so a decision stays flat at 512 replicas however
+many hold the depth, and a holder with room is still found when it is the only one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import bisect
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -47,8 +48,9 @@ from surge.policy.engine_routing import (
 from surge.policy.routing import Loads
 
 __all__ = ["CHUNK_BYTES", "FINE_BYTES", "GROWTH", "MAX_PROMPT_BYTES", "MAX_PROMPT_CHUNKS",
-           "WIDE_HOLDERS", "WIDE_PROBES", "WIDE_SAMPLE", "PrefixIndex", "choose_by_prefix",
-           "chunk_end", "chunk_names", "holders", "prompt_stream"]
+           "WIDE_HOLDERS", "WIDE_PROBES", "WIDE_RUN", "WIDE_SAMPLE", "PrefixIndex",
+           "choose_by_prefix", "chunk_end", "chunk_names", "holders", "prompt_stream",
+           "read_holders", "run_of_holders", "sample_holders"]
 
 # About 64 tokens: fine enough that a shared system prompt of a few hundred tokens counts.
 CHUNK_BYTES = 256
@@ -77,16 +79,16 @@ MAX_PROMPT_CHUNKS = len(_ENDS)
 # Names the index keeps by default: ~64 MB of KV-cache-worth of prompt per replica at
 # 512 replicas would be far more; this bounds the router's memory (~25 MB) instead.
 DEFAULT_MAX_CHUNKS = 200_000
-# A depth more than WIDE_HOLDERS replicas hold, and at least half the routable ones, is
-# read on WIDE_SAMPLE of them, the first found among WIDE_PROBES random routable
-# replicas: at half, 8 probes find two 96% of the time (else it is read whole), and
-# reading a handful of holders whole costs about as much as probing. Fewer are read
-# whole: a sample of a minority is often one holder, and the holders left out are not
-# read at a shallower depth either (`held` leaves them out there), so a request whose
-# sample is over the slack would lose its cache hit to the general choice.
+# A depth more than WIDE_HOLDERS replicas hold is read on WIDE_SAMPLE of them, found in
+# WIDE_PROBES probes of its bits, then on a run of WIDE_RUN, then whole: reading a
+# handful whole costs about as much as probing (~0.2 µs a holder), and the whole read is
+# kept because the holders left out are not read at a shallower depth either (`held`
+# leaves them out there): a request whose sample is over the slack would otherwise lose
+# its cache hit to the general choice.
 WIDE_HOLDERS = 16
 WIDE_SAMPLE = 2
 WIDE_PROBES = 8
+WIDE_RUN = 8
 _MESSAGE_END = b"\x1e"
 _ROLE_END = b"\x1f"
 
@@ -271,24 +273,68 @@ class PrefixIndex:
         return {r: depth for depth, mask in self.held(names) for r in self.replicas(mask)}
 
 
-def holders(index: PrefixIndex, mask: int, routable: Sequence[str], at: Mapping[str, int],
-            rng: random.Random) -> list[int]:
-    """The positions in `routable` (replica ids; `at` the reverse) of the replicas in
-    `mask` (a pair of `index.held`): all, unless more than WIDE_HOLDERS and at least half
-    of the routable replicas hold it: then the first WIDE_SAMPLE of WIDE_PROBES random
-    routable replicas that are in it (all, when the probes find fewer)."""
-    held_by = mask.bit_count()
-    if held_by > WIDE_HOLDERS and 2 * held_by >= len(routable) > 0:
-        found: list[int] = []
-        bits = index.bits
-        for _ in range(WIDE_PROBES):
-            position = rng.randrange(len(routable))
-            bit = bits.get(routable[position], -1)
-            if bit >= 0 and mask >> bit & 1 and position not in found:
-                found.append(position)
-                if len(found) == WIDE_SAMPLE:
-                    return found
+def holders(index: PrefixIndex, mask: int, at: Mapping[str, int]) -> list[int]:
+    """The positions in the routable replicas (`at`: replica id -> position) of all the
+    replicas in `mask` (a pair of `index.held`), ~0.2 µs each."""
     return [at[r] for r in index.replicas(mask) if r in at]
+
+
+def sample_holders(index: PrefixIndex, mask: int, at: Mapping[str, int],
+                   rng: random.Random) -> list[int]:
+    """Up to WIDE_SAMPLE distinct routable replicas of `mask`, found in WIDE_PROBES
+    probes whatever its size: each probe takes the first holder at or above a random bit
+    below the mask's highest, so a holder is found in proportion to the bits from the
+    holder below it to its own (random, not uniform, over the holders)."""
+    found: list[int] = []
+    top = mask.bit_length()
+    ids = index.ids
+    for _ in range(WIDE_PROBES):
+        start = rng.randrange(top)
+        rest = mask >> start
+        position = at.get(ids[start + (rest & -rest).bit_length() - 1], -1)
+        if position >= 0 and position not in found:
+            found.append(position)
+            if len(found) == WIDE_SAMPLE:
+                break
+    return found
+
+
+def run_of_holders(index: PrefixIndex, mask: int, at: Mapping[str, int],
+                   rng: random.Random, count: int = WIDE_RUN) -> list[int]:
+    """Up to `count` routable replicas of `mask`: those at or above a random bit, in
+    bit order, wrapping around to the lowest (~0.3 µs each)."""
+    found: list[int] = []
+    ids = index.ids
+    start = rng.randrange(mask.bit_length())
+    for part in (mask >> start << start, mask & ((1 << start) - 1)):
+        while part:
+            low = part & -part
+            position = at.get(ids[low.bit_length() - 1], -1)
+            if position >= 0:
+                found.append(position)
+                if len(found) == count:
+                    return found
+            part ^= low
+    return found
+
+
+def read_holders(index: PrefixIndex, pairs: Iterable[tuple[int, int]], at: Mapping[str, int],
+                 rng: random.Random) -> Iterator[tuple[int, list[int]]]:
+    """(depth, positions of its holders) for `choose_by_prefix`, from `index.held`'s
+    (depth, mask) pairs: a depth WIDE_HOLDERS or fewer replicas hold, whole; a wider one
+    three times, on `sample_holders` (the power of two choices), on `run_of_holders`,
+    then whole. `choose_by_prefix` stops at the first with a holder with room within the
+    slack, so the depth is read further only when the holders read so far are all over
+    it, and whole only when the sample and the run all are: a holder left out is not
+    read at a shallower depth either (`held` keeps each replica at its deepest), so a
+    holder with room is never lost to the general choice."""
+    for depth, mask in pairs:
+        if mask.bit_count() > WIDE_HOLDERS:
+            sample = sample_holders(index, mask, at, rng)
+            if sample:
+                yield depth, sample
+            yield depth, run_of_holders(index, mask, at, rng)
+        yield depth, holders(index, mask, at)
 
 
 def _ladder(depth: int) -> list[int]:

@@ -30,7 +30,7 @@ from surge.policy.engine_routing import (
     engine_score,
     rendezvous,
 )
-from surge.policy.prefix_index import choose_by_prefix, holders, prompt_stream
+from surge.policy.prefix_index import choose_by_prefix, prompt_stream, read_holders
 from surge.policy.prompt_names import PromptNames
 from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending
@@ -106,9 +106,7 @@ def choose_by_engine(pool: ReplicaPool, capacity: int, rng: random.Random, pendi
     names = prompt_chunks(pending, pool.prompt_names) if by_prefix else []
     if names:
         prefixes = pool.prefixes
-        at, routable = pool.positions(), pool.routable_ids()
-        held = ((depth, holders(prefixes, mask, routable, at, rng))
-                for depth, mask in prefixes.held(names))
+        held = read_holders(prefixes, prefixes.held(names), pool.positions(), rng)
         choice = choose_by_prefix(loads, scores, capacity, held, rng, pool.local)
         if choice != NO_REPLICA:
             prefixes.record(loads.slots[choice].info.replica_id, names)
