@@ -39,7 +39,6 @@ class ReplicaPool:
         self.prefixes = PrefixIndex()
         self.prompt_names = PromptNames()  # recent prompts: not hashed again
         self._positions: dict[str, int] | None = None  # replica id -> routable index
-        self._ids: list[str] | None = None  # and back
 
     def __len__(self) -> int:
         return len(self.routable)
@@ -62,15 +61,9 @@ class ReplicaPool:
             self._positions = {s.info.replica_id: i for i, s in enumerate(self.routable)}
         return self._positions
 
-    def routable_ids(self) -> list[str]:
-        """The routable replicas' ids, in order (rebuilt after a change)."""
-        if self._ids is None:
-            self._ids = [s.info.replica_id for s in self.routable]
-        return self._ids
-
     def add(self, info: ReplicaInfo, link: ReplicaLink) -> None:
         """The replica's link is open and trusted: route to it."""
-        self._positions = self._ids = None
+        self._positions = None
         slot = Slot(info, link)
         self.by_id[info.replica_id] = slot
         if info.node_id == self.node_id:
@@ -80,7 +73,7 @@ class ReplicaPool:
             self.routable.append(slot)
 
     def _remove(self, slot: Slot) -> None:
-        self._positions = self._ids = None
+        self._positions = None
         index = self.routable.index(slot)
         del self.routable[index]
         if index < self.local:
@@ -118,7 +111,7 @@ class ReplicaPool:
         self.routable.clear()  # no caller's thread may start a request any more
         self.by_id.clear()
         self.prefixes = PrefixIndex()
-        self._positions = self._ids = None
+        self._positions = None
         self.local = 0
         for link in self.links.values():
             link.close()
