@@ -2,15 +2,27 @@
 surge with mock engines and in the simulator beside Ray's default policy.
 
     python bench/llm_objectives.py [--rounds 3] [--real-only | --sim-only]
+        [--base-rate 1 --step-rate 16] [--step-s 4] [--ramp-s 0]
 
-Engines: `surge.testing:MockVLLMEngine` with ENGINE (prefill 5,000 tokens/s, so a
-~520-token prompt takes ~0.1 s of prefill; max_num_seqs 32); prompts of PROMPT_WORDS
-words, each its own (no prefix-cache hits), MAX_TOKENS output tokens.
+`--base-rate` / `--step-rate` set the step's two rates (req/s; default 1 -> 16). The
+engine's prefill speed scales with the step rate so that the step stays 1.6x what one
+replica prefills (prefill_s_per_token 0.0002 x 16 / step rate: 5,000 tokens/s at 16
+req/s, 50,000 at 160); the baseline must stay under half of that (one replica holds it).
+Only the rates and the engine's prefill speed change; the prompts, outputs, batch and
+objectives do not. At a higher base rate the step's first request still comes on
+the baseline's beat, 1 / base rate after the one before, but its 2nd comes ~1 / step
+rate after it. `--ramp-s` raises the baseline's rate from 0 over its first seconds
+(default 0: 10 req/s from the start is itself a step, and at 10 -> 160 req/s it was
+scaled 1 -> 2 before the step; bench/README.md's runs at 10 -> 160 use `--ramp-s 4`).
+
+Engines: `surge.testing:MockVLLMEngine` with ENGINE (prefill 5,000 tokens/s at the
+default rates, so a ~520-token prompt takes ~0.1 s of prefill; max_num_seqs 32); prompts
+of PROMPT_WORDS words, each its own (no prefix-cache hits), MAX_TOKENS output tokens.
 
 * real: one surge instance on this machine; each round deploys one app per case, in
   turn: an LLMServer with min 1 / max 8 replicas, initial 1. Open-loop chats at BASE_RPS
   for BASELINE_S, evenly spaced (the replica measures its prefill rate; no burst of its
-  own to scale on), then Poisson at STEP_RPS (16x: 1.6x what one replica prefills) for
+  own to scale on), then Poisson at STEP_RPS (1.6x what one replica prefills; 16x by default) for
   STEP_S. Cases: `objectives` (proactive with
   objectives {ttft_ms: 500, tpot_ms: 50}) and `levels` (proactive on LLMServer's
   target_ongoing_requests = max_num_seqs, no objectives). The figure: the first
@@ -18,7 +30,7 @@ words, each its own (no prefix-cache hits), MAX_TOKENS output tokens.
   scheduled send (both this machine's monotonic clock), its kind and target; and the
   step's answers: 2xx, 429 (shed), 5xx, errors; TTFT p50/p99 of the 2xx. Beside it, when
   the step's 2nd and 3rd requests were due: the step's first request comes on the
-  baseline's beat (1 s after the one before), so nothing can tell the step from the
+  baseline's beat (1 / BASE_RPS after the one before), so nothing can tell the step from the
   baseline before its 2nd request (each round's arrivals are its seed's, the same in
   every run).
 * sim: the same step (a BurstGPT-shaped trace, burstiness 1: Poisson, BurstGPT's
@@ -58,17 +70,36 @@ sys.path[:] = [str(ROOT / "src"), str(ROOT)] + [
 
 from bench.common import free_port  # noqa: E402
 
-ENGINE = {"step_s": 0.004, "decode_s_per_seq": 0.0002, "prefill_s_per_token": 0.0002,
-          "max_num_seqs": 32, "max_num_batched_tokens": 2048, "num_blocks": 8192,
-          "block_size": 16, "max_model_len": 8192}
+ENGINE_DEFAULT = {"step_s": 0.004, "decode_s_per_seq": 0.0002, "prefill_s_per_token": 0.0002,
+                  "max_num_seqs": 32, "max_num_batched_tokens": 2048, "num_blocks": 8192,
+                  "block_size": 16, "max_model_len": 8192}
+ENGINE = dict(ENGINE_DEFAULT)  # configure() scales its prefill speed with --step-rate
 OBJECTIVES = {"ttft_ms": 500, "tpot_ms": 50}
 PROMPT_WORDS = 500
 MAX_TOKENS = 16
 BASE_RPS, STEP_RPS = 1.0, 16.0
+STEP_RPS_DEFAULT = STEP_RPS
+STEP_OVER_ONE = 1.6  # the step's rate over what one replica prefills (~10 req/s at 16)
 BASELINE_S, STEP_S = 8.0, 4.0
+RAMP_S = 0.0  # --ramp-s: the baseline's rate rises from 0 over this long first
 CASES = ("objectives", "levels")
 PROMPT_TOKENS = 502  # PROMPT_WORDS words in the mock's chat template
 SIM_HOLD_S = 60.0  # the simulated step is held long enough for Ray's delays
+
+
+def configure(base_rps: float, step_rps: float, step_s: float, ramp_s: float = 0.0) -> None:
+    """Set the step's rates and length; scale the engine's prefill speed with the step
+    rate (the step stays STEP_OVER_ONE x one replica's prefill)."""
+    global BASE_RPS, STEP_RPS, STEP_S, RAMP_S, ENGINE
+    if not 0 < base_rps <= 0.5 * step_rps / STEP_OVER_ONE:
+        raise SystemExit(f"--base-rate {base_rps:g} must be over 0 and at most half of what "
+                         f"one replica prefills at --step-rate {step_rps:g} "
+                         f"({step_rps / STEP_OVER_ONE:g} req/s)")
+    if not 0 <= ramp_s <= BASELINE_S - 2:
+        raise SystemExit(f"--ramp-s {ramp_s:g} must leave 2 s of the {BASELINE_S:g} s baseline")
+    BASE_RPS, STEP_RPS, STEP_S, RAMP_S = base_rps, step_rps, step_s, ramp_s
+    ENGINE = {**ENGINE_DEFAULT, "prefill_s_per_token":
+              ENGINE_DEFAULT["prefill_s_per_token"] * STEP_RPS_DEFAULT / step_rps}
 
 
 def arrivals(seed: int, hold_s: float) -> list[float]:
@@ -78,6 +109,9 @@ def arrivals(seed: int, hold_s: float) -> list[float]:
     rng = random.Random(seed)
     # the first at 0: a trace's times count from its first request
     times = [i / BASE_RPS for i in range(math.ceil(BASELINE_S * BASE_RPS))]
+    if RAMP_S > 0:  # the rate rises linearly from 0 over RAMP_S, then the same beats
+        ramp = [math.sqrt(2 * RAMP_S * k / BASE_RPS) for k in range(int(RAMP_S * BASE_RPS / 2))]
+        times = ramp + [t for t in times if t >= RAMP_S]
     t = BASELINE_S
     while t < BASELINE_S + hold_s:
         times.append(t)
@@ -189,7 +223,8 @@ def real_round(url: str, case: str, index: int) -> RealRound:
         ups = scale_ups(app, step_at - BASELINE_S)
         early = [d for d in ups if d["at"] < step_at]
         if early:
-            result.reason = f"scaled up before the step: {early[0]['reason']}"
+            result.reason = (f"scaled up before the step, at "
+                             f"{early[0]['at'] - step_at:+.2f} s: {early[0]['reason']}")
         later = [d for d in ups if d["at"] >= step_at]
         if later:
             first = later[0]
@@ -210,7 +245,9 @@ def _pct(values: list[float], q: float) -> float:
 
 def real_report(rounds: list[RealRound]) -> dict[str, float]:
     print(f"\nreal surge, mock engines: {BASE_RPS:g} -> {STEP_RPS:g} req/s "
-          f"({STEP_RPS / BASE_RPS:g}x), {PROMPT_WORDS}-word prompts, {MAX_TOKENS} tokens")
+          f"({STEP_RPS / BASE_RPS:g}x) for {STEP_S:g} s, {PROMPT_WORDS}-word prompts, "
+          f"{MAX_TOKENS} tokens, prefill {1 / ENGINE['prefill_s_per_token']:,.0f} tokens/s"
+          + (f", the baseline ramped over {RAMP_S:g} s" if RAMP_S else ""))
     print("| case | round | step -> first scale-up ms | the step's 2nd / 3rd request ms | "
           "kind | target | step's answers | TTFT p50 / p99 ms (2xx) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -371,7 +408,7 @@ def run_sim(rounds: int, directory: Path) -> dict[str, float]:
 # -- prefill-heavy, KV near 30% ------------------------------------------------------------
 
 # a KV cache of 48,000 tokens: the long prompts in flight hold ~30% of it
-HEAVY_ENGINE = {**ENGINE, "prefill_s_per_token": 0.0001, "max_num_seqs": 64,
+HEAVY_ENGINE = {**ENGINE_DEFAULT, "prefill_s_per_token": 0.0001, "max_num_seqs": 64,
                 "max_num_batched_tokens": 2048, "num_blocks": 3000}
 HEAVY_RPS, HEAVY_OUTPUT = 4.0, 16
 HEAVY_SHORT, HEAVY_LONG = 500, 3000  # prompt tokens before and after the shift
@@ -457,7 +494,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--real-only", action="store_true")
     parser.add_argument("--sim-only", action="store_true")
+    parser.add_argument("--base-rate", type=float, default=BASE_RPS, help="req/s before the step")
+    parser.add_argument("--step-rate", type=float, default=STEP_RPS,
+                        help="req/s of the step (the engine's prefill speed scales with it)")
+    parser.add_argument("--step-s", type=float, default=STEP_S, help="the real step's length")
+    parser.add_argument("--ramp-s", type=float, default=RAMP_S,
+                        help="the baseline's rate rises from 0 over this long (default none)")
     args = parser.parse_args()
+    configure(args.base_rate, args.step_rate, args.step_s, args.ramp_s)
     summary: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="surge-objectives-") as directory:
         if not args.real_only:
