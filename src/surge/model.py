@@ -336,3 +336,6 @@ class LoadReport:
     # not from when the report came (policy/load_spread.py). None, 0.0: not said.
     measured_at: float | None = None
     covers_s: float = 0.0
+    # An urgent report on a jump in an LLM router's arrivals: the rate they implied
+    # (policy/arrival_jump.py); 0.0: none.
+    jump_rate: float = 0.0

@@ -2,7 +2,9 @@
 
 The watch's recent rate follows its reports; an arrival is a jump when the last 2, 3 or
 4 arrivals came within the span a Poisson stream at that rate gives JUMP_P of the time
-(QUANTILES / rate); one jump a report at most.
+(QUANTILES / rate); one jump a report at most. The rate a jump implies (`jump_rate`) is
+only set on SIZE_ARRIVALS arrivals within SIZE_QUANTILE mean gaps, on a stream that is
+not bursty (gaps' CV2 at most BURSTY_CV2), once a report.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import random
 import pytest
 
 from surge.policy.arrival_jump import (
+    BURSTY_CV2,
     JUMP_P,
     MIN_RATE,
     QUANTILES,
     RATE_WINDOW_S,
+    SIZE_ARRIVALS,
+    SIZE_P,
+    SIZE_QUANTILE,
     ArrivalWatch,
     poisson_quantile,
 )
@@ -144,3 +150,115 @@ def test_a_16x_step_jumps_within_its_first_few_requests() -> None:
                 found = k
                 break
         assert found == expected
+
+
+def test_the_size_quantile_is_the_span_of_six_arrivals_one_time_in_ten_thousand() -> None:
+    assert (SIZE_ARRIVALS, SIZE_P) == (6, 1e-4)
+    span = SIZE_QUANTILE  # in mean gaps
+    assert span == pytest.approx(poisson_quantile(5, 1e-4))
+    assert span == pytest.approx(0.4445, abs=1e-4)  # 44 ms at 10 req/s
+
+
+@pytest.mark.parametrize(("gaps_ms", "rate_at", "rate"), [
+    # 10 req/s evenly lately (44.4 ms for six arrivals): five gaps of 5 ms, a rate of
+    # (6 - 2) / 25 ms; the first jump (2 within 1 ms... no: 3 within 14.9 ms) came before
+    ([5, 5, 5, 5, 5], 5, 160.0),
+    ([2, 2, 2, 2, 2], 5, 400.0),
+    ([8, 8, 8, 8, 8], 5, 100.0),  # 40 ms: just within
+    ([9, 9, 9, 9, 9], None, 0.0),  # 45 ms: a jump, but no rate
+    ([9, 9, 9, 9, 9, 1], 6, 4 / 0.037),  # ... until the last six come within 37 ms
+])
+def test_a_run_of_six_within_their_span_sets_the_rate(gaps_ms: list[int], rate_at: int | None,
+                                                       rate: float) -> None:
+    watch, last = steady(10.0)
+    assert watch.cv2 < 0.6  # even: not bursty (the CV2 of 1 it assumes at first fades)
+    t, set_at = last + 0.1, None
+    assert not watch.arrived(t)
+    for k, gap in enumerate(gaps_ms, 1):
+        t += gap / 1000
+        if watch.arrived(t) and watch.jump_rate > 0 and set_at is None:
+            set_at = k
+    assert set_at == rate_at
+    assert watch.jump_rate == pytest.approx(rate)
+    assert f"jump_rate={rate:.1f}/s" in repr(watch)
+
+
+def test_the_rate_is_set_once_a_report_and_spent_by_the_next() -> None:
+    watch, last = steady(10.0)
+    t = last + 0.1
+    for _ in range(6):
+        watch.arrived(t)
+        t += 0.005
+    assert watch.jump_rate == pytest.approx(160.0)
+    assert not watch.arrived(t)  # a 7th as close: reported already
+    watch.reported(6, 0.03, rearm=False)  # the urgent report carried it
+    assert watch.jump_rate == 0.0
+    assert not watch.arrived(t + 0.005)  # not rearmed
+    watch.reported(0, 0.0)  # a regular report (covering nothing): rearmed
+    assert watch.arrived(t + 0.01)
+    assert watch.jump_rate == pytest.approx(4 / 0.025)
+
+
+def test_a_bursty_stream_sets_no_rate() -> None:
+    """Gamma gaps of shape 0.25 (CV2 4, bench/llm_sim_targets.py's replay) at 6 req/s:
+    runs of six close arrivals come often, and read as 20x the rate; no rate is set."""
+    rng, watch = random.Random(4), ArrivalWatch()
+    watch.reported(120, 20.0)
+    t, next_report, count, rated, jumps = 0.0, 0.1, 0, 0, 0
+    while t < 600.0:
+        t += rng.gammavariate(0.25, 4 / 6)
+        while next_report <= t:
+            watch.reported(count, 0.1)
+            count, next_report = 0, next_report + 0.1
+        count += 1
+        if watch.arrived(t):
+            jumps += 1
+            rated += watch.jump_rate > 0
+    assert watch.cv2 > BURSTY_CV2
+    assert jumps > 100  # it jumps (and so reports early) often...
+    assert rated == 0  # ... but never says how fast
+
+
+def test_a_poisson_stream_rarely_sets_a_rate() -> None:
+    """10 req/s Poisson for 20 minutes: a rate set a few times at most (SIZE_P per
+    arrival at most: 12,000 arrivals)."""
+    rng, watch = random.Random(5), ArrivalWatch()
+    watch.reported(200, 20.0)
+    t, next_report, count, rated, arrivals = 0.0, 0.1, 0, 0, 0
+    while t < 1200.0:
+        t += rng.expovariate(10.0)
+        while next_report <= t:
+            watch.reported(count, 0.1)
+            count, next_report = 0, next_report + 0.1
+        count, arrivals = count + 1, arrivals + 1
+        rated += watch.arrived(t) and watch.jump_rate > 0
+    assert watch.cv2 == pytest.approx(1.0, abs=0.5)
+    assert rated <= arrivals * SIZE_P * 2
+
+
+def test_a_16x_poisson_step_sets_its_rate_within_its_first_requests() -> None:
+    """10 req/s Poisson, then 160 req/s: the rate is set within the step's first 100 ms
+    in 9 of 10 steps or more, and reads within 2x of 160 in most."""
+    rng = random.Random(6)
+    within, close = 0, 0
+    for _ in range(50):
+        watch = ArrivalWatch()
+        watch.reported(200, 20.0)
+        t, next_report, count = 0.0, 0.1, 0
+        while t < 20.0:
+            t += rng.expovariate(10.0)
+            while next_report <= t:
+                watch.reported(count, 0.1)
+                count, next_report = 0, next_report + 0.1
+            count += 1
+            watch.arrived(t)
+        watch.reported(count, t - next_report + 0.1)
+        step = t
+        while t < step + 0.1:
+            t += rng.expovariate(160.0)
+            if watch.arrived(t) and watch.jump_rate > 0:
+                within += 1
+                close += 80.0 <= watch.jump_rate <= 320.0
+                break
+    assert within >= 45
+    assert close >= 40

@@ -8,6 +8,7 @@ import pytest
 from surge.config import AutoscalingConfig
 from surge.policy.autoscale_step import STANDBY_LEAD_S, StepInputs, autoscale_step
 from surge.policy.autoscaling import LoadSample, PolicyState, proactive
+from surge.policy.engine_load import EngineLoad
 
 CONFIG = AutoscalingConfig(min_replicas=1, max_replicas=100, target_ongoing_requests=2,
                            upscale_delay_s=30.0, downscale_delay_s=60.0)
@@ -74,3 +75,17 @@ def test_an_urgent_step_only_scales_up(samples: list[LoadSample], state: PolicyS
     if urgent and kind == "hold":
         assert step.decision.state is state
         assert step.decision.reason.startswith("hold (between ticks only a scale-up")
+
+
+@pytest.mark.parametrize(("urgent", "target"), [(True, 12), (False, 3)])
+def test_only_an_urgent_step_reads_the_rate_a_jump_implied(urgent: bool, target: int) -> None:
+    """2 req/s of 12 s requests on 3 replicas of 8, an LLM router's jump implying
+    100 req/s: urgent, it is sized on (max_step_factor's 4x); at a tick, not read."""
+    config = AutoscalingConfig(min_replicas=1, max_replicas=64, target_ongoing_requests=8,
+                               upscale_delay_s=30.0, downscale_delay_s=60.0)
+    samples = [LoadSample(t=i / 10, arrivals=0.2, completions=0.2, rejections=0, queued=0,
+                          ongoing=24.0) for i in range(1, 301)]
+    inputs = StepInputs(now=30.0, second_of_day=0.0, running=3, target=3, samples=samples,
+                        startup_lead_s=2.0, engine=EngineLoad(3, 0, 24, 0.1), urgent=urgent,
+                        jump_rate=100.0)
+    assert autoscale_step(proactive, config, PolicyState(), inputs).target == target

@@ -817,3 +817,24 @@ def test_ray_total_requests_honours_max_and_min_aggregation(aggregation: str,
                           queued=0, ongoing=9.0 if i in (15, 16) else 1.0)
                for i in range(1, 31)]
     assert ray_total_requests(samples, 3.0, config) == expected
+
+
+@pytest.mark.parametrize(("jump_rate", "engine", "rate", "target"), [
+    (0.0, True, 2.0, 3),  # 2 req/s of 12 s requests on 3 replicas of 8: held
+    (1.0, True, 2.0, 3),  # a jump slower than the buckets' rate: the buckets'
+    (4.0, True, 4.0, 6),  # 4 req/s x 12 s / 8 a replica
+    (100.0, True, 100.0, 12),  # 150 replicas asked: max_step_factor's 4x
+    (100.0, False, 2.0, 3),  # not an LLM deployment: no jump rate is read
+])
+def test_an_llm_deployment_sizes_on_the_rate_its_jump_implied(
+        jump_rate: float, engine: bool, rate: float, target: int) -> None:
+    """An urgent decision on a jump in an LLM router's arrivals (policy/arrival_jump.py)
+    reads at least the rate the jump implied, as now and as projected."""
+    llm = config(max_replicas=64, target_ongoing_requests=8, upscale_delay_s=30.0)
+    samples = [bucket(i, arrivals=0.2, completions=0.2, ongoing=24.0) for i in range(1, 301)]
+    load = EngineLoad(3, 0, 24, 0.1) if engine else None
+    inputs = ScalingInputs(30.0, 3, 3, samples, 2.0, engine=load, jump_rate=jump_rate)
+    decision = proactive(inputs, llm, PolicyState())
+    assert decision.signals["rate"] == pytest.approx(rate)
+    assert decision.signals["projected_rate"] == pytest.approx(rate)
+    assert decision.target == target

@@ -332,3 +332,37 @@ def test_a_jump_in_arrivals_is_reported_at_once_once_the_engines_queue() -> None
             a.release()
 
     run(main)
+
+
+def test_the_urgent_report_carries_the_rate_a_run_of_arrivals_implied() -> None:
+    """10 req/s evenly, then six requests 5 ms apart: a jump (the third), then the rate
+    they imply, (6 - 2) / 25 ms (policy/arrival_jump.py), each calling `on_pressure`;
+    the urgent report carries the rate, and the regular one after it none."""
+    async def main() -> None:
+        a = FakeReplica("a", hold=True)
+        clock = FakeClock(monotonic=0.0)
+        pressed: list[float] = []
+        async with routing(a, max_ongoing=500, clock=clock) as router:
+            router.on_pressure = lambda: pressed.append(clock.monotonic())
+
+            def arrive(gap_s: float) -> None:
+                clock.advance(gap_s)
+                router.submit(call(f"{clock.monotonic():.3f}"))
+
+            await report(router, a, 0)
+            for _ in range(200):  # 10 req/s, a report every 0.1 s
+                clock.advance(0.1)
+                router.load_report()
+                arrive(0.0)
+            pressed.clear()  # (jumps while the recent rate rose from 0 to 10)
+            for _ in range(5):
+                arrive(0.005)
+            assert pressed == [pytest.approx(20.01), pytest.approx(20.025)]
+            urgent = router.load_report(urgent=True)
+            assert urgent is not None and urgent.jump_rate == pytest.approx(160.0)
+            arrive(0.1)
+            regular = router.load_report()
+            assert regular is not None and regular.jump_rate == 0.0
+            a.release()
+
+    run(main)

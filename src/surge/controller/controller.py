@@ -104,6 +104,7 @@ class Controller:
         self.stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._urgent: set[DeploymentId] = set()  # urgent reports not decided on yet
+        self._jump_rates: dict[DeploymentId, float] = {}  # ... the rates their jumps implied
         self._urgent_timer: asyncio.Handle | None = None
         self._intervals_at = -math.inf  # when the report intervals were last reviewed
         self._node_cpu = node_cpu
@@ -197,6 +198,9 @@ class Controller:
                 self.load.report(id(peer), report, now)
             if topic == "load_urgent" and not self.state.stopping:
                 self._urgent.update(report.deployment for report in value)
+                for report in value:  # an LLM router's jump: the rate it implied
+                    if report.jump_rate > self._jump_rates.get(report.deployment, 0.0):
+                        self._jump_rates[report.deployment] = report.jump_rate
                 if self._urgent_timer is None:  # after the other reports of this turn
                     self._urgent_timer = asyncio.get_running_loop().call_soon(
                         self._decide_urgent)
@@ -298,6 +302,7 @@ class Controller:
     def decide_now(self, did: DeploymentId) -> None:
         """A router's queue just started to grow, or an LLM router's arrivals jumped: decide
         (and act) without waiting a tick; only a scale-up counts (policy/autoscale_step.py)."""
+        jump_rate = self._jump_rates.pop(did, 0.0)  # spent (or stale) after this call
         record = self.state.deployments.get(did)
         if record is None or record.config.autoscaling_config is None or \
                 self.recovery.active:
@@ -306,11 +311,13 @@ class Controller:
         if not urgent_decision_due(record.last_urgent_decision, now):
             return
         record.last_urgent_decision = now
-        self._autoscale(record, now, self.load.peek(did, now), urgent=True)
+        self._autoscale(record, now, self.load.peek(did, now), urgent=True,
+                        jump_rate=jump_rate)
         self.executor.apply(reconcile_deployment(self.state, did, now))
 
     def _autoscale(self, record: DeploymentRecord, now: float,
-                   open_bucket: LoadSample | None = None, urgent: bool = False) -> None:
+                   open_bucket: LoadSample | None = None, urgent: bool = False,
+                   jump_rate: float = 0.0) -> None:
         config = record.config.autoscaling_config
         if config is None or record.deleting:
             if record.node_saturated:  # autoscaling was removed: no hold is left to show
@@ -327,13 +334,14 @@ class Controller:
             samples=samples, startup_lead_s=record.startup_lead_s,
             standbys=self.state.group(record.id).count(ReplicaState.STANDBY, record.version),
             engine=self.engines.load(record.id, now), node_cpu=record.node_cpu,
-            urgent=urgent))
+            urgent=urgent, jump_rate=jump_rate))
         record.standby_floor = step.standby_replicas
         record.target = step.target
         record.node_saturated = self.autoscaler.saturated(record.id)
 
     def _forgotten(self, did: DeploymentId, app: str | None) -> None:
         self.load.drop(did)
+        self._jump_rates.pop(did, None)
         self.engines.drop(did)
         self.autoscaler.forget(did)
         if app is not None:

@@ -19,7 +19,8 @@ decision that wants more than the standbys give is taken again over the cold lea
 Cadence, shared by both callers: the control loop closes a load sample every `TICK_S`;
 a router whose queue starts to grow, or an LLM deployment's router whose arrivals jump
 (policy/arrival_jump.py), reports after `URGENT_REPORT_DELAY_S`, and the controller then
-decides at once on the open bucket, at most once per `URGENT_DECISION_INTERVAL_S` per
+decides at once on the open bucket (and, on a jump, at least the rate it implies:
+`jump_rate`), at most once per `URGENT_DECISION_INTERVAL_S` per
 deployment (`urgent_decision_due`). Such an `urgent` step only ever scales up: anything
 else it would decide (a hold, and the state it carries: the wait before a scale-down and
 the most demand seen during it) is left to the ticks. Urgent reports come at the peaks
@@ -78,6 +79,7 @@ class StepInputs:
     node_cpu: float | None = None  # busy share of its node's cores; None: not known
     saturation: SaturationState = field(default_factory=SaturationState)  # the last step's
     urgent: bool = False  # between ticks, on an urgent report: only a scale-up counts
+    jump_rate: float = 0.0  # ... an LLM router's jump: the rate it implies (urgent only)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
                             samples=inputs.samples, startup_lead_s=lead,
                             engine_demand=engine_demand(inputs.engine,
                                                         config.target_ongoing_requests),
-                            engine=inputs.engine)
+                            engine=inputs.engine,
+                            jump_rate=inputs.jump_rate if inputs.urgent else 0.0)
     bounded = with_floors(config, floors)
     try:
         decision = policy(scaling, bounded, state)

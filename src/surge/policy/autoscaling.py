@@ -83,6 +83,9 @@ class ScalingInputs:
     startup_lead_s: float = 1.0  # measured time from asking for a replica to it serving
     engine_demand: float = 0.0  # replicas the engines' queues ask for (policy/engine_load)
     engine: EngineLoad | None = None  # the engines' fresh reports, for latency objectives
+    # An urgent decision on an LLM router's jump: the rate its arrivals implied
+    # (policy/arrival_jump.py); proactive sizes an LLM deployment on at least it
+    jump_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -424,6 +427,9 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     rate = arrival_rate(samples, now, rate_window)
     slope = arrival_slope(samples, now, slope_window, weighted=inputs.engine is not None)
     projected = max(rate, rate + slope * lead)
+    if inputs.engine is not None and inputs.jump_rate > rate:  # a jump, read a few ms in
+        rate = inputs.jump_rate
+        projected = max(projected, rate)
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
     if inputs.engine is not None and latest is not None:  # what the replicas held

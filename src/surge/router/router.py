@@ -587,6 +587,7 @@ class Router:
         """What changed since the last report, or None when nothing did. `urgent`: a
         report sent early (a queue started to grow, arrivals jumped), not the regular one."""
         with self.lock:
+            jump_rate = self._watch.jump_rate if urgent else 0.0
             if self._by_engine:
                 self._report_watch(not urgent)
             now = (self.arrived, self.completed, self.rejected, len(self._queue),
@@ -598,7 +599,8 @@ class Router:
             at, since = self._now(), self._reported_at
             self._reported_at = at
         return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
-                          now[2] - last[2], now[3], now[4], measured_at=at, covers_s=at - since)
+                          now[2] - last[2], now[3], now[4], measured_at=at, covers_s=at - since,
+                          jump_rate=jump_rate)
 
     def _report_watch(self, rearm: bool) -> None:
         """The arrival watch's recent rate takes in the arrivals since its last report."""

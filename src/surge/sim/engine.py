@@ -54,6 +54,7 @@ from surge.loadtest.stats import ReplicaSample
 from surge.model import DeploymentId
 from surge.policy.autoscale_step import (
     TICK_S,
+    URGENT_DECISION_INTERVAL_S,
     URGENT_REPORT_DELAY_S,
     StepInputs,
     autoscale_step,
@@ -329,18 +330,25 @@ class Simulation:
     def _decide_now(self, now: float, tick_start: float) -> None:
         """A router's queue just started to grow (or, LLM, its arrivals jumped): decide
         without waiting for the tick; only a scale-up counts (policy/autoscale_step.py)."""
+        jump_rate = 0.0  # the LLM router's jump: the rate it implied, spent here
+        if self.llm is not None:
+            jump_rate, self.llm.jump_rate = self.llm.jump_rate, 0.0
         if not urgent_decision_due(self._last_urgent, now):
+            if jump_rate > 0.0 and self.llm is not None:  # as the controller: decided on
+                self.llm.jump_rate = jump_rate  # once the interval is over
+                self._urgent_at = max(self._last_urgent + URGENT_DECISION_INTERVAL_S,
+                                      now) + 2 * _EVENT_EPS
             return
         self._last_urgent = now
         self.counters.urgent_decisions += 1
         bucket = self.flow.open_bucket(now, tick_start)
         if bucket is not None:
             bucket = replace(bucket, t=now + self.offset)
-        self._decide(now, bucket, urgent=True)
+        self._decide(now, bucket, urgent=True, jump_rate=jump_rate)
         self._reconcile(now)
 
     def _decide(self, now: float, open_bucket: LoadSample | None,
-                urgent: bool = False) -> None:
+                urgent: bool = False, jump_rate: float = 0.0) -> None:
         config, cluster = self.scenario.autoscaling, self.cluster
         if config is None or self.policy is None:
             return
@@ -353,7 +361,7 @@ class Simulation:
             startup_lead_s=cluster.startup_lead_s, standbys=cluster.standby,
             standby_lead_s=self.scenario.cluster.standby_activation_s,
             engine=self.engine_load(now) if self.engine_load is not None else None,
-            urgent=urgent))
+            urgent=urgent, jump_rate=jump_rate))
         if step.standby_replicas != self.standby_wanted:
             self.standby_wanted = step.standby_replicas
             cluster.dirty = True

@@ -24,7 +24,8 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
 * the router never queues while the engines have room, so it tells the controller of a
   jump in its arrivals instead (policy/arrival_jump.py, as surge's router does for an
   LLM deployment): an urgent decision `URGENT_REPORT_DELAY_S` after it (`pressure_at`),
-  its recent rate fed a report a tick.
+  its recent rate fed a report a tick, and the rate the jump implied (`jump_rate`) its
+  report's.
 
 One router stands for all (its in-flight counts are every router's): the engines' own
 queues, which every router reads, dominate the choice. A request within both of the
@@ -78,6 +79,7 @@ class LLMFlow(EventFlow):
         # per request that finished: (arrival time, TTFT s, TPOT s or -1, within SLO)
         self.finished: list[tuple[float, float, float, bool]] = []
         self.watch = ArrivalWatch()  # the router's: its arrivals jump (an urgent report)
+        self.jump_rate = 0.0  # ... the rate its last jump implied (the urgent report's)
 
     def __repr__(self) -> str:
         return (f"<LLMFlow {self.spec.routing} ongoing={self.ongoing} queued={self.queued} "
@@ -103,7 +105,8 @@ class LLMFlow(EventFlow):
         request = LLMRequest(index, now, self.point, trace)
         self.count_arrival()
         if self.watch.arrived(now) and self.pressure_at is None:
-            self.pressure_at = now  # the router reports at once (urgent)
+            self.pressure_at = now  # the router reports at once (urgent), with the rate
+            self.jump_rate = self.watch.jump_rate
         replica = self._choose()
         if replica is not None:
             self._dispatch(request, replica, now)
