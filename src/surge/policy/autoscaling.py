@@ -18,6 +18,9 @@ routers and replicas of one deployment saw) and return a `Decision`:
   `target_ongoing_requests` (policy/llm_objectives.py), and its scale-ups name what
   bound it (UP_PREFILL, UP_DECODE, UP_KV).
 * `custom` wraps a user function's desired count in Ray's wrapper, as Ray does.
+
+(Over 500 lines because the three share their input, state and decision types, Ray's
+wrapper and the load signals they read; apart, each would import the others' pieces.)
 """
 
 from __future__ import annotations

@@ -292,12 +292,7 @@ class Router:
                     # it goes through the loop and may wait for answers nobody reads yet
                     self._loop.call_soon_threadsafe(self._reclaim_thread, thread)
                 return False  # (`submit` counts it, and its model's heat)
-            self.arrived += 1
-            model = pending.message.model_id
-            if model:
-                self._heat.hit(model, self._now())
-            if self._by_engine and self._watch.arrived(self._now()) \
-                    and self.on_pressure is not None:
+            if self._count_arrival(pending) and self.on_pressure is not None:
                 self._loop.call_soon_threadsafe(self.on_pressure)  # (not the loop's thread)
             return True
 
@@ -333,15 +328,10 @@ class Router:
         """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
         replica will come); never blocks."""
         with self.lock:
-            self.arrived += 1
-            model = pending.message.model_id
-            if model:
-                self._heat.hit(model, self._now())
-            if self._by_engine and self._watch.arrived(self._now()) \
-                    and self.on_pressure is not None:
+            if self._count_arrival(pending) and self.on_pressure is not None:
                 self.on_pressure()  # arrivals jumped: tell the autoscaler now
             if not self._start(pending):
-                self._enqueue(pending, model)
+                self._enqueue(pending, pending.message.model_id)
 
     def _enqueue(self, pending: Pending, model: str) -> None:
         unavailable = self._unavailable()
@@ -601,6 +591,16 @@ class Router:
         return LoadReport(self.deployment, now[0] - last[0], now[1] - last[1],
                           now[2] - last[2], now[3], now[4], measured_at=at, covers_s=at - since,
                           jump_rate=jump_rate)
+
+    def _count_arrival(self, pending: Pending) -> bool:
+        """Count a request that arrived (and its model's heat); whether its deployment's
+        arrivals just jumped and the autoscaler should hear of it now (caller holds the
+        lock)."""
+        self.arrived += 1
+        model = pending.message.model_id
+        if model:
+            self._heat.hit(model, self._now())
+        return self._by_engine and self._watch.arrived(self._now())
 
     def _report_watch(self, rearm: bool) -> None:
         """The arrival watch's recent rate takes in the arrivals since its last report."""
