@@ -21,7 +21,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,17 +37,12 @@ from surge.loadtest.runner import raise_fd_limit
 from surge.loadtest.schedule import Schedule
 from surge.loadtest.stats import POINTS_PER_S, Record
 from tests.e2e.procs import descendants, title
+from tests.ports import free_port
 
 # A process whose RSS moved more than this between warm-up and the end is reported.
 RSS_TOLERANCE = 0.20
 # Requests in flight before t=0 need their connections: the generator opens a few then.
 START_MARGIN_S = 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- processes ----------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +12,7 @@ import httpx
 import pytest
 
 from surge import serve
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 @dataclass

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port
 from tests.e2e.load import Load
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

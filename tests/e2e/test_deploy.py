@@ -141,7 +141,7 @@ def test_cli_reports_a_missing_instance() -> None:
 def test_cli_run_serves_until_cli_shutdown(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
-    from tests.e2e.conftest import free_port
+    from tests.ports import free_port
 
     port = free_port()
     env = dict(os.environ, SURGE_ADDRESS=f"127.0.0.1:{free_port()}", SURGE_LOG_LEVEL="WARNING")

@@ -15,10 +15,11 @@ import pytest
 
 from surge import serve
 from surge.errors import ConfigError
-from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.conftest import Running, running_instance
 from tests.e2e.dashboard_tools import scrape, total
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ import grpc
 import pytest
 import yaml
 
-from tests.e2e.conftest import free_port
 from tests.e2e.grpc_echo_proto import SERVICER, compiled_dir, echo_pb2, echo_pb2_grpc
 from tests.e2e.test_cli_config import _surge, _wait_for_line
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -16,11 +16,12 @@ import grpc
 import pytest
 
 from surge import serve
-from tests.e2e.conftest import free_port, running_instance
+from tests.e2e.conftest import running_instance
 from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.e2e.procs import alive, surge_processes
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,12 @@ import h2.events
 import pytest
 
 from surge import serve
-from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.conftest import Running, running_instance
 from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.e2e.procs import rss, surge_processes
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from surge import serve
-from tests.e2e.conftest import free_port, running_instance
+from tests.e2e.conftest import running_instance
 from tests.e2e.grpc_echo_proto import SERVICER
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

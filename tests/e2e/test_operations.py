@@ -22,9 +22,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.conftest import free_port
 from tests.e2e.procs import alive, descendants, title
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

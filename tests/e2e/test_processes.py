@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from surge import serve
-from tests.e2e.conftest import free_port
 from tests.e2e.procs import alive, surge_processes, title
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

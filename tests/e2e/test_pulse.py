@@ -13,7 +13,8 @@ import pytest
 
 from surge import serve
 from surge.cli.main import main
-from tests.e2e.conftest import Running, free_port
+from tests.e2e.conftest import Running
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

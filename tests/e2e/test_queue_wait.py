@@ -23,10 +23,11 @@ import pytest
 from surge import serve
 from surge.errors import BackPressureError
 from surge.serve.llm import build_openai_app
-from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.conftest import Running, running_instance
 from tests.e2e.dashboard_tools import at_replicas
 from tests.e2e.grpc_echo_proto import SERVICER, echo_pb2, echo_pb2_grpc
 from tests.eventually import eventually
+from tests.ports import free_port
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.e2e

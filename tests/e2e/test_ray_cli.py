@@ -23,9 +23,9 @@ import pytest
 import yaml
 from bench.common import RAY_VENV
 
-from tests.e2e.conftest import free_port
 from tests.e2e.procs import alive, descendants, title
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

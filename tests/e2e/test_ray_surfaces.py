@@ -16,8 +16,9 @@ from surge import serve
 from surge.errors import RequestCancelledError
 from surge.serve.context import _get_serve_request_context
 from surge.serve.schema import ApplicationStatus, DeploymentStatus
-from tests.e2e.conftest import Running, free_port
+from tests.e2e.conftest import Running
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

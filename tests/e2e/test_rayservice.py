@@ -35,7 +35,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port
 from tests.e2e.kuberay import (
     DETAILS_PATH,
     PROXY_HEALTH_PATH,
@@ -48,6 +47,7 @@ from tests.e2e.kuberay import (
 from tests.e2e.load import Load
 from tests.e2e.procs import alive, descendants, title
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from surge import serve
-from tests.e2e.conftest import Running, free_port, running_instance
+from tests.e2e.conftest import Running, running_instance
 from tests.eventually import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

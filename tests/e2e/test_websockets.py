@@ -346,7 +346,7 @@ def test_a_main_script_with_postponed_annotations(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    from tests.e2e.conftest import free_port
+    from tests.ports import free_port
 
     script = tmp_path / "app.py"
     script.write_text(SCRIPT)

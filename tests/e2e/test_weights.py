@@ -115,8 +115,8 @@ def test_an_instance_killed_whole_is_swept_by_the_next_store(store_dir: str,
     import subprocess
     import sys
 
-    from tests.e2e.conftest import free_port
     from tests.e2e.procs import alive, descendants
+    from tests.ports import free_port
     from tests.weights.conftest import env
 
     driver = subprocess.Popen(

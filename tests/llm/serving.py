@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 420  # vLLM's imports and engine start on a busy 2-core machine

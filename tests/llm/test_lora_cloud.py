@@ -26,8 +26,8 @@ from surge.llm.config import LLMConfig
 from surge.llm.lora_cloud import NodeCache
 from surge.llm.service import OpenAIService
 from surge.testing import FakeLLMEngine
-from tests.e2e.conftest import free_port
 from tests.llm.test_openai_layer import body, call
+from tests.ports import free_port
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")

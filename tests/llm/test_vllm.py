@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import free_port
 from tests.eventually import eventually
 from tests.llm.serving import START_TIMEOUT_S, Served, serve_script
+from tests.ports import free_port
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import free_port
 from tests.llm.serving import Served, serve_script
+from tests.ports import free_port
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")

@@ -8,7 +8,6 @@ with `connection: close`). Runs are short (about 0.5 s of schedule each).
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import uvloop
 from surge.loadtest.generator import Plan, PulseGenerator, Target
 from surge.loadtest.schedule import Schedule, Segment
 from surge.loadtest.stats import Record
+from tests.ports import free_port
 
 Behaviour = Callable[[int], str]
 
@@ -80,12 +80,6 @@ class _Handler(asyncio.Protocol):
                              % (status, len(body), extra, body))
         if what == "close":
             self.transport.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pulse_against(server: Server | None, rps: float = 200, seconds: float = 0.5,

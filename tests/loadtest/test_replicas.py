@@ -20,7 +20,7 @@ from surge.model import (
     DeploymentStatusOverview,
     ServeStatus,
 )
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 
 
 def app(prefix: str | None, **deployments: tuple[int, int]) -> ApplicationStatusOverview:

@@ -11,7 +11,6 @@ dead within ~2 s.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,38 +19,12 @@ import pytest
 
 from surge import serve
 from tests.e2e.conftest import Running
+from tests.ports import free_port, free_port_run
 
 # Loopback for every node; a slow start (a busy 2-core machine) is not a failure.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_raylet_start_wait_time_s": "120"}
 SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                  "health_check_initial_delay_ms": 0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port_run(count: int) -> int:
-    """A port p with p .. p+count-1 free now (node proxies take port+1, port+2, ...)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no run of free ports")
 
 
 @dataclass
