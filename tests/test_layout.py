@@ -304,6 +304,14 @@ def test_codecs_and_adapters_import_in_one_direction() -> None:
     assert import_cycles(frozenset({"proxy", "codecs"})) == []
 
 
+def test_backends_import_in_one_direction() -> None:
+    # A backend uses its helpers (forking.py, early.py, node_cores.py), never the reverse;
+    # node_cores.py is the I/O of policy/threads.py's core count and nothing else's.
+    assert import_cycles(frozenset({"backends"})) == []
+    [node] = [m for m in modules() if m.name == "surge.backends.node_cores"]
+    assert {target for target, _ in imported(node)} == {"surge.policy.threads"}
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}) == [
         ["a", "b", "c"]]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from surge import serve
-from surge.backends.local import node_cores
+from surge.backends.node_cores import node_cores
 from surge.config.defaults import REPLICA_NICE
 from surge.policy.threads import replica_cores, replica_nice
 from tests.e2e.conftest import Running, running_instance

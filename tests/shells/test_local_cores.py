@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from surge.backends.base import ReplicaLaunch
-from surge.backends.local import LocalBackend, NodeCores, node_cores, raise_nice
+from surge.backends.local import LocalBackend
+from surge.backends.node_cores import NodeCores, node_cores, raise_nice
 from surge.config import ReplicaResources
 from surge.config.defaults import REPLICA_NICE
 from surge.config.weights import WeightStoreOptions

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy  # noqa: F401 - loads the BLAS library whose pool is resized
 import threadpoolctl
 
-from surge.backends.local import NodeCores
+from surge.backends.node_cores import NodeCores
 from surge.config.defaults import REPLICA_NICE
 from surge.replica.threads import SizedPools, owns_thread_pools, size_pools
 
@@ -64,3 +64,20 @@ def test_a_replica_starts_nicer_once_the_nodes_replicas_can_take_every_core() ->
     assert repr(cores) == "<NodeCores 3 of 4 held by 3, 2 nicer>"
     assert cores.take("e", 1.0, nice=0) == 0  # adopted: the nice it runs at
     assert cores.renice() == ["d", "e"]
+
+
+def test_the_cores_held_are_a_running_total_that_leaves_no_rounding_behind() -> None:
+    cores = NodeCores(3)
+    cores.take("a", 2.3)
+    cores.take("b", 1.9)
+    cores.give_back("a")
+    # 1.9 + 1.1 is 3.0 as floats; a float total kept by += and -= reads 2.9999999999999996
+    # here (2.3 + 1.9 - 2.3 + 1.1) and would start c at 0 on a node its replicas fill.
+    assert cores.take("c", 1.1) == REPLICA_NICE
+    assert cores.wanted == 3.0
+    cores.take("c", 1.0)  # taken again (a restart): its new count replaces the old
+    assert cores.wanted == 2.9
+    for owner in ("b", "c", "c"):
+        cores.give_back(owner)
+    assert cores.wanted == 0.0 and cores.held == {} and cores.nices == {}
+    assert repr(cores) == "<NodeCores 0 of 3 held by 0, 0 nicer>"

@@ -10,10 +10,10 @@ a restarted controller `adopt`s them by pid. Replicas listen on Unix sockets in 
 instance's state directory, where the node's weight store (surge.weights, one process
 beside the fork server) listens too; each replica's spec names that socket. GPUs are
 found from CUDA_VISIBLE_DEVICES or `nvidia-smi -L` and handed out as
-CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved (processes may
-share cores), but counted: a replica starts nicer than the proxy only once the node's
-replicas can keep all its cores busy (policy/threads.replica_nice), and those that
-started below that are reniced then (every thread: a nice is per thread on Linux).
+CUDA_VISIBLE_DEVICES (fractions share a GPU); CPUs are not reserved but counted
+(backends/node_cores.py): a replica starts nicer than the proxy only once the node's
+replicas can keep all its cores busy, and those that started below that are reniced
+then, here, when their pids are known.
 """
 
 from __future__ import annotations
@@ -37,21 +37,15 @@ from surge.backends.base import (
 )
 from surge.backends.early import PROXY, forkserver_env, take_early
 from surge.backends.forking import ForkServer
+from surge.backends.node_cores import NodeCores, nicer_than_this, node_cores, raise_nice
 from surge.config import ReplicaResources
 from surge.config.weights import WeightStoreOptions
 from surge.launch import Lifetime, Membership, Unix, encode, hand_spec, start_process
-from surge.policy.threads import (
-    cfs_quota_cores,
-    cpu_max_cores,
-    replica_cores,
-    replica_nice,
-    to_renice,
-    usable_cores,
-)
+from surge.policy.threads import replica_cores
 from surge.process import open_pidfd, pid_gone
 from surge.weights.node import NodeStore
 
-__all__ = ["LocalBackend", "NodeCores", "detect_gpus", "node_cores", "raise_nice"]
+__all__ = ["LocalBackend", "detect_gpus"]
 
 log = logging.getLogger("surge.backend")
 
@@ -67,117 +61,6 @@ def detect_gpus() -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
-
-
-def node_cores(cgroup_root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int:
-    """The cores this process's replicas can keep busy: its affinity (a container's
-    cpuset), less a cgroup CPU quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`) on its group
-    or one above it (policy/threads.usable_cores)."""
-    if hasattr(os, "sched_getaffinity"):
-        affinity = len(os.sched_getaffinity(0))
-    else:
-        affinity = os.cpu_count() or 1
-    groups = _own_groups(_read(own) or "")
-    quotas = [cpu_max_cores(text) for text in _read_each(
-        cgroup_root, groups.get("", "/"), "cpu.max")]
-    v1 = os.path.join(cgroup_root, "cpu")
-    for quota, period in zip(_read_each(v1, groups.get("cpu", "/"), "cpu.cfs_quota_us"),
-                             _read_each(v1, groups.get("cpu", "/"), "cpu.cfs_period_us"),
-                             strict=False):
-        quotas.append(cfs_quota_cores(quota, period))
-    return usable_cores(affinity, quotas)
-
-
-def _own_groups(text: str) -> dict[str, str]:
-    """/proc/self/cgroup's group by controller: "" for v2's, "cpu" for v1's CPU one."""
-    groups: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for controller in parts[1].split(","):
-                if controller in ("", "cpu"):
-                    groups[controller] = parts[2]
-    return groups
-
-
-def _read_each(mount: str, group: str, name: str) -> list[str]:
-    """`name` in `group` and each group above it up to `mount` (a container's namespace
-    shows its own group at the mount, where the path it is told may not exist)."""
-    texts, relative = [], group.strip("/")
-    while True:
-        text = _read(os.path.join(mount, relative, name))
-        if text is not None:
-            texts.append(text)
-        if not relative:
-            return texts
-        relative = os.path.dirname(relative)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as file:
-            return file.read()
-    except OSError:
-        return None
-
-
-def raise_nice(pid: int, increment: int) -> None:
-    """Make every thread of `pid` at least `increment` nicer than this process (raising
-    a nice needs no privilege; each thread has its own, and one it starts inherits it)."""
-    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
-    try:
-        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return  # gone
-    for tid in tids:
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < target:
-                os.setpriority(os.PRIO_PROCESS, tid, target)
-        except OSError:
-            pass  # the thread is gone, or not ours
-
-
-def _nicer_than_this(pid: int) -> int:
-    try:
-        return max(0, os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0))
-    except OSError:
-        return 0  # gone: its exit comes with the next poll
-
-
-class NodeCores:
-    """The cores this node's replicas can keep busy (policy/threads.replica_cores) and
-    the nice each runs at, by replica: the priority each new one starts at, and the
-    earlier ones to renice once they can keep every core busy (policy/threads)."""
-
-    def __init__(self, cores: int) -> None:
-        self.cores = cores
-        self.held: dict[str, float] = {}
-        self.nices: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        nicer = sum(1 for n in self.nices.values() if n)
-        return (f"<NodeCores {sum(self.held.values()):g} of {self.cores} held by "
-                f"{len(self.held)}, {nicer} nicer>")
-
-    def take(self, owner: str, cores: float, nice: int | None = None) -> int:
-        """Count `owner` (a replica that can keep `cores` busy) in; the nice it starts at
-        (`nice`: the one it runs at already, an adopted replica's)."""
-        self.held[owner] = cores
-        wanted = replica_nice(sum(self.held.values()), self.cores)
-        self.nices[owner] = wanted if nice is None else nice
-        return self.nices[owner]
-
-    def renice(self) -> list[str]:
-        """The replicas to make nicer now (policy/threads.to_renice), counted as nicer."""
-        wanted = sum(self.held.values())
-        owners = to_renice(self.nices, wanted, self.cores)
-        for owner in owners:
-            self.nices[owner] = replica_nice(wanted, self.cores)
-        return owners
-
-    def give_back(self, owner: str) -> None:
-        self.held.pop(owner, None)
-        self.nices.pop(owner, None)
 
 
 class GpuPool:
@@ -345,7 +228,7 @@ class LocalBackend:
         if resources is not None:
             env = dict(self._env(dict(resources.env_vars), ()))
             self.cores.take(process_id, replica_cores(resources.num_cpus, env),
-                            nice=_nicer_than_this(pid))
+                            nice=nicer_than_this(pid))
             self._renice_others()
         if gpus:
             self.gpus.claim(process_id, gpus, num_gpus)
