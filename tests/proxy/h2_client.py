@@ -5,8 +5,8 @@ real surge gRPC port to point it at.
 way out: the point is to send what a conformant client never would) and reads the
 server's frames back; its `expect_*` methods are the checks h2spec makes of an answer,
 each a little stricter (a connection error must come as a GOAWAY with its code before
-the close, not as a bare close). Header blocks are encoded by python-hyper's `hpack`, an
-implementation independent of surge's.
+the close, not as a bare close). Header blocks are encoded by python-hyper's `hpack` and error
+codes named by its `h2`, implementations independent of surge's.
 
 `serving()` starts the gRPC ingress surge ships (proxy/grpc.py: GrpcIngress,
 GrpcConnection round GrpcCore, codecs/h2.py) on a loopback port in a thread of its own,
@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import hpack
+from h2.errors import ErrorCodes
 
 from surge.model import ProxySpec, RouteTable, RouteTarget
 from surge.proxy.grpc_status import HEALTHZ
@@ -36,11 +37,6 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = rang
 WINDOW_UPDATE, CONTINUATION = 8, 9
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0, 1, 3, 5
-FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
-NAMES = {0: "NO_ERROR", 1: "PROTOCOL_ERROR", 2: "INTERNAL_ERROR", 3: "FLOW_CONTROL_ERROR",
-         5: "STREAM_CLOSED", 6: "FRAME_SIZE_ERROR", 7: "REFUSED_STREAM", 8: "CANCEL",
-         9: "COMPRESSION_ERROR", 11: "ENHANCE_YOUR_CALM"}
 KINDS = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING",
          "GOAWAY", "WINDOW_UPDATE", "CONTINUATION")
 WAIT_S = 2.0  # how long an answer may take (h2spec's default timeout)
@@ -78,11 +74,19 @@ class Frame:
 
     @property
     def code_name(self) -> str:
-        return NAMES.get(self.code, str(self.code))
+        return code_name(self.code)
 
 
 CLOSED = "the connection closed"
 TIMEOUT = "nothing within the timeout"
+
+
+def code_name(code: int) -> str:
+    """An error code's name in h2's table (RFC 9113 §7), or the number if it has none."""
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return str(code)
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -142,7 +146,7 @@ class Client:
     def ping(self, payload: bytes = b"h2-conf!", flags: int = 0) -> None:
         self.frame(PING, flags, 0, payload)
 
-    def rst(self, stream: int, code: int = CANCEL) -> None:
+    def rst(self, stream: int, code: int = ErrorCodes.CANCEL) -> None:
         self.frame(RST_STREAM, 0, stream, code.to_bytes(4, "big"))
 
     def window_update(self, stream: int, increment: int) -> None:
@@ -299,7 +303,7 @@ class Client:
                 raise Failed(f"expected stream {stream} to end, got {answer}")
             if answer.stream == stream and (
                     (answer.kind in (HEADERS, DATA) and answer.flags & END_STREAM)
-                    or (answer.kind == RST_STREAM and answer.code == NO_ERROR)):
+                    or (answer.kind == RST_STREAM and answer.code == ErrorCodes.NO_ERROR)):
                 return
 
     def expect_close(self) -> None:
@@ -351,7 +355,7 @@ def huffman_string(text: bytes, extra: bytes = b"", zero_padding: bool = False,
 
 
 def _names(codes: tuple[int, ...]) -> str:
-    return " or ".join(NAMES.get(code, str(code)) for code in codes)
+    return " or ".join(code_name(code) for code in codes)
 
 
 class _EmptyRuntime:

@@ -28,15 +28,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+
 from tests.proxy.h2_client import (
     CALL,
-    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
-    FLOW_CONTROL_ERROR,
-    FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
     MESSAGE,
@@ -44,12 +44,9 @@ from tests.proxy.h2_client import (
     PING,
     PRIORITY,
     PRIORITY_FLAG,
-    PROTOCOL_ERROR,
     PUSH_PROMISE,
-    REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
-    STREAM_CLOSED,
     WINDOW_UPDATE,
     Client,
     Failed,
@@ -60,9 +57,6 @@ from tests.proxy.h2_client import (
 )
 
 __all__ = ["CASES", "Case", "run_case"]
-
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 1, 2, 3
-SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 4, 5
 
 
 @dataclass(frozen=True)
@@ -107,7 +101,7 @@ def without(name: str) -> list[tuple[str, str]]:
 
 def half_closed(c: Client, stream: int = 1) -> None:
     """A call the server cannot finish answering: the client's window is 0."""
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 0))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 0))
     c.expect_settings_ack()
     c.call(stream)
 
@@ -116,7 +110,7 @@ def malformed(headers: list[tuple[str, str]]) -> Callable[[Client], None]:
     def run(c: Client) -> None:
         c.handshake()
         c.call(1, headers)
-        c.expect_stream_error(PROTOCOL_ERROR, unserved=True)
+        c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, unserved=True)
     return run
 
 
@@ -257,7 +251,7 @@ def _(c: Client) -> None:
 @case("generic", "3.5", "Sends a SETTINGS frame")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 65535))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 65535))
     c.expect_settings_ack()
 
 
@@ -400,7 +394,7 @@ def _compression_error(section: str, name: str, field: bytes) -> None:
     def run(c: Client) -> None:
         c.handshake()
         c.headers(1, block=c.block() + field)
-        c.expect_connection_error(COMPRESSION_ERROR)
+        c.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)
     case("hpack", section, name)(run)
 
 
@@ -425,7 +419,7 @@ _compression_error("6.1", "Sends a indexed header field representation with inde
 def _(c: Client) -> None:
     c.handshake()
     c.headers(1, block=integer(4097, 5, 0x20) + c.block())
-    c.expect_connection_error(COMPRESSION_ERROR)
+    c.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)
 
 
 # == http2: RFC 9113 ========================================================================
@@ -446,7 +440,7 @@ def _(c: Client) -> None:
         if getattr(answer, "kind", None) not in (SETTINGS, WINDOW_UPDATE):
             break
     if getattr(answer, "kind", None) != GOAWAY or getattr(answer, "code", None) != \
-            PROTOCOL_ERROR:
+            ErrorCodes.PROTOCOL_ERROR:
         raise Failed(f"expected GOAWAY PROTOCOL_ERROR, got {answer}")
     c.expect_close()
 
@@ -485,29 +479,29 @@ def _(c: Client) -> None:
 def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
-    size = c.server_settings.get(SETTINGS_MAX_FRAME_SIZE, 2**14) + 1
+    size = c.server_settings.get(SettingCodes.MAX_FRAME_SIZE, 2**14) + 1
     # Its header and a little of its payload: the length alone is the error, and a
     # server that closes with megabytes unread resets the connection under its GOAWAY.
     c.send(size.to_bytes(3, "big") + bytes((DATA, END_STREAM)) + (1).to_bytes(4, "big")
            + bytes(64))
-    c.expect_stream_error(FRAME_SIZE_ERROR)
+    c.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "4.2", "Sends a large size HEADERS frame that exceeds the "
                       "SETTINGS_MAX_FRAME_SIZE")
 def _(c: Client) -> None:
     c.handshake()
-    size = c.server_settings.get(SETTINGS_MAX_FRAME_SIZE, 2**14) + 1
+    size = c.server_settings.get(SettingCodes.MAX_FRAME_SIZE, 2**14) + 1
     c.send(size.to_bytes(3, "big") + bytes((HEADERS, END_HEADERS | END_STREAM))
            + (1).to_bytes(4, "big") + c.block())  # as DATA above: the length is the error
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "4.3", "Sends invalid header block fragment")
 def _(c: Client) -> None:
     c.handshake()
     c.headers(1, block=b"\x40", end_stream=True)  # a literal cut short
-    c.expect_connection_error(COMPRESSION_ERROR)
+    c.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)
 
 
 @case("http2", "4.3", "Sends a PRIORITY frame while sending the header blocks")
@@ -516,7 +510,7 @@ def _(c: Client) -> None:
     c.headers(1, flags=0)
     c.priority(1)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "4.3", "Sends a HEADERS frame to another stream while sending the header "
@@ -525,14 +519,14 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=0)
     c.headers(3)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1.1", "Sends even-numbered stream identifier")
 def _(c: Client) -> None:
     c.handshake()
     c.call(2)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1.1", "Sends stream identifier that is numerically smaller than previous")
@@ -540,19 +534,20 @@ def _(c: Client) -> None:
     c.handshake()
     c.call(5)
     c.call(3)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1.2", "Sends HEADERS frames that causes their advertised concurrent stream "
                         "limit to be exceeded")
 def _(c: Client) -> None:
     c.handshake()
-    limit = c.server_settings.get(SETTINGS_MAX_CONCURRENT_STREAMS)
+    limit = c.server_settings.get(SettingCodes.MAX_CONCURRENT_STREAMS)
     if limit is None:
         raise Failed("the server advertises no SETTINGS_MAX_CONCURRENT_STREAMS")
     c.send(b"".join(_frame(HEADERS, END_HEADERS, 2 * i + 1, c.block())
                     for i in range(limit + 1)))
-    c.expect_stream_error(PROTOCOL_ERROR, REFUSED_STREAM, stream=2 * limit + 1)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, ErrorCodes.REFUSED_STREAM,
+                          stream=2 * limit + 1)
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -564,28 +559,28 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
 def _(c: Client) -> None:
     c.handshake()
     c.data(1)
-    c.expect_stream_error(PROTOCOL_ERROR, STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "idle: Sends a RST_STREAM frame")
 def _(c: Client) -> None:
     c.handshake()
     c.rst(1)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1", "idle: Sends a WINDOW_UPDATE frame")
 def _(c: Client) -> None:
     c.handshake()
     c.window_update(1, 100)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1", "idle: Sends a CONTINUATION frame")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(CONTINUATION, END_HEADERS, 1, c.block())
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1", "half closed (remote): Sends a DATA frame")
@@ -593,7 +588,7 @@ def _(c: Client) -> None:
     c.handshake()
     half_closed(c)
     c.data(1, b"test")
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "half closed (remote): Sends a HEADERS frame")
@@ -601,7 +596,7 @@ def _(c: Client) -> None:
     c.handshake()
     half_closed(c)
     c.headers(1, end_stream=True)
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "half closed (remote): Sends a CONTINUATION frame")
@@ -609,7 +604,7 @@ def _(c: Client) -> None:
     c.handshake()
     half_closed(c)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_stream_error(STREAM_CLOSED, PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1", "closed: Sends a DATA frame after sending RST_STREAM frame")
@@ -618,7 +613,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.rst(1)
     c.data(1, b"test")
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "closed: Sends a HEADERS frame after sending RST_STREAM frame")
@@ -627,7 +622,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.rst(1)
     c.headers(1, end_stream=True)
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "closed: Sends a CONTINUATION frame after sending RST_STREAM frame")
@@ -636,7 +631,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.rst(1)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_stream_error(STREAM_CLOSED, PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.1", "closed: Sends a DATA frame")
@@ -645,7 +640,7 @@ def _(c: Client) -> None:
     c.call(1)
     c.expect_stream_end()
     c.data(1, b"test")
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "closed: Sends a HEADERS frame")
@@ -654,7 +649,7 @@ def _(c: Client) -> None:
     c.call(1)
     c.expect_stream_end()
     c.headers(1, end_stream=True)
-    c.expect_connection_error(STREAM_CLOSED)
+    c.expect_connection_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "5.1", "closed: Sends a CONTINUATION frame")
@@ -663,7 +658,7 @@ def _(c: Client) -> None:
     c.call(1)
     c.expect_stream_end()
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_connection_error(STREAM_CLOSED, PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.3.1", "Sends HEADERS frame that depends on itself")
@@ -671,14 +666,14 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=END_HEADERS | PRIORITY_FLAG, block=priority_field(1) + c.block())
     c.data(1)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.3.1", "Sends PRIORITY frame that depend on itself")
 def _(c: Client) -> None:
     c.handshake()
     c.priority(1, depends_on=1)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "5.4.1", "Sends an invalid PING frame for connection close")
@@ -707,14 +702,14 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=0)
     c.frame(0xFF, 0, 1, b"unknown!")
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.1", "Sends a DATA frame with 0x0 stream identifier")
 def _(c: Client) -> None:
     c.handshake()
     c.data(0, b"test")
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.1", 'Sends a DATA frame on the stream that is not in "open" or '
@@ -723,7 +718,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.call(1)
     c.data(1, b"test")
-    c.expect_stream_error(STREAM_CLOSED)
+    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
 
 
 @case("http2", "6.1", "Sends a DATA frame with invalid pad length")
@@ -731,7 +726,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.frame(DATA, PADDED | END_STREAM, 1, b"\x06test")
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.2", "Sends a HEADERS frame without the END_HEADERS flag, and a PRIORITY "
@@ -740,7 +735,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=0)
     c.priority(1)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.2", "Sends a HEADERS frame to another stream while sending a HEADERS frame")
@@ -748,14 +743,14 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=0)
     c.headers(3)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.2", "Sends a HEADERS frame with 0x0 stream identifier")
 def _(c: Client) -> None:
     c.handshake()
     c.headers(0)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.2", "Sends a HEADERS frame with invalid pad length")
@@ -763,14 +758,14 @@ def _(c: Client) -> None:
     c.handshake()
     block = c.block()
     c.headers(1, flags=END_HEADERS | PADDED, block=bytes((len(block) + 1,)) + block)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.3", "Sends a PRIORITY frame with 0x0 stream identifier")
 def _(c: Client) -> None:
     c.handshake()
     c.priority(0)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.3", "Sends a PRIORITY frame with a length other than 5 octets")
@@ -778,21 +773,21 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.frame(PRIORITY, 0, 1, b"\x80\x00\x00\x01")
-    c.expect_stream_error(FRAME_SIZE_ERROR)
+    c.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "6.4", "Sends a RST_STREAM frame with 0x0 stream identifier")
 def _(c: Client) -> None:
     c.handshake()
     c.rst(0)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.4", "Sends a RST_STREAM frame on a idle stream")
 def _(c: Client) -> None:
     c.handshake()
     c.rst(1)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.4", "Sends a RST_STREAM frame with a length other than 4 octets")
@@ -800,28 +795,28 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.frame(RST_STREAM, 0, 1, b"\x00\x00\x00")
-    c.expect_stream_error(FRAME_SIZE_ERROR)
+    c.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "6.5", "Sends a SETTINGS frame with ACK flag and payload")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(SETTINGS, 1, 0, b"\x00" * 6)
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "6.5", "Sends a SETTINGS frame with a stream identifier other than 0x0")
 def _(c: Client) -> None:
     c.handshake()
-    c.frame(SETTINGS, 0, 1, setting(SETTINGS_INITIAL_WINDOW_SIZE, 100))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.frame(SETTINGS, 0, 1, setting(SettingCodes.INITIAL_WINDOW_SIZE, 100))
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.5", "Sends a SETTINGS frame with a length other than a multiple of 6 octets")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64\x00")
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 def _bad_setting(name: str, key: int, value: int, code: int) -> None:
@@ -833,13 +828,14 @@ def _bad_setting(name: str, key: int, value: int, code: int) -> None:
 
 
 _bad_setting("SETTINGS_ENABLE_PUSH (0x2): Sends the value other than 0 or 1",
-             SETTINGS_ENABLE_PUSH, 2, PROTOCOL_ERROR)
+             SettingCodes.ENABLE_PUSH, 2, ErrorCodes.PROTOCOL_ERROR)
 _bad_setting("SETTINGS_INITIAL_WINDOW_SIZE (0x4): Sends the value above the maximum flow "
-             "control window size", SETTINGS_INITIAL_WINDOW_SIZE, 2**31, FLOW_CONTROL_ERROR)
+             "control window size", SettingCodes.INITIAL_WINDOW_SIZE, 2**31,
+             ErrorCodes.FLOW_CONTROL_ERROR)
 _bad_setting("SETTINGS_MAX_FRAME_SIZE (0x5): Sends the value below the initial value",
-             SETTINGS_MAX_FRAME_SIZE, 2**14 - 1, PROTOCOL_ERROR)
+             SettingCodes.MAX_FRAME_SIZE, 2**14 - 1, ErrorCodes.PROTOCOL_ERROR)
 _bad_setting("SETTINGS_MAX_FRAME_SIZE (0x5): Sends the value above the maximum allowed frame "
-             "size", SETTINGS_MAX_FRAME_SIZE, 2**24, PROTOCOL_ERROR)
+             "size", SettingCodes.MAX_FRAME_SIZE, 2**24, ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.5.2", "Sends a SETTINGS frame with unknown identifier")
@@ -852,7 +848,7 @@ def _(c: Client) -> None:
 @case("http2", "6.5.3", "Sends multiple values of SETTINGS_INITIAL_WINDOW_SIZE")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 100), (SETTINGS_INITIAL_WINDOW_SIZE, 1))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 100), (SettingCodes.INITIAL_WINDOW_SIZE, 1))
     c.expect_settings_ack()
     c.call(1)
     c.expect_data(1)
@@ -861,7 +857,7 @@ def _(c: Client) -> None:
 @case("http2", "6.5.3", "Sends a SETTINGS frame without ACK flag")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_ENABLE_PUSH, 0))
+    c.settings((SettingCodes.ENABLE_PUSH, 0))
     c.expect_settings_ack()
 
 
@@ -883,28 +879,28 @@ def _(c: Client) -> None:
 def _(c: Client) -> None:
     c.handshake()
     c.frame(PING, 0, 1, b"h2-conf!")
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.7", "Sends a PING frame with a length field value other than 8")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(PING, 0, 0, b"123456")
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "6.8", "Sends a GOAWAY frame with a stream identifier other than 0x0")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(GOAWAY, 0, 1, bytes(8))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0")
 def _(c: Client) -> None:
     c.handshake()
     c.window_update(0, 0)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0 "
@@ -913,21 +909,21 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.window_update(1, 0)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a length other than 4 octets")
 def _(c: Client) -> None:
     c.handshake()
     c.frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01")
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
 @case("http2", "6.9.1", "Sends SETTINGS frame to set the initial window size to 1 and sends "
                         "HEADERS frame")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 1))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1))
     c.expect_settings_ack()
     c.call(1)
     c.expect_data(1)
@@ -939,7 +935,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.window_update(0, 2**31 - 1)
     c.window_update(0, 2**31 - 1)
-    c.expect_connection_error(FLOW_CONTROL_ERROR)
+    c.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)
 
 
 @case("http2", "6.9.1", "Sends multiple WINDOW_UPDATE frames increasing the flow control "
@@ -950,28 +946,28 @@ def _(c: Client) -> None:
     c.window_update(1, 2**31 - 1)
     c.window_update(1, 2**31 - 1)
     answer = c.wait_for(RST_STREAM)
-    if answer.stream != 1 or answer.code != FLOW_CONTROL_ERROR:
+    if answer.stream != 1 or answer.code != ErrorCodes.FLOW_CONTROL_ERROR:
         raise Failed(f"expected RST_STREAM FLOW_CONTROL_ERROR on stream 1, got {answer}")
 
 
 @case("http2", "6.9.2", "Changes SETTINGS_INITIAL_WINDOW_SIZE after sending HEADERS frame")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 0))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 0))
     c.expect_settings_ack()
     c.call(1)
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 1))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1))
     c.expect_data(1)
 
 
 @case("http2", "6.9.2", "Sends a SETTINGS frame for window size to be negative")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 3))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 3))
     c.expect_settings_ack()
     c.call(1)
     c.expect_data(3)
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 2))
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2))
     c.expect_settings_ack()
     c.window_update(1, 2)  # the window: 3 - 3 - 1 + 2
     c.expect_data(1)
@@ -981,8 +977,8 @@ def _(c: Client) -> None:
                         "maximum window size value")
 def _(c: Client) -> None:
     c.handshake()
-    c.settings((SETTINGS_INITIAL_WINDOW_SIZE, 2**31))
-    c.expect_connection_error(FLOW_CONTROL_ERROR)
+    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2**31))
+    c.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)
 
 
 @case("http2", "6.10", "Sends multiple CONTINUATION frames preceded by a HEADERS frame")
@@ -1003,7 +999,7 @@ def _(c: Client) -> None:
     c.headers(1, flags=0)
     c.frame(CONTINUATION, 0, 1, c.block([("x-dummy1", "x")]))
     c.data(1)
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.10", "Sends a CONTINUATION frame with 0x0 stream identifier")
@@ -1011,7 +1007,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, flags=0)
     c.frame(CONTINUATION, END_HEADERS, 0, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.10", "Sends a CONTINUATION frame preceded by a HEADERS frame with "
@@ -1020,7 +1016,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.10", "Sends a CONTINUATION frame preceded by a CONTINUATION frame with "
@@ -1030,7 +1026,7 @@ def _(c: Client) -> None:
     c.headers(1, flags=0)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy2", "x")]))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "6.10", "Sends a CONTINUATION frame preceded by a DATA frame")
@@ -1039,7 +1035,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.data(1, end_stream=False)
     c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "7", "Sends a GOAWAY frame with unknown error code")
@@ -1063,7 +1059,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.data(1, end_stream=False)
     c.headers(1, [("x-trailer", "yes")])
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 for _section, _name, _fields in (
@@ -1104,7 +1100,7 @@ def _(c: Client) -> None:
     c.headers(1)
     c.data(1, end_stream=False)
     c.headers(1, [(":path", "/other")], end_stream=True)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which '
@@ -1113,7 +1109,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1, with_field("content-length", "1"))
     c.data(1)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which '
@@ -1123,7 +1119,7 @@ def _(c: Client) -> None:
     c.headers(1, with_field("content-length", "12"))
     c.data(1, end_stream=False)
     c.data(1)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("http2", "8.2", "Sends a PUSH_PROMISE frame")
@@ -1131,7 +1127,7 @@ def _(c: Client) -> None:
     c.handshake()
     c.headers(1)
     c.frame(PUSH_PROMISE, END_HEADERS, 1, (2).to_bytes(4, "big") + c.block())
-    c.expect_connection_error(PROTOCOL_ERROR)
+    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 # == surge: the rules of RFC 9113 8.2 and 6.8 that h2spec has no case for ===================
@@ -1157,14 +1153,14 @@ def _(c: Client) -> None:
     c.headers(1)
     c.data(1, end_stream=False)
     c.headers(1, [("connection", "close")], end_stream=True)
-    c.expect_stream_error(PROTOCOL_ERROR)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
 @case("surge", "8.1", "A well-formed call on the same connection is served after a refusal")
 def _(c: Client) -> None:
     c.handshake()
     c.call(1, with_field("X-TEST", "ok"))
-    c.expect_stream_error(PROTOCOL_ERROR, unserved=True)
+    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, unserved=True)
     c.call(3)
     served(c, 3)
 
@@ -1173,4 +1169,4 @@ def _(c: Client) -> None:
 def _(c: Client) -> None:
     c.handshake()
     c.frame(GOAWAY, 0, 0, bytes(4))
-    c.expect_connection_error(FRAME_SIZE_ERROR)
+    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
