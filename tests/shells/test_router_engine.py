@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
@@ -44,6 +46,17 @@ async def report_idle(router: Router, replicas: list[FakeReplica]) -> None:
     """Every replica reports an empty engine queue."""
     for replica in replicas:
         await report(router, replica, 0)
+
+
+@asynccontextmanager
+async def idle_engines(names: str, hold: bool = True
+                       ) -> AsyncIterator[tuple[Router, list[FakeReplica]]]:
+    """A replica for each letter of `names`, routed (50 ongoing each), each having
+    reported an empty engine queue."""
+    replicas = [FakeReplica(name, hold=hold) for name in names]
+    async with routing(*replicas, max_ongoing=50) as router:
+        await report_idle(router, replicas)
+        yield router, replicas
 
 
 def test_requests_go_to_the_shorter_engine_queue() -> None:
@@ -114,9 +127,7 @@ def test_an_engine_full_by_its_report_takes_nothing_and_the_rest_wait_in_the_que
 
 def test_a_session_sticks_then_spills_when_its_replica_is_over_the_slack() -> None:
     async def main() -> None:
-        replicas = [FakeReplica(name, hold=True) for name in "abc"]
-        async with routing(*replicas, max_ongoing=50) as router:
-            await report_idle(router, replicas)
+        async with idle_engines("abc") as (router, replicas):
             for i in range(3):
                 router.submit(call(str(i), session="chat-1"))
             await eventually_async(lambda: sum(len(r.held) for r in replicas) == 3, WAIT_S)
@@ -138,9 +149,7 @@ def test_a_session_sticks_then_spills_when_its_replica_is_over_the_slack() -> No
 
 def test_different_sessions_spread_and_each_finds_its_replica_again() -> None:
     async def main() -> None:
-        replicas = [FakeReplica(name) for name in "abc"]
-        async with routing(*replicas, max_ongoing=50) as router:
-            await report_idle(router, replicas)
+        async with idle_engines("abc", hold=False) as (router, _):
             homes: dict[str, set[bytes]] = {}
             for round_ in range(3):
                 for s in range(12):
@@ -175,9 +184,7 @@ def holder(router: Router, pending: Pending) -> str:
 
 def test_a_chat_goes_where_its_prompts_prefix_is_held() -> None:
     async def main() -> None:
-        replicas = [FakeReplica(name, hold=True) for name in "abc"]
-        async with routing(*replicas, max_ongoing=50) as router:
-            await report_idle(router, replicas)
+        async with idle_engines("abc") as (router, _):
             first = chat(SHOP, "which are red?")
             router.submit(first)
             home = holder(router, first)
@@ -247,9 +254,7 @@ def test_only_a_post_is_read_for_its_prompt() -> None:
 
 def test_what_an_engine_reports_it_holds_or_evicted_moves_the_index() -> None:
     async def main() -> None:
-        replicas = [FakeReplica(name, hold=True) for name in "ab"]
-        async with routing(*replicas, max_ongoing=50) as router:
-            await report_idle(router, replicas)
+        async with idle_engines("ab") as (router, replicas):
             probe = chat(SHOP, "which are red?")
             names = prompt_chunks(probe, router.pool.prompt_names)
             index = router.pool.prefixes
@@ -294,42 +299,60 @@ def test_request_keys() -> None:
     assert request_key(grpc) == b""
 
 
+@dataclasses.dataclass
+class Watch:
+    """Requests arriving at a router on a fake clock, and the times it called
+    `on_pressure` (its arrival watch saw a jump)."""
+
+    router: Router
+    replica: FakeReplica
+    clock: FakeClock
+    pressed: list[float] = dataclasses.field(default_factory=list)
+
+    def arrive(self, gap_s: float) -> None:
+        """A request `gap_s` after the clock's last reading."""
+        self.clock.advance(gap_s)
+        self.router.submit(call(f"{self.clock.monotonic():.3f}"))
+
+
+@asynccontextmanager
+async def watched(max_ongoing: int) -> AsyncIterator[tuple[Watch, Router, FakeClock]]:
+    """One held replica "a" behind a router whose clock starts at 0, its pressure
+    watched; the replica is released at the end."""
+    replica, clock = FakeReplica("a", hold=True), FakeClock(monotonic=0.0)
+    async with routing(replica, max_ongoing=max_ongoing, clock=clock) as router:
+        watch = Watch(router, replica, clock)
+        router.on_pressure = lambda: watch.pressed.append(clock.monotonic())
+        yield watch, router, clock
+        replica.release()
+
+
 def test_a_jump_in_arrivals_is_reported_at_once_once_the_engines_queue() -> None:
     """Engines queue, not this router, so its queue never starts to grow: two requests
     1 ms apart after 1 req/s call `on_pressure` (policy/arrival_jump.py) once the
     replicas report their engines, once per regular report; before, they do not."""
     async def main() -> None:
-        a = FakeReplica("a", hold=True)
-        clock = FakeClock(monotonic=0.0)
-        pressed: list[float] = []
-        async with routing(a, max_ongoing=50, clock=clock) as router:
-            router.on_pressure = lambda: pressed.append(clock.monotonic())
-
-            def arrive(gap_s: float) -> None:
-                clock.advance(gap_s)
-                router.submit(call(f"{clock.monotonic():.3f}"))
-
+        async with watched(max_ongoing=50) as (watch, router, clock):
             for _ in range(2):  # a burst before any engine report: not watched
-                arrive(0.001)
-            assert pressed == []
-            await report(router, a, 0)
+                watch.arrive(0.001)
+            assert watch.pressed == []
+            await report(router, watch.replica, 0)
             for _ in range(20):  # 1 req/s, a report every 0.1 s
                 for _ in range(10):
                     clock.advance(0.1)
                     router.load_report()
-                arrive(0.0)
-            assert pressed == []
-            arrive(0.001)  # the next 1 ms after: a jump
-            assert pressed == [pytest.approx(20.003)]
-            arrive(0.001)
+                watch.arrive(0.0)
+            assert watch.pressed == []
+            watch.arrive(0.001)  # the next 1 ms after: a jump
+            assert watch.pressed == [pytest.approx(20.003)]
+            watch.arrive(0.001)
             router.load_report(urgent=True)  # the urgent report does not rearm...
-            arrive(0.001)
-            assert len(pressed) == 1
+            watch.arrive(0.001)
+            assert len(watch.pressed) == 1
             clock.advance(0.1)
             router.load_report()  # ... the regular one does
-            arrive(0.001)
-            assert len(pressed) == 2
-            a.release()
+            watch.arrive(0.001)
+            assert len(watch.pressed) == 2
 
     run(main)
 
@@ -339,30 +362,20 @@ def test_the_urgent_report_carries_the_rate_a_run_of_arrivals_implied() -> None:
     they imply, (6 - 2) / 25 ms (policy/arrival_jump.py), each calling `on_pressure`;
     the urgent report carries the rate, and the regular one after it none."""
     async def main() -> None:
-        a = FakeReplica("a", hold=True)
-        clock = FakeClock(monotonic=0.0)
-        pressed: list[float] = []
-        async with routing(a, max_ongoing=500, clock=clock) as router:
-            router.on_pressure = lambda: pressed.append(clock.monotonic())
-
-            def arrive(gap_s: float) -> None:
-                clock.advance(gap_s)
-                router.submit(call(f"{clock.monotonic():.3f}"))
-
-            await report(router, a, 0)
+        async with watched(max_ongoing=500) as (watch, router, clock):
+            await report(router, watch.replica, 0)
             for _ in range(200):  # 10 req/s, a report every 0.1 s
                 clock.advance(0.1)
                 router.load_report()
-                arrive(0.0)
-            pressed.clear()  # (jumps while the recent rate rose from 0 to 10)
+                watch.arrive(0.0)
+            watch.pressed.clear()  # (jumps while the recent rate rose from 0 to 10)
             for _ in range(5):
-                arrive(0.005)
-            assert pressed == [pytest.approx(20.01), pytest.approx(20.025)]
+                watch.arrive(0.005)
+            assert watch.pressed == [pytest.approx(20.01), pytest.approx(20.025)]
             urgent = router.load_report(urgent=True)
             assert urgent is not None and urgent.jump_rate == pytest.approx(160.0)
-            arrive(0.1)
+            watch.arrive(0.1)
             regular = router.load_report()
             assert regular is not None and regular.jump_rate == 0.0
-            a.release()
 
     run(main)
