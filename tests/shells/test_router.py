@@ -25,7 +25,7 @@ from surge import testing
 from surge.errors import BackPressureError, ReplicaDiedError
 from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
 from surge.policy.admission import MAX_RETRY_AFTER_S
-from surge.router.replica_link import Pending
+from surge.router.replica_link import Pending, Reservation
 from surge.router.router import Router
 from surge.testing import FakeClock
 from surge.transport.messages import Call, Message, Result
@@ -73,6 +73,11 @@ def request(payload: bytes) -> Pending:
     return Pending(Call(id=0, method="__call__", payload=payload), Sink())
 
 
+def reservation() -> Reservation:
+    """What handle.choose_replica submits: a slot to be held, its call dispatched later."""
+    return Reservation(Call(id=0, method="__call__", payload=b""))
+
+
 def payload(pending: Pending) -> bytes:
     assert isinstance(pending.message, Call)
     return pending.message.payload
@@ -114,6 +119,26 @@ async def routing(*replicas: FakeReplica, max_ongoing: int = 5, queue_limit: int
         router.close()
         for replica in replicas:
             await replica.close()
+
+
+@asynccontextmanager
+async def one_replica(**options: Any) -> AsyncIterator[tuple[FakeReplica, Router]]:
+    """Replica "r", holding every call until released, behind a router (`routing`'s
+    options)."""
+    replica = FakeReplica("r", hold=True)
+    async with routing(replica, **options) as router:
+        yield replica, router
+
+
+@asynccontextmanager
+async def wait_bounded(max_ongoing: int, max_queue_wait_s: float
+                       ) -> AsyncIterator[tuple[FakeReplica, Router, FakeClock]]:
+    """`one_replica` with its queue bounded by the wait (`max_queue_wait_s`), on a fake
+    clock from 0 that the test moves as service goes on."""
+    clock = FakeClock(monotonic=0.0)
+    async with one_replica(max_ongoing=max_ongoing, clock=clock,
+                           max_queue_wait_s=max_queue_wait_s) as (replica, router):
+        yield replica, router, clock
 
 
 async def gather(*waits: Awaitable[Any]) -> list[Any]:
@@ -170,8 +195,7 @@ def test_a_load_report_says_when_it_was_measured_and_what_it_covers() -> None:
 
 def test_request_beyond_max_ongoing_queues_until_a_slot_frees() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1) as router:
+        async with one_replica(max_ongoing=1) as (replica, router):
             first, second = request(b"1"), request(b"2")
             router.submit(first)
             router.submit(second)
@@ -191,8 +215,7 @@ def test_request_beyond_max_ongoing_queues_until_a_slot_frees() -> None:
 def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
     async def main() -> None:
         clock = FakeClock(monotonic=0.0)
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=2, clock=clock) as router:
+        async with one_replica(max_ongoing=1, queue_limit=2, clock=clock) as (replica, router):
             pendings = [request(b"1"), request(b"2"), request(b"3")]
             for pending in pendings:
                 router.submit(pending)
@@ -226,8 +249,7 @@ def test_full_queue_share_raises_backpressure_with_the_numbers() -> None:
 
 def test_a_configured_retry_after_is_advised_under_the_count_bound() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=1) as router:
+        async with one_replica(max_ongoing=1, queue_limit=1) as (replica, router):
             assert router.replica_set is not None
             router.update(dataclasses.replace(router.replica_set, version=1,
                                               backpressure_status=429, retry_after_s=2.5))
@@ -249,10 +271,7 @@ def test_a_configured_retry_after_is_advised_under_the_count_bound() -> None:
 
 def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
     async def main() -> None:
-        clock = FakeClock(monotonic=0.0)
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=2, queue_limit=100, clock=clock,
-                           max_queue_wait_s=0.2) as router:
+        async with wait_bounded(max_ongoing=2, max_queue_wait_s=0.2) as (replica, router, clock):
             # nothing measured yet (a cold start): the count alone bounds the queue
             first = [request(str(i).encode()) for i in range(8)]
             for pending in first:
@@ -292,10 +311,7 @@ def test_queue_bounded_by_wait_refuses_what_would_wait_too_long() -> None:
 
 def test_a_slow_model_may_queue_one_service_time() -> None:
     async def main() -> None:
-        clock = FakeClock(monotonic=0.0)
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=100, clock=clock,
-                           max_queue_wait_s=0.1) as router:
+        async with wait_bounded(max_ongoing=1, max_queue_wait_s=0.1) as (replica, router, clock):
             warm = request(b"warm")
             router.submit(warm)
             await replica.wait_for(lambda r: len(r.held) == 1)
@@ -311,15 +327,17 @@ def test_a_slow_model_may_queue_one_service_time() -> None:
     run(main)
 
 
-def test_no_queueing_allowed_rejects_as_soon_as_replicas_are_full() -> None:
+@pytest.mark.parametrize("kind", ["request", "reservation"])
+def test_no_queueing_allowed_rejects_as_soon_as_replicas_are_full(kind: str) -> None:
+    """A request, or a reservation (handle.choose_replica: test_router_reservations.py),
+    is refused as soon as the one slot is taken, with the same numbers."""
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=0) as router:
+        async with one_replica(max_ongoing=1, queue_limit=0) as (_, router):
             router.submit(request(b"1"))
             with pytest.raises(BackPressureError) as info:
-                router.submit(request(b"2"))
+                router.submit(request(b"2") if kind == "request" else reservation())
             assert (info.value.num_queued_requests, info.value.max_queued_requests) == (0, 0)
-            assert router.queued == 0
+            assert (router.rejected, router.queued, router.in_flight) == (1, 0, 1)
 
     run(main)
 
@@ -352,8 +370,7 @@ def test_rejected_request_is_requeued_and_succeeds_on_the_other_replica() -> Non
 
 def test_cancel_removes_a_queued_request() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1) as router:
+        async with one_replica(max_ongoing=1) as (replica, router):
             first, second, third = request(b"1"), request(b"2"), request(b"3")
             for pending in (first, second, third):
                 router.submit(pending)
@@ -376,8 +393,7 @@ def test_cancel_removes_a_queued_request() -> None:
 
 def test_cancel_of_an_in_flight_request_tells_the_replica() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1) as router:
+        async with one_replica(max_ongoing=1) as (replica, router):
             first = request(b"1")
             router.submit(first)
             await replica.wait_for(lambda r: r.calls == [b"1"])

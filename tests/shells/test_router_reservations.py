@@ -1,7 +1,8 @@
 """A router's reservations (handle.choose_replica, then dispatch) against fake replicas:
-a held slot counts like a request in flight, a reservation queues and is refused as a
-request would be, a dispatch goes to the held replica only, even after that replica
-rejected it, and a released slot serves the queue."""
+a held slot counts like a request in flight, a reservation queues (and is refused as a
+request would be: test_router.py's test_no_queueing_allowed...), a dispatch goes to the
+held replica only, even after that replica rejected it, and a released slot serves the
+queue."""
 
 from __future__ import annotations
 
@@ -10,24 +11,21 @@ import concurrent.futures
 
 import pytest
 
-from surge.errors import BackPressureError, ReplicaUnavailableError
+from surge.errors import ReplicaUnavailableError
 from surge.model import ReplicaInfo
 from surge.router.replica_link import ReplicaLink, Reservation
 from surge.router.router import Router
-from surge.transport.messages import Call
 from tests.shells.test_router import (
     WAIT_S,
     FakeReplica,
     answer,
+    one_replica,
     replica_set,
     request,
+    reservation,
     routing,
     run,
 )
-
-
-def reservation() -> Reservation:
-    return Reservation(Call(id=0, method="__call__", payload=b""))
 
 
 async def held(reserved: Reservation) -> ReplicaLink:
@@ -36,8 +34,7 @@ async def held(reserved: Reservation) -> ReplicaLink:
 
 def test_a_held_slot_counts_in_flight_and_queues_what_comes_after() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1) as router:
+        async with one_replica(max_ongoing=1) as (replica, router):
             reserved = reservation()
             router.submit(reserved)
             link = await held(reserved)
@@ -60,8 +57,7 @@ def test_a_held_slot_counts_in_flight_and_queues_what_comes_after() -> None:
 
 def test_a_released_slot_serves_the_queue_and_a_reservation_waits_its_turn() -> None:
     async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1) as router:
+        async with one_replica(max_ongoing=1) as (_, router):
             first, second = reservation(), reservation()
             router.submit(first)
             router.submit(second)  # full: queued like a request
@@ -79,17 +75,6 @@ def test_a_released_slot_serves_the_queue_and_a_reservation_waits_its_turn() -> 
             router.submit(waiting)
             router.release(waiting)  # given up while queued: it leaves the queue
             assert router.queued == 0
-
-    run(main)
-
-
-def test_a_reservation_over_the_queue_budget_is_refused_as_a_request() -> None:
-    async def main() -> None:
-        replica = FakeReplica("r", hold=True)
-        async with routing(replica, max_ongoing=1, queue_limit=0) as router:
-            router.submit(request(b"busy"))
-            with pytest.raises(BackPressureError):
-                router.submit(reservation())
 
     run(main)
 
