@@ -29,6 +29,11 @@ run = _load("run")
 surge_as_ray = _load("surge_as_ray")
 
 
+def result(file: str, test: str, outcome: str, internal: str = "") -> dict[str, str]:
+    """One test's row as the harness records it (`internal`: why it is Ray's own)."""
+    return {"file": file, "test": test, "outcome": outcome, "internal": internal}
+
+
 def test_a_test_that_reaches_rays_controller_is_internal() -> None:
     source = "def test_x(serve_instance):\n    client = _get_global_client()\n"
     assert surge_as_ray.internal_reason(source) is not None
@@ -46,11 +51,11 @@ def test_a_test_of_user_visible_behaviour_counts() -> None:
 
 def test_the_tally_leaves_internal_tests_and_skips_out() -> None:
     results = [
-        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
-        {"file": "a.py", "test": "t2", "outcome": "failed", "internal": ""},
-        {"file": "a.py", "test": "t3", "outcome": "failed", "internal": "uses controller"},
-        {"file": "a.py", "test": "t4", "outcome": "skipped", "internal": ""},
-        {"file": "b.py", "test": "t5", "outcome": "passed", "internal": ""},
+        result("a.py", "t1", "passed"),
+        result("a.py", "t2", "failed"),
+        result("a.py", "t3", "failed", internal="uses controller"),
+        result("a.py", "t4", "skipped"),
+        result("b.py", "t5", "passed"),
     ]
     summary = run.summarize(results)
     assert (summary["passed"], summary["counted"]) == (2, 3)
@@ -59,18 +64,18 @@ def test_the_tally_leaves_internal_tests_and_skips_out() -> None:
 
 def test_with_an_anchor_only_what_passes_on_ray_counts() -> None:
     results = [
-        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
-        {"file": "a.py", "test": "t2", "outcome": "failed", "internal": ""},
-        {"file": "a.py", "test": "stale", "outcome": "failed", "internal": ""},
-        {"file": "b.py", "test": "<collection>", "outcome": "error", "internal": ""},
+        result("a.py", "t1", "passed"),
+        result("a.py", "t2", "failed"),
+        result("a.py", "stale", "failed"),
+        result("b.py", "<collection>", "error"),
     ]
     anchor = [
-        {"file": "a.py", "test": "t1", "outcome": "passed", "internal": ""},
-        {"file": "a.py", "test": "t2", "outcome": "passed", "internal": ""},
-        {"file": "a.py", "test": "stale", "outcome": "failed", "internal": ""},
-        {"file": "a.py", "test": "ray", "outcome": "passed", "internal": "uses client."},
+        result("a.py", "t1", "passed"),
+        result("a.py", "t2", "passed"),
+        result("a.py", "stale", "failed"),
+        result("a.py", "ray", "passed", internal="uses client."),
         # b.py imports on Ray, not on surge: its tests count, as failed
-        {"file": "b.py", "test": "t3", "outcome": "passed", "internal": ""},
+        result("b.py", "t3", "passed"),
     ]
     summary = run.summarize(results, anchor)
     assert (summary["passed"], summary["counted"]) == (1, 3)
