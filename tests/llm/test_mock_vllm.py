@@ -6,7 +6,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,6 +24,8 @@ from surge.llm.engine import (
 from surge.testing import MockVLLMEngine
 from tests.eventually import eventually_async
 
+T = TypeVar("T")
+
 FAST = {"step_s": 0.001, "decode_s_per_seq": 0.0, "prefill_s_per_token": 0.0,
         "block_size": 4, "num_blocks": 64, "max_model_len": 128}
 
@@ -37,6 +39,27 @@ def engine(**kwargs: Any) -> MockVLLMEngine:
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(main())
+
+
+def run_started(main: Callable[[MockVLLMEngine], Awaitable[None]], **kwargs: Any) -> None:
+    """`main` on a started `engine(**kwargs)`, shut down after it."""
+    async def started() -> None:
+        e = engine(**kwargs)
+        await e.start()
+        try:
+            await main(e)
+        finally:
+            await e.shutdown()
+
+    run(started)
+
+
+async def timed(work: Awaitable[T]) -> tuple[T, float]:
+    """What `work` gives, and the seconds it took on the loop's clock."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await work
+    return result, loop.time() - started
 
 
 async def collect(e: MockVLLMEngine, words: str, max_tokens: int, rid: str,
@@ -63,9 +86,7 @@ def test_it_speaks_the_engine_protocol_and_streams_one_token_a_step() -> None:
 
 
 def test_a_repeated_prefix_is_served_from_cache_and_published_as_vllm_does() -> None:
-    async def main() -> None:
-        e = engine()
-        await e.start()
+    async def main(e: MockVLLMEngine) -> None:
         prompt = " ".join(f"w{i}" for i in range(10))
         first = await collect(e, prompt, 1, "a")
         again = await collect(e, prompt, 1, "b")
@@ -78,34 +99,26 @@ def test_a_repeated_prefix_is_served_from_cache_and_published_as_vllm_does() -> 
         stored = [ev for b in batches for ev in b.events if isinstance(ev, BlockStored)]
         assert len(stored) == 2 and stored[1].parent_block_hash == stored[0].block_hashes[0]
         assert e.kv_events() == []  # taken
-        await e.shutdown()
 
-    run(main)
+    run_started(main)
 
 
 def test_steps_take_the_modelled_time_and_a_batch_shares_them() -> None:
-    async def main() -> None:
-        e = engine(step_s=0.02)
-        await e.start()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        results = await asyncio.gather(*(collect(e, "x y z", 5, f"r{i}") for i in range(4)))
-        elapsed = loop.time() - started
+    async def main(e: MockVLLMEngine) -> None:
+        results, elapsed = await timed(
+            asyncio.gather(*(collect(e, "x y z", 5, f"r{i}") for i in range(4))))
         assert all(len(r) == 5 for r in results)
         assert e.steps == 5  # four sequences decoded together
         assert elapsed >= 5 * 0.02
-        await e.shutdown()
 
-    run(main)
+    run_started(main, step_s=0.02)
 
 
 def test_the_loops_own_work_between_steps_does_not_add_to_them() -> None:
     """Other work holds the event loop 3 ms of every 7 (as a busy replica's would), so
     many of the engine's 5 ms steps wake late: a busy engine's steps still start where
     the last one ended, 40 steps in ~0.2 s, not 40 x (5 ms + the lateness) (~0.27 s)."""
-    async def main() -> None:
-        e = engine(step_s=0.005)
-        await e.start()
+    async def main(e: MockVLLMEngine) -> None:
         loop = asyncio.get_running_loop()
         busy = True
 
@@ -117,26 +130,19 @@ def test_the_loops_own_work_between_steps_does_not_add_to_them() -> None:
                 time.sleep(0.003)
 
         other = asyncio.create_task(other_work())
-        started = loop.time()
-        deltas = await collect(e, "x y z", 40, "r")
-        elapsed = loop.time() - started
+        deltas, elapsed = await timed(collect(e, "x y z", 40, "r"))
         busy = False
         await other
         assert len(deltas) == 40
         assert 40 * 0.005 <= elapsed < 40 * 0.005 + 0.03
-        await e.shutdown()
 
-    run(main)
+    run_started(main, step_s=0.005)
 
 
 def test_a_request_waits_its_frontend_cost_without_delaying_the_steps() -> None:
-    async def main() -> None:
-        e = engine(step_s=0.001, request_s=0.05)
-        await e.start()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        first = await collect(e, "x y z", 2, "r")
-        assert loop.time() - started >= 0.05 and len(first) == 2
+    async def main(e: MockVLLMEngine) -> None:
+        first, elapsed = await timed(collect(e, "x y z", 2, "r"))
+        assert elapsed >= 0.05 and len(first) == 2
         assert e.steps == 2  # the wait was no step
         # cancelled while it waits: it never reaches the engine
         task = asyncio.create_task(collect(e, "x y", 2, "gone"))
@@ -145,15 +151,12 @@ def test_a_request_waits_its_frontend_cost_without_delaying_the_steps() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         assert e.model.idle and "gone" not in e._outputs
-        await e.shutdown()
 
-    run(main)
+    run_started(main, step_s=0.001, request_s=0.05)
 
 
 def test_abort_ends_the_stream_and_frees_the_cache() -> None:
-    async def main() -> None:
-        e = engine(step_s=0.005)
-        await e.start()
+    async def main(e: MockVLLMEngine) -> None:
         got: list[Delta] = []
 
         async def reader() -> None:
@@ -167,22 +170,18 @@ def test_abort_ends_the_stream_and_frees_the_cache() -> None:
         await task
         assert got[-1].finish_reason == "abort" and e.model.idle
         assert e.stats().kv_cache_usage == 0.0
-        await e.shutdown()
 
-    run(main)
+    run_started(main, step_s=0.005)
 
 
 def test_a_reader_that_goes_away_aborts_its_request() -> None:
-    async def main() -> None:
-        e = engine(step_s=0.005)
-        await e.start()
+    async def main(e: MockVLLMEngine) -> None:
         stream = e.generate(Prompt(text="a b"), SamplingParams(max_tokens=100), "gone")
         await anext(stream)
         await stream.aclose()  # type: ignore[attr-defined]
         assert e.model.idle
-        await e.shutdown()
 
-    run(main)
+    run_started(main, step_s=0.005)
 
 
 def test_bad_requests_get_the_engines_errors() -> None:
