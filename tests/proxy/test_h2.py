@@ -67,6 +67,14 @@ class Pair:
         self.to_server()
         return events
 
+    def answer_after(self, setting: h2.settings.SettingCodes, value: int) -> None:
+        """The client sets `setting` to `value` and sends REQUEST, ending stream 1; the
+        server has both and starts its answer (HEADERS, :status 200)."""
+        self.client.update_settings({setting: value})
+        self.client.send_headers(1, REQUEST, end_stream=True)
+        self.pump()
+        self.server.send_headers(1, b"\x88")
+
 
 def test_the_handshake_advertises_this_sides_limits() -> None:
     pair = Pair(max_streams=7, max_header_list=9000)
@@ -262,10 +270,7 @@ def test_a_flood_of_pings_is_enhance_your_calm() -> None:
 
 def test_a_lowered_table_size_is_acknowledged_at_the_next_block() -> None:
     pair = Pair()
-    pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0})
-    pair.client.send_headers(1, REQUEST, end_stream=True)
-    pair.to_server()
-    pair.server.send_headers(1, b"\x88")
+    pair.answer_after(h2.settings.SettingCodes.HEADER_TABLE_SIZE, 0)
     headers_frame = next(chunk for chunk in pair.server.out if chunk[3] == core.HEADERS)
     assert headers_frame[9:11] == b"\x20\x88"  # size update to 0, then :status 200
     events = pair.to_client()
@@ -396,10 +401,7 @@ def test_a_bad_goaway_is_a_connection_error(payload: bytes, stream_id: int, code
 
 def test_a_stream_holds_a_bounded_amount_for_a_client_that_does_not_read() -> None:
     pair = Pair()
-    pair.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
-    pair.client.send_headers(1, REQUEST, end_stream=True)
-    pair.pump()
-    pair.server.send_headers(1, b"\x88")
+    pair.answer_after(h2.settings.SettingCodes.INITIAL_WINDOW_SIZE, 0)
     big = bytes(MAX_HELD_BYTES + 10)  # one message past the bound is held whole
     assert pair.server.send_data(1, big) is False
     with pytest.raises(HeldLimitError) as info:
