@@ -133,6 +133,14 @@ class Client:
         self.pump()
         return stream
 
+    def submit(self, path: str = SAY.path, *messages: bytes, **options: Any
+               ) -> tuple[int, GrpcCall]:
+        """`call` for a call the core hands to its router at once: its stream and the
+        call it submitted."""
+        stream = self.call(path, *messages, **options)
+        [call] = self.take()["submits"]
+        return stream, call
+
     def take(self) -> dict[str, Any]:
         """The decisions since the last take, as the shell would read them."""
         core = self.core
@@ -217,8 +225,7 @@ def test_an_unknown_application_is_not_found_with_labels() -> None:
 
 def test_an_application_picks_its_target() -> None:
     client = Client(Site({"a": RouteTarget("a", "D", "/a"), "b": RouteTarget("b", "E", "/b")}))
-    client.call(SAY.path, b"x", metadata=(("application", "b"),))
-    [call] = client.take()["submits"]
+    _, call = client.submit(SAY.path, b"x", metadata=(("application", "b"),))
     assert call.target is not None and call.target.deployment == "E"
 
 
@@ -242,8 +249,7 @@ def test_a_draining_proxy_refuses_new_calls() -> None:
 
 def test_a_refused_submission_ends_the_call_without_a_cancel() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x")
     exc = BackPressureError(deployment="D", num_queued_requests=1, max_queued_requests=1,
                             retry_after_s=0.0)
     assert client.core.refused(call, exc) == "backpressure"
@@ -297,8 +303,7 @@ def test_a_deadline_that_passes_ends_and_cancels_the_call() -> None:
 
 def test_a_client_reset_abandons_the_call_at_its_router() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x")
     client.h2.reset_stream(stream, 8)
     client.pump()
     taken = client.take()
@@ -338,8 +343,7 @@ def test_the_connection_lost_abandons_every_call() -> None:
 ])
 def test_the_replicas_end_gives_the_status(frame: Message, code: int, details: str) -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x", metadata=(("request_id", "r1"),))
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x", metadata=(("request_id", "r1"),))
     client.deliver(call, frame)
     answer = client.answers[stream]
     assert (answer.status, answer.details) == (code, details)
@@ -348,8 +352,7 @@ def test_the_replicas_end_gives_the_status(frame: Message, code: int, details: s
 
 def test_a_router_failure_settles_the_call() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x", metadata=(("request_id", "r1"),))
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x", metadata=(("request_id", "r1"),))
     client.core.failed(call, RequestCancelledError("x"))
     client.pump()
     assert client.answers[stream].status == Code.CANCELLED
@@ -358,8 +361,7 @@ def test_a_router_failure_settles_the_call() -> None:
 
 def test_an_answer_that_cannot_be_sent_is_internal() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x")
     client.core.unsendable(call, ValueError("bad"), settled=False)
     client.pump()
     answer = client.answers[stream]
@@ -377,8 +379,7 @@ class Link:
 
 def test_a_client_stream_goes_to_the_replica_as_it_pulls() -> None:
     client = Client()
-    stream = client.call(UPLOAD.path, b"1", b"2", b"3")
-    [call] = client.take()["submits"]  # at its headers, with no message
+    stream, call = client.submit(UPLOAD.path, b"1", b"2", b"3")  # at its headers, with no message
     assert call.pending.message.body == b"" and call.pending.message.streamed
     assert [body for body, _ in call.inbox] == [b"1", b"2", b"3"]
     client.deliver(call, Pull(0, 2))
@@ -397,8 +398,7 @@ def test_a_client_stream_goes_to_the_replica_as_it_pulls() -> None:
 
 def test_a_client_streams_window_is_kept_for_the_messages_waiting() -> None:
     client = Client()
-    client.call(UPLOAD.path, b"a" * 1000, b"b" * 1000, end=False)
-    [call] = client.take()["submits"]
+    _, call = client.submit(UPLOAD.path, b"a" * 1000, b"b" * 1000, end=False)
     assert call.unreturned == 2010  # kept from the client: the messages wait for pulls
     call.pending.link = Link()  # type: ignore[assignment]
     client.deliver(call, Pull(0, 1))
@@ -409,8 +409,7 @@ def test_a_client_streams_window_is_kept_for_the_messages_waiting() -> None:
 
 def test_response_messages_are_acknowledged_once_written() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x")
     client.deliver(call, Item(0, b"one"), Item(0, b"two"))
     assert client.answers[stream].messages == [b"one", b"two"]
     assert [n for _, n in client.take()["acks"]] == [3, 3]
@@ -418,8 +417,7 @@ def test_response_messages_are_acknowledged_once_written() -> None:
 
 def test_acknowledgements_wait_while_the_socket_is_full() -> None:
     client = Client()
-    client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    _, call = client.submit(SAY.path, b"x")
     client.core.pause_writing()
     client.deliver(call, Item(0, b"one"), Item(0, b"four"))
     assert client.take()["acks"] == [] and call in client.core.holding
@@ -472,8 +470,7 @@ def test_reflection_questions_wait_bounded_for_their_task() -> None:
 def test_busy_while_a_routed_call_is_open() -> None:
     client = Client()
     assert not client.core.busy()
-    client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    _, call = client.submit(SAY.path, b"x")
     assert client.core.busy()
     client.deliver(call, GrpcEnd(0, 0, "", [], b"", True))
     assert not client.core.busy()
@@ -533,8 +530,7 @@ def test_a_stream_that_ends_inside_a_message_is_internal() -> None:
 
 def test_a_frame_a_call_cannot_take_ends_it() -> None:
     client = Client()
-    stream = client.call(SAY.path, b"x")
-    [call] = client.take()["submits"]
+    stream, call = client.submit(SAY.path, b"x")
     client.deliver(call, Result(0, b""))
     assert (client.answers[stream].status, client.answers[stream].details) == (
         Code.INTERNAL, "a gRPC call cannot take Result")
