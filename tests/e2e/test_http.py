@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from surge import serve
 from tests.e2e.dashboard_tools import scrape, total
 from tests.eventually import eventually, eventually_async
+from tests.raw_socket import RawSocket
 
 pytestmark = pytest.mark.e2e
 
@@ -64,22 +64,16 @@ class _Collector:
         self.responses.append(self.current)
 
 
-class RawConnection:
+class RawConnection(RawSocket):
     """One TCP connection to the proxy: exact bytes out, parsed responses in.
 
     Its reads block on the socket until data, the close or the timeout: they wait on the
     peer itself, not on a poll, so they need no `eventually`."""
 
     def __init__(self, port: int, timeout_s: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        super().__init__(port, timeout_s)
         self.collector = _Collector()
         self.peer_closed = False
-
-    def __enter__(self) -> RawConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -18,7 +18,6 @@ needed.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from h2.errors import ErrorCodes
 
 from surge.model import ProxySpec, RouteTable, RouteTarget
 from surge.proxy.grpc_status import HEALTHZ
+from tests.raw_socket import RawSocket
 
 __all__ = ["Client", "Failed", "Frame", "serving"]
 
@@ -98,19 +98,13 @@ def setting(key: int, value: int) -> bytes:
     return key.to_bytes(2, "big") + value.to_bytes(4, "big")
 
 
-class Client:
+class Client(RawSocket):
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, port), timeout=WAIT_S)
+        super().__init__(port, WAIT_S, host)
         self.encoder = hpack.Encoder()
         self._buffer = b""
         self.server_settings: dict[int, int] = {}
         self.closed = False
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.sock.close()
 
     # -- sending ---------------------------------------------------------------------------
 
