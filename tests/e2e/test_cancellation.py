@@ -167,15 +167,21 @@ def _wait_for(folder: Path, *names: str, timeout_s: float = 10.0) -> None:
         eventually(lambda name=name: _marked(folder, name), timeout_s, what=name)
 
 
-def test_response_cancel_cancels_a_chain_of_three(chain: Any, tmp_path: Path) -> None:
-    response = chain.chain.remote()
-    _wait_for(tmp_path, "leaf.started")
+def _cancel_once_started(response: Any, folder: Path, started: str, *cancelled: str) -> None:
+    """Cancels `response` once the call it made marked `started`: the response ends
+    cancelled, each of `cancelled` is marked (that hop saw asyncio.CancelledError), and
+    the leaf's replica is free again."""
+    _wait_for(folder, started)
     response.cancel()
     with pytest.raises(RequestCancelledError):
         response.result(timeout_s=10)
-    # each hop saw asyncio.CancelledError, the leaf too, and its replica is free again
-    _wait_for(tmp_path, "ingress.cancelled", "middle.cancelled", "leaf.cancelled")
+    _wait_for(folder, *cancelled)
     _leaf_is_free()
+
+
+def test_response_cancel_cancels_a_chain_of_three(chain: Any, tmp_path: Path) -> None:
+    _cancel_once_started(chain.chain.remote(), tmp_path, "leaf.started",
+                         "ingress.cancelled", "middle.cancelled", "leaf.cancelled")
 
 
 def test_request_timeout_cancels_the_chain(chain: Any, tmp_path: Path,
@@ -199,11 +205,8 @@ def test_client_disconnect_cancels_the_chain(chain: Any, tmp_path: Path,
 
 def test_a_dropped_response_is_cancelled_with_its_request(chain: Any,
                                                           tmp_path: Path) -> None:
-    response = chain.fire_and_forget.remote()
-    _wait_for(tmp_path, "leaf.started")
-    response.cancel()
-    _wait_for(tmp_path, "leaf.cancelled")
-    _leaf_is_free()
+    _cancel_once_started(chain.fire_and_forget.remote(), tmp_path, "leaf.started",
+                         "leaf.cancelled")
 
 
 def test_a_call_queued_at_the_parents_router_never_runs(chain: Any,
@@ -233,21 +236,13 @@ def test_a_call_queued_at_the_parents_router_never_runs(chain: Any,
 
 
 def test_a_streaming_child_is_cancelled(chain: Any, tmp_path: Path) -> None:
-    response = chain.stream_child.remote()
-    _wait_for(tmp_path, "leaf-stream.started")
-    response.cancel()
-    _wait_for(tmp_path, "leaf-stream.cancelled")
-    _leaf_is_free()
+    _cancel_once_started(chain.stream_child.remote(), tmp_path, "leaf-stream.started",
+                         "leaf-stream.cancelled")
 
 
 def test_a_sync_methods_child_is_cancelled(chain: Any, tmp_path: Path) -> None:
-    response = chain.sync_chain.remote()
-    _wait_for(tmp_path, "sync-child.started")
-    response.cancel()
-    with pytest.raises(RequestCancelledError):
-        response.result(timeout_s=10)
-    _wait_for(tmp_path, "sync-child.cancelled")
-    _leaf_is_free()
+    _cancel_once_started(chain.sync_chain.remote(), tmp_path, "sync-child.started",
+                         "sync-child.cancelled")
 
 
 @serve.deployment
