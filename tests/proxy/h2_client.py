@@ -122,9 +122,17 @@ class Client(RawSocket):
 
     def headers(self, stream: int, headers: list[tuple[str, str]] | None = None,
                 end_stream: bool = False, flags: int = END_HEADERS,
-                block: bytes | None = None) -> None:
+                block: bytes | None = None, before: bytes = b"", after: bytes = b"") -> None:
+        """HEADERS carrying `block`, or else `headers` encoded (CALL's by default) between
+        the raw octets `before` (a pad length, a priority, a table size update) and `after`
+        (one more field, the padding)."""
         self.frame(HEADERS, flags | (END_STREAM if end_stream else 0), stream,
-                   self.block(headers) if block is None else block)
+                   before + self.block(headers) + after if block is None else block)
+
+    def continuation(self, stream: int, headers: list[tuple[str, str]] | None = None,
+                     flags: int = END_HEADERS) -> None:
+        """CONTINUATION carrying `headers` encoded (CALL's by default)."""
+        self.frame(CONTINUATION, flags, stream, self.block(headers))
 
     def data(self, stream: int, payload: bytes = MESSAGE, end_stream: bool = True) -> None:
         self.frame(DATA, END_STREAM if end_stream else 0, stream, payload)

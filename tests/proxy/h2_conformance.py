@@ -16,6 +16,12 @@ The `surge` group holds the rules h2spec has no case for that the issue (#32) na
 the other malformed fields of RFC 9113 8.2, GOAWAY's size, and the request each
 malformed call makes is never served.
 
+Most cases are rows of a `table`: a section, h2spec's description, and the steps the
+client takes after the handshake, sends and checks alike (`do.rst(1)` is the step
+`client.rst(1)`: tests/proxy/h2_client.py's `Client` has a method for each); a case with
+logic of its own (a loop, a size read from the server's settings, its own check) is a
+function under `@case`, in its place in h2spec's order.
+
 `run_case` runs one case against a port and says why it failed (None: it passed);
 tests/proxy/test_h2_conformance.py runs every case, bench/h2_conformance.py prints the
 table by section.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
@@ -118,59 +125,52 @@ def served(c: Client, stream: int = 1) -> None:
     c.expect_served(stream)
 
 
+Step = Callable[[Client], object]
+
+
+class _Steps:
+    """`do.NAME(*args)` is the step `client.NAME(*args)` of a case in a `table`."""
+
+    def __getattr__(self, name: str) -> Callable[..., Step]:
+        if not callable(getattr(Client, name, None)):
+            raise AttributeError(f"Client has no method {name!r}")
+
+        def step(*args: object, **kwargs: object) -> Step:
+            return lambda c: getattr(c, name)(*args, **kwargs)
+        return step
+
+
+do = _Steps()
+
+
+def table(group: str, rows: list[tuple[Any, ...]]) -> None:
+    """A case for each row, (section, name, *steps): the handshake, then the steps in
+    turn, sends and checks alike."""
+    for section, name, *steps in rows:
+        def run(c: Client, steps: list[Step] = steps) -> None:
+            c.handshake()
+            for step in steps:
+                step(c)
+        case(group, section, name)(run)
+
+
 # == generic: what a server must accept =====================================================
 
-@case("generic", "1", "Sends a client connection preface")
-def _(c: Client) -> None:
-    c.handshake()
-
-
-@case("generic", "2", "Sends a PRIORITY frame on idle stream")
-def _(c: Client) -> None:
-    c.handshake()
-    c.priority(1)
-    c.expect_ping_ack()
-
-
-@case("generic", "2", "Sends a WINDOW_UPDATE frame on half-closed (remote) stream")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.window_update(1, 1)
-    c.expect_data(1)
-
-
-@case("generic", "2", "Sends a PRIORITY frame on half-closed (remote) stream")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.priority(1)
-    c.window_update(1, 1)
-    c.expect_data(1)
-
-
-@case("generic", "2", "Sends a RST_STREAM frame on half-closed (remote) stream")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.rst(1)
-    c.expect_ping_ack_or_close()
-
-
-@case("generic", "2", "Sends a PRIORITY frame on closed stream")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.expect_stream_end()
-    c.priority(1)
-    c.expect_ping_ack()
-
-
-@case("generic", "3.1", "Sends a DATA frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    served(c)
+table("generic", [
+    ("1", "Sends a client connection preface"),
+    ("2", "Sends a PRIORITY frame on idle stream",
+     do.priority(1), do.expect_ping_ack()),
+    ("2", "Sends a WINDOW_UPDATE frame on half-closed (remote) stream",
+     half_closed, do.window_update(1, 1), do.expect_data(1)),
+    ("2", "Sends a PRIORITY frame on half-closed (remote) stream",
+     half_closed, do.priority(1), do.window_update(1, 1), do.expect_data(1)),
+    ("2", "Sends a RST_STREAM frame on half-closed (remote) stream",
+     half_closed, do.rst(1), do.expect_ping_ack_or_close()),
+    ("2", "Sends a PRIORITY frame on closed stream",
+     do.call(1), do.expect_stream_end(), do.priority(1), do.expect_ping_ack()),
+    ("3.1", "Sends a DATA frame",
+     do.call(1), do.expect_served()),
+])
 
 
 @case("generic", "3.1", "Sends multiple DATA frames")
@@ -182,35 +182,19 @@ def _(c: Client) -> None:
     served(c)
 
 
-@case("generic", "3.1", "Sends a DATA frame with padding")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.frame(DATA, PADDED | END_STREAM, 1, b"\x08" + MESSAGE + b"\x00" * 8)
-    served(c)
-
-
-@case("generic", "3.2", "Sends a HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.expect_response()
-
-
-@case("generic", "3.2", "Sends a HEADERS frame with padding")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=END_HEADERS | PADDED, block=b"\x08" + c.block() + b"\x00" * 8)
-    c.data(1)
-    served(c)
-
-
-@case("generic", "3.2", "Sends a HEADERS frame with priority")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=END_HEADERS | PRIORITY_FLAG, block=priority_field(0, 255) + c.block())
-    c.data(1)
-    served(c)
+table("generic", [
+    ("3.1", "Sends a DATA frame with padding",
+     do.headers(1), do.frame(DATA, PADDED | END_STREAM, 1, b"\x08" + MESSAGE + b"\x00" * 8),
+     do.expect_served()),
+    ("3.2", "Sends a HEADERS frame",
+     do.call(1), do.expect_response()),
+    ("3.2", "Sends a HEADERS frame with padding",
+     do.headers(1, flags=END_HEADERS | PADDED, before=b"\x08", after=b"\x00" * 8), do.data(1),
+     do.expect_served()),
+    ("3.2", "Sends a HEADERS frame with priority",
+     do.headers(1, flags=END_HEADERS | PRIORITY_FLAG, before=priority_field(0, 255)), do.data(1),
+     do.expect_served()),
+])
 
 
 def _priority_then_call(depends_on: int, weight: int, exclusive: bool = False
@@ -231,57 +215,23 @@ for _name, _run in (
     case("generic", "3.3", _name)(_run)
 
 
-@case("generic", "3.3", "Sends a PRIORITY frame for an idle stream, then send a HEADER frame "
-                        "for a lower stream ID")
-def _(c: Client) -> None:
-    c.handshake()
-    c.priority(3)
-    c.call(1)
-    c.expect_response()
-
-
-@case("generic", "3.4", "Sends a RST_STREAM frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.rst(1)
-    c.expect_ping_ack_or_close()
-
-
-@case("generic", "3.5", "Sends a SETTINGS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 65535))
-    c.expect_settings_ack()
-
-
-@case("generic", "3.7", "Sends a PING frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.expect_ping_ack()
-
-
-@case("generic", "3.8", "Sends a GOAWAY frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(GOAWAY, 0, 0, bytes(8))
-    c.expect_ping_ack_or_close()
-
-
-@case("generic", "3.9", "Sends a WINDOW_UPDATE frame with stream ID 0")
-def _(c: Client) -> None:
-    c.handshake()
-    c.window_update(0, 1)
-    c.expect_ping_ack()
-
-
-@case("generic", "3.9", "Sends a WINDOW_UPDATE frame with stream ID 1")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.window_update(1, 1)
-    c.data(1)
-    served(c)
+table("generic", [
+    ("3.3", "Sends a PRIORITY frame for an idle stream, then send a HEADER frame for a lower "
+            "stream ID",
+     do.priority(3), do.call(1), do.expect_response()),
+    ("3.4", "Sends a RST_STREAM frame",
+     do.headers(1), do.rst(1), do.expect_ping_ack_or_close()),
+    ("3.5", "Sends a SETTINGS frame",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 65535)), do.expect_settings_ack()),
+    ("3.7", "Sends a PING frame",
+     do.expect_ping_ack()),
+    ("3.8", "Sends a GOAWAY frame",
+     do.frame(GOAWAY, 0, 0, bytes(8)), do.expect_ping_ack_or_close()),
+    ("3.9", "Sends a WINDOW_UPDATE frame with stream ID 0",
+     do.window_update(0, 1), do.expect_ping_ack()),
+    ("3.9", "Sends a WINDOW_UPDATE frame with stream ID 1",
+     do.headers(1), do.window_update(1, 1), do.data(1), do.expect_served()),
+])
 
 
 @case("generic", "3.10", "Sends a CONTINUATION frame")
@@ -305,34 +255,17 @@ def _(c: Client) -> None:
     served(c)
 
 
-@case("generic", "4", "Sends a GET request")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, [(":method", "GET"), *CALL[1:]], end_stream=True)
-    c.expect_response()
-
-
-@case("generic", "4", "Sends a HEAD request")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, [(":method", "HEAD"), *CALL[1:]], end_stream=True)
-    c.expect_response()
-
-
-@case("generic", "4", "Sends a POST request")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    served(c)
-
-
-@case("generic", "4", "Sends a POST request with trailers")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.data(1, end_stream=False)
-    c.headers(1, [("x-trailer", "yes")], end_stream=True)
-    served(c)
+table("generic", [
+    ("4", "Sends a GET request",
+     do.headers(1, [(":method", "GET"), *CALL[1:]], end_stream=True), do.expect_response()),
+    ("4", "Sends a HEAD request",
+     do.headers(1, [(":method", "HEAD"), *CALL[1:]], end_stream=True), do.expect_response()),
+    ("4", "Sends a POST request",
+     do.call(1), do.expect_served()),
+    ("4", "Sends a POST request with trailers",
+     do.headers(1), do.data(1, end_stream=False),
+     do.headers(1, [("x-trailer", "yes")], end_stream=True), do.expect_served()),
+])
 
 
 def _hpack_case(name: str, field: bytes) -> None:
@@ -372,20 +305,13 @@ for _name, _field in (
     _hpack_case(_name, _field)
 
 
-@case("generic", "5", "Sends a dynamic table size update")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, block=b"\x3f\xe1\x1f" + c.block())  # size 4096
-    c.data(1)
-    served(c)
-
-
-@case("generic", "5", "Sends multiple dynamic table size update")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, block=b"\x20\x3f\xe1\x1f" + c.block())  # 0, then 4096
-    c.data(1)
-    served(c)
+table("generic", [
+    ("5", "Sends a dynamic table size update",
+     do.headers(1, before=b"\x3f\xe1\x1f"), do.data(1), do.expect_served()),  # size 4096
+    ("5", "Sends multiple dynamic table size update",
+     do.headers(1, before=b"\x20\x3f\xe1\x1f"), do.data(1),  # 0, then 4096
+     do.expect_served()),
+])
 
 
 # == hpack: decoding errors are COMPRESSION_ERROR ===========================================
@@ -414,12 +340,11 @@ _compression_error("5.2", "Sends a Huffman-encoded string literal representation
 _compression_error("6.1", "Sends a indexed header field representation with index 0", b"\x80")
 
 
-@case("hpack", "6.3", "Sends a dynamic table size update larger than the value of "
-                      "SETTINGS_HEADER_TABLE_SIZE")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, block=integer(4097, 5, 0x20) + c.block())
-    c.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)
+table("hpack", [
+    ("6.3", "Sends a dynamic table size update larger than the value of SETTINGS_HEADER_TABLE_SIZE",
+     do.headers(1, before=integer(4097, 5, 0x20)),
+     do.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)),
+])
 
 
 # == http2: RFC 9113 ========================================================================
@@ -445,25 +370,14 @@ def _(c: Client) -> None:
     c.expect_close()
 
 
-@case("http2", "4.1", "Sends a frame with unknown type")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(0x16, 0, 0, b"unknown!")
-    c.expect_ping_ack()
-
-
-@case("http2", "4.1", "Sends a frame with undefined flag")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(PING, 0x16, 0, b"h2-conf!")
-    c.wait_for(PING)
-
-
-@case("http2", "4.1", "Sends a frame with reserved field bit")
-def _(c: Client) -> None:
-    c.handshake()
-    c.send(bytes((0, 0, 8, PING, 0, 0x80, 0, 0, 0)) + b"h2-conf!")
-    c.wait_for(PING)
+table("http2", [
+    ("4.1", "Sends a frame with unknown type",
+     do.frame(0x16, 0, 0, b"unknown!"), do.expect_ping_ack()),
+    ("4.1", "Sends a frame with undefined flag",
+     do.frame(PING, 0x16, 0, b"h2-conf!"), do.wait_for(PING)),
+    ("4.1", "Sends a frame with reserved field bit",
+     do.send(bytes((0, 0, 8, PING, 0, 0x80, 0, 0, 0)) + b"h2-conf!"), do.wait_for(PING)),
+])
 
 
 @case("http2", "4.2", "Sends a DATA frame with 2^14 octets in length")
@@ -497,44 +411,20 @@ def _(c: Client) -> None:
     c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
 
 
-@case("http2", "4.3", "Sends invalid header block fragment")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, block=b"\x40", end_stream=True)  # a literal cut short
-    c.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)
-
-
-@case("http2", "4.3", "Sends a PRIORITY frame while sending the header blocks")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.priority(1)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "4.3", "Sends a HEADERS frame to another stream while sending the header "
-                      "blocks")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.headers(3)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1.1", "Sends even-numbered stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(2)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1.1", "Sends stream identifier that is numerically smaller than previous")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(5)
-    c.call(3)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
+table("http2", [
+    ("4.3", "Sends invalid header block fragment",
+     do.headers(1, block=b"\x40", end_stream=True),  # a literal cut short
+     do.expect_connection_error(ErrorCodes.COMPRESSION_ERROR)),
+    ("4.3", "Sends a PRIORITY frame while sending the header blocks",
+     do.headers(1, flags=0), do.priority(1), do.continuation(1, [("x-dummy", "x")]),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("4.3", "Sends a HEADERS frame to another stream while sending the header blocks",
+     do.headers(1, flags=0), do.headers(3), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1.1", "Sends even-numbered stream identifier",
+     do.call(2), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1.1", "Sends stream identifier that is numerically smaller than previous",
+     do.call(5), do.call(3), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+])
 
 
 @case("http2", "5.1.2", "Sends HEADERS frames that causes their advertised concurrent stream "
@@ -555,202 +445,68 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
             + payload)
 
 
-@case("http2", "5.1", "idle: Sends a DATA frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.data(1)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "idle: Sends a RST_STREAM frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.rst(1)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1", "idle: Sends a WINDOW_UPDATE frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.window_update(1, 100)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1", "idle: Sends a CONTINUATION frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block())
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1", "half closed (remote): Sends a DATA frame")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.data(1, b"test")
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "half closed (remote): Sends a HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.headers(1, end_stream=True)
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "half closed (remote): Sends a CONTINUATION frame")
-def _(c: Client) -> None:
-    c.handshake()
-    half_closed(c)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1", "closed: Sends a DATA frame after sending RST_STREAM frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.rst(1)
-    c.data(1, b"test")
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "closed: Sends a HEADERS frame after sending RST_STREAM frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.rst(1)
-    c.headers(1, end_stream=True)
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "closed: Sends a CONTINUATION frame after sending RST_STREAM frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.rst(1)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.1", "closed: Sends a DATA frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.expect_stream_end()
-    c.data(1, b"test")
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "closed: Sends a HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.expect_stream_end()
-    c.headers(1, end_stream=True)
-    c.expect_connection_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "5.1", "closed: Sends a CONTINUATION frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.expect_stream_end()
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy", "x")]))
-    c.expect_connection_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.3.1", "Sends HEADERS frame that depends on itself")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=END_HEADERS | PRIORITY_FLAG, block=priority_field(1) + c.block())
-    c.data(1)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.3.1", "Sends PRIORITY frame that depend on itself")
-def _(c: Client) -> None:
-    c.handshake()
-    c.priority(1, depends_on=1)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "5.4.1", "Sends an invalid PING frame for connection close")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(PING, 0, 0, b"123456")
-    c.expect_close()
-
-
-@case("http2", "5.4.1", "Sends an invalid PING frame to receive GOAWAY frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(PING, 0, 0, b"123456")
-    c.wait_for(GOAWAY)
-
-
-@case("http2", "5.5", "Sends an unknown extension frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(0xFF, 0, 0, b"unknown!")
-    c.expect_ping_ack()
-
-
-@case("http2", "5.5", "Sends an unknown extension frame in the middle of a header block")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.frame(0xFF, 0, 1, b"unknown!")
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.1", "Sends a DATA frame with 0x0 stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.data(0, b"test")
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.1", 'Sends a DATA frame on the stream that is not in "open" or '
-                      '"half-closed (local)" state')
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1)
-    c.data(1, b"test")
-    c.expect_stream_error(ErrorCodes.STREAM_CLOSED)
-
-
-@case("http2", "6.1", "Sends a DATA frame with invalid pad length")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.frame(DATA, PADDED | END_STREAM, 1, b"\x06test")
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.2", "Sends a HEADERS frame without the END_HEADERS flag, and a PRIORITY "
-                      "frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.priority(1)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.2", "Sends a HEADERS frame to another stream while sending a HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.headers(3)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.2", "Sends a HEADERS frame with 0x0 stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(0)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
+table("http2", [
+    ("5.1", "idle: Sends a DATA frame",
+     do.data(1), do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "idle: Sends a RST_STREAM frame",
+     do.rst(1), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1", "idle: Sends a WINDOW_UPDATE frame",
+     do.window_update(1, 100), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1", "idle: Sends a CONTINUATION frame",
+     do.continuation(1), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1", "half closed (remote): Sends a DATA frame",
+     half_closed, do.data(1, b"test"), do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "half closed (remote): Sends a HEADERS frame",
+     half_closed, do.headers(1, end_stream=True), do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "half closed (remote): Sends a CONTINUATION frame",
+     half_closed, do.continuation(1, [("x-dummy", "x")]),
+     do.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1", "closed: Sends a DATA frame after sending RST_STREAM frame",
+     do.headers(1), do.rst(1), do.data(1, b"test"),
+     do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "closed: Sends a HEADERS frame after sending RST_STREAM frame",
+     do.headers(1), do.rst(1), do.headers(1, end_stream=True),
+     do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "closed: Sends a CONTINUATION frame after sending RST_STREAM frame",
+     do.headers(1), do.rst(1), do.continuation(1, [("x-dummy", "x")]),
+     do.expect_stream_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)),
+    ("5.1", "closed: Sends a DATA frame",
+     do.call(1), do.expect_stream_end(), do.data(1, b"test"),
+     do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "closed: Sends a HEADERS frame",
+     do.call(1), do.expect_stream_end(), do.headers(1, end_stream=True),
+     do.expect_connection_error(ErrorCodes.STREAM_CLOSED)),
+    ("5.1", "closed: Sends a CONTINUATION frame",
+     do.call(1), do.expect_stream_end(), do.continuation(1, [("x-dummy", "x")]),
+     do.expect_connection_error(ErrorCodes.STREAM_CLOSED, ErrorCodes.PROTOCOL_ERROR)),
+    ("5.3.1", "Sends HEADERS frame that depends on itself",
+     do.headers(1, flags=END_HEADERS | PRIORITY_FLAG, before=priority_field(1)), do.data(1),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.3.1", "Sends PRIORITY frame that depend on itself",
+     do.priority(1, depends_on=1), do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("5.4.1", "Sends an invalid PING frame for connection close",
+     do.frame(PING, 0, 0, b"123456"), do.expect_close()),
+    ("5.4.1", "Sends an invalid PING frame to receive GOAWAY frame",
+     do.frame(PING, 0, 0, b"123456"), do.wait_for(GOAWAY)),
+    ("5.5", "Sends an unknown extension frame",
+     do.frame(0xFF, 0, 0, b"unknown!"), do.expect_ping_ack()),
+    ("5.5", "Sends an unknown extension frame in the middle of a header block",
+     do.headers(1, flags=0), do.frame(0xFF, 0, 1, b"unknown!"),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.1", "Sends a DATA frame with 0x0 stream identifier",
+     do.data(0, b"test"), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.1", 'Sends a DATA frame on the stream that is not in "open" or "half-closed (local)" state',
+     do.call(1), do.data(1, b"test"), do.expect_stream_error(ErrorCodes.STREAM_CLOSED)),
+    ("6.1", "Sends a DATA frame with invalid pad length",
+     do.headers(1), do.frame(DATA, PADDED | END_STREAM, 1, b"\x06test"),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.2", "Sends a HEADERS frame without the END_HEADERS flag, and a PRIORITY frame",
+     do.headers(1, flags=0), do.priority(1), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.2", "Sends a HEADERS frame to another stream while sending a HEADERS frame",
+     do.headers(1, flags=0), do.headers(3), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.2", "Sends a HEADERS frame with 0x0 stream identifier",
+     do.headers(0), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+])
 
 
 @case("http2", "6.2", "Sends a HEADERS frame with invalid pad length")
@@ -761,62 +517,34 @@ def _(c: Client) -> None:
     c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
 
 
-@case("http2", "6.3", "Sends a PRIORITY frame with 0x0 stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.priority(0)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
+def wrong_size_on_a_stream(kind: int, payload: bytes) -> list[Step]:
+    """A frame of `kind` on an open stream whose payload is not the size its kind has: a
+    stream error, FRAME_SIZE_ERROR (RFC 9113 6.3, 6.4)."""
+    return [do.headers(1), do.frame(kind, 0, 1, payload),
+            do.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)]
 
 
-@case("http2", "6.3", "Sends a PRIORITY frame with a length other than 5 octets")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.frame(PRIORITY, 0, 1, b"\x80\x00\x00\x01")
-    c.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)
-
-
-@case("http2", "6.4", "Sends a RST_STREAM frame with 0x0 stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.rst(0)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.4", "Sends a RST_STREAM frame on a idle stream")
-def _(c: Client) -> None:
-    c.handshake()
-    c.rst(1)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.4", "Sends a RST_STREAM frame with a length other than 4 octets")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.frame(RST_STREAM, 0, 1, b"\x00\x00\x00")
-    c.expect_stream_error(ErrorCodes.FRAME_SIZE_ERROR)
-
-
-@case("http2", "6.5", "Sends a SETTINGS frame with ACK flag and payload")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(SETTINGS, 1, 0, b"\x00" * 6)
-    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
-
-
-@case("http2", "6.5", "Sends a SETTINGS frame with a stream identifier other than 0x0")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(SETTINGS, 0, 1, setting(SettingCodes.INITIAL_WINDOW_SIZE, 100))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.5", "Sends a SETTINGS frame with a length other than a multiple of 6 octets")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64\x00")
-    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
+table("http2", [
+    ("6.3", "Sends a PRIORITY frame with 0x0 stream identifier",
+     do.priority(0), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.3", "Sends a PRIORITY frame with a length other than 5 octets",
+     *wrong_size_on_a_stream(PRIORITY, b"\x80\x00\x00\x01")),
+    ("6.4", "Sends a RST_STREAM frame with 0x0 stream identifier",
+     do.rst(0), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.4", "Sends a RST_STREAM frame on a idle stream",
+     do.rst(1), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.4", "Sends a RST_STREAM frame with a length other than 4 octets",
+     *wrong_size_on_a_stream(RST_STREAM, b"\x00\x00\x00")),
+    ("6.5", "Sends a SETTINGS frame with ACK flag and payload",
+     do.frame(SETTINGS, 1, 0, b"\x00" * 6),
+     do.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)),
+    ("6.5", "Sends a SETTINGS frame with a stream identifier other than 0x0",
+     do.frame(SETTINGS, 0, 1, setting(SettingCodes.INITIAL_WINDOW_SIZE, 100)),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.5", "Sends a SETTINGS frame with a length other than a multiple of 6 octets",
+     do.frame(SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64\x00"),
+     do.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)),
+])
 
 
 def _bad_setting(name: str, key: int, value: int, code: int) -> None:
@@ -838,104 +566,40 @@ _bad_setting("SETTINGS_MAX_FRAME_SIZE (0x5): Sends the value above the maximum a
              "size", SettingCodes.MAX_FRAME_SIZE, 2**24, ErrorCodes.PROTOCOL_ERROR)
 
 
-@case("http2", "6.5.2", "Sends a SETTINGS frame with unknown identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((0xFF, 1))
-    c.expect_ping_ack()
-
-
-@case("http2", "6.5.3", "Sends multiple values of SETTINGS_INITIAL_WINDOW_SIZE")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 100), (SettingCodes.INITIAL_WINDOW_SIZE, 1))
-    c.expect_settings_ack()
-    c.call(1)
-    c.expect_data(1)
-
-
-@case("http2", "6.5.3", "Sends a SETTINGS frame without ACK flag")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.ENABLE_PUSH, 0))
-    c.expect_settings_ack()
-
-
-@case("http2", "6.7", "Sends a PING frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.expect_ping_ack()
-
-
-@case("http2", "6.7", "Sends a PING frame with ACK")
-def _(c: Client) -> None:
-    c.handshake()
-    c.ping(b"unwanted", flags=1)
-    c.expect_ping_ack()  # the first PING back answers this one, not the ACK sent
-
-
-@case("http2", "6.7", "Sends a PING frame with a stream identifier field value other than "
-                      "0x0")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(PING, 0, 1, b"h2-conf!")
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.7", "Sends a PING frame with a length field value other than 8")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(PING, 0, 0, b"123456")
-    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
-
-
-@case("http2", "6.8", "Sends a GOAWAY frame with a stream identifier other than 0x0")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(GOAWAY, 0, 1, bytes(8))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0")
-def _(c: Client) -> None:
-    c.handshake()
-    c.window_update(0, 0)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0 "
-                      "on a stream")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.window_update(1, 0)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.9", "Sends a WINDOW_UPDATE frame with a length other than 4 octets")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01")
-    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
-
-
-@case("http2", "6.9.1", "Sends SETTINGS frame to set the initial window size to 1 and sends "
-                        "HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1))
-    c.expect_settings_ack()
-    c.call(1)
-    c.expect_data(1)
-
-
-@case("http2", "6.9.1", "Sends multiple WINDOW_UPDATE frames increasing the flow control "
-                        "window to above 2^31-1")
-def _(c: Client) -> None:
-    c.handshake()
-    c.window_update(0, 2**31 - 1)
-    c.window_update(0, 2**31 - 1)
-    c.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)
+table("http2", [
+    ("6.5.2", "Sends a SETTINGS frame with unknown identifier",
+     do.settings((0xFF, 1)), do.expect_ping_ack()),
+    ("6.5.3", "Sends multiple values of SETTINGS_INITIAL_WINDOW_SIZE",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 100), (SettingCodes.INITIAL_WINDOW_SIZE, 1)),
+     do.expect_settings_ack(), do.call(1), do.expect_data(1)),
+    ("6.5.3", "Sends a SETTINGS frame without ACK flag",
+     do.settings((SettingCodes.ENABLE_PUSH, 0)), do.expect_settings_ack()),
+    ("6.7", "Sends a PING frame",
+     do.expect_ping_ack()),
+    ("6.7", "Sends a PING frame with ACK",
+     do.ping(b"unwanted", flags=1),
+     do.expect_ping_ack()),  # the first PING back answers this one, not the ACK sent
+    ("6.7", "Sends a PING frame with a stream identifier field value other than 0x0",
+     do.frame(PING, 0, 1, b"h2-conf!"), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.7", "Sends a PING frame with a length field value other than 8",
+     do.frame(PING, 0, 0, b"123456"), do.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)),
+    ("6.8", "Sends a GOAWAY frame with a stream identifier other than 0x0",
+     do.frame(GOAWAY, 0, 1, bytes(8)), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0",
+     do.window_update(0, 0), do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.9", "Sends a WINDOW_UPDATE frame with a flow control window increment of 0 on a stream",
+     do.headers(1), do.window_update(1, 0), do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.9", "Sends a WINDOW_UPDATE frame with a length other than 4 octets",
+     do.frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"),
+     do.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)),
+    ("6.9.1", "Sends SETTINGS frame to set the initial window size to 1 and sends HEADERS frame",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1)), do.expect_settings_ack(), do.call(1),
+     do.expect_data(1)),
+    ("6.9.1", "Sends multiple WINDOW_UPDATE frames increasing the flow control window to above "
+              "2^31-1",
+     do.window_update(0, 2**31 - 1), do.window_update(0, 2**31 - 1),
+     do.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)),
+])
 
 
 @case("http2", "6.9.1", "Sends multiple WINDOW_UPDATE frames increasing the flow control "
@@ -950,35 +614,20 @@ def _(c: Client) -> None:
         raise Failed(f"expected RST_STREAM FLOW_CONTROL_ERROR on stream 1, got {answer}")
 
 
-@case("http2", "6.9.2", "Changes SETTINGS_INITIAL_WINDOW_SIZE after sending HEADERS frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 0))
-    c.expect_settings_ack()
-    c.call(1)
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1))
-    c.expect_data(1)
-
-
-@case("http2", "6.9.2", "Sends a SETTINGS frame for window size to be negative")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 3))
-    c.expect_settings_ack()
-    c.call(1)
-    c.expect_data(3)
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2))
-    c.expect_settings_ack()
-    c.window_update(1, 2)  # the window: 3 - 3 - 1 + 2
-    c.expect_data(1)
-
-
-@case("http2", "6.9.2", "Sends a SETTINGS_INITIAL_WINDOW_SIZE settings with an exceeded "
-                        "maximum window size value")
-def _(c: Client) -> None:
-    c.handshake()
-    c.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2**31))
-    c.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)
+table("http2", [
+    ("6.9.2", "Changes SETTINGS_INITIAL_WINDOW_SIZE after sending HEADERS frame",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 0)), do.expect_settings_ack(), do.call(1),
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 1)), do.expect_data(1)),
+    ("6.9.2", "Sends a SETTINGS frame for window size to be negative",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 3)), do.expect_settings_ack(), do.call(1),
+     do.expect_data(3), do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2)),
+     do.expect_settings_ack(), do.window_update(1, 2),  # the window: 3 - 3 - 1 + 2
+     do.expect_data(1)),
+    ("6.9.2", "Sends a SETTINGS_INITIAL_WINDOW_SIZE settings with an exceeded maximum window size "
+              "value",
+     do.settings((SettingCodes.INITIAL_WINDOW_SIZE, 2**31)),
+     do.expect_connection_error(ErrorCodes.FLOW_CONTROL_ERROR)),
+])
 
 
 @case("http2", "6.10", "Sends multiple CONTINUATION frames preceded by a HEADERS frame")
@@ -992,74 +641,31 @@ def _(c: Client) -> None:
     served(c)
 
 
-@case("http2", "6.10", "Sends a CONTINUATION frame followed by any frame other than "
-                       "CONTINUATION")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.frame(CONTINUATION, 0, 1, c.block([("x-dummy1", "x")]))
-    c.data(1)
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.10", "Sends a CONTINUATION frame with 0x0 stream identifier")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.frame(CONTINUATION, END_HEADERS, 0, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.10", "Sends a CONTINUATION frame preceded by a HEADERS frame with "
-                       "END_HEADERS flag")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.10", "Sends a CONTINUATION frame preceded by a CONTINUATION frame with "
-                       "END_HEADERS flag")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, flags=0)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy2", "x")]))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "6.10", "Sends a CONTINUATION frame preceded by a DATA frame")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.data(1, end_stream=False)
-    c.frame(CONTINUATION, END_HEADERS, 1, c.block([("x-dummy1", "x")]))
-    c.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "7", "Sends a GOAWAY frame with unknown error code")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(GOAWAY, 0, 0, bytes(4) + (0xFF).to_bytes(4, "big"))
-    c.expect_ping_ack_or_close()
-
-
-@case("http2", "7", "Sends a RST_STREAM frame with unknown error code")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.rst(1, 0xFF)
-    c.expect_ping_ack_or_close()
-
-
-@case("http2", "8.1", "Sends a second HEADERS frame without the END_STREAM flag")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.data(1, end_stream=False)
-    c.headers(1, [("x-trailer", "yes")])
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
+table("http2", [
+    ("6.10", "Sends a CONTINUATION frame followed by any frame other than CONTINUATION",
+     do.headers(1, flags=0), do.continuation(1, [("x-dummy1", "x")], flags=0), do.data(1),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.10", "Sends a CONTINUATION frame with 0x0 stream identifier",
+     do.headers(1, flags=0), do.continuation(0, [("x-dummy1", "x")]),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.10", "Sends a CONTINUATION frame preceded by a HEADERS frame with END_HEADERS flag",
+     do.headers(1), do.continuation(1, [("x-dummy1", "x")]),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.10", "Sends a CONTINUATION frame preceded by a CONTINUATION frame with END_HEADERS flag",
+     do.headers(1, flags=0), do.continuation(1, [("x-dummy1", "x")]),
+     do.continuation(1, [("x-dummy2", "x")]),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("6.10", "Sends a CONTINUATION frame preceded by a DATA frame",
+     do.headers(1), do.data(1, end_stream=False), do.continuation(1, [("x-dummy1", "x")]),
+     do.expect_connection_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("7", "Sends a GOAWAY frame with unknown error code",
+     do.frame(GOAWAY, 0, 0, bytes(4) + (0xFF).to_bytes(4, "big")), do.expect_ping_ack_or_close()),
+    ("7", "Sends a RST_STREAM frame with unknown error code",
+     do.headers(1), do.rst(1, 0xFF), do.expect_ping_ack_or_close()),
+    ("8.1", "Sends a second HEADERS frame without the END_STREAM flag",
+     do.headers(1), do.data(1, end_stream=False), do.headers(1, [("x-trailer", "yes")]),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+])
 
 
 for _section, _name, _fields in (
@@ -1093,33 +699,20 @@ for _section, _name, _fields in (
     case("http2", _section, _name)(malformed(_fields))
 
 
-@case("http2", "8.1.2.1", "Sends a HEADERS frame that contains a pseudo-header field as "
-                          "trailers")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.data(1, end_stream=False)
-    c.headers(1, [(":path", "/other")], end_stream=True)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which '
-                          'does not equal the DATA frame payload length')
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, with_field("content-length", "1"))
-    c.data(1)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("http2", "8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which '
-                          'does not equal the sum of the multiple DATA frames payload length')
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1, with_field("content-length", "12"))
-    c.data(1, end_stream=False)
-    c.data(1)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
+table("http2", [
+    ("8.1.2.1", "Sends a HEADERS frame that contains a pseudo-header field as trailers",
+     do.headers(1), do.data(1, end_stream=False),
+     do.headers(1, [(":path", "/other")], end_stream=True),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which does not equal '
+                'the DATA frame payload length',
+     do.headers(1, with_field("content-length", "1")), do.data(1),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("8.1.2.6", 'Sends a HEADERS frame with the "content-length" header field which does not equal '
+                'the sum of the multiple DATA frames payload length',
+     do.headers(1, with_field("content-length", "12")), do.data(1, end_stream=False), do.data(1),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+])
 
 
 @case("http2", "8.2", "Sends a PUSH_PROMISE frame")
@@ -1147,26 +740,15 @@ for _name, _fields in (
     case("surge", "8.2", f"A call with {_name} is refused")(malformed(_fields))
 
 
-@case("surge", "8.1", "Trailers with a connection-specific field end the stream")
-def _(c: Client) -> None:
-    c.handshake()
-    c.headers(1)
-    c.data(1, end_stream=False)
-    c.headers(1, [("connection", "close")], end_stream=True)
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)
-
-
-@case("surge", "8.1", "A well-formed call on the same connection is served after a refusal")
-def _(c: Client) -> None:
-    c.handshake()
-    c.call(1, with_field("X-TEST", "ok"))
-    c.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, unserved=True)
-    c.call(3)
-    served(c, 3)
-
-
-@case("surge", "6.8", "Sends a GOAWAY frame shorter than 8 octets")
-def _(c: Client) -> None:
-    c.handshake()
-    c.frame(GOAWAY, 0, 0, bytes(4))
-    c.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)
+table("surge", [
+    ("8.1", "Trailers with a connection-specific field end the stream",
+     do.headers(1), do.data(1, end_stream=False),
+     do.headers(1, [("connection", "close")], end_stream=True),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR)),
+    ("8.1", "A well-formed call on the same connection is served after a refusal",
+     do.call(1, with_field("X-TEST", "ok")),
+     do.expect_stream_error(ErrorCodes.PROTOCOL_ERROR, unserved=True), do.call(3),
+     do.expect_served(3)),
+    ("6.8", "Sends a GOAWAY frame shorter than 8 octets",
+     do.frame(GOAWAY, 0, 0, bytes(4)), do.expect_connection_error(ErrorCodes.FRAME_SIZE_ERROR)),
+])
