@@ -34,7 +34,7 @@ MAX_RETRY_AFTER_S = 10.0
 # estimate most of the way to a new level, one outlier moves it 5%.
 SERVICE_TIME_WEIGHT = 0.05
 # Float dust in budget x rate (0.1 s x 500/s must give 50, not 49).
-_DUST = 1e-9
+DUST = 1e-9
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float = 
     (none asked for, or no rate known yet)."""
     if max_wait_s is None or drain_per_s <= 0:
         return None
-    room = max(max_wait_s, service_s) * drain_per_s + _DUST
+    room = max(max_wait_s, service_s) * drain_per_s + DUST
     return math.floor(room) if math.isfinite(room) else None
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from surge.policy.admission import admit, drain_rate, queue_room
+from surge.policy.admission import DUST, admit, drain_rate
 
 __all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "Answer", "CompletionRate", "Refusal",
            "after_rejection", "drain", "model_settings", "next_matching_due", "queues_at_any_load",
@@ -76,8 +76,9 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
         return False
     if max_wait_s is None or service_s <= 0:
         return True  # no bound by time (queue_room's None), or no rate known yet
-    room = queue_room(1 / service_s, max_wait_s, service_s)  # (drain_rate at 1 in flight)
-    return room is None or queued < room
+    # queue_room(drain_rate(1, service_s), ...) inline (every request that queues asks):
+    # queued < floor(room) is queued + 1 <= room, and an infinite room bounds nothing
+    return queued + 1 <= max(max_wait_s, service_s) * (1 / service_s) + DUST
 
 
 class CompletionRate:

@@ -38,6 +38,8 @@ def choose_replica(in_flight: Loads | Sequence[int], capacity: int,
     The first `local` replicas are on the caller's node and are preferred.
     """
     n = len(in_flight)
+    if n == 1:  # one replica: nothing to sample, and no call (a queued request's choice)
+        return 0 if in_flight[0] < capacity else NO_REPLICA
     if 0 < local < n:
         index = _choose(in_flight, capacity, rng, local)
         if index != NO_REPLICA:

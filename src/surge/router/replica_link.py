@@ -84,7 +84,7 @@ class Pending:
         self.sent_at = 0.0  # when the router sent it to a replica: its service time's start
         # The replica it must go to (a dispatch into a reservation): never another one.
         self.pinned = ""
-        # Its prompt's chunk names (policy/prefix_index.py), read at its first choice.
+        # Its prompt's chunk names (policy/prefix_index.py), read as it starts (Router._start).
         self.prefix: list[int] | None = None
 
     def consumed(self, nbytes: int) -> None:
@@ -210,7 +210,8 @@ class ReplicaLink(ThreadSafeProtocol):
             self.trusted.set_result(None)
 
     def start(self, pending: Pending) -> None:
-        """Send a request (any thread, with the lock held)."""
+        """Send a request (any thread, with the lock held); its service time starts."""
+        pending.sent_at = self._clock()
         request_id = next(self._ids)
         pending.message.id = request_id
         pending.link = self

@@ -119,6 +119,7 @@ class Router:
         self._max_queue_wait_s: float | None = None  # the wait bound, once a set says it
         self._service_s = 0.0  # this router's requests' service time, smoothed (0: none yet)
         self.replica_set: ReplicaSet | None = None
+        self._no_replica_coming = False  # the set says none will come (_unavailable)
         # Set once a replica set arrived and the links it named have been tried.
         self.ready = asyncio.Event()
         self._connecting = 0
@@ -177,6 +178,7 @@ class Router:
         self._queue_limit = replica_set.queue_limit
         self._max_queue_wait_s = replica_set.max_queue_wait_s
         self._prefix_routing = replica_set.prefix_routing
+        self._no_replica_coming = bool(replica_set.unavailable) and not replica_set.replicas
         self.pool.loads.capacity = self._max_ongoing
         wanted = {info.replica_id: info for info in replica_set.replicas}
         for replica_id in list(self.pool.by_id):
@@ -300,8 +302,14 @@ class Router:
         """Send to the replica that power of two choices (or, for a model, the model
         routing) picks; False if all are full or others wait before it. `thread`: the
         caller's, for its own link."""
-        if not pending.message.model_id and self._queue:
-            return False  # FIFO; queued requests of other models do not hold a model's up
+        if not pending.message.model_id:
+            if pending.prefix is None and self._prefix_routing:
+                # read once, here (its choices read it); only a POST may carry one, and
+                # the others are told apart without a call (every request comes here)
+                pending.prefix = prompt_chunks(pending, self.pool.prompt_names) \
+                    if pending.message.method == "POST" else []
+            if self._queue:
+                return False  # FIFO; queued requests of other models do not hold a model's up
         index = self._choose(pending, False)
         if index < 0:
             return False
@@ -314,15 +322,10 @@ class Router:
         model = pending.message.model_id
         if model:
             slot.reserve(model)
-        link = slot.link
-        if thread is not None:
-            link = self.own_links.get(slot.info.replica_id, thread) or link
-        pending.sent_at = self._now()  # (_send, inline: every routed request comes here)
-        link.start(pending)
-
-    def _send(self, link: ReplicaLink, pending: Pending) -> None:
-        pending.sent_at = self._now()
-        link.start(pending)
+        if thread is None:
+            slot.link.start(pending)
+        else:
+            (self.own_links.get(slot.info.replica_id, thread) or slot.link).start(pending)
 
     def submit(self, pending: Pending) -> None:
         """Send now, queue, or raise BackPressureError (DeploymentUnavailableError when no
@@ -334,9 +337,10 @@ class Router:
                 self._enqueue(pending, pending.message.model_id)
 
     def _enqueue(self, pending: Pending, model: str) -> None:
-        unavailable = self._unavailable()
-        if unavailable is not None:
-            raise unavailable
+        if self._no_replica_coming:  # (a flag: every request that queues comes here)
+            unavailable = self._unavailable()
+            if unavailable is not None:
+                raise unavailable
         queued, limit, wait_s = len(self._queue), self._queue_limit, self._max_queue_wait_s
         # Bounded by count, the completion rate (a refusal's Retry-After) is measured over
         # windows that start as requests queue; bounded by time, the in-flight count is
@@ -413,7 +417,7 @@ class Router:
             if not self._unhold(link, reservation):  # the link was lost meanwhile
                 raise ReplicaUnavailableError(link.replica_id)
             pending.pinned = link.replica_id
-            self._send(link, pending)
+            link.start(pending)
 
     def replica_info(self, replica_id: str) -> ReplicaInfo | None:
         with self.lock:
@@ -439,15 +443,19 @@ class Router:
             else:
                 if pending.message.model_id:
                     slot.reserve(pending.message.model_id)  # as sending it first did
-                self._send(slot.link, pending)
+                slot.link.start(pending)
 
     # -- choosing (policy/dispatch.py decides; the choice itself is policy/*routing.py) -
 
     def _drain(self) -> None:
         with self.lock:
             if self._queue:
-                self._drain_times = None
-                self._queue = drain(self._queue, _model_of, _cancelled, self._choose, self._go)
+                self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        """(The lock held, the queue not empty: an answer's way, every queued request's.)"""
+        self._drain_times = None
+        self._queue = drain(self._queue, _model_of, _cancelled, self._choose, self._go)
 
     def _choose(self, pending: Pending, fallback: bool | None = None) -> int:
         """The routable replica's index for `pending`, or NO_REPLICA: by its model
@@ -455,8 +463,12 @@ class Router:
         reports them or by the prefix held for an OpenAI prompt (router/engine_choice.py),
         else power of two choices on in-flight counts. `fallback`: a model request that
         waited long enough may go anywhere; None (a drain's choice): once it waited the
-        matching timeout (read once a drain, and only if a model request is seen)."""
+        matching timeout (read once a drain, and only if a model request is seen). A
+        request's prompt is read as it starts (`_start`), by the set's prefix routing then."""
         model = pending.message.model_id
+        if not (model or pending.prefix or self._by_engine):  # (most choices: first)
+            pool = self.pool
+            return choose_replica(pool.loads, self._max_ongoing, self._rng, pool.local)
         if model:
             if fallback is None:
                 times = self._drain_times
@@ -464,15 +476,9 @@ class Router:
                     times = self._drain_times = (self._now(), self._matching_timeout())
                 fallback = times[0] - pending.queued_at >= times[1]
             return self._choose_for_model(model, fallback)
-        prompt = pending.prefix  # (read at its first choice; a queued one's next reads it)
-        if prompt is None:
-            prompt = prompt_chunks(pending, self.pool.prompt_names) \
-                if self._prefix_routing else []
-        if self._by_engine or prompt:
-            # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
-            return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending,
-                                    self._now(), self._prefix_routing)
-        return choose_replica(self.pool.loads, self._max_ongoing, self._rng, self.pool.local)
+        # an engine's queue, or a prompt: its prefix, from the deployment's 1st request
+        return choose_by_engine(self.pool, self._max_ongoing, self._rng, pending, self._now(),
+                                self._prefix_routing)
 
     def _on_prefix(self, link: ReplicaLink, change: PrefixHeld) -> None:
         """The replica's engine cached or evicted prompts (its KV events): the index
@@ -540,7 +546,8 @@ class Router:
             self.pool.retire(link)
         elif link.owner is not None and not link.in_flight and not link.lent:
             link.lend()  # reclaimed, and all answered: its thread may read it again
-        self._drain()
+        if self._queue:
+            self._drain_locked()
 
     def _rejected(self, slot: Slot | None, pending: Pending) -> None:
         pending.link = None
