@@ -66,6 +66,10 @@ __all__ = ["RouterConnection"]
 
 log = logging.getLogger("surge.replica")
 
+# A request's first frame (a tuple made once: `A | B` builds a Union at every isinstance
+# call, and every request asks)
+_REQUESTS = (HttpRequest, Call, GrpcRequest)
+
 
 def _dumps(value: Any) -> bytes:
     try:
@@ -109,7 +113,7 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
         if self.handshake is not None:
             self._handshake_step(self.handshake, message)
             return
-        if isinstance(message, HttpRequest | Call | GrpcRequest):
+        if isinstance(message, _REQUESTS):
             self._request(message)
         elif isinstance(message, Credit | GrpcMessage | HttpBody | WsData | WsClose | Cancel):
             request = self.requests.get(message.id)

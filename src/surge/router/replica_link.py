@@ -143,10 +143,16 @@ def stream_bytes(message: Message) -> int:
     return 0
 
 
+# Tuples made once: `A | B` in an isinstance call builds a Union at every call, and every
+# answer asks.
+_HTTP_FRAMES = (HttpStart, HttpBody)
+_ENDS = (Result, End, GrpcEnd, Failure, Rejected, WsClose)
+
+
 def is_final(message: Message) -> bool:
-    if isinstance(message, HttpStart | HttpBody):
+    if isinstance(message, _HTTP_FRAMES):
         return not message.more
-    return isinstance(message, Result | End | GrpcEnd | Failure | Rejected | WsClose)
+    return isinstance(message, _ENDS)
 
 
 class ReplicaLink(ThreadSafeProtocol):
