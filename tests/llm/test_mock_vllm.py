@@ -174,6 +174,19 @@ def test_abort_ends_the_stream_and_frees_the_cache() -> None:
     run_started(main, step_s=0.005)
 
 
+def test_a_request_aborted_in_its_frontend_wait_never_reaches_the_engine() -> None:
+    async def main(e: MockVLLMEngine) -> None:
+        task = asyncio.create_task(collect(e, "x y", 2, "early"))
+        await asyncio.sleep(0.01)  # in its 50 ms frontend wait
+        await e.abort("early")
+        assert [d.finish_reason for d in await task] == ["abort"]
+        served = await collect(e, "x y z", 1, "next")
+        assert served[0].finish_reason == "length"
+        assert (e.steps, e.stats().prefix_cache_queries) == (1, 3)  # "early" never ran
+
+    run_started(main, step_s=0.001, request_s=0.05)
+
+
 def test_a_reader_that_goes_away_aborts_its_request() -> None:
     async def main(e: MockVLLMEngine) -> None:
         stream = e.generate(Prompt(text="a b"), SamplingParams(max_tokens=100), "gone")

