@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from surge.codecs.kv_events import BlockStored
+from surge.config.schema import FieldError
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -172,6 +174,29 @@ def test_abort_ends_the_stream_and_frees_the_cache() -> None:
         assert e.stats().kv_cache_usage == 0.0
 
     run_started(main, step_s=0.005)
+
+
+def test_a_new_requests_first_step_costs_admit_s_and_holds_up_the_batch() -> None:
+    async def main(e: MockVLLMEngine) -> None:
+        loop = asyncio.get_running_loop()
+        stamps: list[float] = []
+
+        async def running() -> None:
+            prompt, params = Prompt(text="a b"), SamplingParams(max_tokens=30)
+            async for _ in e.generate(prompt, params, "a"):
+                stamps.append(loop.time())
+
+        task = asyncio.create_task(running())
+        await eventually_async(lambda: len(stamps) >= 3, 5.0)
+        (_, took), before = await timed(collect(e, "c d", 1, "b")), len(stamps)
+        await task
+        assert took >= 0.05 and before < 30  # "b" came while "a" was decoding
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        assert sum(gap >= 0.05 for gap in gaps) >= 1  # "a" waited out "b"'s first step
+        with pytest.raises(FieldError, match="admit_s"):
+            engine(admit_s=-1)
+
+    run_started(main, step_s=0.001, admit_s=0.05)
 
 
 def test_a_request_aborted_in_its_frontend_wait_never_reaches_the_engine() -> None:
