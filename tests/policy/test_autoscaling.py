@@ -28,6 +28,7 @@ from surge.policy.autoscaling import (
     arrival_rate,
     arrival_slope,
     custom,
+    llm_in_flight_ahead,
     proactive,
     ray_default,
     ray_total_requests,
@@ -396,9 +397,10 @@ def llm_burst() -> list[LoadSample]:
 
 
 def test_an_llm_deployments_rate_is_read_over_its_service_time() -> None:
-    # Its engines report: the 12 s service time is measured over 4 s, and the rate and
-    # slope over 12 s, so the burst is 10 requests more in flight (34 / 8 = 4.25
-    # replicas, and its slope), not 33 req/s that last (33 x 12 / 8 = 50 replicas).
+    # Its engines report: the 12 s service time is measured over its window, and the
+    # rate and slope over 12 s, so the burst is a few requests more in flight a lead from
+    # now, not 33 req/s that last (33 x 12 / 8 = 50 replicas): the 24 in flight relax
+    # towards the projected rate x 12 s with time constant 12 s, for the 2 s lead.
     llm = config(max_replicas=64, target_ongoing_requests=8, upscale_delay_s=30.0)
     inputs = ScalingInputs(30.0, 3, 3, llm_burst(), 2.0, engine=EngineLoad(3, 0, 24, 0.1))
     decision = proactive(inputs, llm, PolicyState())
@@ -406,8 +408,13 @@ def test_an_llm_deployments_rate_is_read_over_its_service_time() -> None:
     assert decision.signals["rate_window_s"] == decision.signals["slope_window_s"] == \
         pytest.approx(12.0)
     assert decision.signals["rate"] == pytest.approx(2.7833, abs=1e-4)
-    assert decision.signals["demand_replicas"] == pytest.approx(5.3207, abs=1e-4)
-    assert (decision.target, decision.kind) == (6, "up")
+    projected = decision.signals["projected_rate"]
+    assert projected == pytest.approx(3.5471, abs=1e-4)
+    ahead = (projected * 12.0 - 24.0) * (1 - math.exp(-2.0 / 12.0))
+    assert decision.signals["in_flight_ahead"] == pytest.approx(ahead)
+    assert decision.signals["demand_replicas"] == pytest.approx((24.0 + ahead) / 8)
+    # 3.36 replicas of 3: up at once (no surge band for an LLM deployment)
+    assert (decision.target, decision.kind) == (4, "up")
     # Without engines the 1 s window sees 2 completions: the default service time.
     bare = proactive(ScalingInputs(30.0, 3, 3, llm_burst(), 2.0), llm, PolicyState())
     assert bare.signals["rate_window_s"] == 0.3
@@ -549,6 +556,67 @@ def test_a_surge_clears_a_pending_scale_down() -> None:
     assert timers(waiting) == (None, 5.0)
     surge = decide(traffic(STEP, 10.1), 10.1, 4, 4, state=waiting.state)
     assert (surge.target, *timers(surge)) == (10, None, None)
+
+
+@pytest.mark.parametrize(("in_flight", "rate", "service_s", "lead_s", "expected"), [
+    (24.0, 2.0, 12.0, 2.0, 0.0),  # settled: 2 req/s x 12 s is what it holds
+    (24.0, 12.0, 12.0, 2.0, 120.0 * (1 - math.exp(-2.0 / 12.0))),  # a step 2 -> 12 req/s
+    (0.0, 10.0, 1.0, 50.0, 10.0 * (1 - math.exp(-50.0))),  # short requests: rate x service
+    (40.0, 2.0, 12.0, 2.0, 0.0),  # more than settles: never below now
+    (5.0, 3.0, 0.0, 2.0, 0.0),  # no service time measured
+])
+def test_llm_in_flight_ahead_relaxes_towards_rate_times_service(
+        in_flight: float, rate: float, service_s: float, lead_s: float,
+        expected: float) -> None:
+    assert llm_in_flight_ahead(in_flight, rate, service_s, lead_s) == pytest.approx(expected)
+
+
+def llm_steady(in_flight: float, now: float) -> list[LoadSample]:
+    """40 s of an LLM deployment holding `in_flight` 12 s requests, 1 / 12 of them
+    arriving and as many finishing a second (settled: nothing ahead)."""
+    end = round(now * 10)
+    return [bucket(i, arrivals=in_flight / 120, completions=in_flight / 120, ongoing=in_flight)
+            for i in range(end - 399, end + 1)]
+
+
+def test_an_llm_deployment_scales_up_on_any_excess_at_once() -> None:
+    # 34 requests in flight at 8 a replica: 4.25 replicas of 4, inside the 20% band;
+    # without engines it waits upscale_delay_s, with them it acts now (a request
+    # beyond the batches waits for a sequence to finish, a TTFT miss in the making).
+    llm = config(max_replicas=64, target_ongoing_requests=8)
+    samples = llm_steady(34.0, 40.0)
+    bare = proactive(ScalingInputs(40.0, 4, 4, samples, 2.0), llm, PolicyState())
+    assert (bare.target, bare.kind) == (4, "hold")
+    inputs = ScalingInputs(40.0, 4, 4, samples, 2.0, engine=EngineLoad(4, 2, 32, 0.1))
+    decision = proactive(inputs, llm, PolicyState())
+    assert decision.signals["in_flight_ahead"] == pytest.approx(0.0)
+    assert decision.signals["demand_replicas"] == pytest.approx(34.0 / 8)
+    assert (decision.target, decision.kind, *timers(decision)) == (5, "up", None, None)
+    # ... unless told otherwise
+    banded = proactive(inputs, llm, PolicyState(), ProactiveSettings(llm_surge_threshold=0.2))
+    assert (banded.target, banded.kind) == (4, "hold")
+
+
+def test_an_llm_deployment_scales_down_below_its_own_band() -> None:
+    # 26 in flight of 10 replicas at 8: 3.25 replicas, 0.325 of 10 (below 0.6 and 0.7):
+    # the wait starts; 52 in flight (6.5 replicas, 0.65 of 10) is below 0.7 but not
+    # 0.6: an LLM deployment holds, timers cleared, where another would wait to go down.
+    llm = config(max_replicas=64, target_ongoing_requests=8, downscale_delay_s=60.0)
+    engines = EngineLoad(10, 0, 26, 0.1)
+    low = proactive(ScalingInputs(40.0, 10, 10, llm_steady(26.0, 40.0), 2.0, engine=engines),
+                    llm, PolicyState())
+    assert (low.target, low.kind, *timers(low)) == (10, "hold", None, 40.0)
+    assert "waiting downscale_delay_s=60" in low.reason
+    later = proactive(ScalingInputs(100.0, 10, 10, llm_steady(26.0, 100.0), 2.0,
+                                    engine=engines), llm, low.state)
+    assert (later.target, later.kind) == (7, "down")  # half the gap to ceil(3.25)
+    assert "below 60% of 10 for 60s" in later.reason
+    mid = llm_steady(52.0, 40.0)
+    held = proactive(ScalingInputs(40.0, 10, 10, mid, 2.0, engine=EngineLoad(10, 0, 52, 0.3)),
+                     llm, PolicyState())
+    assert (held.target, held.kind, *timers(held)) == (10, "hold", None, None)
+    bare = proactive(ScalingInputs(40.0, 10, 10, mid, 2.0), llm, PolicyState())
+    assert timers(bare) == (None, 40.0)
 
 
 def test_drop_in_load_holds_until_downscale_delay_then_steps_down() -> None:
@@ -822,8 +890,10 @@ def test_ray_total_requests_honours_max_and_min_aggregation(aggregation: str,
 @pytest.mark.parametrize(("jump_rate", "engine", "rate", "target"), [
     (0.0, True, 2.0, 3),  # 2 req/s of 12 s requests on 3 replicas of 8: held
     (1.0, True, 2.0, 3),  # a jump slower than the buckets' rate: the buckets'
-    (4.0, True, 4.0, 6),  # 4 req/s x 12 s / 8 a replica
-    (100.0, True, 100.0, 12),  # 150 replicas asked: max_step_factor's 4x
+    # 4 req/s: the 24 in flight relax towards 4 x 12 s = 48 over the 2 s lead:
+    # 24 + 24 x (1 - e^(-2/12)) = 27.7, / 8 a replica
+    (4.0, True, 4.0, 4),
+    (100.0, True, 100.0, 12),  # 25.5 replicas asked: max_step_factor's 4x
     (100.0, False, 2.0, 3),  # not an LLM deployment: no jump rate is read
 ])
 def test_an_llm_deployment_sizes_on_the_rate_its_jump_implied(

@@ -12,6 +12,7 @@ from surge.policy.autoscaling import (
     DecisionKind,
     LoadSample,
     PolicyState,
+    ProactiveSettings,
     ScalingInputs,
     proactive,
 )
@@ -105,15 +106,20 @@ def test_an_unmeasured_prefill_rate_falls_back_to_the_default() -> None:
     assert demand.replicas == pytest.approx(4.0)
 
 
-def test_a_full_decode_batch_is_decode_bound_and_grows_with_the_slope() -> None:
+def test_a_full_decode_batch_is_decode_bound_and_grows_by_what_is_ahead() -> None:
     engines = load(replicas=2, running=500, waiting=100, kv_cache_usage=0.5,
                    decode_step_s=0.01, decode_s_per_seq=0.0002)
     demand = objective_demand(engines, BOTH, rate=100, projected_rate=150,
                               fallback_batch=256)
     assert demand.bound is Bound.DECODE
-    # 600 sequences x 1.5 (the rate's projected growth) / 200 a replica
-    assert demand.replicas == pytest.approx(4.5)
+    # 600 sequences / 200 a replica: a faster rate alone does not multiply them
+    assert demand.replicas == pytest.approx(3.0)
     assert "decode-bound" in demand.reason
+    # 300 more a start-up lead from now (policy.autoscaling.llm_in_flight_ahead)
+    ahead = objective_demand(engines, BOTH, rate=100, projected_rate=150,
+                             fallback_batch=256, ahead=300.0)
+    assert ahead.replicas == pytest.approx(4.5)
+    assert ahead.signals["decode_sequences"] == pytest.approx(900.0)
 
 
 def test_requests_queued_in_routers_decode_too() -> None:
@@ -199,19 +205,25 @@ def test_proactive_sizes_for_the_objectives(config: AutoscalingConfig,
     assert (decision.kind, decision.target) == (kind, target)
 
 
-def test_a_small_objective_excess_waits_upscale_delay_then_goes() -> None:
-    # 2.2 replicas' demand on a target of 2: within the surge band (20%), so it waits
-    # upscale_delay_s as every proactive scale-up inside the band does
+def test_a_small_objective_excess_goes_at_once_or_waits_a_configured_band() -> None:
+    # 2.2 replicas' demand on a target of 2: an LLM deployment's surge band is 0 by
+    # default (ProactiveSettings.llm_surge_threshold), so it goes at once; with a band of
+    # 20% it waits upscale_delay_s as every proactive scale-up inside the band does
     config = AutoscalingConfig(min_replicas=1, max_replicas=16, target_ongoing_requests=256,
                                upscale_delay_s=1.0, objectives={"ttft_ms": 1000})
     engines = load(prefill_backlog_tokens=22_000, prefill_tokens_per_s=10_000,
                    prompt_tokens=1_000)
+    at_once = proactive(ScalingInputs(now=100.0, running=2, target=2,
+                                      samples=steady(100.0, 0.0), engine=engines),
+                        config, PolicyState())
+    assert (at_once.target, at_once.kind) == (3, DecisionKind.UP_PREFILL)
+    banded = ProactiveSettings(llm_surge_threshold=0.2)
     state, kinds = PolicyState(), []
     for i in range(12):
         now = 100.0 + i / 10
         decision = proactive(ScalingInputs(now=now, running=2, target=2,
                                            samples=steady(now, 0.0), engine=engines),
-                             config, state)
+                             config, state, banded)
         state = decision.state
         kinds.append((round(now, 1), decision.kind))
     assert kinds[0] == (100.0, DecisionKind.HOLD)
