@@ -72,7 +72,7 @@ def test_prefill_heavy_load_with_kv_near_30_percent_is_prefill_bound() -> None:
                    prefill_backlog_tokens=60_000, prefill_tokens_per_s=20_000,
                    prompt_tokens=2_000, decode_step_s=0.01, decode_s_per_seq=0.0002)
     assert engine_demand(engines) == pytest.approx(0.75)
-    demand = objective_demand(engines, BOTH, rate=10, projected_rate=10,
+    demand = objective_demand(engines, BOTH, projected_rate=10,
                               fallback_batch=256)
     assert demand.bound is Bound.PREFILL
     assert demand.replicas == pytest.approx(60_000 / (20_000 * 0.5))
@@ -84,7 +84,7 @@ def test_the_prefill_flow_sizes_for_the_projected_rate() -> None:
     # 2,000-token prompts at 20,000 tokens/s: 0.1 s each, k = 4, rho = 8/9 -> 0.889;
     # 50 req/s projected x 2,000 tokens / (20,000 x 0.889) = 5.6 replicas
     engines = load(prefill_tokens_per_s=20_000, prompt_tokens=2_000)
-    demand = objective_demand(engines, Objectives(ttft_s=0.5), rate=10, projected_rate=50,
+    demand = objective_demand(engines, Objectives(ttft_s=0.5), projected_rate=50,
                               fallback_batch=256)
     assert demand.bound is Bound.PREFILL
     assert demand.signals["prefill_rho"] == pytest.approx(8 / 9)
@@ -93,14 +93,14 @@ def test_the_prefill_flow_sizes_for_the_projected_rate() -> None:
 
 def test_requests_queued_in_routers_count_in_the_backlog() -> None:
     engines = load(prefill_tokens_per_s=10_000, prompt_tokens=1_000)
-    demand = objective_demand(engines, Objectives(ttft_s=1.0), rate=0, projected_rate=0,
+    demand = objective_demand(engines, Objectives(ttft_s=1.0), projected_rate=0,
                               router_queued=30, fallback_batch=256)
     assert demand.replicas == pytest.approx(30 * 1_000 / 10_000)
 
 
 def test_an_unmeasured_prefill_rate_falls_back_to_the_default() -> None:
     engines = load(prefill_backlog_tokens=DEFAULT_PREFILL_TOKENS_PER_S)
-    demand = objective_demand(engines, Objectives(ttft_s=0.25), rate=0, projected_rate=0,
+    demand = objective_demand(engines, Objectives(ttft_s=0.25), projected_rate=0,
                               fallback_batch=256)
     assert demand.signals["prefill_tokens_per_s"] == DEFAULT_PREFILL_TOKENS_PER_S
     assert demand.replicas == pytest.approx(4.0)
@@ -109,14 +109,14 @@ def test_an_unmeasured_prefill_rate_falls_back_to_the_default() -> None:
 def test_a_full_decode_batch_is_decode_bound_and_grows_by_what_is_ahead() -> None:
     engines = load(replicas=2, running=500, waiting=100, kv_cache_usage=0.5,
                    decode_step_s=0.01, decode_s_per_seq=0.0002)
-    demand = objective_demand(engines, BOTH, rate=100, projected_rate=150,
+    demand = objective_demand(engines, BOTH, projected_rate=150,
                               fallback_batch=256)
     assert demand.bound is Bound.DECODE
     # 600 sequences / 200 a replica: a faster rate alone does not multiply them
     assert demand.replicas == pytest.approx(3.0)
     assert "decode-bound" in demand.reason
     # 300 more a start-up lead from now (policy.autoscaling.llm_in_flight_ahead)
-    ahead = objective_demand(engines, BOTH, rate=100, projected_rate=150,
+    ahead = objective_demand(engines, BOTH, projected_rate=150,
                              fallback_batch=256, ahead=300.0)
     assert ahead.replicas == pytest.approx(4.5)
     assert ahead.signals["decode_sequences"] == pytest.approx(900.0)
@@ -126,25 +126,25 @@ def test_requests_queued_in_routers_decode_too() -> None:
     # 2 engines of 8 sequences, both full, and 16 more queued in the routers: 4 replicas
     demand = objective_demand(load(replicas=2, running=16, decode_step_s=0.02,
                                    decode_s_per_seq=0.002), Objectives(tpot_s=0.1),
-                              rate=1, projected_rate=1, router_queued=16, fallback_batch=8)
+                              projected_rate=1, router_queued=16, fallback_batch=8)
     assert (demand.bound, demand.replicas) == (Bound.DECODE, pytest.approx(4.0))
 
 
 def test_an_unmeasured_decode_cost_sizes_by_target_ongoing_requests() -> None:
-    demand = objective_demand(load(running=300), Objectives(tpot_s=0.05), rate=0,
-                              projected_rate=0, fallback_batch=100)
+    demand = objective_demand(load(running=300), Objectives(tpot_s=0.05), projected_rate=0,
+                              fallback_batch=100)
     assert (demand.bound, demand.replicas) == (Bound.DECODE, pytest.approx(3.0))
 
 
 def test_a_full_kv_cache_is_kv_bound() -> None:
-    demand = objective_demand(load(replicas=4, running=8, kv_cache_usage=0.96), BOTH, rate=1,
+    demand = objective_demand(load(replicas=4, running=8, kv_cache_usage=0.96), BOTH,
                               projected_rate=1, fallback_batch=256)
     assert (demand.bound, demand.replicas) == (Bound.KV, pytest.approx(4.8))
     assert "KV-bound" in demand.reason
 
 
 def test_no_load_is_bound_by_nothing() -> None:
-    demand = objective_demand(load(), BOTH, rate=0, projected_rate=0, fallback_batch=256)
+    demand = objective_demand(load(), BOTH, projected_rate=0, fallback_batch=256)
     assert (demand.bound, demand.replicas, demand.reason) == (Bound.NONE, 0.0,
                                                               "no load on the engines")
 

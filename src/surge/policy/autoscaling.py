@@ -458,7 +458,7 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                "projected_rate": projected,
                "service_time_s": service, "demand_replicas": demand,
                "engine_demand": inputs.engine_demand, "in_flight_ahead": ahead}
-    objective = _objective(inputs, config, rate, projected, latest, ahead)
+    objective = _objective(inputs, config, projected, latest, ahead)
     up_kind, why_more = DecisionKind.UP, ""
     if objective is not None:  # objectives, not levels: they replace the sizing above
         demand = objective.replicas
@@ -530,14 +530,13 @@ def llm_in_flight_ahead(in_flight: float, rate: float, service_s: float,
     return max(0.0, (settled - in_flight) * -math.expm1(-lead_s / service_s))
 
 
-def _objective(inputs: ScalingInputs, config: AutoscalingConfig, rate: float,
-               projected: float, latest: LoadSample | None,
-               ahead: float) -> ObjectiveDemand | None:
+def _objective(inputs: ScalingInputs, config: AutoscalingConfig, projected: float,
+               latest: LoadSample | None, ahead: float) -> ObjectiveDemand | None:
     """The objectives' demand, when the deployment states them and its engines report."""
     objectives = config.latency_objectives
     if objectives is None or inputs.engine is None or inputs.engine.replicas <= 0:
         return None
-    return objective_demand(inputs.engine, objectives, rate=rate, projected_rate=projected,
+    return objective_demand(inputs.engine, objectives, projected_rate=projected,
                             router_queued=latest.queued if latest else 0.0,
                             fallback_batch=config.target_ongoing_requests, ahead=ahead)
 

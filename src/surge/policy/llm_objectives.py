@@ -117,13 +117,13 @@ def _decode(load: EngineLoad, tpot_s: float, ahead: float, fallback_batch: float
     return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences}
 
 
-def objective_demand(load: EngineLoad, objectives: Objectives, *, rate: float,
+def objective_demand(load: EngineLoad, objectives: Objectives, *,
                      projected_rate: float, router_queued: float = 0.0,
                      fallback_batch: float, kv_target: float = KV_TARGET,
                      ahead: float = 0.0) -> ObjectiveDemand:
     """Replicas the objectives ask for, given the engines' reports and the offered load.
 
-    `rate` and `projected_rate` are the offered requests/s now and over the start-up lead;
+    `projected_rate` is the offered requests/s over the start-up lead;
     `router_queued` the requests waiting in routers (not yet in any engine's backlog);
     `ahead` the requests the deployment will hold a start-up lead from now beyond those
     (policy.autoscaling.llm_in_flight_ahead).
