@@ -66,9 +66,10 @@ __all__ = ["RouterConnection"]
 
 log = logging.getLogger("surge.replica")
 
-# A request's first frame (a tuple made once: `A | B` builds a Union at every isinstance
-# call, and every request asks)
+# A request's first frame, and the frames of a request under way (tuples made once: `A | B`
+# builds a Union at every isinstance call, and every frame asks)
 _REQUESTS = (HttpRequest, Call, GrpcRequest)
+_REQUEST_FRAMES = (Credit, GrpcMessage, HttpBody, WsData, WsClose, Cancel)
 
 
 def _dumps(value: Any) -> bytes:
@@ -115,7 +116,7 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
             return
         if isinstance(message, _REQUESTS):
             self._request(message)
-        elif isinstance(message, Credit | GrpcMessage | HttpBody | WsData | WsClose | Cancel):
+        elif isinstance(message, _REQUEST_FRAMES):
             request = self.requests.get(message.id)
             if request is None:
                 return  # it ended already

@@ -132,21 +132,21 @@ class Reservation(Pending):
             self.granted.set_result(link)  # (any thread: a concurrent future)
 
 
+# Tuples made once: `A | B` in an isinstance call builds a Union at every call, and every
+# answer asks.
+_HTTP_FRAMES = (HttpStart, HttpBody)
+_ENDS = (Result, End, GrpcEnd, Failure, Rejected, WsClose)
+
+
 def stream_bytes(message: Message) -> int:
     """The payload of a non-final stream frame (what flow control charges for)."""
-    if isinstance(message, HttpStart | HttpBody):
+    if isinstance(message, _HTTP_FRAMES):
         return len(message.body)
     if isinstance(message, Item):
         return len(message.payload)
     if isinstance(message, WsData):
         return len(message.data)
     return 0
-
-
-# Tuples made once: `A | B` in an isinstance call builds a Union at every call, and every
-# answer asks.
-_HTTP_FRAMES = (HttpStart, HttpBody)
-_ENDS = (Result, End, GrpcEnd, Failure, Rejected, WsClose)
 
 
 def is_final(message: Message) -> bool:

@@ -605,9 +605,12 @@ class Router:
         lock)."""
         self.arrived += 1
         model = pending.message.model_id
+        if not (model or self._by_engine):
+            return False  # (most requests: no clock read)
+        now = self._now()
         if model:
-            self._heat.hit(model, self._now())
-        return self._by_engine and self._watch.arrived(self._now())
+            self._heat.hit(model, now)
+        return self._by_engine and self._watch.arrived(now)
 
     def _report_watch(self, rearm: bool) -> None:
         """The arrival watch's recent rate takes in the arrivals since its last report."""
