@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from surge.config import AutoscalingConfig
-from surge.policy.autoscale_step import STANDBY_LEAD_S, StepInputs, autoscale_step
+from surge.policy.autoscale_step import (
+    STANDBY_LEAD_S,
+    URGENT_DECISION_INTERVAL_S,
+    StepInputs,
+    autoscale_step,
+    urgent_decision_due,
+    urgent_decision_wait,
+)
 from surge.policy.autoscaling import LoadSample, PolicyState, proactive
 from surge.policy.engine_load import EngineLoad
 
@@ -89,3 +96,16 @@ def test_only_an_urgent_step_reads_the_rate_a_jump_implied(urgent: bool, target:
                         startup_lead_s=2.0, engine=EngineLoad(3, 0, 24, 0.1), urgent=urgent,
                         jump_rate=100.0)
     assert autoscale_step(proactive, config, PolicyState(), inputs).target == target
+
+
+@pytest.mark.parametrize(("last_at", "now", "due", "wait"), [
+    (0.0, 0.0, False, URGENT_DECISION_INTERVAL_S),  # decided just now: the whole interval
+    (0.0, URGENT_DECISION_INTERVAL_S / 4, False, 0.75 * URGENT_DECISION_INTERVAL_S),
+    (0.0, URGENT_DECISION_INTERVAL_S, True, 0.0),  # due at the interval's end
+    (10.0, 11.0, True, 0.0),  # long past: due, never a negative wait
+    (float("-inf"), 0.0, True, 0.0),  # never decided
+])
+def test_an_urgent_decision_not_yet_due_waits_out_the_interval(
+        last_at: float, now: float, due: bool, wait: float) -> None:
+    assert urgent_decision_due(last_at, now) is due
+    assert urgent_decision_wait(last_at, now) == pytest.approx(wait)

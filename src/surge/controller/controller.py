@@ -61,9 +61,9 @@ from surge.controller.state import ControllerState, DeploymentRecord, Peer
 from surge.model import DeploymentId, LoadReport
 from surge.policy.autoscale_step import (
     TICK_S,
-    URGENT_DECISION_INTERVAL_S,
     StepInputs,
     urgent_decision_due,
+    urgent_decision_wait,
 )
 from surge.policy.autoscaling import LoadSample
 from surge.policy.cadence import load_report_interval_s, telemetry_interval_s
@@ -215,7 +215,7 @@ class Controller:
                 continue
             if not urgent_decision_due(record.last_urgent_decision, now):
                 self._urgent.add(deployment)  # decided on once the interval is over
-                left = record.last_urgent_decision + URGENT_DECISION_INTERVAL_S - now
+                left = urgent_decision_wait(record.last_urgent_decision, now)
                 wait = left if wait is None else min(wait, left)
                 continue
             try:
@@ -224,7 +224,7 @@ class Controller:
                 log.exception("urgent decision for %s failed", deployment)
         if wait is not None:
             self._urgent_timer = asyncio.get_running_loop().call_later(
-                max(wait, 0.0), self._decide_urgent)
+                wait, self._decide_urgent)
 
     def on_disconnect(self, peer: Peer) -> None:
         self.publisher.drop(peer)

@@ -57,6 +57,7 @@ __all__ = [
     "StepInputs",
     "autoscale_step",
     "urgent_decision_due",
+    "urgent_decision_wait",
 ]
 
 
@@ -141,3 +142,8 @@ def autoscale_step(policy: Policy, config: AutoscalingConfig, state: PolicyState
 def urgent_decision_due(last_at: float, now: float) -> bool:
     """Whether an out-of-tick decision may run now (the last one was at `last_at`)."""
     return now - last_at >= URGENT_DECISION_INTERVAL_S
+
+
+def urgent_decision_wait(last_at: float, now: float) -> float:
+    """How long after `now` an out-of-tick decision becomes due (0.0: it is due now)."""
+    return max(0.0, last_at + URGENT_DECISION_INTERVAL_S - now)

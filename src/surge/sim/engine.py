@@ -54,11 +54,11 @@ from surge.loadtest.stats import ReplicaSample
 from surge.model import DeploymentId
 from surge.policy.autoscale_step import (
     TICK_S,
-    URGENT_DECISION_INTERVAL_S,
     URGENT_REPORT_DELAY_S,
     StepInputs,
     autoscale_step,
     urgent_decision_due,
+    urgent_decision_wait,
 )
 from surge.policy.autoscaling import LoadSample, PolicyState, ProactiveSettings
 from surge.policy.engine_load import EngineLoad
@@ -336,8 +336,8 @@ class Simulation:
         if not urgent_decision_due(self._last_urgent, now):
             if jump_rate > 0.0 and self.llm is not None:  # as the controller: decided on
                 self.llm.jump_rate = jump_rate  # once the interval is over
-                self._urgent_at = max(self._last_urgent + URGENT_DECISION_INTERVAL_S,
-                                      now) + 2 * _EVENT_EPS
+                self._urgent_at = (now + urgent_decision_wait(self._last_urgent, now)
+                                   + 2 * _EVENT_EPS)
             return
         self._last_urgent = now
         self.counters.urgent_decisions += 1
