@@ -37,13 +37,20 @@ from surge.llm.engine import (
 __all__ = ["FakeLLMEngine", "WordsChat", "word_tokens", "words_chat"]
 
 
-def _token(word: str) -> int:
-    return zlib.crc32(word.encode()) % 50_000
+_TOKEN_IDS: dict[str, int] = {}  # words seen, bounded (a 220 KB prompt: ~44,000 words)
 
 
 def word_tokens(text: str) -> list[int]:
-    """Words are tokens: each one's id by a stable hash."""
-    return [_token(word) for word in text.split()]
+    """Words are tokens: each one's id by a stable hash (crc32, kept per word)."""
+    words = text.split()
+    ids = list(map(_TOKEN_IDS.get, words))
+    if None in ids:
+        if len(_TOKEN_IDS) > 1 << 16:
+            _TOKEN_IDS.clear()
+        for i, word in enumerate(words):
+            if ids[i] is None:
+                ids[i] = _TOKEN_IDS[word] = zlib.crc32(word.encode()) % 50_000
+    return ids  # type: ignore[return-value]
 
 
 def words_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> Prompt:
@@ -153,7 +160,7 @@ class FakeLLMEngine(WordsChat):
                 stopped = self.eos_after is not None and limit == int(self.eos_after)
                 reason = "stop" if stopped else "length"
             for index in range(params.n):
-                yield Delta(text, (_token(word),), reason, index,
+                yield Delta(text, tuple(word_tokens(word)), reason, index,
                             prompt_tokens if step == 0 else 0)
             if reason is not None:
                 return
