@@ -84,10 +84,12 @@ def test_an_urgent_step_only_scales_up(samples: list[LoadSample], state: PolicyS
         assert step.decision.reason.startswith("hold (between ticks only a scale-up")
 
 
-@pytest.mark.parametrize(("urgent", "target"), [(True, 12), (False, 3)])
+@pytest.mark.parametrize(("urgent", "target"), [(True, 12), (False, 4)])
 def test_only_an_urgent_step_reads_the_rate_a_jump_implied(urgent: bool, target: int) -> None:
     """2 req/s of 12 s requests on 3 replicas of 8, an LLM router's jump implying
-    100 req/s: urgent, it is sized on (max_step_factor's 4x); at a tick, not read."""
+    100 req/s: urgent, it is sized on (max_step_factor's 4x); at a tick, not read (the
+    24 in flight and their spread a lead from now, policy.autoscaling.llm_in_flight_spread:
+    4)."""
     config = AutoscalingConfig(min_replicas=1, max_replicas=64, target_ongoing_requests=8,
                                upscale_delay_s=30.0, downscale_delay_s=60.0)
     samples = [LoadSample(t=i / 10, arrivals=0.2, completions=0.2, rejections=0, queued=0,

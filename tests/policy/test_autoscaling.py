@@ -29,6 +29,7 @@ from surge.policy.autoscaling import (
     arrival_slope,
     custom,
     llm_in_flight_ahead,
+    llm_in_flight_spread,
     proactive,
     ray_default,
     ray_total_requests,
@@ -400,7 +401,8 @@ def test_an_llm_deployments_rate_is_read_over_its_service_time() -> None:
     # Its engines report: the 12 s service time is measured over its window, and the
     # rate and slope over 12 s, so the burst is a few requests more in flight a lead from
     # now, not 33 req/s that last (33 x 12 / 8 = 50 replicas): the 24 in flight relax
-    # towards the projected rate x 12 s with time constant 12 s, for the 2 s lead.
+    # towards the projected rate x 12 s with time constant 12 s, for the 2 s lead, plus
+    # 1.5 standard deviations of that (llm_in_flight_spread).
     llm = config(max_replicas=64, target_ongoing_requests=8, upscale_delay_s=30.0)
     inputs = ScalingInputs(30.0, 3, 3, llm_burst(), 2.0, engine=EngineLoad(3, 0, 24, 0.1))
     decision = proactive(inputs, llm, PolicyState())
@@ -412,13 +414,17 @@ def test_an_llm_deployments_rate_is_read_over_its_service_time() -> None:
     assert projected == pytest.approx(3.5471, abs=1e-4)
     ahead = (projected * 12.0 - 24.0) * (1 - math.exp(-2.0 / 12.0))
     assert decision.signals["in_flight_ahead"] == pytest.approx(ahead)
-    assert decision.signals["demand_replicas"] == pytest.approx((24.0 + ahead) / 8)
-    # 3.36 replicas of 3: up at once (no surge band for an LLM deployment)
+    gone = 1 - math.exp(-2.0 / 12.0)
+    spread = 1.5 * math.sqrt(24.0 * gone * (1 - gone) + projected * 12.0 * gone)
+    assert decision.signals["in_flight_headroom"] == pytest.approx(spread)
+    assert decision.signals["demand_replicas"] == pytest.approx((24.0 + ahead + spread) / 8)
+    # 3.94 replicas of 3: up at once (no surge band for an LLM deployment)
     assert (decision.target, decision.kind) == (4, "up")
     # Without engines the 1 s window sees 2 completions: the default service time.
     bare = proactive(ScalingInputs(30.0, 3, 3, llm_burst(), 2.0), llm, PolicyState())
     assert bare.signals["rate_window_s"] == 0.3
     assert bare.signals["service_time_s"] == 0.01
+    assert bare.signals["in_flight_headroom"] == 0.0
 
 
 def test_steady_load_below_capacity_holds() -> None:
@@ -571,6 +577,54 @@ def test_llm_in_flight_ahead_relaxes_towards_rate_times_service(
     assert llm_in_flight_ahead(in_flight, rate, service_s, lead_s) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("in_flight", "rate", "service_s", "lead_s", "expected"), [
+    # 24 of 12 s requests, 2 req/s, 2 s lead: gone = 1 - e^(-1/6) = 0.1535;
+    # 24 x 0.1535 x 0.8465 (binomial) + 2 x 12 x 0.1535 (Poisson) = 6.80
+    (24.0, 2.0, 12.0, 2.0, math.sqrt(6.80)),
+    (0.0, 0.0, 12.0, 2.0, 0.0),  # idle
+    (24.0, 2.0, 0.0, 2.0, 0.0),  # no service time measured
+    (0.0, 10.0, 1.0, 50.0, math.sqrt(10.0)),  # short requests: Poisson(rate x service)
+    (-1.0, -1.0, 12.0, 2.0, 0.0),  # never the root of a negative
+])
+def test_llm_in_flight_spread_is_the_m_g_inf_standard_deviation_over_the_lead(
+        in_flight: float, rate: float, service_s: float, lead_s: float,
+        expected: float) -> None:
+    assert llm_in_flight_spread(in_flight, rate, service_s, lead_s) == \
+        pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.parametrize(("in_flight", "replicas", "lead", "target", "headroom"), [
+    # 12 s requests, settled (as many arriving as finishing), batches of 8:
+    # headroom 1.5 standard deviations (llm_spread_sd), 2.6 requests at 24 in flight
+    (13.0, 2, 2.0, 2, 2.879),  # 1.99 replicas: held
+    (14.0, 2, 2.0, 3, 2.988),  # 2.12: up with 2 slots free (before: 1.75, held)
+    (16.0, 2, 2.0, 3, 3.195),  # full batches (before: 2.0, held until one more came)
+    (20.0, 3, 2.0, 3, 3.572),
+    (24.0, 3, 2.0, 4, 3.912),  # the ramp of bench/llm_sim_vs_real.py's trace: 23-24 of 24
+    (180.0, 24, 2.0, 24, 10.715),  # a square root: 11 slots of 192 held free
+    (190.0, 24, 2.0, 26, 11.008),  # 25.13
+    # a 0.5 s start-up: the spread over a slot's turn, 12 s / 8 = 1.5 s (3.31, 3.16
+    # replicas), not over the lead (2.0, 3.0: held, and a burst waits for a slot)
+    (22.0, 3, 0.5, 4, 3.309),
+])
+def test_an_llm_deployment_scales_up_before_its_batches_are_full(
+        in_flight: float, replicas: int, lead: float, target: int, headroom: float) -> None:
+    # Sized on the mean alone, each scale-up of bench/llm_sim_vs_real.py's ramp came
+    # once the batches were full (16 of 16, 23 of 24, 30 of 32 in flight) and what
+    # arrived in the 2 s start-up waited seconds for a slot (TTFT p99 2.1 s, simulator).
+    llm = config(max_replicas=64, target_ongoing_requests=8)
+    inputs = ScalingInputs(40.0, replicas, replicas, llm_steady(in_flight, 40.0), lead,
+                           engine=EngineLoad(replicas, 0, in_flight, 0.1))
+    decision = proactive(inputs, llm, PolicyState())
+    assert decision.signals["in_flight_ahead"] == pytest.approx(0.0)
+    assert decision.signals["in_flight_headroom"] == pytest.approx(headroom, abs=5e-3)
+    assert decision.target == target
+    assert decision.kind == ("up" if target > replicas else "hold")
+    # ... none with llm_spread_sd 0 (the mean alone, as before)
+    mean = proactive(inputs, llm, PolicyState(), ProactiveSettings(llm_spread_sd=0.0))
+    assert mean.target == replicas
+
+
 def llm_steady(in_flight: float, now: float) -> list[LoadSample]:
     """40 s of an LLM deployment holding `in_flight` 12 s requests, 1 / 12 of them
     arriving and as many finishing a second (settled: nothing ahead)."""
@@ -582,7 +636,8 @@ def llm_steady(in_flight: float, now: float) -> list[LoadSample]:
 def test_an_llm_deployment_scales_up_on_any_excess_at_once() -> None:
     # 34 requests in flight at 8 a replica: 4.25 replicas of 4, inside the 20% band;
     # without engines it waits upscale_delay_s, with them it acts now (a request
-    # beyond the batches waits for a sequence to finish, a TTFT miss in the making).
+    # beyond the batches waits for a sequence to finish, a TTFT miss in the making),
+    # sized with 1.5 standard deviations of its in flight a lead from now (4.7 more).
     llm = config(max_replicas=64, target_ongoing_requests=8)
     samples = llm_steady(34.0, 40.0)
     bare = proactive(ScalingInputs(40.0, 4, 4, samples, 2.0), llm, PolicyState())
@@ -590,10 +645,12 @@ def test_an_llm_deployment_scales_up_on_any_excess_at_once() -> None:
     inputs = ScalingInputs(40.0, 4, 4, samples, 2.0, engine=EngineLoad(4, 2, 32, 0.1))
     decision = proactive(inputs, llm, PolicyState())
     assert decision.signals["in_flight_ahead"] == pytest.approx(0.0)
-    assert decision.signals["demand_replicas"] == pytest.approx(34.0 / 8)
+    spread = llm_in_flight_spread(34.0, 34.0 / 12, 12.0, 2.0)
+    assert spread == pytest.approx(3.104, abs=1e-3)
+    assert decision.signals["demand_replicas"] == pytest.approx((34.0 + 1.5 * spread) / 8)
     assert (decision.target, decision.kind, *timers(decision)) == (5, "up", None, None)
-    # ... unless told otherwise
-    banded = proactive(inputs, llm, PolicyState(), ProactiveSettings(llm_surge_threshold=0.2))
+    # ... unless told otherwise (4.83 replicas: inside 4 x 1.25)
+    banded = proactive(inputs, llm, PolicyState(), ProactiveSettings(llm_surge_threshold=0.25))
     assert (banded.target, banded.kind) == (4, "hold")
 
 
@@ -888,11 +945,13 @@ def test_ray_total_requests_honours_max_and_min_aggregation(aggregation: str,
 
 
 @pytest.mark.parametrize(("jump_rate", "engine", "rate", "target"), [
-    (0.0, True, 2.0, 3),  # 2 req/s of 12 s requests on 3 replicas of 8: held
-    (1.0, True, 2.0, 3),  # a jump slower than the buckets' rate: the buckets'
+    # 2 req/s of 12 s requests on 3 replicas of 8, their batches full: 24 + 1.5 x 2.6
+    # (llm_in_flight_spread) / 8 a replica
+    (0.0, True, 2.0, 4),
+    (1.0, True, 2.0, 4),  # a jump slower than the buckets' rate: the buckets'
     # 4 req/s: the 24 in flight relax towards 4 x 12 s = 48 over the 2 s lead:
-    # 24 + 24 x (1 - e^(-2/12)) = 27.7, / 8 a replica
-    (4.0, True, 4.0, 4),
+    # 24 + 24 x (1 - e^(-2/12)) = 27.7, + 1.5 x 3.2, / 8 a replica = 4.07
+    (4.0, True, 4.0, 5),
     (100.0, True, 100.0, 12),  # 25.5 replicas asked: max_step_factor's 4x
     (100.0, False, 2.0, 3),  # not an LLM deployment: no jump rate is read
 ])

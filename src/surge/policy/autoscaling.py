@@ -15,9 +15,11 @@ routers and replicas of one deployment saw) and return a `Decision`:
   `max_step_factor` times per decision; it scales down only after `downscale_delay_s`
   below a hysteresis band, never below `min_replicas`. An LLM deployment (its engines
   report) is sized on the requests it will hold a start-up lead from now
-  (`llm_in_flight_ahead`), acts on any excess at once and scales down below a wider
-  band (`ProactiveSettings.llm_*`: its requests hold a batch slot for seconds, and
-  swing about their mean on bursty traffic). An LLM deployment with
+  (`llm_in_flight_ahead`) and 1.5 standard deviations of them (`llm_in_flight_spread`:
+  a request sent to a full batch waits seconds for a slot), acts on any excess at once
+  and scales down below a wider band (`ProactiveSettings.llm_*`: its requests hold a
+  batch slot for seconds, and swing about their mean on bursty traffic). An LLM
+  deployment with
   `objectives` (p99 TTFT / TPOT) whose engines report is sized for them instead of for
   `target_ongoing_requests` (policy/llm_objectives.py), and its scale-ups name what
   bound it (UP_PREFILL, UP_DECODE, UP_KV).
@@ -56,6 +58,7 @@ __all__ = [
     "context_for",
     "custom",
     "llm_in_flight_ahead",
+    "llm_in_flight_spread",
     "proactive",
     "ray_default",
     "ray_total_requests",
@@ -344,6 +347,15 @@ class ProactiveSettings:
     # peaks sees its mean at ~0.7 of it and 0.7 scaled down inside a steady phase, the
     # next burst back up (a change of direction each way).
     llm_downscale_band: float = 0.6
+    # ... and sized this many standard deviations of its requests in flight above their
+    # mean (`llm_in_flight_spread`), over the start-up lead or, if longer, a slot's turn
+    # (service time / batch: a request sent to a full batch waits for one of its
+    # sequences, however soon a new replica serves). Sized on the mean alone, each
+    # scale-up of bench/llm_sim_vs_real.py's ramp came once the batches were full (16 of
+    # 16, 23 of 24, 30 of 32 in flight) and what arrived meanwhile waited seconds for a
+    # slot: simulated TTFT p99 1.6 s at a 0.5 s start-up (1: 0.9 s; 1.5: 161 ms, 1%
+    # more replica-seconds) and 2.2 s at 2 s (1: 157 ms, 3% more).
+    llm_spread_sd: float = 1.5
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> ProactiveSettings:
@@ -445,20 +457,25 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
     latest = samples[-1] if samples else None
     in_system = (latest.ongoing + latest.queued) if latest else 0.0
     per_replica = config.target_ongoing_requests / service  # requests/s at target load
-    ahead = 0.0
+    ahead = headroom = 0.0
     if inputs.engine is None:
         demand = max(projected / per_replica, in_system / config.target_ongoing_requests,
                      inputs.engine_demand)
-    else:  # LLM: the requests in flight a start-up lead from now (llm_in_flight_ahead)
+    else:  # LLM: the requests in flight a start-up lead from now (llm_in_flight_ahead),
+        # and a margin for their spread about that mean (llm_in_flight_spread)
         ahead = llm_in_flight_ahead(in_system, projected, service, lead)
-        demand = max((in_system + ahead) / config.target_ongoing_requests,
+        turn = service / config.target_ongoing_requests  # a batch slot's turn
+        headroom = s.llm_spread_sd * llm_in_flight_spread(in_system, projected, service,
+                                                          max(lead, turn))
+        demand = max((in_system + ahead + headroom) / config.target_ongoing_requests,
                      inputs.engine_demand)
     signals = {"rate": rate, "rate_window_s": rate_window, "slope": slope,
                "slope_window_s": slope_window,
                "projected_rate": projected,
                "service_time_s": service, "demand_replicas": demand,
-               "engine_demand": inputs.engine_demand, "in_flight_ahead": ahead}
-    objective = _objective(inputs, config, projected, latest, ahead)
+               "engine_demand": inputs.engine_demand, "in_flight_ahead": ahead,
+               "in_flight_headroom": headroom}
+    objective = _objective(inputs, config, projected, latest, ahead + headroom)
     up_kind, why_more = DecisionKind.UP, ""
     if objective is not None:  # objectives, not levels: they replace the sizing above
         demand = objective.replicas
@@ -528,6 +545,23 @@ def llm_in_flight_ahead(in_flight: float, rate: float, service_s: float,
         return 0.0
     settled = rate * service_s
     return max(0.0, (settled - in_flight) * -math.expm1(-lead_s / service_s))
+
+
+def llm_in_flight_spread(in_flight: float, rate: float, service_s: float,
+                         lead_s: float) -> float:
+    """The standard deviation of the requests an LLM deployment will hold `lead_s` from
+    now about `in_flight` + llm_in_flight_ahead(..., lead_s), in the same M/G/inf model.
+
+    Each of the `in_flight` requests is still running after the lead with probability
+    q = e^(-lead/service) (binomial: variance n q (1 - q)); those arriving in the lead
+    at `rate` and still running are Poisson (variance = mean = rate x service x (1 - q)).
+    At 2 req/s of 12 s requests, 24 in flight and a 2 s lead: 2.6 requests, about a
+    third of a batch of 8; a square root, so a small share of a large deployment."""
+    if service_s <= 0:
+        return 0.0
+    gone = -math.expm1(-lead_s / service_s)  # 1 - q
+    return math.sqrt(max(0.0, in_flight) * gone * (1.0 - gone)
+                     + max(0.0, rate) * service_s * gone)
 
 
 def _objective(inputs: ScalingInputs, config: AutoscalingConfig, projected: float,
