@@ -21,21 +21,18 @@ from surge.config import AutoscalingConfig
 from surge.policy.autoscaling import (
     AutoscalingContext,
     Decision,
-    LoadSample,
     PolicyState,
     ProactiveSettings,
     ScalingInputs,
-    arrival_rate,
-    arrival_slope,
     custom,
     llm_in_flight_ahead,
     llm_in_flight_spread,
     proactive,
     ray_default,
     ray_total_requests,
-    service_time_s,
 )
 from surge.policy.engine_load import EngineLoad
+from surge.policy.load_signals import LoadSample, arrival_rate, arrival_slope, service_time_s
 
 SERVICE_S = 0.01  # 10 ms per request: at target_ongoing_requests=2, 200 req/s per replica
 

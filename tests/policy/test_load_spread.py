@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from surge.policy.autoscaling import LoadSample, arrival_rate, arrival_slope
+from surge.policy.load_signals import LoadSample, arrival_rate, arrival_slope
 from surge.policy.load_spread import (
     MAX_COVER_INTERVALS,
     OFFSET_WINDOW_S,

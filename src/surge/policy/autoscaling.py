@@ -25,8 +25,10 @@ routers and replicas of one deployment saw) and return a `Decision`:
   bound it (UP_PREFILL, UP_DECODE, UP_KV).
 * `custom` wraps a user function's desired count in Ray's wrapper, as Ray does.
 
-(Over 500 lines because the three share their input, state and decision types, Ray's
-wrapper and the load signals they read; apart, each would import the others' pieces.)
+The load signals they read (arrival rate and slope, service time) are
+policy/load_signals.py's; `LoadSample` and those functions are re-exported here. (Over
+500 lines because the three share their input, state and decision types and Ray's
+wrapper; apart, each would import the others' pieces.)
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 from surge.config import AutoscalingConfig
 from surge.policy.engine_load import EngineLoad
 from surge.policy.llm_objectives import Bound, ObjectiveDemand, objective_demand
+from surge.policy.load_signals import LoadSample, arrival_rate, arrival_slope, service_time_s
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -70,19 +73,6 @@ _EPS_S = 1e-6
 # Ray: each handle records a sample every look_back_period_s x this factor (or
 # metrics_interval_s if smaller).
 RAY_RECORD_INTERVAL_FACTOR = 0.2
-
-
-@dataclass(frozen=True)
-class LoadSample:
-    """One bucket (~0.1 s) of a deployment's load, summed over its routers and replicas."""
-
-    t: float  # end of the bucket
-    arrivals: float  # requests offered in the bucket, rejected ones included
-    completions: float
-    rejections: float
-    queued: float  # waiting in routers at the end of the bucket
-    ongoing: float  # running on replicas at the end of the bucket
-    duration_s: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -365,71 +355,6 @@ class ProactiveSettings:
             raise ValueError(f"unknown proactive policy_kwargs {sorted(unknown)}; "
                              f"known: {sorted(known)}")
         return cls(**dict(kwargs))
-
-
-def _window(samples: Sequence[LoadSample], now: float, seconds: float) -> list[LoadSample]:
-    # A bucket ending at now - seconds lies wholly before the window.
-    return [s for s in samples if s.t > now - seconds + _EPS_S]
-
-
-def arrival_rate(samples: Sequence[LoadSample], now: float, seconds: float) -> float:
-    recent = _window(samples, now, seconds)
-    span = sum(s.duration_s for s in recent)
-    return sum(s.arrivals for s in recent) / span if span > 0 else 0.0
-
-
-def arrival_slope(samples: Sequence[LoadSample], now: float, seconds: float,
-                  weighted: bool = False) -> float:
-    """Least-squares slope of the per-bucket arrival rate, in requests/s per second.
-
-    `weighted`: each bucket at its middle and weighted by its length, for an LLM
-    deployment, whose decisions between ticks come on a jump in its arrivals (policy/
-    arrival_jump.py) with an open bucket holding a request or two. Unweighted, one
-    request 10 ms into it read as 100 req/s, and after 1 req/s as a slope of +45/s (3
-    replicas, where a tick's bucket holding the same request asked for none); weighted
-    it counts as the requests it holds. (Buckets of one length give the same slope
-    either way. A router's queue that starts to grow, the other urgent report, is
-    decided on unweighted: the short bucket's steep slope is what acts on it.)"""
-    recent = _window(samples, now, seconds)
-    if len(recent) < 3:
-        return 0.0
-    if weighted:
-        return _weighted_slope(recent)
-    xs = [s.t for s in recent]
-    ys = [s.arrivals / s.duration_s for s in recent]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    if var == 0:
-        return 0.0
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-
-
-def _weighted_slope(recent: Sequence[LoadSample]) -> float:
-    weights = [s.duration_s for s in recent]
-    total = sum(weights)
-    if total <= 0:
-        return 0.0
-    xs = [s.t - s.duration_s / 2 for s in recent]
-    mean_x = sum(w * x for w, x in zip(weights, xs, strict=True)) / total
-    mean_rate = sum(s.arrivals for s in recent) / total
-    var = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
-    if var <= 1e-12 * total:
-        return 0.0
-    # the sum of w (x - mean_x) (arrivals / w - mean_rate), without dividing by w
-    return sum((x - mean_x) * (s.arrivals - w * mean_rate)
-               for w, x, s in zip(weights, xs, recent, strict=True)) / var
-
-
-def service_time_s(samples: Sequence[LoadSample], now: float, default: float,
-                   seconds: float = 1.0) -> float:
-    """Little's law over the last `seconds`: W = mean ongoing / completion rate."""
-    recent = _window(samples, now, seconds)
-    span = sum(s.duration_s for s in recent)
-    done = sum(s.completions for s in recent)
-    if span <= 0 or done < 5:
-        return default
-    ongoing = sum(s.ongoing * s.duration_s for s in recent) / span
-    return max(ongoing / (done / span), 1e-5)
 
 
 def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicyState,

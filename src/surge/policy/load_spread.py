@@ -30,7 +30,7 @@ import itertools
 from collections.abc import MutableSequence
 from dataclasses import dataclass, replace
 
-from surge.policy.autoscaling import LoadSample
+from surge.policy.load_signals import LoadSample
 
 __all__ = ["MAX_COVER_INTERVALS", "OFFSET_WINDOW_S", "Counts", "Late", "Offset", "ReportSpread",
            "amend"]

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from surge.policy.autoscaling import Decision, DecisionKind, LoadSample
+from surge.policy.autoscaling import Decision, DecisionKind
+from surge.policy.load_signals import LoadSample
 
 __all__ = [
     "CLEAR_CPU",

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from surge.loadtest.stats import latency_key
 from surge.policy.admission import queue_share
-from surge.policy.autoscaling import LoadSample
 from surge.policy.engine_load import EngineLoad
+from surge.policy.load_signals import LoadSample
 from surge.sim.cluster import ClusterState
 from surge.sim.scenario import Scenario
 

@@ -30,7 +30,7 @@ import numpy as np
 from surge.loadtest.schedule import arrival_times
 from surge.loadtest.stats import latency_key
 from surge.policy.admission import admit
-from surge.policy.autoscaling import LoadSample
+from surge.policy.load_signals import LoadSample
 from surge.sim.cluster import ClusterState
 from surge.sim.event_flow import EventFlow
 from surge.sim.multiplexing import Multiplexing
