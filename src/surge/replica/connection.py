@@ -162,20 +162,17 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
         else:
             if self._start_sync(request, message):
                 return
-            coro = self._call(message)
+            coro = self._call(request, message)
         self._run(request, coro)
 
     def _run(self, request: Request, coro: Coroutine[Any, Any, bool]) -> None:
-        """Run a request as a task whose context carries its `ChildCalls`: the task's
-        context is a copy of this one, taken while the variable is set to them (no
-        context to copy and enter here)."""
+        """Run a request as a task. Its context carries its `ChildCalls`: `coro` sets the
+        variable first thing (serve_http, serve_websocket, `_grpc`, `_call`), in the
+        task's own copy of this context, before any of the user's code runs. Set here,
+        around `create_task`, it cost a set and a reset of this context as well."""
         if request.children is None:
             request.children = ChildCalls()
-        token = child_calls_var.set(request.children)
-        try:
-            task = request.task = self._loop.create_task(coro)
-        finally:
-            child_calls_var.reset(token)
+        task = request.task = self._loop.create_task(coro)
         task.add_done_callback(functools.partial(self._finished, request))
 
     def _handshake_step(self, handshake: ServerHandshake, message: Message) -> None:
@@ -272,7 +269,7 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
             request.baton = None
         if not baton.take():
             return  # cancelled meanwhile: answered and freed already
-        self._run(request, self._call(message, ran))
+        self._run(request, self._call(request, message, ran))
 
     def _cancel_sync(self, request: Request) -> None:
         """A Cancel, or the connection gone: end the call now if its worker has not."""
@@ -294,10 +291,11 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
             return await self.server.user.call(message.method, args, kwargs)
         return await ran.value  # what a sync method returned to be awaited
 
-    async def _call(self, message: Call, ran: Ran | None = None) -> bool:
+    async def _call(self, request: Request, message: Call, ran: Ran | None = None) -> bool:
         """Run a handle call (`ran`: a sync method's awaitable outcome); False when the
         user's code raised."""
         rid = message.id
+        child_calls_var.set(request.children)  # (this task's context: see _run)
         request_id_var.set(message.request_id)  # this task's log lines carry it
         request_context_var.set(RequestContext(
             "", message.request_id, self.server.app, message.model_id,
@@ -324,6 +322,7 @@ class RouterConnection(ThreadSafeProtocol):  # workers answer sync calls from th
     async def _grpc(self, request: Request, message: GrpcRequest) -> bool:
         """Serve a gRPC call (replica/grpc.py); False when the user's code raised."""
         rid = message.id
+        child_calls_var.set(request.children)  # (this task's context: see _run)
         request_id_var.set(message.request_id)
         context = RayServegRPCContext(list(unpack_metadata(message.metadata)), message.client)
         request_context = RequestContext(message.method, message.request_id,

@@ -22,6 +22,7 @@ from surge.replica.context import RequestContext, request_context_var
 from surge.replica.request import Request
 from surge.replica.streams import Inbox, Receive, upload_receiver
 from surge.replica.user_code import asgi_scope
+from surge.router.children import child_calls_var
 from surge.transport.messages import Failure, HttpBody, HttpRequest, HttpStart
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
 async def serve_http(conn: RouterConnection, request: Request, message: HttpRequest) -> bool:
     """Serve an HTTP request; False when the user's code raised."""
     rid = message.id
+    child_calls_var.set(request.children)  # this task's context (connection.py's _run)
     request_id_var.set(message.request_id)
     request_context_var.set(RequestContext(
         message.route_prefix, message.request_id, conn.server.app,

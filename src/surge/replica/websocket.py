@@ -27,6 +27,7 @@ from surge.replica.context import RequestContext, request_context_var
 from surge.replica.request import Request
 from surge.replica.streams import Inbox
 from surge.replica.user_code import asgi_scope
+from surge.router.children import child_calls_var
 from surge.transport.flow import SendWindow
 from surge.transport.messages import HttpRequest, HttpStart, WsAccept, WsClose, WsData
 
@@ -166,6 +167,7 @@ async def serve_websocket(conn: RouterConnection, request: Request, message: Htt
     """Run the app for one WebSocket; False when it raised."""
     server = conn.server
     rid = message.id
+    child_calls_var.set(request.children)  # this task's context (connection.py's _run)
     request_id_var.set(message.request_id)
     session = next((v.decode("latin-1") for k, v in message.headers if k == b"x-session-id"), "")
     request_context_var.set(RequestContext(message.route_prefix, message.request_id,
