@@ -37,14 +37,19 @@ of PROMPT_WORDS words, each its own (no prefix-cache hits), MAX_TOKENS output to
   lengths) through `surge simulate`'s LLM model with the step held 60 s, under
   `ray_default` (Ray's defaults), `proactive` (levels) and `proactive` + objectives; the
   engines' load (with the prefill backlog the objectives read) reported every 0.25 s as
-  LLMServer reports it. Per policy, over --rounds seeds: the first scale-up decision
-  after the step.
+  LLMServer reports it, replicas starting in `--sim-startup-s` (default 1 s). Per policy,
+  over --rounds seeds: the first scale-up decision after the step, and the share of the
+  step's requests shed (429: with objectives the simulated replicas admit by
+  policy/llm_shedding.py as real ones do, sim/llm_flow.py), over the real step's
+  `--step-s` (the real run's figure: 429s over the step's requests) and over the held
+  step.
 * prefill-heavy (sim): long prompts (2,000 tokens) at a constant rate 1.25x one
   replica's prefill, KV use held near 30% by a large cache: nothing but the prefill
   backlog grows. The figure: the first tick at which the engines' report shows a
   backlog past the objectives' scale-up point, and the decision's tick: `up_prefill`
   within one decision interval (0.1 s) of it; without objectives (the engines' waiting
-  and KV signals) the decision.
+  and KV signals) the decision. With objectives the replicas also shed, which holds the
+  backlog under the target; a third row has objectives with `shed: false`.
 
 Hold /tmp/surge-bench.lock around a real run. Last line: `summary: ...`.
 """
@@ -82,6 +87,7 @@ STEP_RPS_DEFAULT = STEP_RPS
 STEP_OVER_ONE = 1.6  # the step's rate over what one replica prefills (~10 req/s at 16)
 BASELINE_S, STEP_S = 8.0, 4.0
 RAMP_S = 0.0  # --ramp-s: the baseline's rate rises from 0 over this long first
+SIM_STARTUP_S = 1.0  # --sim-startup-s: a simulated replica's start-up
 CASES = ("objectives", "levels")
 PROMPT_TOKENS = 502  # PROMPT_WORDS words in the mock's chat template
 SIM_HOLD_S = 60.0  # the simulated step is held long enough for Ray's delays
@@ -314,7 +320,7 @@ def scenario(policy: dict[str, Any], seed: int, trace: Path, engine: dict[str, A
 
     return Scenario.from_mapping({
         "name": "llm-objectives", "seed": seed, "slo_ms": 60000,
-        "cluster": {"nodes": 1, "replicas_per_node": 8, "startup_s": 1},
+        "cluster": {"nodes": 1, "replicas_per_node": 8, "startup_s": SIM_STARTUP_S},
         "traffic": {"timeout_s": 60},
         "llm": {"engine": engine, "trace": {"file": str(trace)}, "objectives": OBJECTIVES},
         "deployment": {"name": "LLM", "max_ongoing_requests": max_ongoing,
@@ -384,25 +390,43 @@ def run_sim(rounds: int, directory: Path) -> dict[str, float]:
     print(f"\nsimulated: the same arrivals ({BASE_RPS:g} -> {STEP_RPS:g} req/s at "
           f"t={BASELINE_S:g} s, held {SIM_HOLD_S:g} s; {PROMPT_TOKENS} tokens in, "
           f"{MAX_TOKENS} out), the same engine timing")
-    print("| policy | step -> first scale-up ms, median (min-max) | kinds | first target |")
-    print("|---|---|---|---|")
+    print("| policy | step -> first scale-up ms, median (min-max) | kinds | first target | "
+          f"shed in the first {STEP_S:g} s of the step, per round | shed over "
+          f"{SIM_HOLD_S:g} s |")
+    print("|---|---|---|---|---|---|")
     summary: dict[str, float] = {}
     for name, policy in SIM_POLICIES.items():
-        times, kinds, targets = [], set(), []
+        times, kinds, targets, shares, held = [], set(), [], [], []
         for seed in range(rounds):
-            d = first_up(simulate(policy, seed, traces[seed], ENGINE), BASELINE_S)
+            sim = simulate(policy, seed, traces[seed], ENGINE)
+            d = first_up(sim, BASELINE_S)
             if d is not None:
                 times.append(d.t - BASELINE_S)
                 kinds.add(d.kind)
                 targets.append(d.target)
+            shares.append(step_shed(sim, STEP_S))
+            held.append(step_shed(sim, SIM_HOLD_S))
         shown = (f"{1000 * statistics.median(times):.0f} ({1000 * min(times):.0f}-"
                  f"{1000 * max(times):.0f})" if times else "none within 60 s")
         print(f"| {name} | {shown} | {', '.join(sorted(kinds)) or '-'} | "
-              f"{statistics.median(targets) if targets else '-'} |")
+              f"{statistics.median(targets) if targets else '-'} | "
+              f"{', '.join(f'{100 * x:.1f}%' for x in shares)} | "
+              f"{', '.join(f'{100 * x:.1f}%' for x in held)} |")
+        key = name.split()[0] + ("_objectives" if "objectives" in name else "")
         if times:
-            key = name.split()[0] + ("_objectives" if "objectives" in name else "")
             summary[f"sim_{key}_first_decision_ms"] = round(1000 * statistics.median(times), 1)
+        summary[f"sim_{key}_step_shed_pct"] = round(100 * statistics.median(shares), 1)
     return summary
+
+
+def step_shed(sim: Any, seconds: float) -> float:
+    """The share of the requests sent in the step's first `seconds` that were shed (429),
+    by the 100 ms point each arrived in."""
+    from surge.sim.engine import TICK_S
+
+    first, last = round(BASELINE_S / TICK_S), round((BASELINE_S + seconds) / TICK_S)
+    sent = sum(sim.llm.offered[first:last])
+    return sum(sim.llm.shed_sent[first:last]) / sent if sent else 0.0
 
 
 # -- prefill-heavy, KV near 30% ------------------------------------------------------------
@@ -428,7 +452,9 @@ def run_heavy(directory: Path, seed: int = 0) -> dict[str, float]:
     does not change, KV use stays near 30%, and the prefill backlog grows
     (llm-d-autoscaling#662). The moment a new prompt's TTFT starts to miss the objective
     (some engine's backlog needs longer than ttft_ms to prefill, read from the engines'
-    state at every tick) against the first scale-up decision after the shift."""
+    state at every tick) against the first scale-up decision after the shift. With
+    objectives the replicas shed (429) what their backlog would keep past the TTFT
+    target, which holds the backlog under it: `shed off` is the same without that."""
     from surge.sim.engine import Simulation
 
     times, prompts = shifted_prompts()
@@ -441,6 +467,8 @@ def run_heavy(directory: Path, seed: int = 0) -> dict[str, float]:
           "1 replica; the engines report every 0.25 s; decisions every 0.1 s")
     summary: dict[str, float] = {}
     for name, policy in (("proactive + objectives", {"objectives": OBJECTIVES}),
+                         ("proactive + objectives, shed off",
+                          {"objectives": {**OBJECTIVES, "shed": False}}),
                          ("proactive (levels)", {})):
         sim = Simulation(scenario(policy, seed, trace, HEAVY_ENGINE, max_ongoing=128))
         reported = Reported(sim, HEAVY_ENGINE)
@@ -480,9 +508,11 @@ def run_heavy(directory: Path, seed: int = 0) -> dict[str, float]:
             continue
         lag = (f", {1000 * (d.t - missed[0][0]):+.0f} ms from the first miss" if missed
                else ", before any miss")
+        shed = sum(sim.llm.shed)
         print(f"  {name}: first scale-up at t={d.t:.2f} s{lag} ({d.kind}, {d.previous} -> "
-              f"{d.target}): {d.reason[:300]}")
-        key = "objectives" if "objectives" in name else "levels"
+              f"{d.target}; {shed} shed in the run): {d.reason[:300]}")
+        key = ("levels" if "objectives" not in name else
+               "objectives_noshed" if "shed off" in name else "objectives")
         summary[f"heavy_{key}_after_shift_s"] = round(d.t - HEAVY_SHIFT_S, 2)
         if missed:
             summary[f"heavy_{key}_after_first_miss_ms"] = round(1000 * (d.t - missed[0][0]), 1)
@@ -490,6 +520,7 @@ def run_heavy(directory: Path, seed: int = 0) -> dict[str, float]:
 
 
 def main() -> None:
+    global SIM_STARTUP_S
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--real-only", action="store_true")
@@ -500,8 +531,11 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=STEP_S, help="the real step's length")
     parser.add_argument("--ramp-s", type=float, default=RAMP_S,
                         help="the baseline's rate rises from 0 over this long (default none)")
+    parser.add_argument("--sim-startup-s", type=float, default=SIM_STARTUP_S,
+                        help="a simulated replica's start-up (default 1 s)")
     args = parser.parse_args()
     configure(args.base_rate, args.step_rate, args.step_s, args.ramp_s)
+    SIM_STARTUP_S = args.sim_startup_s
     summary: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="surge-objectives-") as directory:
         if not args.real_only:

@@ -1,6 +1,7 @@
 """Shed, do not fail: a BurstGPT-shaped pulse against a fixed replica budget, mock engines.
 
     python bench/llm_shed_pulse.py [--rounds 1] [--replicas 1] [--seconds 60]
+        [--sim | --sim-only]
 
 A BurstGPT-shaped trace (surge.loadtest.traces' lengths; gamma arrivals of burstiness
 0.25) at BASE_RPS, then 10x for the middle sixth, then BASE_RPS again; output lengths
@@ -14,6 +15,12 @@ Retry-After to what it predicts would miss the TTFT objective) and `queue` (the 
 objectives, `shed: false`: everything is queued). Per case: requests sent, served
 (2xx), shed (429), 5xx, timeouts and connection errors; TTFT and TPOT p99 of the
 served; SLO attainment (both objectives met) over the served, and over served + shed.
+
+`--sim` adds (`--sim-only`: only) the same trace through `surge simulate`'s LLM model
+(sim/llm_flow.py: EngineModel replicas on ENGINE's timing, the same budget, objectives
+and the LLM deployment's defaults, max_ongoing_requests 2 x max_num_seqs), rows `sim
+shed` / `sim queue`: there a replica admits by policy/llm_shedding.py as the real one
+does, on the prefill rate it measured of its engine model; shed means the same (429).
 
 Hold /tmp/surge-bench.lock around it. Last line: `summary: ...`.
 """
@@ -113,12 +120,43 @@ def one_case(base: str, case: str, index: int, replicas: int, trace: Path,
             "slo_answered_pct": llm.get("goodput_of_answered_pct")}
 
 
+def sim_case(case: str, replicas: int, trace: Path, seed: int) -> dict[str, Any]:
+    """One case through the simulator: the table's columns."""
+    from surge.sim.scenario import Scenario
+    from surge.sim.sweep import simulate
+
+    seqs = int(ENGINE["max_num_seqs"])
+    data = {"name": f"shed-pulse-{case}", "seed": seed, "slo_ms": OBJECTIVES["ttft_ms"],
+            "cluster": {"nodes": 1, "replicas_per_node": replicas, "startup_s": 1},
+            "traffic": {"timeout_s": TIMEOUT_S},
+            "llm": {"engine": ENGINE, "trace": {"file": str(trace)}, "objectives": OBJECTIVES},
+            "deployment": {"name": "LLM", "max_ongoing_requests": 2 * seqs,
+                           "autoscaling_config": {
+                               "min_replicas": replicas, "max_replicas": replicas,
+                               "target_ongoing_requests": seqs,
+                               "objectives": {**OBJECTIVES, "shed": case == "shed"}}}}
+    run = simulate(Scenario.from_mapping(data, str(trace.parent / "sim.yaml"), trace.parent))
+    summary, llm = run.summary, run.summary["llm_sim"]
+    errors = summary["errors"]
+    within = sum(row[3] for row in run.simulation.llm.finished)
+    answered = llm["served"] + llm["shed"]
+    return {"case": f"sim {case}", "round": seed, "sent": summary["sent"],
+            "served": llm["served"], "shed": llm["shed"], "5xx": errors.get("503", 0),
+            "timeouts": errors.get("timeout", 0), "connection": 0,
+            "unanswered": summary["unanswered"], "ttft_p99_ms": llm["ttft_ms"]["p99"],
+            "tpot_p99_ms": llm["tpot_ms"]["p99"],
+            "slo_served_pct": round(100 * within / llm["served"], 2) if llm["served"] else None,
+            "slo_answered_pct": round(100 * within / answered, 2) if answered else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--sim", action="store_true", help="the simulator's rows too")
+    parser.add_argument("--sim-only", action="store_true", help="the simulator's rows only")
     args = parser.parse_args()
     from surge import serve
 
@@ -136,15 +174,21 @@ def main() -> None:
               f"{PEAK_FACTOR:g}x pulse, burstiness {BURSTINESS:g}; outputs / "
               f"{OUTPUT_DIVISOR}; budget {args.replicas} replica(s); objectives "
               f"{OBJECTIVES}", flush=True)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        if args.sim or args.sim_only:
+            for case in CASES:
+                rows.append(sim_case(case, args.replicas, trace, args.seed))
+                print(f"  {rows[-1]}", flush=True)
+        if not args.sim_only:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
         try:
-            for index in range(args.rounds):
+            for index in range(0 if args.sim_only else args.rounds):
                 for case in CASES if index % 2 == 0 else CASES[::-1]:
                     rows.append(one_case(f"http://127.0.0.1:{port}", case, index,
                                          args.replicas, trace))
                     print(f"  {rows[-1]}", flush=True)
         finally:
-            serve.shutdown()
+            if not args.sim_only:
+                serve.shutdown()
     keys = ("sent", "served", "shed", "5xx", "timeouts", "connection", "unanswered",
             "ttft_p99_ms", "tpot_p99_ms", "slo_served_pct", "slo_answered_pct")
     print("\n| case | round | " + " | ".join(keys) + " |")
@@ -153,12 +197,12 @@ def main() -> None:
         print(f"| {row['case']} | {row['round']} | "
               + " | ".join(str(row[k]) for k in keys) + " |")
     summary = {}
-    for case in CASES:
+    for case in (*CASES, *(f"sim {c}" for c in CASES)):
         mine = [r for r in rows if r["case"] == case]
         for key in ("slo_served_pct", "shed", "5xx", "timeouts", "ttft_p99_ms"):
             values = [r[key] for r in mine if r[key] is not None]
             if values:
-                summary[f"{case}_{key}"] = statistics.median(values)
+                summary[f"{case.replace(' ', '_')}_{key}"] = statistics.median(values)
     print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()))
 
 

@@ -173,7 +173,8 @@ def test_the_router_queues_and_refuses_as_policy_dispatch_decides(tmp_path: Path
                        "deployment.max_queue_wait_s": 0.1})
     sim = Simulation(Scenario.from_mapping(data, "ten.yaml", tmp_path)).run()
     # 2 in flight, room for 2 waiting (one service time at 2 / service per second), 6 refused
-    assert sim.flow.totals == {"arrived": 10, "completed": 4, "rejected": 6, "timed_out": 0}
+    assert sim.flow.totals == {"arrived": 10, "completed": 4, "rejected": 6, "timed_out": 0,
+                               "shed": 0}
 
 
 def test_a_jump_in_arrivals_is_decided_on_between_ticks(tmp_path: Path) -> None:
@@ -195,3 +196,127 @@ def test_a_jump_in_arrivals_is_decided_on_between_ticks(tmp_path: Path) -> None:
 
     assert first_up(True) == (20.014, 1, "up_prefill")
     assert first_up(False) == (20.2, 0, "up_prefill")  # the tick after the report lag
+
+
+# -- shed, do not fail (policy/llm_shedding.py at the simulated replicas) ---------------------
+
+
+def _overload(tmp_path: Path, objectives: dict[str, Any] | None, warm: bool = True
+              ) -> dict[str, Any]:
+    """One replica (10,000 prefill tokens/s, a fixed budget): three lone 1,000-token
+    prompts to measure its prefill rate (if `warm`), then 30 at once at 5 s: ~3 s of
+    prefill against a 500 ms TTFT target."""
+    times = ([0.0, 1.0, 2.0] if warm else []) + [5.0] * 30
+    write_burstgpt([TraceRequest(t, 1000, 4) for t in times], tmp_path / "burst.csv")
+    scaling: dict[str, Any] = {"min_replicas": 1, "max_replicas": 1,
+                               "target_ongoing_requests": 4}
+    if objectives is not None:
+        scaling["objectives"] = objectives
+    return scenario(**{"llm.trace": {"file": "burst.csv"}, "traffic.schedule": None,
+                       "deployment.max_ongoing_requests": 64,
+                       "deployment.autoscaling_config": scaling})
+
+
+def _run(data: dict[str, Any], tmp_path: Path) -> Any:
+    return simulate(Scenario.from_mapping(data, "burst.yaml", tmp_path))
+
+
+def test_a_deployment_with_objectives_sheds_an_overload_without_them_it_queues(
+        tmp_path: Path) -> None:
+    shedding = _run(_overload(tmp_path, {"ttft_ms": 500}), tmp_path)
+    llm, totals = shedding.summary["llm_sim"], shedding.simulation.flow.totals
+    # the replica measured ~7,100 prefill tokens/s (1,000 tokens in four 256-token
+    # chunks of 10 ms + 25.6 ms): admitted while backlog + prompt is within 80% of
+    # 500 ms (2,840 tokens), 2 of the 30; the other 28 answered 429 at once, never queued
+    assert llm["shedding"] == {"ttft_ms": 500.0}
+    assert llm["shed"] == totals["shed"] == 28 and llm["served"] == totals["completed"] == 5
+    assert totals["arrived"] == 33 and totals["rejected"] == totals["timed_out"] == 0
+    assert llm["shed_pct"] == round(100 * 28 / 33, 2)
+    assert shedding.summary["errors"]["429"] == 28  # as surge pulse counts a shed request
+    assert llm["slo_attainment"] == round(5 / 33, 5) == llm["slo_attainment_of_answered"]
+    assert llm["ttft_ms"]["p99"] < 500  # what it served met the objective
+    # 8 in flight a replica: the router queues what its wait bound lets it (the rest
+    # 503 at once), and sends each waiting one as a 429 frees a slot
+    narrow = _overload(tmp_path, {"ttft_ms": 500})
+    narrow["deployment"]["max_ongoing_requests"] = 8
+    assert _run(narrow, tmp_path).simulation.flow.totals == {
+        "arrived": 33, "completed": 5, "rejected": 14, "timed_out": 0, "shed": 14}
+
+    queueing = _run(_overload(tmp_path, None), tmp_path).summary["llm_sim"]
+    assert queueing["shedding"] is None and queueing["shed"] == 0
+    assert queueing["served"] == 33 and queueing["ttft_ms"]["p99"] > 2500
+    off = _run(_overload(tmp_path, {"ttft_ms": 500, "shed": False}), tmp_path)
+    assert off.summary["llm_sim"]["shed"] == 0 and off.summary["llm_sim"]["served"] == 33
+    tpot_only = _run(_overload(tmp_path, {"tpot_ms": 50}), tmp_path)  # nothing to shed by
+    assert tpot_only.summary["llm_sim"]["shed"] == 0
+
+
+def test_a_replica_that_has_not_measured_its_prefill_rate_sheds_nothing(
+        tmp_path: Path) -> None:
+    """The 30 reach a fresh replica at once, before any report measured its prefill (the
+    real rule: never before the replica measured): all admitted."""
+    cold = _run(_overload(tmp_path, {"ttft_ms": 500}, warm=False), tmp_path)
+    assert cold.summary["llm_sim"]["shed"] == 0 and cold.summary["llm_sim"]["served"] == 30
+
+
+def test_the_simulated_replicas_admit_by_policy_llm_shedding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator calls the real replica's function (not a copy), with the replica's
+    backlog, the prompt, its measured prefill rate and the TTFT target, and sheds
+    exactly when it says so."""
+    from surge.policy import llm_shedding
+    from surge.sim import llm_flow
+
+    assert llm_flow.shed_retry_after is llm_shedding.shed_retry_after
+    calls: list[tuple[float, float, float, float, float | None]] = []
+
+    def spy(backlog: float, prompt: float, rate: float, ttft_s: float) -> float | None:
+        answer = llm_shedding.shed_retry_after(backlog, prompt, rate, ttft_s)
+        calls.append((backlog, prompt, rate, ttft_s, answer))
+        return answer
+
+    monkeypatch.setattr(llm_flow, "shed_retry_after", spy)
+    run = _run(_overload(tmp_path, {"ttft_ms": 500}), tmp_path)
+    assert len(calls) == 33  # every request that reached an engine, once
+    assert {(prompt, ttft) for _, prompt, _, ttft, _ in calls} == {(1000, 0.5)}
+    assert calls[0][0] == 0 and calls[0][2] == 0  # the first: no backlog, not measured
+    rates = {rate for _, _, rate, _, _ in calls[3:]}  # measured, below the nominal 10,000
+    assert len(rates) == 1 and 7000 < rates.pop() < 7200  # (the steps' fixed cost)
+    shed = [answer for *_, answer in calls if answer is not None]
+    assert len(shed) == run.summary["llm_sim"]["shed"] == 28
+    assert run.simulation.llm.retry_after_s == shed
+
+    monkeypatch.setattr(llm_flow, "shed_retry_after", lambda *_: None)  # admit all
+    assert _run(_overload(tmp_path, {"ttft_ms": 500}), tmp_path).summary[
+        "llm_sim"]["shed"] == 0
+
+
+def test_a_simulated_replica_measures_prefill_as_the_real_replicas_meter() -> None:
+    """LLMReplica's prefill rate and backlog against llm/capacity.py's CapacityMeter fed
+    the same events: equal at every report."""
+    import random
+
+    from surge.llm.capacity import CapacityMeter
+    from surge.sim.llm_replica import LLMReplica, LLMRequest
+
+    rng = random.Random(3)
+    replica = LLMReplica.new("r", EngineTiming(**TIMING))
+    meter = CapacityMeter()
+    waiting: list[LLMRequest] = []
+    now = 0.0
+    for index in range(400):
+        now += rng.expovariate(20.0)
+        if waiting and rng.random() < 0.45:
+            request = waiting.pop(rng.randrange(len(waiting)))
+            replica.first_token(request, now)
+            meter.first_token(request.trace.input_length, now)
+        elif rng.random() < 0.8:
+            request = LLMRequest(index, now, 0, TraceRequest(now, rng.randint(1, 900), 4))
+            waiting.append(request)
+            replica.add(request, now)
+            meter.admitted(request.trace.input_length, now)
+        else:
+            expected = meter.report(now)
+            assert replica.measure(now) == pytest.approx(expected["prefill_tokens_per_s"])
+            assert replica.backlog_tokens == expected["prefill_backlog_tokens"]
+    assert replica.prefill_tokens_per_s > 0

@@ -14,12 +14,23 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
   power of two choices, none past `max_ongoing_requests`), or in turn (`round_robin`);
   the router's queue is taken in order as requests finish;
 * each replica is an EngineModel stepped on virtual time (sim/llm_replica.py); a request
-  holds its replica's slot from dispatch to its last token; TTFT is from arrival to the
-  first token's step end, TPOT (as `vllm bench serve`) the time from the first to the last
-  token over the tokens after the first;
+  holds its replica's slot from dispatch to its last token (or to its 429, below); TTFT
+  is from arrival to the first token's step end, TPOT (as `vllm bench serve`) the time
+  from the first to the last token over the tokens after the first;
 * the replicas' reports are also what the controller's EngineTracker sums for
   autoscaling (`engine_load`: fresh reports' waiting, running, mean KV use, the prefill
   backlog and the capacity fields, sim/llm_replica.LLMReplica.report);
+* shed, do not fail: when the deployment states objectives (`autoscaling_config.
+  objectives` with a TTFT target and `shed` on, as llm/service.py reads them), a request
+  reaching its replica's engine is first put to policy/llm_shedding.shed_retry_after, the
+  function the real replica calls, with that replica's prefill backlog (prompt tokens
+  added to its engine, no first token yet), the request's prompt, and the prefill rate
+  the replica measured of its engine model (sim/llm_replica.py: prompt tokens answered
+  per busy second over the last 10 s, at its reports, as llm/capacity.py measures a real
+  engine; 0, so never shed, until measured). A request it refuses is answered 429 at
+  once: counted as *shed* (`shed`, by the point it was answered, `shed_sent` by the
+  point it arrived; the report's "429"), never queued on the engine; the router counts
+  the answer as a completion (its load report), as a real router counts a replica's 429;
 * a replica that leaves routing finishes what it holds, then reports no more;
 * the router never queues while the engines have room, so it tells the controller of a
   jump in its arrivals instead (policy/arrival_jump.py, as surge's router does for an
@@ -30,7 +41,8 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
 One router stands for all (its in-flight counts are every router's): the engines' own
 queues, which every router reads, dominate the choice. A request within both of the
 scenario's objectives (`ttft_ms`, `tpot_ms`) is within the SLO; without objectives, a
-2xx within `slo_ms` end to end.
+2xx within `slo_ms` end to end. A shed request is not within it (`surge pulse` counts the
+same: goodput over the served, and over the served + shed).
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ from surge.policy.autoscaling import LoadSample
 from surge.policy.dispatch import refuse
 from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
+from surge.policy.llm_shedding import shed_retry_after
 from surge.sim.cluster import ClusterState
 from surge.sim.engine_model import StepOutput
 from surge.sim.event_flow import EventFlow
@@ -80,6 +93,16 @@ class LLMFlow(EventFlow):
         self.finished: list[tuple[float, float, float, bool]] = []
         self.watch = ArrivalWatch()  # the router's: its arrivals jump (an urgent report)
         self.jump_rate = 0.0  # ... the rate its last jump implied (the urgent report's)
+        # shed, do not fail: the deployment's TTFT target when it sheds (None: never)
+        config = scenario.deployment.autoscaling_config
+        objectives = config.latency_objectives if config is not None else None
+        self.shed_ttft_s = (objectives.ttft_s if objectives is not None and objectives.shed
+                            else None)
+        self.shed = [0] * points  # answered 429 by the replica, by the point answered
+        self.shed_sent = [0] * points  # ... by the point they arrived
+        self.retry_after_s: list[float] = []  # each 429's Retry-After
+        self._shed_tick = 0  # shed in the open tick (counted in its completions)
+        self.totals["shed"] = 0
 
     def __repr__(self) -> str:
         return (f"<LLMFlow {self.spec.routing} ongoing={self.ongoing} queued={self.queued} "
@@ -89,7 +112,10 @@ class LLMFlow(EventFlow):
 
     def close_tick(self, now: float, duration_s: float) -> LoadSample:
         self.watch.reported(self._arrivals, duration_s)  # the router's report a tick
-        return super().close_tick(now, duration_s)
+        shed, self._shed_tick = self._shed_tick, 0
+        sample = super().close_tick(now, duration_s)
+        self.totals["completed"] -= shed  # the served only (the sample has both)
+        return sample
 
     def begin_tick(self, t0: float, t1: float) -> None:
         """Schedule the trace's requests that arrive in [t0, t1)."""
@@ -176,9 +202,32 @@ class LLMFlow(EventFlow):
     def _add(self, request: LLMRequest, now: float) -> None:
         replica = request.replica
         assert replica is not None
-        replica.add(request)
+        if self.shed_ttft_s is not None:  # the replica's admission (llm/service.py's)
+            retry = shed_retry_after(replica.backlog_tokens, request.trace.input_length,
+                                     replica.prefill_tokens_per_s, self.shed_ttft_s)
+            if retry is not None:
+                self._shed(request, replica, retry, now)
+                return
+        replica.add(request, now)
         if not replica.stepping:
             self._step(replica, now)
+
+    def _shed(self, request: LLMRequest, replica: LLMReplica, retry_after_s: float,
+              now: float) -> None:
+        """The replica answered 429: its slot is free, the router has its answer."""
+        replica.in_flight -= 1
+        self.ongoing -= 1
+        self.shed[self.point] += 1
+        self.shed_sent[request.point] += 1
+        self.retry_after_s.append(retry_after_s)
+        self.totals["shed"] += 1
+        self._completions += 1  # a router counts the 429 as an answer
+        self._shed_tick += 1
+        if self.waiting:  # room for the router's queue (as an event: no recursion)
+            self.at(now, self._after_shed, None)
+
+    def _after_shed(self, _: None, now: float) -> None:
+        self._wake(now)
 
     def _step(self, replica: LLMReplica, now: float) -> None:
         out = replica.step()
@@ -193,6 +242,7 @@ class LLMFlow(EventFlow):
             request.tokens += 1
             if request.first_at is None:
                 request.first_at = now
+                replica.first_token(request, now)
         for sid in out.finished:
             self._complete(replica.requests.pop(sid), replica, now)
         self._step(replica, now)

@@ -12,6 +12,16 @@ Prompts are token ids: equal Mooncake hash ids give equal 512-token blocks (pref
 survives, as loadtest/traces.prompt_words keeps it for a real run); a request without
 hash ids has a first token of its own, so no block of it is ever another's.
 
+Each replica measures its prefill rate as a real replica's llm/capacity.py does, from the
+engine model's steps (the rate the admission rule reads, sim/llm_flow.py): prompt tokens
+answered by a first token per second while its prefill backlog (prompt tokens added to
+the engine, no first token yet) was not empty, over the last `PREFILL_WINDOW_S`, taken at
+each report; 0 ("not measured") until a window held `PREFILL_MIN_BUSY_S` of busy time. It
+is below 1 / prefill_s_per_token by the steps' fixed cost and the decode interleaved
+(steps that prefill nothing while the batch is full): at bench/llm_objectives.py's
+10 -> 160 req/s step, 34,700-37,600 tokens/s of a nominal 50,000, where real replicas
+measured 34,300-34,800. The autoscaling report still gives the nominal rate (`report`).
+
 `probe_capacity` runs one engine closed-loop on a trace's lengths with a fixed number
 of requests in flight: what one replica completes per second at that load, the unit of
 the LLM report's oracle.
@@ -28,7 +38,8 @@ from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest
 from surge.policy.engine_load import EngineReport
 from surge.sim.engine_model import VOCAB, EngineModel, EngineTiming, StepOutput
 
-__all__ = ["LLMReplica", "LLMRequest", "probe_capacity", "prompt_tokens"]
+__all__ = ["PREFILL_MIN_BUSY_S", "PREFILL_WINDOW_S", "LLMReplica", "LLMRequest",
+           "probe_capacity", "prompt_tokens"]
 
 # Token ids are 32-bit in block hashes (sim/kv_blocks.py): block ids are folded below this.
 _TOKEN_SPACE = 4_000_000_000
@@ -39,6 +50,10 @@ _PROBE_WARMUP = 50
 _PROBE_COMPLETIONS = 300
 _PROBE_REQUESTS = 2000  # the trace's first, whose lengths it cycles through
 _PROMPTS_KEPT = 64  # recent prompts whose mean length a replica reports
+# llm/capacity.py's WINDOW_S and MIN_BUSY_S: the prefill rate's window, and the busy time
+# a window needs to measure it.
+PREFILL_WINDOW_S = 10.0
+PREFILL_MIN_BUSY_S = 0.05
 
 
 def prompt_tokens(request: TraceRequest, index: int) -> tuple[int, ...]:
@@ -81,6 +96,15 @@ class LLMReplica:
     engine_report: EngineReport | None = None  # the last autoscaling stats
     steps: int = 0
     prompts: deque[int] = field(default_factory=lambda: deque(maxlen=_PROMPTS_KEPT))
+    backlog_tokens: int = 0  # prompt tokens added to the engine, no first token yet
+    # the prefill rate as measured (see the module's doc); 0: not measured yet
+    prefill_tokens_per_s: float = 0.0
+    _answered: float = 0.0  # prompt tokens answered by a first token, ever
+    _busy_s: float = 0.0  # time with a non-empty backlog, ever (to _busy_since)
+    _busy_since: float | None = None
+    # (when, answered, busy) at each report; the first is the window's start
+    _marks: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque([(0.0, 0.0, 0.0)]))
 
     @classmethod
     def new(cls, replica_id: str, timing: EngineTiming) -> LLMReplica:
@@ -95,12 +119,37 @@ class LLMReplica:
         """What the engine holds: waiting + running sequences (its routing stats)."""
         return len(self.model.waiting) + len(self.model.running)
 
-    def add(self, request: LLMRequest) -> None:
+    def add(self, request: LLMRequest, now: float) -> None:
         self.prompts.append(request.trace.input_length)
         sid = str(request.index)
         self.requests[sid] = request
+        self._backlog(request.trace.input_length, now)
         self.model.add(sid, prompt_tokens(request.trace, request.index),
                        max(1, request.trace.output_length))
+
+    def first_token(self, request: LLMRequest, now: float) -> None:
+        """`request`'s first token came at `now`: its prompt leaves the backlog."""
+        self._backlog(-request.trace.input_length, now)
+        self._answered += request.trace.input_length
+
+    def _backlog(self, change: int, now: float) -> None:
+        if self._busy_since is not None:
+            self._busy_s += now - self._busy_since
+        self.backlog_tokens += change
+        self._busy_since = now if self.backlog_tokens > 0 else None
+
+    def measure(self, now: float) -> float:
+        """Take the prefill rate over the window up to `now` (at a report), as
+        llm/capacity.CapacityMeter does: it keeps its last value through idle windows."""
+        self._backlog(0, now)
+        marks = self._marks
+        marks.append((now, self._answered, self._busy_s))
+        while len(marks) > 1 and marks[1][0] <= now - PREFILL_WINDOW_S:
+            marks.popleft()
+        _, answered, busy = marks[0]
+        if self._busy_s - busy >= PREFILL_MIN_BUSY_S and self._answered > answered:
+            self.prefill_tokens_per_s = (self._answered - answered) / (self._busy_s - busy)
+        return self.prefill_tokens_per_s
 
     def step(self) -> StepOutput | None:
         """The next step (None: the engine is idle); its duration is never zero."""
@@ -115,13 +164,14 @@ class LLMReplica:
         """What LLMServer's record_autoscaling_stats would say now. The capacity a real
         replica measures (llm/capacity.py) is taken from the timing instead, as
         EngineLoad's docstring says a simulator fills it: prefill at 1 /
-        prefill_s_per_token, a decode step of step_s + decode_s_per_seq x batch."""
+        prefill_s_per_token, a decode step of step_s + decode_s_per_seq x batch. (The
+        prefill rate is measured too, here, for admission: `prefill_tokens_per_s`.)"""
         model, timing = self.model, self.model.timing
-        backlog = sum(r.trace.input_length for r in self.requests.values()
-                      if r.first_at is None)
+        self.measure(now)  # the replica's meter, read at its autoscaling stats
         return EngineReport(
             self.replica_id, float(len(model.waiting)), float(len(model.running)),
-            model.blocks.usage(), period_s, now, prefill_backlog_tokens=float(backlog),
+            model.blocks.usage(), period_s, now,
+            prefill_backlog_tokens=float(self.backlog_tokens),
             prefill_tokens_per_s=(1 / timing.prefill_s_per_token
                                   if timing.prefill_s_per_token > 0 else 0.0),
             prompt_tokens=sum(self.prompts) / len(self.prompts) if self.prompts else 0.0,

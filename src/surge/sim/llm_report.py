@@ -1,8 +1,12 @@
 """What an LLM run adds to the simulation's report: TTFT/TPOT, objectives, scaling's path.
 
 `summary["llm_sim"]`: the trace (its source, requests, routing, the engine's timing),
-TTFT and TPOT p50/p90/p99 over every finished request, the share of requests within
-the objectives (SLO attainment; not finished counts as missed), what one replica serves
+TTFT and TPOT p50/p90/p99 over every finished request, the requests served (2xx) and
+shed (429 against the deployment's TTFT objective, sim/llm_flow.py: `shed`, and
+`shed_pct` of those sent, as `surge pulse` counts a 429; `shedding` says whether the
+deployment sheds), the share of requests within the objectives (SLO attainment over all
+sent; not finished, shed included, counts as missed; `slo_attainment_of_answered` over
+the served + shed, as pulse's `goodput_of_answered_pct`), what one replica serves
 at its target load (the oracle's unit), and how scaling moved: the time of the first
 scale-up decision, changes of scaling direction (per 10 minutes of the trace), and the
 running replicas per `TIMELINE_S` window (their mean), which bench/llm_sim_vs_real.py
@@ -54,6 +58,7 @@ def llm_summary(sim: Simulation, sent: int) -> dict[str, Any]:
     spec = flow.spec
     duration = sim.duration_s
     within = sum(row[3] for row in flow.finished)
+    shed = flow.totals["shed"]
     first_up = next((d.t for d in sim.decisions if d.target > d.previous), None)
     capacity = sim.scenario.llm_capacity
     return {
@@ -61,8 +66,14 @@ def llm_summary(sim: Simulation, sent: int) -> dict[str, Any]:
         "engine": dataclasses.asdict(spec.timing), "report_s": spec.report_s,
         "objectives": spec.objectives or {"e2e_ms": sim.scenario.slo_ms},
         "finished": len(flow.finished),
+        "served": len(flow.finished), "shed": shed,
+        "shed_pct": round(100 * shed / sent, 2) if sent else None,
+        "shedding": (None if flow.shed_ttft_s is None
+                     else {"ttft_ms": round(1000 * flow.shed_ttft_s, 3)}),
         "ttft_ms": flow.percentiles(1), "tpot_ms": flow.percentiles(2),
         "slo_attainment": round(within / sent, 5) if sent else None,
+        "slo_attainment_of_answered": (round(within / (len(flow.finished) + shed), 5)
+                                       if flow.finished or shed else None),
         "per_replica_rps": round(capacity[0], 4) if capacity else None,
         "request_s_at_target": round(capacity[1], 3) if capacity else None,
         "first_scale_up_s": None if first_up is None else round(first_up, 3),
@@ -88,8 +99,15 @@ def llm_table(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("LLM trace", f"{m['trace']}: {m['requests']:,} requests, {m['routing']} routing"),
         ("TTFT p50 / p90 / p99", _ms(m["ttft_ms"])),
         ("TPOT p50 / p90 / p99", _ms(m["tpot_ms"])),
+        ("served / shed (429)", f"{m['served']:,} / {m['shed']:,} ({m['shed_pct'] or 0:g}% "
+                                "of those sent; " + (
+                                    "no objectives to shed against)" if m["shedding"] is None
+                                    else f"against a {m['shedding']['ttft_ms']:g} ms TTFT "
+                                         "target)")),
         ("SLO attainment", "-" if m["slo_attainment"] is None else
-         f"{100 * m['slo_attainment']:.2f}% within {objectives}"),
+         f"{100 * m['slo_attainment']:.2f}% within {objectives}"
+         + ("" if not m["shed"] or m["slo_attainment_of_answered"] is None else
+            f" ({100 * m['slo_attainment_of_answered']:.2f}% of served + shed)")),
         ("one replica at target", f"{m['per_replica_rps']} req/s, "
                                   f"{m['request_s_at_target']} s a request"),
         ("scaling", f"first scale-up {'never' if first is None else f'at {first:.2f} s'}, "

@@ -1,12 +1,12 @@
 """A simulation as a `surge pulse` report: report.json, report.html, plots, the table.
 
 The flow's per-point counts fill a loadtest `Record` (offered by arrival point, 2xx by
-completion point, 503s and timeouts, latency histograms by arrival point), so
-`summarize` and `series` compute phases, percentiles and recovery exactly as for a
-real pulse, and `write_report` draws it. Latencies: each point holds how many requests
-were dispatched after each delay; each such group draws its service times from the
-distribution's discretisation (a multinomial over its ~50 bins, seeded), so a point's
-histogram is what that many sampled requests would give.
+completion point, 503s, an LLM replica's 429s (shed) and timeouts, latency histograms
+by arrival point), so `summarize` and `series` compute phases, percentiles and recovery
+exactly as for a real pulse, and `write_report` draws it. Latencies: each point holds
+how many requests were dispatched after each delay; each such group draws its service
+times from the distribution's discretisation (a multinomial over its ~50 bins, seeded),
+so a point's histogram is what that many sampled requests would give.
 
 The summary adds what only a simulation knows: `replica_seconds` (alive replicas,
 standbys included, over the schedule), the oracle's (`ceil(rate / per-replica
@@ -88,6 +88,9 @@ def _record(sim: Simulation) -> tuple[Record, int, int]:
     record.errors = {"503": flow.rejected[:points], "timeout": flow.timeouts_done[:points]}
     record.errors_sent = {"503": flow.rejected[:points],
                           "timeout": flow.timeouts_sent[:points]}
+    if sim.llm is not None:  # answered 429 by a replica (shed against the TTFT objective)
+        record.errors["429"] = sim.llm.shed[:points]
+        record.errors_sent["429"] = sim.llm.shed_sent[:points]
     if sim.events is not None:
         window = sim.scenario.traffic.schedule.pulse_window()
         pulse = (round(window[0] / TICK_S), round(window[1] / TICK_S)) if window else (0, 0)
