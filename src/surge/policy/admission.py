@@ -80,7 +80,7 @@ def queue_room(drain_per_s: float, max_wait_s: float | None, service_s: float = 
 
 def smoothed(previous: float, sample: float) -> float:
     """The service-time estimate after one more sample (the first sample is taken whole)."""
-    if previous <= 0:
+    if previous <= 0.0:  # (a float against a float: the interpreter's specialised compare)
         return sample
     return previous + SERVICE_TIME_WEIGHT * (sample - previous)
 

@@ -74,11 +74,13 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
     request in flight fits with more (they drain faster)."""
     if queued >= limit:
         return False
-    if max_wait_s is None or service_s <= 0:
+    if max_wait_s is None or service_s <= 0.0:  # (0.0: a float comparison, specialised)
         return True  # no bound by time (queue_room's None), or no rate known yet
     # queue_room(drain_rate(1, service_s), ...) inline (every request that queues asks):
-    # queued < floor(room) is queued + 1 <= room, and an infinite room bounds nothing
-    return queued + 1 <= max(max_wait_s, service_s) * (1 / service_s) + DUST
+    # queued < floor(room) is queued + 1 <= room, and an infinite room bounds nothing;
+    # max(max_wait_s, service_s) written out as max decides it, without the builtin's call
+    longer = service_s if service_s > max_wait_s else max_wait_s
+    return queued + 1 <= longer * (1 / service_s) + DUST
 
 
 class CompletionRate:
