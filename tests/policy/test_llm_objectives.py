@@ -3,6 +3,8 @@ alone and through the proactive policy and the shared autoscaling step, on a fak
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from surge.config import AutoscalingConfig, Objectives, parse_objectives
@@ -117,7 +119,7 @@ def test_a_full_decode_batch_is_decode_bound_and_grows_by_what_is_ahead() -> Non
     assert "decode-bound" in demand.reason
     # 300 more a start-up lead from now (policy.autoscaling.llm_in_flight_ahead)
     ahead = objective_demand(engines, BOTH, projected_rate=150,
-                             fallback_batch=256, ahead=300.0)
+                             fallback_batch=256, margin=300.0)
     assert ahead.replicas == pytest.approx(4.5)
     assert ahead.signals["decode_sequences"] == pytest.approx(900.0)
 
@@ -203,6 +205,21 @@ def test_proactive_sizes_for_the_objectives(config: AutoscalingConfig,
                            engine_demand=engine_demand(engines), engine=engines)
     decision = proactive(inputs, config, PolicyState())
     assert (decision.kind, decision.target) == (kind, target)
+
+
+def test_the_decode_demand_holds_the_in_flight_margin_and_its_headroom() -> None:
+    # the proactive step passes llm_in_flight_ahead + llm_spread_sd x llm_in_flight_spread
+    # on to the objectives' decode demand, as it sizes the levels
+    now = 100.0
+    engines = load(replicas=2, running=900, waiting=12, kv_cache_usage=0.5,
+                   decode_step_s=0.01, decode_s_per_seq=0.0002)
+    samples = [replace(s, queued=5.0) for s in steady(now, 20.0)]
+    inputs = ScalingInputs(now=now, running=2, target=2, samples=samples,
+                           engine_demand=engine_demand(engines), engine=engines)
+    signals = proactive(inputs, LLM, PolicyState()).signals
+    assert signals["in_flight_headroom"] > 0
+    assert signals["decode_sequences"] == pytest.approx(
+        900 + 12 + 5.0 + signals["in_flight_ahead"] + signals["in_flight_headroom"])
 
 
 def test_a_small_objective_excess_goes_at_once_or_waits_a_configured_band() -> None:

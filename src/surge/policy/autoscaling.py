@@ -19,14 +19,13 @@ routers and replicas of one deployment saw) and return a `Decision`:
   a request sent to a full batch waits seconds for a slot), acts on any excess at once
   and scales down below a wider band (`ProactiveSettings.llm_*`: its requests hold a
   batch slot for seconds, and swing about their mean on bursty traffic). An LLM
-  deployment with
-  `objectives` (p99 TTFT / TPOT) whose engines report is sized for them instead of for
-  `target_ongoing_requests` (policy/llm_objectives.py), and its scale-ups name what
-  bound it (UP_PREFILL, UP_DECODE, UP_KV).
+  deployment with `objectives` (p99 TTFT / TPOT) whose engines report is sized for them
+  instead of for `target_ongoing_requests` (policy/llm_objectives.py), and its scale-ups
+  name what bound it (UP_PREFILL, UP_DECODE, UP_KV).
 * `custom` wraps a user function's desired count in Ray's wrapper, as Ray does.
 
 The load signals they read (arrival rate and slope, service time) are
-policy/load_signals.py's; `LoadSample` and those functions are re-exported here. (Over
+policy/load_signals.py's; `LoadSample` is re-exported here for its callers. (Over
 500 lines because the three share their input, state and decision types and Ray's
 wrapper; apart, each would import the others' pieces.)
 """
@@ -56,8 +55,6 @@ __all__ = [
     "ScalingInputs",
     "UserPolicy",
     "apply_ray_wrapper",
-    "arrival_rate",
-    "arrival_slope",
     "context_for",
     "custom",
     "llm_in_flight_ahead",
@@ -65,7 +62,6 @@ __all__ = [
     "proactive",
     "ray_default",
     "ray_total_requests",
-    "service_time_s",
 ]
 
 # Ray's epsilon when comparing elapsed time with a delay.
@@ -400,7 +396,7 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                "service_time_s": service, "demand_replicas": demand,
                "engine_demand": inputs.engine_demand, "in_flight_ahead": ahead,
                "in_flight_headroom": headroom}
-    objective = _objective(inputs, config, projected, latest, ahead + headroom)
+    objective = _objective(inputs, config, projected, latest, margin=ahead + headroom)
     up_kind, why_more = DecisionKind.UP, ""
     if objective is not None:  # objectives, not levels: they replace the sizing above
         demand = objective.replicas
@@ -490,14 +486,15 @@ def llm_in_flight_spread(in_flight: float, rate: float, service_s: float,
 
 
 def _objective(inputs: ScalingInputs, config: AutoscalingConfig, projected: float,
-               latest: LoadSample | None, ahead: float) -> ObjectiveDemand | None:
-    """The objectives' demand, when the deployment states them and its engines report."""
+               latest: LoadSample | None, margin: float) -> ObjectiveDemand | None:
+    """The objectives' demand, when the deployment states them and its engines report;
+    `margin`: the requests held beyond those in flight now (ahead + headroom)."""
     objectives = config.latency_objectives
     if objectives is None or inputs.engine is None or inputs.engine.replicas <= 0:
         return None
     return objective_demand(inputs.engine, objectives, projected_rate=projected,
                             router_queued=latest.queued if latest else 0.0,
-                            fallback_batch=config.target_ongoing_requests, ahead=ahead)
+                            fallback_batch=config.target_ongoing_requests, margin=margin)
 
 
 # -- custom -------------------------------------------------------------------------------

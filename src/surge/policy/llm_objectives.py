@@ -18,8 +18,8 @@ An engine's latency has two budgets, and each is spent by a different resource:
   up to a batch of (T - decode_step_s) / decode_s_per_seq, and no engine batches more
   than its max_num_seqs (the deployment's `target_ongoing_requests`). Running, waiting
   and router-queued sequences (all decode once prefilled), plus those the deployment
-  will hold beyond them a start-up lead from now (`ahead`), over that batch are the
-  decode demand.
+  will hold beyond them a start-up lead from now and their spread (`margin`), over that
+  batch are the decode demand.
 * **KV-bound.** Replicas x mean KV use / KV_TARGET (policy/engine_load.py).
 
 The largest of the three is the demand, and names the reason (`bound`). Until a
@@ -109,24 +109,25 @@ def _prefill(load: EngineLoad, ttft_s: float, projected_rate: float,
                               "prefill_backlog_replicas": drain}
 
 
-def _decode(load: EngineLoad, tpot_s: float, ahead: float, fallback_batch: float,
+def _decode(load: EngineLoad, tpot_s: float, margin: float, fallback_batch: float,
             router_queued: float) -> tuple[float, dict[str, float]]:
     batch = max_decode_batch(tpot_s, load.decode_step_s, load.decode_s_per_seq,
                              fallback_batch)
-    sequences = load.running + load.waiting + router_queued + ahead
+    sequences = load.running + load.waiting + router_queued + margin
     return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences}
 
 
 def objective_demand(load: EngineLoad, objectives: Objectives, *,
                      projected_rate: float, router_queued: float = 0.0,
                      fallback_batch: float, kv_target: float = KV_TARGET,
-                     ahead: float = 0.0) -> ObjectiveDemand:
+                     margin: float = 0.0) -> ObjectiveDemand:
     """Replicas the objectives ask for, given the engines' reports and the offered load.
 
     `projected_rate` is the offered requests/s over the start-up lead;
     `router_queued` the requests waiting in routers (not yet in any engine's backlog);
-    `ahead` the requests the deployment will hold a start-up lead from now beyond those
-    (policy.autoscaling.llm_in_flight_ahead).
+    `margin` the requests the deployment will hold a start-up lead from now beyond those
+    and the headroom for their swing (policy.autoscaling: llm_in_flight_ahead +
+    llm_spread_sd x llm_in_flight_spread).
     """
     signals: dict[str, float] = {}
     demands: dict[Bound, float] = {}
@@ -135,7 +136,7 @@ def objective_demand(load: EngineLoad, objectives: Objectives, *,
                                                 router_queued)
         signals.update(more)
     if objectives.tpot_s is not None:
-        demands[Bound.DECODE], more = _decode(load, objectives.tpot_s, ahead,
+        demands[Bound.DECODE], more = _decode(load, objectives.tpot_s, margin,
                                               fallback_batch, router_queued)
         signals.update(more)
     demands[Bound.KV] = load.replicas * load.kv_cache_usage / kv_target if kv_target > 0 \
