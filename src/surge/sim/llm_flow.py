@@ -100,7 +100,6 @@ class LLMFlow(EventFlow):
                             else None)
         self.shed = [0] * points  # answered 429 by the replica, by the point answered
         self.shed_sent = [0] * points  # ... by the point they arrived
-        self.retry_after_s: list[float] = []  # each 429's Retry-After
         self._shed_tick = 0  # shed in the open tick (counted in its completions)
         self.totals["shed"] = 0
 
@@ -203,23 +202,20 @@ class LLMFlow(EventFlow):
         replica = request.replica
         assert replica is not None
         if self.shed_ttft_s is not None:  # the replica's admission (llm/service.py's)
-            retry = shed_retry_after(replica.backlog_tokens, request.trace.input_length,
-                                     replica.prefill_tokens_per_s, self.shed_ttft_s)
-            if retry is not None:
-                self._shed(request, replica, retry, now)
+            if shed_retry_after(replica.backlog_tokens, request.trace.input_length,
+                                replica.prefill_tokens_per_s, self.shed_ttft_s) is not None:
+                self._shed(request, replica, now)  # (Retry-After: the real replica's)
                 return
         replica.add(request, now)
         if not replica.stepping:
             self._step(replica, now)
 
-    def _shed(self, request: LLMRequest, replica: LLMReplica, retry_after_s: float,
-              now: float) -> None:
+    def _shed(self, request: LLMRequest, replica: LLMReplica, now: float) -> None:
         """The replica answered 429: its slot is free, the router has its answer."""
         replica.in_flight -= 1
         self.ongoing -= 1
         self.shed[self.point] += 1
         self.shed_sent[request.point] += 1
-        self.retry_after_s.append(retry_after_s)
         self.totals["shed"] += 1
         self._completions += 1  # a router counts the 429 as an answer
         self._shed_tick += 1

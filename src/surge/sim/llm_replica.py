@@ -38,8 +38,7 @@ from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest
 from surge.policy.engine_load import EngineReport
 from surge.sim.engine_model import VOCAB, EngineModel, EngineTiming, StepOutput
 
-__all__ = ["PREFILL_MIN_BUSY_S", "PREFILL_WINDOW_S", "LLMReplica", "LLMRequest",
-           "probe_capacity", "prompt_tokens"]
+__all__ = ["LLMReplica", "LLMRequest", "probe_capacity", "prompt_tokens"]
 
 # Token ids are 32-bit in block hashes (sim/kv_blocks.py): block ids are folded below this.
 _TOKEN_SPACE = 4_000_000_000
@@ -135,7 +134,7 @@ class LLMReplica:
     def _backlog(self, change: int, now: float) -> None:
         if self._busy_since is not None:
             self._busy_s += now - self._busy_since
-        self.backlog_tokens += change
+        self.backlog_tokens = max(0, self.backlog_tokens + change)  # (as the meter's)
         self._busy_since = now if self.backlog_tokens > 0 else None
 
     def measure(self, now: float) -> float:
