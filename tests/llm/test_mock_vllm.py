@@ -6,6 +6,7 @@ import asyncio
 import gc
 import itertools
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -302,3 +303,18 @@ def test_an_engine_without_kv_events_reports_no_cache_change() -> None:
         assert service.prefixes is None and service.prefix_change() is None
 
     run(main)
+
+
+def test_words_are_tokens_by_a_stable_hash_and_the_ids_kept_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import surge.testing.llm as words
+
+    # pinned: crc32 of each word mod 50,000, whatever whitespace parts them
+    assert words.word_tokens("the red\tshoes\n é") == [33078, 35455, 43447, 29326]
+    assert words.word_tokens("") == []
+    monkeypatch.setattr(words, "_TOKEN_IDS", {})
+    monkeypatch.setattr(words, "_MAX_TOKEN_IDS", 2)
+    text = "a b c a d e a"
+    fresh = [zlib.crc32(w.encode()) % 50_000 for w in text.split()]
+    assert words.word_tokens(text) == fresh == words.word_tokens(text)  # known or not
+    assert len(words._TOKEN_IDS) <= 2

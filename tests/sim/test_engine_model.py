@@ -47,6 +47,15 @@ def test_equal_prefixes_have_equal_hash_chains_and_an_adapter_has_its_own() -> N
     assert all(0 <= h < 2**63 for h in a)
 
 
+def test_the_hash_chain_is_the_one_vllm_events_carried_before() -> None:
+    """Pinned names (computed at 66a60a2, before prefix_hashes packed its ids once): a
+    change to either function that moves every name together is still seen."""
+    assert prefix_hashes(list(range(8)), 4, 7) == [6947696851424131994, 1826401844080946432]
+    assert prefix_hashes(tuple(range(9)), 4, None) == [546280712968851089,
+                                                       8021188163245510653]
+    assert block_hash(None, [0, 1, 2, 3], 7) == 6947696851424131994
+
+
 def test_a_freed_sequence_stays_cached_and_its_tail_is_evicted_first() -> None:
     pool = BlockPool(num_blocks=3, block_size=BS)
     pool.allocate(3)

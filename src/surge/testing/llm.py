@@ -21,7 +21,7 @@ import math
 import os
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
@@ -38,19 +38,27 @@ __all__ = ["FakeLLMEngine", "WordsChat", "word_tokens", "words_chat"]
 
 
 _TOKEN_IDS: dict[str, int] = {}  # words seen, bounded (a 220 KB prompt: ~44,000 words)
+_MAX_TOKEN_IDS = 1 << 16
+
+
+def _token(word: str) -> int:
+    """A word's id: a stable hash (crc32), kept once computed."""
+    token = _TOKEN_IDS.get(word)
+    if token is None:
+        if len(_TOKEN_IDS) >= _MAX_TOKEN_IDS:
+            _TOKEN_IDS.clear()
+        token = _TOKEN_IDS[word] = zlib.crc32(word.encode()) % 50_000
+    return token
 
 
 def word_tokens(text: str) -> list[int]:
     """Words are tokens: each one's id by a stable hash (crc32, kept per word)."""
     words = text.split()
-    ids = list(map(_TOKEN_IDS.get, words))
-    if None in ids:
-        if len(_TOKEN_IDS) > 1 << 16:
-            _TOKEN_IDS.clear()
-        for i, word in enumerate(words):
-            if ids[i] is None:
-                ids[i] = _TOKEN_IDS[word] = zlib.crc32(word.encode()) % 50_000
-    return ids  # type: ignore[return-value]
+    known = list(map(_TOKEN_IDS.get, words))  # (most words are known: read at C speed)
+    if None not in known:
+        return cast(list[int], known)
+    return [_token(word) if token is None else token
+            for word, token in zip(words, known, strict=True)]
 
 
 def words_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> Prompt:
@@ -160,7 +168,7 @@ class FakeLLMEngine(WordsChat):
                 stopped = self.eos_after is not None and limit == int(self.eos_after)
                 reason = "stop" if stopped else "length"
             for index in range(params.n):
-                yield Delta(text, tuple(word_tokens(word)), reason, index,
+                yield Delta(text, (_token(word),), reason, index,
                             prompt_tokens if step == 0 else 0)
             if reason is not None:
                 return
