@@ -471,7 +471,9 @@ def llm_in_flight_ahead(in_flight: float, rate: float, service_s: float,
 def llm_in_flight_spread(in_flight: float, rate: float, service_s: float,
                          lead_s: float) -> float:
     """The standard deviation of the requests an LLM deployment will hold `lead_s` from
-    now about `in_flight` + llm_in_flight_ahead(..., lead_s), in the same M/G/inf model.
+    now, in llm_in_flight_ahead's M/G/inf model (proactive passes the longer of the
+    start-up lead and a batch slot's turn, so this spread may be over a longer horizon
+    than the `ahead` it is added to).
 
     Each of the `in_flight` requests is still running after the lead with probability
     q = e^(-lead/service) (binomial: variance n q (1 - q)); those arriving in the lead
