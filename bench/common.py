@@ -7,6 +7,7 @@ created on first use (`ray[serve]==2.60.0`, a few minutes, cached in ~/.cache).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -18,11 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "apps"
@@ -432,3 +433,25 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def options(doc: str, helps: Mapping[str, str] | None = None,
+            **defaults: Any) -> argparse.Namespace:
+    """A benchmark's command line, parsed: an option `--a-name` per keyword `a_name`, of
+    its default's type (False: a flag; a Path: a path; write a float's default as 2.0,
+    not 2), with the text in `helps` under its keyword; the description is the first
+    paragraph of `doc`, the script's docstring."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    helps = dict(helps or {})
+    for name, default in defaults.items():
+        flag, text = "--" + name.replace("_", "-"), helps.pop(name, None)
+        if default is False:
+            parser.add_argument(flag, action="store_true", help=text)
+        elif isinstance(default, (bool, type(None))):
+            raise TypeError(f"{flag}: a default of {default!r} gives no type; a flag's is False")
+        else:
+            kind = Path if isinstance(default, Path) else type(default)
+            parser.add_argument(flag, type=kind, default=default, help=text)
+    if helps:
+        raise TypeError(f"help for options that do not exist: {sorted(helps)}")
+    return parser.parse_args()

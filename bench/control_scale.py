@@ -53,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import options
 from bench.scale.cluster import DID, STEADY_LOAD, Cluster
 from bench.scale.measure import herd, lost_since, one_change, pushes, step, window
 
@@ -203,23 +204,15 @@ def write_sim_figures(path: Path, replicas: int, routers: int, m: dict[str, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="512x64,2000x250,10000x1000")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--window-s", type=float, default=10.0)
-    parser.add_argument("--settle-s", type=float, default=3.0)
-    parser.add_argument("--changes", type=int, default=5)
-    parser.add_argument("--startup-s", type=float, default=0.2,
-                        help="how long a fake replica 'builds' before it is ready")
-    parser.add_argument("--herd-timeout-s", type=float, default=300.0)
-    parser.add_argument("--full-sets", action="store_true",
-                        help="routers ask for whole replica sets only (as surge's own "
-                             "routers do until they apply deltas)")
-    parser.add_argument("--quick", action="store_true", help="1 rep, 4 s windows, 2 changes")
-    parser.add_argument("--sim-out", default="",
-                        help="write the first configuration's decision and fan-out times "
-                             "here, for `surge simulate` (its scenario's control.measured)")
-    args = parser.parse_args()
+    args = options(__doc__, {
+        "startup_s": "how long a fake replica 'builds' before it is ready",
+        "full_sets": "routers ask for whole replica sets only (as surge's own routers do "
+                     "until they apply deltas)",
+        "quick": "1 rep, 4 s windows, 2 changes",
+        "sim_out": "write the first configuration's decision and fan-out times here, for "
+                   "`surge simulate` (its scenario's control.measured)"},
+        configs="512x64,2000x250,10000x1000", reps=3, window_s=10.0, settle_s=3.0, changes=5,
+        startup_s=0.2, herd_timeout_s=300.0, full_sets=False, quick=False, sim_out="")
     if args.quick:
         args.reps, args.window_s, args.settle_s, args.changes = 1, 4.0, 1.5, 2
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT / "src"), str(ROOT)] + [
     p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from bench.common import free_port  # noqa: E402
+from bench.common import free_port, options  # noqa: E402
 from bench.llm import MODEL_DIR, server  # noqa: E402
 
 ARMS = ("prefix", "p2c")
@@ -177,17 +177,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=40)
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--systems", type=int, default=8, help="distinct system prompts")
-    parser.add_argument("--system-words", type=int, default=150)
-    parser.add_argument("--user-words", type=int, default=30)
-    parser.add_argument("--answer-words", type=int, default=80)
-    parser.add_argument("--users", type=int, default=6, help="concurrent users per arm")
-    parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
+    args = options(__doc__, {"systems": "distinct system prompts",
+                             "users": "concurrent users per arm"},
+                   conversations=40, turns=8, systems=8, system_words=150, user_words=30,
+                   answer_words=80, users=6, max_tokens=4, seed=1)
     from surge.testing.tiny_llm import make_tiny_llama
 
     make_tiny_llama(MODEL_DIR)

@@ -35,7 +35,6 @@ Last line: `summary: ...`.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -45,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import options
 from bench.llm_sim_vs_real import DEPLOYMENT, ENGINE, OBJECTIVES
 from surge.sim.scenario import Scenario
 from surge.sim.sweep import simulate
@@ -165,14 +165,9 @@ def step(low: float, high: float, seed: int, startup_s: float) -> dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--startup", type=float, default=2.0, help="replica start-up, s")
-    parser.add_argument("--step-from", type=float, default=1.0)
-    parser.add_argument("--step-to", type=float, default=12.0)
-    parser.add_argument("--replay-only", action="store_true", help="skip the step")
-    args = parser.parse_args()
+    args = options(__doc__, {"startup": "replica start-up, s", "replay_only": "skip the step"},
+                   minutes=30.0, seed=1, startup=2.0, step_from=1.0, step_to=12.0,
+                   replay_only=False)
     summary = replay(args.minutes, args.seed, args.startup)
     if not args.replay_only:
         summary.update(step(args.step_from, args.step_to, args.seed, args.startup))

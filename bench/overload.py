@@ -39,7 +39,16 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import APPS, ROOT, free_port, run_wrk, start_system, surge_env, system_python
+from bench.common import (
+    APPS,
+    ROOT,
+    free_port,
+    options,
+    run_wrk,
+    start_system,
+    surge_env,
+    system_python,
+)
 from surge.loadtest.generator import Plan, PulseGenerator
 from surge.loadtest.schedule import Schedule, Segment
 from surge.loadtest.stats import POINTS_PER_S, Record, merge_histograms, percentile
@@ -314,19 +323,13 @@ def git_state() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", default="surge,ray")
-    parser.add_argument("--factors", default="3,10", help="overload factors of capacity")
-    parser.add_argument("--sections", default="overload,cpu")
-    parser.add_argument("--baseline-s", type=float, default=5.0)
-    parser.add_argument("--hold-s", type=float, default=10.0)
-    parser.add_argument("--after-s", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=9000,
-                        help="client connections at most (surge's proxy takes 10,000)")
-    parser.add_argument("--cpu-duration-s", type=float, default=10.0)
-    parser.add_argument("--cpu-systems", default="surge,ray")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "overload.json")
-    args = parser.parse_args()
+    args = options(__doc__, {"factors": "overload factors of capacity",
+                             "connections": "client connections at most (surge's proxy "
+                                            "takes 10,000)"},
+                   systems="surge,ray", factors="3,10", sections="overload,cpu",
+                   baseline_s=5.0, hold_s=10.0, after_s=5.0, connections=9000,
+                   cpu_duration_s=10.0, cpu_systems="surge,ray",
+                   out=ROOT / "reports" / "overload.json")
     systems = [s for s in args.systems.split(",") if s]
     sections = args.sections.split(",")
     limit = raise_fd_limit()
