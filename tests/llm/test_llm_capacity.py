@@ -1,5 +1,6 @@
-"""What a replica measures of its engine's capacity (llm/capacity.py), what LLMServer
-reports of it, and shedding against the TTFT objective, on the mock vLLM engine."""
+"""What LLMServer reports of what the replica measured of its engine's capacity (the
+meter: policy/llm_capacity.py, tested in tests/policy), and shedding against the TTFT
+objective, on the mock vLLM engine."""
 
 from __future__ import annotations
 
@@ -7,55 +8,12 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
-
-from surge.llm.capacity import MIN_GAPS, CapacityMeter
 from surge.llm.config import LLMConfig
 from surge.llm.protocol import OpenAIError
 from surge.llm.server import LLMServer
 from surge.llm.service import OpenAIService, objectives_of
 from surge.replica.stats_hooks import engine_report
 from surge.testing import MockVLLMEngine
-
-
-def test_the_prefill_rate_is_tokens_answered_over_the_time_a_backlog_waited() -> None:
-    meter = CapacityMeter(window_s=10.0)
-    meter.admitted(1_000, 0.0)
-    meter.admitted(3_000, 0.0)
-    assert meter.backlog_tokens == 4_000
-    meter.first_token(1_000, 0.1)
-    meter.first_token(3_000, 0.4)  # 4,000 tokens in 0.4 s of backlog
-    meter.admitted(2_000, 5.0)  # idle from 0.4 to 5.0: not counted
-    meter.first_token(2_000, 5.2)  # 6,000 in 0.6 s
-    report = meter.report(5.5)
-    assert report["prefill_tokens_per_s"] == pytest.approx(10_000)
-    assert report["prompt_tokens"] == pytest.approx(2_000)
-    assert report["prefill_backlog_tokens"] == 0.0
-    assert meter.decoding == 3
-    # an idle window keeps what was measured; an aborted request leaves the backlog
-    meter.admitted(500, 30.0)
-    meter.ended(500, False, 30.01)
-    assert meter.report(31.0)["prefill_tokens_per_s"] == pytest.approx(10_000)
-    assert meter.backlog_tokens == 0
-
-
-def test_the_decode_cost_is_a_line_through_gap_against_batch() -> None:
-    meter = CapacityMeter()
-    for batch in range(1, 41):  # gap = 10 ms + 0.2 ms a sequence
-        meter.gap(0.01 + 0.0002 * batch, batch)
-    report = meter.report(1.0)
-    assert report["decode_step_s"] == pytest.approx(0.01)
-    assert report["decode_s_per_seq"] == pytest.approx(0.0002)
-
-
-def test_a_batch_that_did_not_vary_gives_the_gap_per_sequence() -> None:
-    meter = CapacityMeter()
-    for _ in range(MIN_GAPS - 1):
-        meter.gap(0.02, 10)
-    assert meter.report(1.0)["decode_s_per_seq"] == 0.0  # too few gaps: not measured
-    meter.gap(0.02, 10)
-    report = meter.report(2.0)
-    assert (report["decode_step_s"], report["decode_s_per_seq"]) == (0.0, pytest.approx(0.002))
 
 
 def test_engine_report_reads_the_measured_keys() -> None:

@@ -288,34 +288,3 @@ def test_the_simulated_replicas_admit_by_policy_llm_shedding(
     monkeypatch.setattr(llm_flow, "shed_retry_after", lambda *_: None)  # admit all
     assert _run(_overload(tmp_path, {"ttft_ms": 500}), tmp_path).summary[
         "llm_sim"]["shed"] == 0
-
-
-def test_a_simulated_replica_measures_prefill_as_the_real_replicas_meter() -> None:
-    """LLMReplica's prefill rate and backlog against llm/capacity.py's CapacityMeter fed
-    the same events: equal at every report."""
-    import random
-
-    from surge.llm.capacity import CapacityMeter
-    from surge.sim.llm_replica import LLMReplica, LLMRequest
-
-    rng = random.Random(3)
-    replica = LLMReplica.new("r", EngineTiming(**TIMING))
-    meter = CapacityMeter()
-    waiting: list[LLMRequest] = []
-    now = 0.0
-    for index in range(400):
-        now += rng.expovariate(20.0)
-        if waiting and rng.random() < 0.45:
-            request = waiting.pop(rng.randrange(len(waiting)))
-            replica.first_token(request, now)
-            meter.first_token(request.trace.input_length, now)
-        elif rng.random() < 0.8:
-            request = LLMRequest(index, now, 0, TraceRequest(now, rng.randint(1, 900), 4))
-            waiting.append(request)
-            replica.add(request, now)
-            meter.admitted(request.trace.input_length, now)
-        else:
-            expected = meter.report(now)
-            assert replica.measure(now) == pytest.approx(expected["prefill_tokens_per_s"])
-            assert replica.backlog_tokens == expected["prefill_backlog_tokens"]
-    assert replica.prefill_tokens_per_s > 0

@@ -188,8 +188,9 @@ class _Server:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray's custom autoscaling metrics hook: the engine's queue and KV-cache use, and
-        what it sustains as the replica measured it (llm/capacity.py: the prefill backlog
-        and rate, the mean prompt, the decode step's cost), for latency objectives."""
+        what it sustains as the replica measured it (policy/llm_capacity.py: the prefill
+        backlog and rate, the mean prompt, the decode step's cost), for latency
+        objectives."""
         stats = self._fresh_stats()
         measured = self.service.capacity.report(self.service.clock()) \
             if self.service is not None else {}

@@ -14,8 +14,8 @@ once its first token went out (never before it: naming a long prompt takes ~1 ms
 named in the routers' chunks and read against the engine's blocks, so LLMServer's
 routing stats can tell routers what the engine holds.
 
-Every run is counted in the service's `CapacityMeter` (llm/capacity.py: its prompt in
-the prefill backlog until its first token, its inter-token gaps against the decode
+Every run is counted in the service's `CapacityMeter` (policy/llm_capacity.py: its prompt
+in the prefill backlog until its first token, its inter-token gaps against the decode
 batch), which LLMServer's autoscaling stats report. With a TTFT objective (the
 deployment's `autoscaling_config.objectives`, shed on), a request that would wait past
 it behind the backlog is answered 429 with Retry-After when prepared
@@ -32,7 +32,6 @@ from typing import Any
 
 from surge.codecs.kv_events import replay
 from surge.config.autoscaling import Objectives, parse_objectives
-from surge.llm.capacity import CapacityMeter
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -68,6 +67,7 @@ from surge.llm.responses import (
     usage_chunk,
 )
 from surge.policy.kv_chunks import ChunkCoverage
+from surge.policy.llm_capacity import CapacityMeter
 from surge.policy.llm_models import split_lora_id
 from surge.policy.llm_shedding import shed_retry_after
 from surge.policy.prefix_index import prompt_stream

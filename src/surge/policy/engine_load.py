@@ -25,9 +25,10 @@ A replica also reports what its engine measured of its own capacity, for a deplo
 with latency objectives (policy/llm_objectives.py): the prompt tokens admitted and not
 yet answered with a first token (the prefill backlog), the prefill rate it sustained
 while it had such a backlog, the mean prompt length, and the decode step's cost as
-`decode_step_s + decode_s_per_seq x batch` fitted to its inter-token gaps (llm/capacity.py
-measures them in the replica, for any engine). 0 means "not measured yet"; summing takes
-the backlog's sum and the mean of each measured rate over the replicas that measured it.
+`decode_step_s + decode_s_per_seq x batch` fitted to its inter-token gaps
+(policy/llm_capacity.py measures them in the replica, for any engine). 0 means "not
+measured yet"; summing takes the backlog's sum and the mean of each measured rate over
+the replicas that measured it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A request admitted to an engine waits behind the prompt tokens already admitted and not
 yet answered (the replica's prefill backlog), then its own prompt is computed, at the
-prefill rate the replica measured (llm/capacity.py). When that predicted TTFT exceeds
-ADMIT_FRACTION of the deployment's TTFT objective the request would likely miss it,
+prefill rate the replica measured (policy/llm_capacity.py). When that predicted TTFT
+exceeds ADMIT_FRACTION of the deployment's TTFT objective the request would likely miss it,
 and queueing it makes every request behind it later still: it is answered at once, 429
 with Retry-After (the time the backlog needs to drain to where it would be admitted) in
 the OpenAI error shape, instead of a timeout or a 5xx later. The autoscaler meanwhile sizes for the

@@ -33,7 +33,7 @@ ROUTING_HOOK = "record_routing_stats"
 AUTOSCALING_HOOK = "record_autoscaling_stats"
 JITTER = 0.1  # as Ray: each period is drawn from [0.9, 1.1] x the configured one
 # What an engine measured of its capacity, read from `record_autoscaling_stats` under
-# these names (LLMServer's, llm/capacity.py) for latency objectives; absent: 0.
+# these names (LLMServer's, policy/llm_capacity.py) for latency objectives; absent: 0.
 MEASURED_KEYS = ("prefill_backlog_tokens", "prefill_tokens_per_s", "prompt_tokens",
                  "decode_step_s", "decode_s_per_seq")
 

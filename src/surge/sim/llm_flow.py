@@ -22,15 +22,16 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
   backlog and the capacity fields, sim/llm_replica.LLMReplica.report);
 * shed, do not fail: when the deployment states objectives (`autoscaling_config.
   objectives` with a TTFT target and `shed` on, as llm/service.py reads them), a request
-  reaching its replica's engine is first put to policy/llm_shedding.shed_retry_after, the
-  function the real replica calls, with that replica's prefill backlog (prompt tokens
-  added to its engine, no first token yet), the request's prompt, and the prefill rate
-  the replica measured of its engine model (sim/llm_replica.py: prompt tokens answered
-  per busy second over the last 10 s, at its reports, as llm/capacity.py measures a real
-  engine; 0, so never shed, until measured). A request it refuses is answered 429 at
-  once: counted as *shed* (`shed`, by the point it was answered, `shed_sent` by the
-  point it arrived; the report's "429"), never queued on the engine; the router counts
-  the answer as a completion (its load report), as a real router counts a replica's 429;
+  reaching its replica's engine is first put to policy/llm_shedding.shed_retry_after,
+  the function the real replica calls, with that replica's prefill backlog (prompt
+  tokens added to its engine, no first token yet), the request's prompt, and the prefill
+  rate the replica measured of its engine model (sim/llm_replica.py: prompt tokens
+  answered per busy second over the last 10 s, at its reports, by
+  policy/llm_capacity.py's meter, as a real replica measures its engine; 0, so never
+  shed, until measured). A request it refuses is answered 429 at once: counted as *shed*
+  (`shed`, by the point it was answered, `shed_sent` by the point it arrived; the
+  report's "429"), never queued on the engine; the router counts the answer as a
+  completion (its load report), as a real router counts a replica's 429;
 * a replica that leaves routing finishes what it holds, then reports no more;
 * the router never queues while the engines have room, so it tells the controller of a
   jump in its arrivals instead (policy/arrival_jump.py, as surge's router does for an

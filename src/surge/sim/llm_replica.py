@@ -12,15 +12,17 @@ Prompts are token ids: equal Mooncake hash ids give equal 512-token blocks (pref
 survives, as loadtest/traces.prompt_words keeps it for a real run); a request without
 hash ids has a first token of its own, so no block of it is ever another's.
 
-Each replica measures its prefill rate as a real replica's llm/capacity.py does, from the
-engine model's steps (the rate the admission rule reads, sim/llm_flow.py): prompt tokens
+Each replica measures its prefill rate with the meter a real replica uses
+(policy/llm_capacity.CapacityMeter), told of each request added to the engine model and
+of its first token (the rate the admission rule reads, sim/llm_flow.py): prompt tokens
 answered by a first token per second while its prefill backlog (prompt tokens added to
-the engine, no first token yet) was not empty, over the last `PREFILL_WINDOW_S`, taken at
-each report; 0 ("not measured") until a window held `PREFILL_MIN_BUSY_S` of busy time. It
-is below 1 / prefill_s_per_token by the steps' fixed cost and the decode interleaved
-(steps that prefill nothing while the batch is full): at bench/llm_objectives.py's
-10 -> 160 req/s step, 34,700-37,600 tokens/s of a nominal 50,000, where real replicas
-measured 34,300-34,800. The autoscaling report still gives the nominal rate (`report`).
+the engine, no first token yet) was not empty, over the meter's last 10 s, taken at
+each report; 0 ("not measured") until a window held enough busy time. It is below
+1 / prefill_s_per_token by the steps' fixed cost and the decode interleaved (steps that
+prefill nothing while the batch is full): at bench/llm_objectives.py's 10 -> 160 req/s
+step, 34,700-37,600 tokens/s of a nominal 50,000, where real replicas measured
+34,300-34,800. The autoscaling report still gives the nominal rate (`report`). The meter
+is not told of inter-token gaps or ends: the decode measures are the timing's.
 
 `probe_capacity` runs one engine closed-loop on a trace's lengths with a fixed number
 of requests in flight: what one replica completes per second at that load, the unit of
@@ -36,6 +38,7 @@ from itertools import cycle
 
 from surge.loadtest.traces import BLOCK_TOKENS, TraceRequest
 from surge.policy.engine_load import EngineReport
+from surge.policy.llm_capacity import CapacityMeter
 from surge.sim.engine_model import VOCAB, EngineModel, EngineTiming, StepOutput
 
 __all__ = ["LLMReplica", "LLMRequest", "probe_capacity", "prompt_tokens"]
@@ -49,10 +52,6 @@ _PROBE_WARMUP = 50
 _PROBE_COMPLETIONS = 300
 _PROBE_REQUESTS = 2000  # the trace's first, whose lengths it cycles through
 _PROMPTS_KEPT = 64  # recent prompts whose mean length a replica reports
-# llm/capacity.py's WINDOW_S and MIN_BUSY_S: the prefill rate's window, and the busy time
-# a window needs to measure it.
-PREFILL_WINDOW_S = 10.0
-PREFILL_MIN_BUSY_S = 0.05
 
 
 def prompt_tokens(request: TraceRequest, index: int) -> tuple[int, ...]:
@@ -95,15 +94,7 @@ class LLMReplica:
     engine_report: EngineReport | None = None  # the last autoscaling stats
     steps: int = 0
     prompts: deque[int] = field(default_factory=lambda: deque(maxlen=_PROMPTS_KEPT))
-    backlog_tokens: int = 0  # prompt tokens added to the engine, no first token yet
-    # the prefill rate as measured (see the module's doc); 0: not measured yet
-    prefill_tokens_per_s: float = 0.0
-    _answered: float = 0.0  # prompt tokens answered by a first token, ever
-    _busy_s: float = 0.0  # time with a non-empty backlog, ever (to _busy_since)
-    _busy_since: float | None = None
-    # (when, answered, busy) at each report; the first is the window's start
-    _marks: deque[tuple[float, float, float]] = field(
-        default_factory=lambda: deque([(0.0, 0.0, 0.0)]))
+    meter: CapacityMeter = field(default_factory=CapacityMeter)  # (see the module's doc)
 
     @classmethod
     def new(cls, replica_id: str, timing: EngineTiming) -> LLMReplica:
@@ -118,37 +109,27 @@ class LLMReplica:
         """What the engine holds: waiting + running sequences (its routing stats)."""
         return len(self.model.waiting) + len(self.model.running)
 
+    @property
+    def backlog_tokens(self) -> int:
+        """Prompt tokens added to the engine, no first token yet."""
+        return self.meter.backlog_tokens
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """The prefill rate measured at the last report; 0: not measured yet."""
+        return self.meter.prefill_tokens_per_s
+
     def add(self, request: LLMRequest, now: float) -> None:
         self.prompts.append(request.trace.input_length)
         sid = str(request.index)
         self.requests[sid] = request
-        self._backlog(request.trace.input_length, now)
+        self.meter.admitted(request.trace.input_length, now)
         self.model.add(sid, prompt_tokens(request.trace, request.index),
                        max(1, request.trace.output_length))
 
     def first_token(self, request: LLMRequest, now: float) -> None:
         """`request`'s first token came at `now`: its prompt leaves the backlog."""
-        self._backlog(-request.trace.input_length, now)
-        self._answered += request.trace.input_length
-
-    def _backlog(self, change: int, now: float) -> None:
-        if self._busy_since is not None:
-            self._busy_s += now - self._busy_since
-        self.backlog_tokens = max(0, self.backlog_tokens + change)  # (as the meter's)
-        self._busy_since = now if self.backlog_tokens > 0 else None
-
-    def measure(self, now: float) -> float:
-        """Take the prefill rate over the window up to `now` (at a report), as
-        llm/capacity.CapacityMeter does: it keeps its last value through idle windows."""
-        self._backlog(0, now)
-        marks = self._marks
-        marks.append((now, self._answered, self._busy_s))
-        while len(marks) > 1 and marks[1][0] <= now - PREFILL_WINDOW_S:
-            marks.popleft()
-        _, answered, busy = marks[0]
-        if self._busy_s - busy >= PREFILL_MIN_BUSY_S and self._answered > answered:
-            self.prefill_tokens_per_s = (self._answered - answered) / (self._busy_s - busy)
-        return self.prefill_tokens_per_s
+        self.meter.first_token(request.trace.input_length, now)
 
     def step(self) -> StepOutput | None:
         """The next step (None: the engine is idle); its duration is never zero."""
@@ -166,7 +147,7 @@ class LLMReplica:
         prefill_s_per_token, a decode step of step_s + decode_s_per_seq x batch. (The
         prefill rate is measured too, here, for admission: `prefill_tokens_per_s`.)"""
         model, timing = self.model, self.model.timing
-        self.measure(now)  # the replica's meter, read at its autoscaling stats
+        self.meter.report(now)  # the replica's meter, read at its autoscaling stats
         return EngineReport(
             self.replica_id, float(len(model.waiting)), float(len(model.running)),
             model.blocks.usage(), period_s, now,

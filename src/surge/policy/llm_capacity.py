@@ -1,10 +1,12 @@
 """What a replica's engine sustains, measured in the replica from its own requests.
 
-Any engine: the OpenAI service tells the meter when a request is admitted to the engine
-(with its prompt's tokens), when its first token came, each later inter-token gap (with
-the decode batch then: this replica's requests past their first token), and when it
-ended. From that, `report()` gives LLMServer's `record_autoscaling_stats` keys for
-latency objectives (policy/llm_objectives.py):
+Any engine: the OpenAI service (llm/service.py) tells the meter when a request is admitted
+to the engine (with its prompt's tokens), when its first token came, each later
+inter-token gap (with the decode batch then: this replica's requests past their first
+token), and when it ended. A simulated replica (sim/llm_replica.py) tells the same meter
+of its engine model's admissions and first tokens, so both measure prefill alike. From
+that, `report()` gives LLMServer's `record_autoscaling_stats` keys for latency
+objectives (policy/llm_objectives.py):
 
 * `prefill_backlog_tokens`: prompt tokens admitted and not yet answered by a first token;
 * `prefill_tokens_per_s`: prompt tokens answered per second *while the backlog was not
