@@ -1,15 +1,17 @@
-"""Fixtures that start real surge instances on free loopback ports."""
+"""Fixtures that start real surge instances on free loopback ports, and a WebSocket
+route's one exchange for the apps they serve."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import WebSocket
 
 from surge import serve
 from tests.ports import free_port
@@ -23,6 +25,15 @@ class Running:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+
+
+async def answer_once(websocket: WebSocket, answer: Callable[[str], str]) -> None:
+    """A WebSocket route's whole conversation: accept, read one text, send `answer` of
+    it, close."""
+    await websocket.accept()
+    await websocket.send_text(answer(await websocket.receive_text()))
+    await websocket.close()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 
 from surge import serve
 from surge.errors import RayServeException
+from tests.e2e.conftest import answer_once
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
@@ -55,10 +56,7 @@ def make_counter_app(start: int) -> Any:
 
         @app.websocket("/ws")
         async def ws(self, websocket: WebSocket) -> None:
-            await websocket.accept()
-            name = await websocket.receive_text()
-            await websocket.send_text(f"{name}:{self.count}")
-            await websocket.close()
+            await answer_once(websocket, lambda name: f"{name}:{self.count}")
 
     return Counter
 

@@ -16,7 +16,7 @@ from websockets.sync.client import connect
 
 from surge import serve
 from tests.certs import Pki, make_pki
-from tests.e2e.conftest import Running, running_instance
+from tests.e2e.conftest import Running, answer_once, running_instance
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +28,7 @@ app = FastAPI()
 class Secure:
     @app.websocket("/ws")
     async def ws(self, websocket: WebSocket) -> None:
-        await websocket.accept()
-        text = await websocket.receive_text()
-        await websocket.send_text(f"{websocket.scope['scheme']}:{text}")
-        await websocket.close()
+        await answer_once(websocket, lambda text: f"{websocket.scope['scheme']}:{text}")
 
     @app.post("/upload")
     async def upload(self, request: Request) -> dict[str, Any]:
