@@ -104,6 +104,17 @@ def test_yaml_num_replicas_replaces_code_autoscaling_and_back() -> None:
     ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
      "    autoscaling_config:\n      min_replicas: 5\n      max_replicas: 2\n",
      ":7: applications[0].deployments[0].autoscaling_config.min_replicas: "),
+    # the proactive policy's policy_kwargs, as a deploy checks them
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    autoscaling_config:\n      policy:\n        policy_kwargs:\n"
+     "          llm_spread_sd: -0.5\n",
+     ":9: applications[0].deployments[0].autoscaling_config.policy.policy_kwargs."
+     "llm_spread_sd: llm_spread_sd must be a number >= 0, got -0.5."),
+    ("applications:\n- name: a\n  import_path: m:app\n  deployments:\n  - name: D\n"
+     "    autoscaling_config:\n      policy:\n        policy_function: proactive\n"
+     "        policy_kwargs: {llm_spread: 1}\n",
+     ":9: applications[0].deployments[0].autoscaling_config.policy.policy_kwargs."
+     "llm_spread: unknown key. Did you mean 'llm_spread_sd'?"),
     ("applications:\n- name: a\n  route_prefix: api\n  import_path: m:app\n",
      ":3: applications[0].route_prefix: Invalid route_prefix 'api', must start with a "
      "forward slash ('/')."),

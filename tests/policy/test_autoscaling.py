@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.config import AutoscalingConfig
+from surge.errors import ConfigError
 from surge.policy.autoscaling import (
     AutoscalingContext,
     Decision,
@@ -764,6 +765,13 @@ def test_proactive_settings_from_kwargs() -> None:
     assert ProactiveSettings.from_kwargs({"max_step_factor": 2.0}).max_step_factor == 2.0
     with pytest.raises(ValueError, match=r"unknown proactive policy_kwargs \['max_step'\]"):
         ProactiveSettings.from_kwargs({"max_step": 2.0})
+
+
+def test_a_negative_llm_spread_is_refused() -> None:
+    assert ProactiveSettings.from_kwargs({"llm_spread_sd": 0}).llm_spread_sd == 0
+    for bad in (-0.5, "1.5", float("nan")):
+        with pytest.raises(ConfigError, match=r"llm_spread_sd must be a number >= 0, got "):
+            ProactiveSettings.from_kwargs({"llm_spread_sd": bad})
 
 
 def test_default_service_time_is_used_until_completions_measure_it() -> None:

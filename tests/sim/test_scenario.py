@@ -70,6 +70,9 @@ def reference_with(tmp_path: Path, path: str, value: Any) -> Path:
     ("deployment.autoscaling_config.policy.policy_function", "nope",
      r"scenario.yaml.deployment.autoscaling_config.policy: autoscaling policy 'nope' is "
      r"neither a built-in"),
+    ("deployment.autoscaling_config.policy.policy_kwargs", {"llm_spread_sd": -1},
+     r"scenario.yaml.*deployment.autoscaling_config.policy: policy_kwargs of the proactive "
+     r"policy: llm_spread_sd must be a number >= 0, got -1"),
     ("variants.broken", {"min_replicas": 1000},
      r"variant 'broken'.*min_replicas \(1000\) must be <= max_replicas"),
     ("start_time", "25:00", r"start_time '25:00' is not a time of day"),

@@ -35,6 +35,8 @@ from surge.config.placement import override_problem
 from surge.config.schema import FieldError, KeyPath, dotted, line_of, load_yaml, suggestion
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
+from surge.policy.autoscaling import ProactiveSettings
+from surge.policy.resolve import DEFAULT_POLICY
 from surge.proxy.tls import check_tls_files
 
 __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "parse_config"]
@@ -401,6 +403,8 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
         scaling = check.mapping(used["autoscaling_config"], scaling_path)
         used["autoscaling_config"] = None if scaling is None else check.keys(
             scaling, scaling_path, AUTOSCALING_KEYS)
+        if scaling is not None:
+            _proactive_kwargs(check, scaling.get("policy"), (*scaling_path, "policy"))
     if "ray_actor_options" in used:
         used["ray_actor_options"] = _actor_options(check, used["ray_actor_options"],
                                                    (*path, "ray_actor_options"))
@@ -422,6 +426,23 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
     # checked as Ray checks it: the file's and the code's options together.
     ray_placement = {key: data[key] for key in PLACEMENT_KEYS if data.get(key) is not None}
     return DeploymentOverride(name=name, options={**used, **ray_placement}, path=path)
+
+
+def _proactive_kwargs(check: _Checker, policy: Any, path: KeyPath) -> None:
+    """The proactive policy's `policy_kwargs` (surge's default policy), checked as a
+    deploy checks them (policy/resolve.py), at their line in the file."""
+    if not isinstance(policy, Mapping) or policy.get("policy_function") not in (
+            None, "", DEFAULT_POLICY):
+        return
+    kwargs = policy.get("policy_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        return  # AutoscalingPolicy says so
+    kwargs_path = (*path, "policy_kwargs")
+    used = check.keys(kwargs, kwargs_path, tuple(ProactiveSettings.__dataclass_fields__))
+    try:
+        ProactiveSettings(**used)
+    except FieldError as exc:
+        check.error((*kwargs_path, *exc.path), exc.problem)
 
 
 def _actor_options(check: _Checker, value: Any, path: KeyPath) -> dict[str, Any]:

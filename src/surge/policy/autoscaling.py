@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from surge.config import AutoscalingConfig
+from surge.config.schema import number
 from surge.policy.engine_load import EngineLoad
 from surge.policy.llm_objectives import Bound, ObjectiveDemand, objective_demand
 from surge.policy.load_signals import LoadSample, arrival_rate, arrival_slope, service_time_s
@@ -342,6 +343,10 @@ class ProactiveSettings:
     # slot: simulated TTFT p99 1.6 s at a 0.5 s start-up (1: 0.9 s; 1.5: 161 ms, 1%
     # more replica-seconds) and 2.2 s at 2 s (1: 157 ms, 3% more).
     llm_spread_sd: float = 1.5
+
+    def __post_init__(self) -> None:
+        # a margin above the mean: a negative one would size below it
+        number("llm_spread_sd", self.llm_spread_sd, ge=0)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> ProactiveSettings:
