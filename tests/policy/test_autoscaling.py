@@ -652,6 +652,38 @@ def test_an_llm_deployment_scales_up_on_any_excess_at_once() -> None:
     assert (banded.target, banded.kind) == (4, "hold")
 
 
+def test_an_llm_scale_up_says_what_it_was_sized_on() -> None:
+    # in flight + ahead + the spread margin against a replica's batch, not a rate per
+    # replica (the sizing since the in-flight model); the engines' queues when they ask
+    # for more; with objectives, what bound them first
+    llm = config(max_replicas=64, target_ongoing_requests=8)
+    samples = llm_steady(34.0, 40.0)
+    engines = EngineLoad(4, 2, 32, 0.1)
+    levels = proactive(ScalingInputs(40.0, 4, 4, samples, 2.0, engine=engines), llm,
+                       PolicyState())
+    assert levels.reason == (
+        "up: 34 in flight + 0.0 ahead over 2.00s lead + 4.7 spread margin (1.5 sd) at 8 a "
+        "replica -> 4.8 replicas (2.8 req/s offered, projected 2.8, 12.0s a request)")
+    queues = proactive(ScalingInputs(40.0, 4, 4, samples, 2.0, engine_demand=9.0,
+                                     engine=engines), llm, PolicyState())
+    assert queues.reason == (
+        "up: 34 in flight + 0.0 ahead over 2.00s lead + 4.7 spread margin (1.5 sd) at 8 a "
+        "replica (4.8), the engines' queues 9.0 -> 9.0 replicas (2.8 req/s offered, "
+        "projected 2.8, 12.0s a request)")
+    ttft = config(max_replicas=64, target_ongoing_requests=8, objectives={"ttft_ms": 1000})
+    backlog = EngineLoad(4, 2, 32, 0.1, prefill_backlog_tokens=60_000,
+                         prefill_tokens_per_s=10_000, prompt_tokens=1_000)
+    bound = proactive(ScalingInputs(40.0, 4, 4, samples, 2.0, engine=backlog), ttft,
+                      PolicyState())
+    assert bound.kind == "up_prefill"
+    assert bound.reason.startswith("up: TTFT: 60000 prompt tokens waiting, 1000 a prompt at "
+                                   "10000 tokens/s a replica -> ")
+    assert bound.reason.endswith(
+        " replicas (prefill-bound; KV 10%); 34 in flight + 0.0 ahead over 2.00s lead + 4.7 "
+        "spread margin (1.5 sd); 2.8 req/s offered, projected 2.8, 12.0s a request")
+    assert "per replica" not in levels.reason + queues.reason + bound.reason
+
+
 def test_an_llm_deployment_scales_down_below_its_own_band() -> None:
     # 26 in flight of 10 replicas at 8: 3.25 replicas, 0.325 of 10 (below 0.6 and 0.7):
     # the wait starts; 52 in flight (6.5 replicas, 0.65 of 10) is below 0.7 but not

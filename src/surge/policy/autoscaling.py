@@ -402,12 +402,11 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
                "engine_demand": inputs.engine_demand, "in_flight_ahead": ahead,
                "in_flight_headroom": headroom}
     objective = _objective(inputs, config, projected, latest, margin=ahead + headroom)
-    up_kind, why_more = DecisionKind.UP, ""
+    up_kind = DecisionKind.UP
     if objective is not None:  # objectives, not levels: they replace the sizing above
         demand = objective.replicas
         signals.update(objective.signals, demand_replicas=demand)
         up_kind = _UP_KINDS.get(objective.bound, DecisionKind.UP)
-        why_more = f"; {objective.reason}"
     wanted = math.ceil(demand - 1e-9)
     base = max(inputs.target, inputs.running, 1)
     if inputs.running == 0 and inputs.target == 0 and (rate > 0 or in_system > 0):
@@ -421,9 +420,11 @@ def proactive(inputs: ScalingInputs, config: AutoscalingConfig, state: PolicySta
         surge = demand > inputs.target * (1 + threshold)
         cap = math.ceil(base * max(s.max_step_factor, _upscaling_factor(config)))
         step = _bounds(min(wanted, cap), config)
-        why = (f"{rate:.0f} req/s offered, slope {slope:+.0f}/s, projected {projected:.0f} "
+        why = (_llm_why(signals, in_system, config.target_ongoing_requests, s.llm_spread_sd,
+                        lead, objective) if llm else
+               f"{rate:.0f} req/s offered, slope {slope:+.0f}/s, projected {projected:.0f} "
                f"over {lead:.2f}s lead, {per_replica:.0f} req/s per replica -> {demand:.1f} "
-               f"replicas{why_more}")
+               "replicas")
         up = Decision(step, up_kind, f"up: {why}", PolicyState(user=state.user), signals)
         if surge or inputs.target == 0:
             return up
@@ -490,6 +491,25 @@ def llm_in_flight_spread(in_flight: float, rate: float, service_s: float,
     gone = -math.expm1(-lead_s / service_s)  # 1 - q
     return math.sqrt(max(0.0, in_flight) * gone * (1.0 - gone)
                      + max(0.0, rate) * service_s * gone)
+
+
+def _llm_why(signals: Mapping[str, float], in_flight: float, batch: float, sd: float,
+             lead: float, objective: ObjectiveDemand | None) -> str:
+    """What an LLM deployment's scale-up was sized on: its requests in flight, those
+    ahead over the lead and the spread margin against a replica's batch (or, with
+    objectives, what bound them), then the offered load they came from."""
+    ahead, headroom = signals["in_flight_ahead"], signals["in_flight_headroom"]
+    load = (f"{signals['rate']:.1f} req/s offered, projected "
+            f"{signals['projected_rate']:.1f}, {signals['service_time_s']:.1f}s a request")
+    held = (f"{in_flight:.0f} in flight + {ahead:.1f} ahead over {lead:.2f}s lead + "
+            f"{headroom:.1f} spread margin ({sd:g} sd)")
+    if objective is not None:
+        return f"{objective.reason}; {held}; {load}"
+    sized = (in_flight + ahead + headroom) / batch
+    why = f"{held} at {batch:g} a replica"
+    if signals["engine_demand"] > sized:
+        why += f" ({sized:.1f}), the engines' queues {signals['engine_demand']:.1f}"
+    return f"{why} -> {signals['demand_replicas']:.1f} replicas ({load})"
 
 
 def _objective(inputs: ScalingInputs, config: AutoscalingConfig, projected: float,
