@@ -169,7 +169,9 @@ def test_max_time_stops_the_run_and_counts_the_rest_unanswered() -> None:
                                       timeout_s=5.0, max_time_s=0.5)
     record.check()
     assert generator.stopped_early
-    assert 49 <= record.sent <= 51
+    # Nothing scheduled after the 0.5 s bound is sent (the schedule holds 100). Fewer than
+    # the 50 scheduled before it go out when the host stalls the sender past the bound.
+    assert 0 < record.sent <= 51
     assert record.unanswered == record.sent
     assert record.total_ok == 0
 
