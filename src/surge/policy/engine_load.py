@@ -68,9 +68,10 @@ class EngineLoad:
     """The fresh reports of one deployment, summed (KV use: the mean).
 
     Capacity fields are per replica (the mean of those that measured them; 0: none did),
-    the backlog is the deployment's sum. A simulator fills them from its engine model:
-    prefill_tokens_per_s = 1 / prefill_s_per_token, decode_step_s = step_s,
-    decode_s_per_seq = decode_s_per_seq, the backlog the prompt tokens not yet computed.
+    the backlog is the deployment's sum. A simulated replica measures the prefill ones
+    with a real replica's meter (policy/llm_capacity.py) and takes the decode ones from
+    its engine model's timing: decode_step_s = step_s, decode_s_per_seq =
+    decode_s_per_seq.
     """
 
     replicas: int

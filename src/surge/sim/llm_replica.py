@@ -12,17 +12,19 @@ Prompts are token ids: equal Mooncake hash ids give equal 512-token blocks (pref
 survives, as loadtest/traces.prompt_words keeps it for a real run); a request without
 hash ids has a first token of its own, so no block of it is ever another's.
 
-Each replica measures its prefill rate with the meter a real replica uses
+Each replica measures its prefill with the meter a real replica uses
 (policy/llm_capacity.CapacityMeter), told of each request added to the engine model and
-of its first token (the rate the admission rule reads, sim/llm_flow.py): prompt tokens
-answered by a first token per second while its prefill backlog (prompt tokens added to
-the engine, no first token yet) was not empty, over the meter's last 10 s, taken at
-each report; 0 ("not measured") until a window held enough busy time. It is below
-1 / prefill_s_per_token by the steps' fixed cost and the decode interleaved (steps that
-prefill nothing while the batch is full): at bench/llm_objectives.py's 10 -> 160 req/s
-step, 34,700-37,600 tokens/s of a nominal 50,000, where real replicas measured
-34,300-34,800. The autoscaling report still gives the nominal rate (`report`). The meter
-is not told of inter-token gaps or ends: the decode measures are the timing's.
+of its first token: prompt tokens answered by a first token per second while its prefill
+backlog (prompt tokens added to the engine, no first token yet) was not empty, over the
+meter's last 10 s, taken at each report; 0 ("not measured") until a window held enough
+busy time. It is below 1 / prefill_s_per_token by the steps' fixed cost and the decode
+interleaved (steps that prefill nothing while the batch is full): at
+bench/llm_objectives.py's 10 -> 160 req/s step, 34,700-37,600 tokens/s of a nominal
+50,000, where real replicas measured 34,300-34,800. Admission reads that rate
+(sim/llm_flow.py) and the autoscaling report gives it, with the meter's backlog and mean
+prompt, as a real replica's does (`report`). The meter is not told of inter-token gaps
+or ends (a gap a token would be per-token work): the decode step's cost reported is the
+timing's.
 
 `probe_capacity` runs one engine closed-loop on a trace's lengths with a fixed number
 of requests in flight: what one replica completes per second at that load, the unit of
@@ -32,7 +34,6 @@ the LLM report's oracle.
 from __future__ import annotations
 
 import functools
-from collections import deque
 from dataclasses import dataclass, field
 from itertools import cycle
 
@@ -51,7 +52,6 @@ _MIN_STEP_S = 1e-4
 _PROBE_WARMUP = 50
 _PROBE_COMPLETIONS = 300
 _PROBE_REQUESTS = 2000  # the trace's first, whose lengths it cycles through
-_PROMPTS_KEPT = 64  # recent prompts whose mean length a replica reports
 
 
 def prompt_tokens(request: TraceRequest, index: int) -> tuple[int, ...]:
@@ -93,7 +93,6 @@ class LLMReplica:
     reported: tuple[int, int, float] | None = None
     engine_report: EngineReport | None = None  # the last autoscaling stats
     steps: int = 0
-    prompts: deque[int] = field(default_factory=lambda: deque(maxlen=_PROMPTS_KEPT))
     meter: CapacityMeter = field(default_factory=CapacityMeter)  # (see the module's doc)
 
     @classmethod
@@ -120,7 +119,6 @@ class LLMReplica:
         return self.meter.prefill_tokens_per_s
 
     def add(self, request: LLMRequest, now: float) -> None:
-        self.prompts.append(request.trace.input_length)
         sid = str(request.index)
         self.requests[sid] = request
         self.meter.admitted(request.trace.input_length, now)
@@ -141,20 +139,18 @@ class LLMReplica:
         return self.model.step()
 
     def report(self, now: float, period_s: float) -> EngineReport:
-        """What LLMServer's record_autoscaling_stats would say now. The capacity a real
-        replica measures (llm/capacity.py) is taken from the timing instead, as
-        EngineLoad's docstring says a simulator fills it: prefill at 1 /
-        prefill_s_per_token, a decode step of step_s + decode_s_per_seq x batch. (The
-        prefill rate is measured too, here, for admission: `prefill_tokens_per_s`.)"""
+        """What LLMServer's record_autoscaling_stats would say now: the prefill backlog,
+        rate and mean prompt as the replica's meter measured them (0: not yet), as a real
+        replica reports them; the decode step's cost from the timing (step_s +
+        decode_s_per_seq x batch), which a real replica fits to its inter-token gaps."""
         model, timing = self.model, self.model.timing
-        self.meter.report(now)  # the replica's meter, read at its autoscaling stats
+        measured = self.meter.report(now)
         return EngineReport(
             self.replica_id, float(len(model.waiting)), float(len(model.running)),
             model.blocks.usage(), period_s, now,
-            prefill_backlog_tokens=float(self.backlog_tokens),
-            prefill_tokens_per_s=(1 / timing.prefill_s_per_token
-                                  if timing.prefill_s_per_token > 0 else 0.0),
-            prompt_tokens=sum(self.prompts) / len(self.prompts) if self.prompts else 0.0,
+            prefill_backlog_tokens=measured["prefill_backlog_tokens"],
+            prefill_tokens_per_s=measured["prefill_tokens_per_s"],
+            prompt_tokens=measured["prompt_tokens"],
             decode_step_s=timing.step_s, decode_s_per_seq=timing.decode_s_per_seq)
 
     @staticmethod
