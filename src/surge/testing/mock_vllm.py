@@ -17,10 +17,10 @@ Words are tokens (ids by a stable hash, the chat template `FakeLLMEngine`'s) unl
 prompt carries token ids; output words are `t<id>`.
 
 Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
-(step_s, decode_s_per_seq, prefill_s_per_token, request_s, admit_s, max_num_seqs,
-max_num_batched_tokens, num_blocks, block_size, max_model_len), the simulator's too,
-and `max_events` (batches kept for a reader, oldest dropped first). Deploy it with
-`engine: surge.testing:MockVLLMEngine`.
+(step_s, decode_s_per_seq, prefill_s_per_token, request_s, admit_s, step_jitter_s,
+max_num_seqs, max_num_batched_tokens, num_blocks, block_size, max_model_len), the
+simulator's too, and `max_events` (batches kept for a reader, oldest dropped first).
+Deploy it with `engine: surge.testing:MockVLLMEngine`.
 """
 
 from __future__ import annotations
