@@ -159,7 +159,8 @@ def test_the_engines_reports_feed_the_autoscaling_step() -> None:
     # the prefill rate the replicas' meters measured (as a real replica reports it), below
     # the nominal 1 / prefill_s_per_token by the steps' fixed cost and the decode steps
     # interleaved (0.35 of it here)
-    measured = [r.prefill_tokens_per_s for r in sim.llm.replicas if r.prefill_tokens_per_s]
+    measured = [r.meter.prefill_tokens_per_s for r in sim.llm.replicas
+                if r.meter.prefill_tokens_per_s]
     assert measured and load.prefill_tokens_per_s == pytest.approx(
         sum(measured) / len(measured))
     assert 0 < load.prefill_tokens_per_s * TIMING["prefill_s_per_token"] < 1

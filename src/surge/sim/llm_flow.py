@@ -203,8 +203,9 @@ class LLMFlow(EventFlow):
         replica = request.replica
         assert replica is not None
         if self.shed_ttft_s is not None:  # the replica's admission (llm/service.py's)
-            if shed_retry_after(replica.backlog_tokens, request.trace.input_length,
-                                replica.prefill_tokens_per_s, self.shed_ttft_s) is not None:
+            meter = replica.meter
+            if shed_retry_after(meter.backlog_tokens, request.trace.input_length,
+                                meter.prefill_tokens_per_s, self.shed_ttft_s) is not None:
                 self._shed(request, replica, now)  # (Retry-After: the real replica's)
                 return
         replica.add(request, now)

@@ -108,16 +108,6 @@ class LLMReplica:
         """What the engine holds: waiting + running sequences (its routing stats)."""
         return len(self.model.waiting) + len(self.model.running)
 
-    @property
-    def backlog_tokens(self) -> int:
-        """Prompt tokens added to the engine, no first token yet."""
-        return self.meter.backlog_tokens
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        """The prefill rate measured at the last report; 0: not measured yet."""
-        return self.meter.prefill_tokens_per_s
-
     def add(self, request: LLMRequest, now: float) -> None:
         sid = str(request.index)
         self.requests[sid] = request
