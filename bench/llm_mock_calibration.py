@@ -24,7 +24,11 @@ exactly `max_tokens`); a delta carrying k tokens counts as its gap then k-1 zero
    vLLM's worker (its OpenMP thread bound to one core, VLLM_CPU_OMP_THREADS_BIND=auto)
    and its engine loop (on the other core, with this process) wait for each other
    spinning with sched_yield, so any other runnable task on either core, even at nice
-   19, delays their steps; the table's last line gives the range.
+   19, delays their steps; the table's last line gives the range. And this process's
+   CPU time over the replay: the same requests are the same work for it (it does not
+   spin), so where that grows between rounds of one workload the host itself ran
+   slower (run 16: 1.24 to 2.34 s with vLLM's ITL p50 1.06 to 2.43 ms, nothing else
+   running).
 3. **The fit**: `step_s`, `prefill_s_per_token`, `request_s` (a request's frontend cost,
    which delays it alone), `admit_s` (the engine's cost per new request, which holds
    up the batch) and `step_jitter_s` (the mean of an exponential extra per step: vLLM's
@@ -415,15 +419,16 @@ async def vllm_rounds(vllm: Any, args: argparse.Namespace, requests: Requests,
         turns = [(f"calibration {i + 1}", work, seen[i]) for i, work in enumerate(calibration)]
         for name, work, into in [*turns, ("held-out", requests, real)]:
             await vllm.llm.reset_prefix_cache()
-            before, started = cpu_sample(), time.perf_counter()
+            before, started, own = cpu_sample(), time.perf_counter(), time.process_time()
             into.append(await replay(vllm, work, f"{name}-{r}-"))
+            own = time.process_time() - own
             other = foreign_cores(before, cpu_sample(), time.perf_counter() - started)
             FOREIGN.append(other)
             merged = sum(t.merged for t in into[-1])
             print(f"round {r + 1}, vLLM on the {name} workload, TTFT/ITL p50/p90/p99 ms: "
                   + " ".join(f"{x * 1e3:.2f}" for x in figures(into[-1]))
                   + f" (tokens merged into another's delta: {merged}; other processes "
-                  f"{other:.2f} cores)", flush=True)
+                  f"{other:.2f} cores; this process's CPU {own:.2f} s)", flush=True)
     return seen, real
 
 
