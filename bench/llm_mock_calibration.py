@@ -22,11 +22,11 @@ exactly `max_tokens`); a delta carrying k tokens counts as its gap then k-1 zero
    p99 moves between workloads more than the model's does. Each replay's line also gives
    the host's CPU outside this bench's processes over it, in cores (`foreign_cores`):
    vLLM's worker (its OpenMP thread bound to one core, VLLM_CPU_OMP_THREADS_BIND=auto)
-   and its engine loop (on the other core, with this process) wait for each other
-   spinning with sched_yield, so any other runnable task on either core, even at nice
-   19, delays their steps; the table's last line gives the range. And this process's
+   spins on that core, and its engine loop shares the other with this process: a
+   `nice -n 19` busy loop there took vLLM's ITL p90 ~2x (bench/README.md, run 16's
+   probes); the table's last line gives the range. And this process's
    CPU time over the replay: the same requests are the same work for it (it does not
-   spin), so where that grows between rounds of one workload the host itself ran
+   spin), so where that grows between rounds of one workload the host most likely ran
    slower (run 16: 1.24 to 2.34 s with vLLM's ITL p50 1.06 to 2.43 ms, nothing else
    running).
 3. **The fit**: `step_s`, `prefill_s_per_token`, `request_s` (a request's frontend cost,
@@ -395,9 +395,8 @@ def cpu_sample() -> tuple[int, int] | None:
 def foreign_cores(before: tuple[int, int] | None, after: tuple[int, int] | None,
                   seconds: float) -> float:
     """The host's CPU outside this bench's processes between two samples, in cores:
-    on two cores, vLLM's worker and its engine loop wait for each other spinning with
-    sched_yield, so any other runnable task on their core (at any nice level) delays
-    its steps (bench/README.md, run 16)."""
+    on two cores, another runnable task beside vLLM's engine loop, even at nice 19,
+    slows vLLM's steps (bench/README.md, run 16's probes)."""
     if before is None or after is None or seconds <= 0:
         return math.nan
     hz = os.sysconf("SC_CLK_TCK")
