@@ -242,7 +242,7 @@ class LLMFlow(EventFlow):
                 request.first_at = now
                 replica.first_token(request, now)
         for sid in out.finished:
-            self._complete(replica.requests.pop(sid), replica, now)
+            self._complete(replica.finished(sid, now), replica, now)
         self._step(replica, now)
         if out.finished:
             self._wake(now)

@@ -22,9 +22,9 @@ interleaved (steps that prefill nothing while the batch is full): at
 bench/llm_objectives.py's 10 -> 160 req/s step, 34,700-37,600 tokens/s of a nominal
 50,000, where real replicas measured 34,300-34,800. Admission reads that rate
 (sim/llm_flow.py) and the autoscaling report gives it, with the meter's backlog and mean
-prompt, as a real replica's does (`report`). The meter is not told of inter-token gaps
-or ends (a gap a token would be per-token work): the decode step's cost reported is the
-timing's.
+prompt, as a real replica's does (`report`). The meter is told of each end but not of
+inter-token gaps (a gap a token would be per-token work): the decode step's cost
+reported is the timing's.
 
 `probe_capacity` runs one engine closed-loop on a trace's lengths with a fixed number
 of requests in flight: what one replica completes per second at that load, the unit of
@@ -118,6 +118,12 @@ class LLMReplica:
     def first_token(self, request: LLMRequest, now: float) -> None:
         """`request`'s first token came at `now`: its prompt leaves the backlog."""
         self.meter.first_token(request.trace.input_length, now)
+
+    def finished(self, sid: str, now: float) -> LLMRequest:
+        """Sequence `sid` finished at `now`: it leaves the replica and its meter."""
+        request = self.requests.pop(sid)
+        self.meter.ended(request.trace.input_length, answered=True, now=now)
+        return request
 
     def step(self) -> StepOutput | None:
         """The next step (None: the engine is idle); its duration is never zero."""
