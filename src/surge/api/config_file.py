@@ -36,7 +36,7 @@ from surge.config.schema import FieldError, KeyPath, dotted, line_of, load_yaml,
 from surge.errors import ConfigError
 from surge.observability.config import LoggingConfig
 from surge.policy.autoscaling import ProactiveSettings
-from surge.policy.resolve import DEFAULT_POLICY
+from surge.policy.resolve import DEFAULT_POLICY, policy_target
 from surge.proxy.tls import check_tls_files
 
 __all__ = ["AppConfig", "DeploymentOverride", "ServeConfig", "load_config", "parse_config"]
@@ -431,8 +431,7 @@ def _deployment(check: _Checker, item: Any, path: KeyPath) -> DeploymentOverride
 def _proactive_kwargs(check: _Checker, policy: Any, path: KeyPath) -> None:
     """The proactive policy's `policy_kwargs` (surge's default policy), checked as a
     deploy checks them (policy/resolve.py), at their line in the file."""
-    if not isinstance(policy, Mapping) or policy.get("policy_function") not in (
-            None, "", DEFAULT_POLICY):
+    if not isinstance(policy, Mapping) or policy_target(policy) != DEFAULT_POLICY:
         return
     kwargs = policy.get("policy_kwargs") or {}
     if not isinstance(kwargs, Mapping):

@@ -30,7 +30,7 @@ from surge.policy.autoscaling import (
     ray_default,
 )
 
-__all__ = ["DEFAULT_POLICY", "HISTORY_S", "Policy", "resolve_policy"]
+__all__ = ["DEFAULT_POLICY", "HISTORY_S", "Policy", "policy_target", "resolve_policy"]
 
 # A minute of 0.1 s samples: more than any built-in window, bounded memory per deployment.
 HISTORY_S = 60.0
@@ -41,13 +41,19 @@ ALIASES = {"ray.serve.autoscaling_policy:default_autoscaling_policy": "ray_defau
 Policy = Callable[[ScalingInputs, AutoscalingConfig, PolicyState], Decision]
 
 
+def policy_target(spec: Mapping[str, Any] | None) -> Any:
+    """What `policy_function` names: a built-in's name (Ray's aliases read as ours, none
+    given as the default), a `module:attr` string or the callable itself."""
+    target = (spec or {}).get("policy_function", DEFAULT_POLICY) or DEFAULT_POLICY
+    return ALIASES.get(target, target) if isinstance(target, str) else target
+
+
 def resolve_policy(config: AutoscalingConfig, deployment: DeploymentId) -> Policy:
     """The policy named by `autoscaling_config.policy` (a built-in name or module:attr)."""
     spec: Mapping[str, Any] = config.policy or {}
-    target = spec.get("policy_function", DEFAULT_POLICY) or DEFAULT_POLICY
-    target = ALIASES.get(target, target) if isinstance(target, str) else target
+    target = policy_target(spec)
     kwargs = dict(spec.get("policy_kwargs") or {})
-    if target == "proactive":
+    if target == DEFAULT_POLICY:
         try:
             settings = ProactiveSettings.from_kwargs(kwargs)
         except (TypeError, ValueError) as exc:
