@@ -51,6 +51,8 @@ exactly `max_tokens`); a delta carrying k tokens counts as its gap then k-1 zero
 `--dump` writes every request's timings; `--refit` fits a dump again and checks the
 model in virtual time against its vLLM rounds, without engines. Two shared cores: run
 it under the bench lock (~12 minutes) and read the ratios. Last line: `summary: ...`.
+(Over 500 lines: the replays of both engines, the fit and the verdict are one command
+over one set of request records, so that a run's figures come from one engine start.)
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ of PROMPT_WORDS words, each its own (no prefix-cache hits), MAX_TOKENS output to
   backlog under the target; a third row has objectives with `shed: false`.
 
 Hold /tmp/surge-bench.lock around a real run. Last line: `summary: ...`.
+(Over 500 lines: three scenarios, each on real surge and in the simulator on the same
+trace and engine timing, printed side by side by one command.)
 """
 
 from __future__ import annotations

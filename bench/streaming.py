@@ -41,6 +41,8 @@ samples are mostly uvloop's read() per chunk and epoll; the Python per chunk, ht
 included, is ~20% of them), and ~0.05 of a core against Ray, which delivers fewer chunks
 per second. At the ideal 50,000 chunks/s of the defaults' middle second it would need
 ~0.7-0.9 of a core; every run prints its share so a run where it crowds the server shows.
+(Over 500 lines: the three systems' servers, the client and the per-thread CPU
+accounting live together so that one command gives every row of the same run.)
 """
 
 from __future__ import annotations
