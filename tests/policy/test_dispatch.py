@@ -21,6 +21,7 @@ from surge.policy.dispatch import (
     next_matching_due,
     queues_at_any_load,
     refuse,
+    served,
 )
 
 # -- refuse -------------------------------------------------------------------------------
@@ -221,3 +222,9 @@ def test_the_scan_looks_at_a_bounded_number_of_entries() -> None:
 def test_next_matching_due(queued_at: list[float], now: float,
                            expected: float | None) -> None:
     assert next_matching_due(queued_at, 1.0, now) == expected
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (None, True), (200, True), (500, True), (404, True), (429, False), (503, False)])
+def test_a_replicas_own_refusal_is_no_completion(status: int | None, expected: bool) -> None:
+    assert served(status) is expected

@@ -28,7 +28,7 @@ from surge.policy.admission import MAX_RETRY_AFTER_S
 from surge.router.replica_link import Pending, Reservation
 from surge.router.router import Router
 from surge.testing import FakeClock
-from surge.transport.messages import Call, Message, Result
+from surge.transport.messages import Call, HttpStart, Message, Result
 from tests.eventually import eventually_async
 
 DEP = DeploymentId("app", "d")
@@ -169,6 +169,33 @@ def test_requests_spread_over_two_replicas() -> None:
             assert sorted(p.split(b":")[1] for p in payloads) == sorted(a.calls + b.calls)
             assert router.completed == 6
             assert router.in_flight == 0
+
+    run(main)
+
+
+class Shedding(FakeReplica):
+    """Answers a call whose payload starts with b"shed" as a shedding LLM replica: 429."""
+
+    def result(self, call: Call) -> Message:
+        if call.payload.startswith(b"shed"):
+            return HttpStart(id=call.id, status=429, headers=[(b"retry-after", b"1")],
+                             body=b"{}", more=False)
+        return super().result(call)
+
+
+def test_a_replicas_own_429_is_delivered_but_not_counted_served() -> None:
+    async def main() -> None:
+        async with routing(Shedding("r")) as router:
+            kept, shed = request(b"1"), request(b"shed")
+            router.submit(kept)
+            router.submit(shed)
+            assert await answer(kept) == b"r:1"
+            refusal = await outcome(shed)
+            assert isinstance(refusal, HttpStart) and refusal.status == 429
+            assert (router.completed, router.in_flight) == (1, 0)
+            report = router.load_report()  # offered 2, served 1: no service time for a 429
+            assert report is not None
+            assert (report.arrivals, report.completions, report.rejections) == (2, 1, 0)
 
     run(main)
 

@@ -174,7 +174,8 @@ def _deployment_families(s: MetricsSnapshot) -> Iterator[Metric]:
     yield _counter("serve_num_router_requests", "Requests offered to the deployment's "
                    "routers, rejected ones included.", APP_DEP, s.offered)
     yield _counter("surge_completed_requests", "Requests the deployment's replicas "
-                   "answered.", APP_DEP, s.completed)
+                   "served (their own 429 and 503 answers, refusals, not counted).",
+                   APP_DEP, s.completed)
     yield _counter("surge_rejected_requests", "Requests refused at once, by reason "
                    "(queue_full: the queue budget was used up, 503; connection_limit, "
                    "no_route, unavailable, malformed, header_timeout, body_timeout, "

@@ -18,9 +18,9 @@ from typing import TypeVar
 
 from surge.policy.admission import DUST, admit, drain_rate
 
-__all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "Answer", "CompletionRate", "Refusal",
-           "after_rejection", "drain", "model_settings", "next_matching_due", "queues_at_any_load",
-           "refuse"]
+__all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "REFUSED_STATUSES", "Answer",
+           "CompletionRate", "Refusal", "after_rejection", "drain", "model_settings",
+           "next_matching_due", "queues_at_any_load", "refuse", "served"]
 
 # Until a multiplexed replica tells its own (Models frames).
 MATCHING_TIMEOUT_S = 1.0
@@ -81,6 +81,19 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
     # max(max_wait_s, service_s) written out as max decides it, without the builtin's call
     longer = service_s if service_s > max_wait_s else max_wait_s
     return queued + 1 <= longer * (1 / service_s) + DUST
+
+
+# A replica's own "not now" answers (an LLM replica sheds with 429 + Retry-After; an app
+# may answer 503): answered at once, so they measure no service time.
+REFUSED_STATUSES = frozenset({429, 503})
+
+
+def served(status: int | None) -> bool:
+    """Whether a final answer counts as a completion: not a replica's refusal. (None: not
+    an HTTP answer.) Counted as completions, a shedding LLM replica's 429s, answered in a
+    millisecond, read as requests served in one: Little's law's service time fell by the
+    shed share and the autoscaler sized for less while it shed."""
+    return status not in REFUSED_STATUSES
 
 
 class CompletionRate:

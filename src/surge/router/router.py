@@ -74,6 +74,7 @@ from surge.policy.dispatch import (
     next_matching_due,
     queues_at_any_load,
     refuse,
+    served,
 )
 from surge.policy.model_routing import ModelHeat, choose_for_model
 from surge.policy.routing import NO_REPLICA, choose_replica
@@ -84,7 +85,7 @@ from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending, ReplicaLink, Reservation
 from surge.router.slots import Slot
 from surge.transport.handshake import HandshakeFailed
-from surge.transport.messages import Cancel, Message, PrefixHeld, Rejected
+from surge.transport.messages import Cancel, HttpStart, Message, PrefixHeld, Rejected
 
 __all__ = ["Router"]
 
@@ -538,8 +539,9 @@ class Router:
         else:  # done (policy/dispatch.Answer): its replica has room again
             if slot is not None:
                 slot.saturated = False
-            self.completed += 1
-            self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
+            if served(message.status if isinstance(message, HttpStart) else None):
+                self.completed += 1
+                self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
             if not pending.cancelled:
                 pending.sink.deliver(message)
         if slot is None and not link.in_flight:

@@ -30,8 +30,8 @@ A scenario with an `llm:` section (sim/llm_spec.py) replays its trace:
   policy/llm_capacity.py's meter, as a real replica measures its engine; 0, so never
   shed, until measured). A request it refuses is answered 429 at once: counted as *shed*
   (`shed`, by the point it was answered, `shed_sent` by the point it arrived; the
-  report's "429"), never queued on the engine; the router counts the answer as a
-  completion (its load report), as a real router counts a replica's 429;
+  report's "429"), never queued on the engine; its router's load report counts it
+  offered but not completed, as a real router counts a replica's 429 (no service time);
 * a replica that leaves routing finishes what it holds, then reports no more;
 * the router never queues while the engines have room, so it tells the controller of a
   jump in its arrivals instead (policy/arrival_jump.py, as surge's router does for an
@@ -101,7 +101,6 @@ class LLMFlow(EventFlow):
                             else None)
         self.shed = [0] * points  # answered 429 by the replica, by the point answered
         self.shed_sent = [0] * points  # ... by the point they arrived
-        self._shed_tick = 0  # shed in the open tick (counted in its completions)
         self.totals["shed"] = 0
 
     def __repr__(self) -> str:
@@ -112,10 +111,7 @@ class LLMFlow(EventFlow):
 
     def close_tick(self, now: float, duration_s: float) -> LoadSample:
         self.watch.reported(self._arrivals, duration_s)  # the router's report a tick
-        shed, self._shed_tick = self._shed_tick, 0
-        sample = super().close_tick(now, duration_s)
-        self.totals["completed"] -= shed  # the served only (the sample has both)
-        return sample
+        return super().close_tick(now, duration_s)
 
     def begin_tick(self, t0: float, t1: float) -> None:
         """Schedule the trace's requests that arrive in [t0, t1)."""
@@ -219,8 +215,7 @@ class LLMFlow(EventFlow):
         self.shed[self.point] += 1
         self.shed_sent[request.point] += 1
         self.totals["shed"] += 1
-        self._completions += 1  # a router counts the 429 as an answer
-        self._shed_tick += 1
+        # not a completion: a router counts a replica's 429 as no service (policy/dispatch.py)
         if self.waiting:  # room for the router's queue (as an event: no recursion)
             self.at(now, self._after_shed, None)
 

@@ -67,7 +67,8 @@ class FakeReplica:
                 self.held.remove(entry)
                 connection.send(Failure(id=cancel.id, kind="cancelled", message="cancelled"))
 
-    def result(self, call: Call) -> Result:
+    def result(self, call: Call) -> Message:
+        """The answer to `call` (a subclass may answer otherwise: an HTTP refusal)."""
         return Result(id=call.id, payload=self.name.encode() + b":" + call.payload)
 
     def release(self, count: int | None = None) -> None:
