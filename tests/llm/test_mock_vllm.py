@@ -267,6 +267,15 @@ def test_bad_requests_get_the_engines_errors() -> None:
         a = await collect(e, "p q r s t", 1, "a1", adapter="mine")
         b = await collect(e, "p q r s t", 1, "b1")
         assert (a[0].cached_tokens, b[0].cached_tokens) == (0, 0)  # the adapter's own blocks
+        # an unloaded adapter's id is never given to another (vLLM's lora_int_id rule): a
+        # new adapter must not find the old one's blocks
+        await e.load_adapter("other", "/nowhere")
+        other = e.lora_id("other")
+        await e.unload_adapter("other")
+        await e.load_adapter("third", "/nowhere")
+        assert e.lora_id("third") not in (other, e.lora_id("mine"))
+        c = await collect(e, "p q r s t", 1, "c1", adapter="third")
+        assert c[0].cached_tokens == 0
         await e.shutdown()
         with pytest.raises(EngineError, match="not running"):
             await e.check_health()

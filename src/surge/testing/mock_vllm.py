@@ -26,6 +26,7 @@ Deploy it with `engine: surge.testing:MockVLLMEngine`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -67,6 +68,7 @@ class MockVLLMEngine(WordsChat):
         self.events: deque[KVEventBatch] = deque(
             maxlen=int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
         self.adapters: dict[str, int] = {}  # name -> lora id
+        self._lora_ids = itertools.count(1)  # never reused (vllm_engine.py): blocks stay own
         # request id -> (token or None: aborted, finished, prompt tokens cached or -1)
         self._outputs: dict[str, asyncio.Queue[tuple[int | None, bool, int]]] = {}
         # (when its frontend cost has passed, id, prompt, max_tokens, lora id), in order
@@ -215,7 +217,8 @@ class MockVLLMEngine(WordsChat):
         return self.adapters.get(adapter)
 
     async def load_adapter(self, name: str, path: str) -> None:
-        self.adapters.setdefault(name, len(self.adapters) + 1)
+        if name not in self.adapters:
+            self.adapters[name] = next(self._lora_ids)
 
     async def unload_adapter(self, name: str) -> None:
         self.adapters.pop(name, None)
