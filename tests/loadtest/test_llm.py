@@ -53,6 +53,15 @@ def test_tracker_finds_first_token_usage_tpot_and_itl_across_split_events() -> N
     assert tracker.gaps == [0.0, pytest.approx(0.2)]
 
 
+def test_tracker_reads_json_written_with_spaces() -> None:
+    """Python's json.dumps writes `"content": "x"`: the same stream as vLLM's compact one."""
+    spaced = StreamTracker()
+    spaced.feed(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', 0.1)
+    spaced.feed(b'data: {"choices": [{"text" : "yo"}]}\n\n', 0.3)
+    spaced.feed(b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n', 0.3)
+    assert (spaced.first, spaced.last, spaced.events, spaced.tokens) == (0.1, 0.3, 2, 2)
+
+
 def test_record_keeps_stream_measures_and_the_summary_reports_them() -> None:
     schedule = pulse(1, 2, baseline_s=1, ramp_s=0.1, hold_s=1, after_s=1)
     record = Record()

@@ -44,8 +44,9 @@ _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "
           "surge", "serves", "models", "under", "sudden", "pulse", "of", "traffic", "from",
           "many", "chat", "users", "asking", "short", "questions", "about", "code", "shoes",
           "weather", "and", "travel", "plans")
-_CONTENT = re.compile(rb'"(?:content|text)":"(?:[^"\\]|\\.)')
-_USAGE = re.compile(rb'"completion_tokens":(\d+)')
+# JSON as servers write it: compact (vLLM's) or with spaces (Python's json.dumps default)
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?:[^"\\]|\\.)')
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 def parse_range(text: str | int | list[int] | tuple[int, int]) -> tuple[int, int]:
