@@ -12,6 +12,7 @@ import pytest
 
 from surge.loadtest.traces import (
     BLOCK_TOKENS,
+    VOCABULARY,
     TraceError,
     TraceRequest,
     block_reuse,
@@ -73,6 +74,17 @@ def test_equal_hash_ids_make_equal_prompt_blocks() -> None:
     assert longer[:BLOCK_TOKENS] == a[:BLOCK_TOKENS] and len(longer) == 1100
     mine, yours = (prompt_words(TraceRequest(0, 50, 1), i) for i in (4, 5))
     assert len(mine) == 50 and mine != yours  # no hash ids: its own words
+
+
+def test_prompts_are_made_of_common_words() -> None:
+    """Words a common tokenizer keeps whole (not `w1234`, 3-5 tokens each), so that a
+    prompt's tokens are about its trace's input length."""
+    assert len(set(VOCABULARY)) == len(VOCABULARY) == 512
+    assert all(word.isascii() and word.isalpha() and word.islower() for word in VOCABULARY)
+    words = prompt_words(TraceRequest(0, 3000, 1, (1, 2, 3)), 0)
+    words += prompt_words(TraceRequest(0, 700, 1), 1)
+    assert set(words) <= set(VOCABULARY)
+    assert len(set(words)) > 400  # the whole vocabulary is drawn on
 
 
 def test_gamma_arrivals_keep_the_rate_and_burstiness_clusters_them() -> None:

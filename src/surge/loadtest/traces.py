@@ -9,9 +9,12 @@
 
 Both read into `TraceRequest`s (arrival in seconds from the trace's first, input and
 output lengths, block ids), with the file and line of anything malformed. `prompt_words`
-makes a prompt for one: equal block ids give equal blocks of words (a word is a token
-for the mock engine; about one for real tokenizers), so prefix reuse survives the
-synthesis. `gamma_arrivals` draws arrival times as `vllm bench serve` does
+makes a prompt for one: equal block ids give equal blocks of words, so prefix reuse
+survives the synthesis. The words come from `VOCABULARY`, common English words each one
+token in common tokenizers when space-separated (cl100k, o200k and BERT's WordPiece all
+give 1.00 token a word; the mock engine counts a word as a token), so a prompt is about
+its trace's input length in tokens; a tokenizer trained on little (the tests' tiny Llama)
+splits them into several. `gamma_arrivals` draws arrival times as `vllm bench serve` does
 (`--burstiness`: a gamma distribution's shape, 1 is Poisson, lower is burstier).
 `mooncake_shaped` and `burstgpt_shaped` generate seeded traces of the published shapes
 (scripts/make_sample_traces.py writes them as files), so nothing is downloaded at run time.
@@ -31,15 +34,59 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BLOCK_TOKENS", "MOONCAKE_MIXES", "ReuseShape", "TraceError", "TraceRequest",
-           "block_reuse", "burstgpt_shaped", "gamma_arrivals", "mooncake_shaped", "prompt_words",
-           "read_burstgpt", "read_mooncake", "read_trace", "reuse_shape", "write_burstgpt",
-           "write_mooncake"]
+__all__ = ["BLOCK_TOKENS", "MOONCAKE_MIXES", "VOCABULARY", "ReuseShape", "TraceError",
+           "TraceRequest", "block_reuse", "burstgpt_shaped", "gamma_arrivals", "mooncake_shaped",
+           "prompt_words", "read_burstgpt", "read_mooncake", "read_trace", "reuse_shape",
+           "write_burstgpt", "write_mooncake"]
 
 BLOCK_TOKENS = 512  # Mooncake's tokens per hash id
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
                     "Log Type")
-_WORDS = 4096  # distinct words prompts are made of
+# The words prompts are made of: 512 common lower-case English words (from BERT's
+# uncased WordPiece vocabulary, in its order, less contractions, names and words of war
+# and politics), each one token with a space before it in cl100k and o200k (so in
+# Llama 3's vocabulary too, a superset of cl100k's) and one in WordPiece.
+VOCABULARY = tuple("""
+    able about above according across act after again against age air album all almost
+    along already also although always among and announced another any anything appeared
+    april are area around art asked august award away back band based became because
+    become been before began behind being best better between big blue board book born
+    both brother brought building built business but call called came can car career
+    case center central century change chief children city class close closed club
+    college come common community company continued control could council country county
+    course court created cup dark daughter day days december described design did
+    different director district division does done door down due during each early east
+    education either elected end enough even ever every eyes face family far father feel
+    feet felt few field film final finally find first five followed following football
+    for force form former found founded four free from front full further game games
+    gave general get give given going good got great green ground group had hair half
+    hall hand hands hard has have having head heard heart held help her here high him
+    himself his history home house how however human important include included
+    including inside instead into island its joined just keep knew know known lake land
+    language large last late later law lead league least leave led left less let level
+    life light like line little live living local located long look looked looking lost
+    love low made main major make making many march match may maybe member members
+    middle might miles million mind modern moment months more most mother mouth move
+    moved much museum music must name named national near need never new next night
+    north northern not nothing november now number off office often old once one only
+    open opened order original other others our out outside over own park part party
+    past people per period person place play played player playing point points position
+    post power present produced program project public published put race radio reached
+    real really received record recorded records red region release released research
+    rest return returned right river road rock role room round royal run said same saw
+    say school science sea season second see seen september series served service
+    services set seven several she short should show side similar since single site six
+    small social society some someone something son song soon sound south southern space
+    special species square start started state states station still stop story street
+    students such summer support sure system take taken taking team tell ten than that
+    the their them then there these they thing things think third this those though
+    thought three through time times title today together told too took top total toward
+    town track tried trying turned two under union united until upon use used using
+    various version very video village voice want wanted was water way well went were
+    west western what when where which while who why will win with within without won
+    words work worked working works world would written wrote year years yet you young
+    your
+""".split())  # noqa: SIM905 (512 words read better as text than as a list)
 # How a generated Mooncake-shaped trace reuses its blocks (`mooncake_shaped`'s `mix`).
 MOONCAKE_MIXES = ("system_prompts", "conversations")
 
@@ -136,11 +183,9 @@ def prompt_words(request: TraceRequest, index: int) -> list[str]:
     for block in blocks:
         if len(words) >= request.input_length:
             break
-        rng = random.Random(block)
-        words += (f"w{rng.randrange(_WORDS)}" for _ in range(BLOCK_TOKENS))
+        words += random.Random(block).choices(VOCABULARY, k=BLOCK_TOKENS)
     while len(words) < request.input_length:  # longer than its blocks: its own words
-        rng = random.Random(f"{index}:{len(words)}")
-        words += (f"w{rng.randrange(_WORDS)}" for _ in range(BLOCK_TOKENS))
+        words += random.Random(f"{index}:{len(words)}").choices(VOCABULARY, k=BLOCK_TOKENS)
     return words[:request.input_length]
 
 
