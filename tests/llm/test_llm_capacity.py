@@ -8,12 +8,15 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from surge.llm.config import LLMConfig
 from surge.llm.protocol import OpenAIError
 from surge.llm.server import LLMServer
 from surge.llm.service import OpenAIService, objectives_of
 from surge.replica.stats_hooks import engine_report
 from surge.testing import MockVLLMEngine
+from tests.eventually import eventually_async
 
 
 def test_engine_report_reads_the_measured_keys() -> None:
@@ -90,6 +93,36 @@ def test_a_burst_past_the_ttft_objective_is_shed_with_429_and_retry_after() -> N
         # none is shed once the backlog has drained
         run = await svc.prepare_chat(chat(100))
         await run.complete()
+        await engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_bad_request_gets_400_not_a_shed_while_the_replica_is_busy() -> None:
+    """A request that can never succeed (a prompt past the context, max_tokens 0) is told
+    so (400), not 429 "retry later", even while prompts wait for prefill: a client that
+    honours Retry-After would retry it forever and add to the load it was shed for."""
+    async def main() -> None:
+        cfg = mock_config({"ttft_ms": 150})
+        engine = MockVLLMEngine(cfg)
+        svc = OpenAIService(cfg, engine, await engine.start())
+        for _ in range(3):  # measure the prefill rate (the meter reads it at a report)
+            await (await svc.prepare_chat(chat(100))).complete()
+        assert svc.capacity.report(svc.clock())["prefill_tokens_per_s"] > 0
+        busy = asyncio.create_task((await svc.prepare_chat(chat(3000))).complete())
+        await eventually_async(lambda: svc.capacity.backlog_tokens > 0, 5.0,
+                               what="a prompt waiting for prefill (~1.5 s of it)")
+        with pytest.raises(OpenAIError) as shed:  # a servable request is shed ...
+            await svc.prepare_chat(chat(300))
+        assert shed.value.status == 429
+        too_long = json.loads(chat(5000))
+        no_tokens = {**json.loads(chat(10)), "max_tokens": 0}
+        for body in (no_tokens, too_long):  # ... these are refused for what they are
+            with pytest.raises(OpenAIError) as raised:
+                await svc.prepare_chat(json.dumps(body).encode())
+            assert raised.value.status == 400 and raised.value.retry_after_s is None
+        assert svc.capacity.backlog_tokens > 0  # (still busy: they met the shed's check)
+        await busy
         await engine.shutdown()
 
     asyncio.run(main())

@@ -217,8 +217,9 @@ class OpenAIService:
     def _run(self, kind: str, request: ChatCompletionRequest | CompletionRequest,
              prompt: Prompt, adapter: str | None, started: float, body: bytes | None) -> Run:
         prompt_tokens = len(prompt.token_ids or ())
-        self._admit(prompt_tokens)
+        # a request that can never succeed is told so (400) before any shed (429: retry)
         params = sampling_params(request, prompt_tokens, self.info.max_model_len)
+        self._admit(prompt_tokens)
         run = Run(self, kind, request, prompt, params, adapter, started)
         if self.prefixes is not None:
             run.body = body  # its prompt is read once the engine computed it
