@@ -230,6 +230,18 @@ def test_asgi_routes_status_codes_and_error_bodies() -> None:
     assert embed[0] == 400  # not a pooling model
 
 
+@pytest.mark.parametrize(("seconds", "header"), [(0.2, b"1"), (1.0, b"1"), (1.1, b"2"),
+                                                (2.5, b"3"), (None, None)])
+def test_retry_after_is_whole_seconds_rounded_up(seconds: float | None,
+                                                 header: bytes | None) -> None:
+    """A shed's Retry-After never sends a client back before the backlog it was shed
+    behind could have drained (the proxy's rule, policy/admission.retry_after_header)."""
+    from surge.llm.asgi import error_head
+
+    status, headers, _ = error_head(OpenAIError(429, "at capacity", retry_after_s=seconds))
+    assert status == 429 and dict(headers).get(b"retry-after") == header
+
+
 def test_embeddings_on_a_pooling_model() -> None:
     async def go() -> tuple[int, dict[str, str], bytes]:
         return await call(OpenAIApp(await service(pooling=True)), "POST", "/v1/embeddings",

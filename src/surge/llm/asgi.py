@@ -17,6 +17,7 @@ from typing import Any
 from surge.llm.protocol import OpenAIError
 from surge.llm.responses import DONE, encode, sse
 from surge.llm.service import OpenAIService, engine_error
+from surge.policy.admission import retry_after_header
 
 __all__ = ["ROUTES", "Head", "OpenAIApp", "answer", "error_head", "relative_path"]
 
@@ -36,7 +37,9 @@ ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
 def error_head(error: OpenAIError) -> Head:
     headers = list(JSON)
     if error.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+        # whole seconds, rounded up as the proxy's own: a client never comes back early
+        headers.append((b"retry-after",
+                        retry_after_header(max(1.0, error.retry_after_s)).encode()))
     return error.status, headers, encode(error.body())
 
 
