@@ -57,7 +57,9 @@ def test_prefill_utilization_is_the_m_d_1_load_that_meets_the_target(
     (0.05, 0.01, 0.0002, 256, 200.0),   # measured: (0.05 - 0.01) / 0.0002
     (0.05, 0.0, 0.0, 256, 256.0),       # not measured: the fallback
     (0.05, 0.0, 0.0, 0, 1.0),           # ... never below one sequence
-    (0.005, 0.01, 0.0002, 256, 1.0),    # the fixed cost alone misses it: one sequence
+    (0.005, 0.01, 0.0002, 256, 256.0),  # one sequence's step misses it: no batch meets
+    (0.0104, 0.01, 0.0005, 8, 8.0),     # ... it, so the engine's own batch sizes
+    (0.011, 0.01, 0.0005, 8, 2.0),      # two sequences a step meet it
     (0.1, 0.02, 0.002, 8, 8.0),         # fast steps fit 40, but the engine batches 8
     (0.1, 0.02, 0.002, 0, 40.0),        # ... unless its batch is not known
 ])
@@ -98,6 +100,21 @@ def test_requests_queued_in_routers_count_in_the_backlog() -> None:
     demand = objective_demand(engines, Objectives(ttft_s=1.0), projected_rate=0,
                               router_queued=30, fallback_batch=256)
     assert demand.replicas == pytest.approx(30 * 1_000 / 10_000)
+
+
+def test_an_unreachable_tpot_sizes_at_the_engines_batch_and_says_so() -> None:
+    # a 30 ms step + 1 ms a sequence: a 29 ms TPOT is missed by any batch, so 32
+    # sequences need 1 replica at a batch of 32, not 32 replicas of one sequence each
+    engines = load(replicas=1, running=32, decode_step_s=0.03, decode_s_per_seq=0.001)
+    demand = objective_demand(engines, Objectives(tpot_s=0.029), projected_rate=0,
+                              fallback_batch=32)
+    assert demand.bound is Bound.DECODE and demand.replicas == pytest.approx(1.0)
+    assert demand.signals["decode_tpot_reachable"] == 0.0
+    assert "unreachable: one sequence's step takes 31.0 ms" in demand.reason
+    met = objective_demand(engines, Objectives(tpot_s=0.062), projected_rate=0,
+                           fallback_batch=32)
+    assert met.replicas == pytest.approx(1.0) and "unreachable" not in met.reason
+    assert met.signals["decode_tpot_reachable"] == 1.0
 
 
 def test_an_unmeasured_prefill_rate_falls_back_to_the_default() -> None:

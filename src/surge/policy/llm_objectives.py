@@ -19,7 +19,9 @@ An engine's latency has two budgets, and each is spent by a different resource:
   than its max_num_seqs (the deployment's `target_ongoing_requests`). Running, waiting
   and router-queued sequences (all decode once prefilled), plus those the deployment
   will hold beyond them a start-up lead from now and their spread (`margin`), over that
-  batch are the decode demand.
+  batch are the decode demand. A target that a step of one sequence already misses is
+  unreachable by any number of replicas: the engine's own batch sizes then, and the
+  reason says so.
 * **KV-bound.** Replicas x mean KV use / KV_TARGET (policy/engine_load.py).
 
 The largest of the three is the demand, and names the reason (`bound`). Until a
@@ -46,6 +48,7 @@ __all__ = [
     "max_decode_batch",
     "objective_demand",
     "prefill_utilization",
+    "tpot_reachable",
 ]
 
 # Prefill tokens/s a replica is assumed to sustain until it measured its own: an 8B
@@ -85,11 +88,18 @@ def prefill_utilization(ttft_s: float, prefill_s: float) -> float:
     return min(RHO_MAX, max(RHO_MIN, 2 * k / (1 + 2 * k)))
 
 
+def tpot_reachable(tpot_s: float, step_s: float, per_seq_s: float) -> bool:
+    """Whether a step of one sequence meets `tpot_s` (True while unmeasured)."""
+    return per_seq_s <= 0 or tpot_s >= step_s + per_seq_s
+
+
 def max_decode_batch(tpot_s: float, step_s: float, per_seq_s: float, fallback: float) -> float:
     """The batch at which a decode step takes `tpot_s`, never past `fallback` (the
     engine's max_num_seqs: it batches no more, however fast its steps); `fallback` while
-    unmeasured."""
-    if per_seq_s <= 0:
+    unmeasured, and when no batch meets the target (a step of one sequence misses it):
+    then no number of replicas meets it, and sizing one replica a sequence would spend
+    the whole budget for nothing."""
+    if per_seq_s <= 0 or not tpot_reachable(tpot_s, step_s, per_seq_s):
         return max(fallback, 1.0)
     fitted = (tpot_s - step_s) / per_seq_s
     return max(min(fitted, fallback) if fallback > 0 else fitted, 1.0)
@@ -114,7 +124,11 @@ def _decode(load: EngineLoad, tpot_s: float, margin: float, fallback_batch: floa
     batch = max_decode_batch(tpot_s, load.decode_step_s, load.decode_s_per_seq,
                              fallback_batch)
     sequences = load.running + load.waiting + router_queued + margin
-    return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences}
+    reachable = tpot_reachable(tpot_s, load.decode_step_s, load.decode_s_per_seq)
+    return sequences / batch, {"decode_batch_max": batch, "decode_sequences": sequences,
+                               "decode_tpot_reachable": float(reachable),
+                               "decode_one_step_s": load.decode_step_s
+                               + load.decode_s_per_seq}
 
 
 def objective_demand(load: EngineLoad, objectives: Objectives, *,
@@ -156,9 +170,12 @@ def _reason(bound: Bound, replicas: float, s: Mapping[str, float]) -> str:
                 f"{s['prompt_tokens']:.0f} a prompt at {s['prefill_tokens_per_s']:.0f} "
                 f"tokens/s a replica -> {replicas:.1f} replicas (prefill-bound; {kv})")
     if bound is Bound.DECODE:
+        unreachable = ("" if s["decode_tpot_reachable"] else
+                       f"; the TPOT target is unreachable: one sequence's step takes "
+                       f"{1000 * s['decode_one_step_s']:.1f} ms, so sized at the engine's batch")
         return (f"TPOT: {s['decode_sequences']:.0f} sequences, at most "
                 f"{s['decode_batch_max']:.0f} a replica -> {replicas:.1f} replicas "
-                f"(decode-bound; {kv})")
+                f"(decode-bound; {kv}{unreachable})")
     if bound is Bound.KV:
         return f"{kv} -> {replicas:.1f} replicas (KV-bound)"
     return "no load on the engines"
