@@ -23,7 +23,7 @@ from surge.router.router import Router
 from surge.testing import FakeClock
 from surge.transport.messages import Call, GrpcRequest, HttpRequest, PrefixHeld, RoutingStats
 from tests.eventually import eventually_async
-from tests.shells.test_router import WAIT_S, FakeReplica, Sink, answer, routing, run
+from tests.shells.test_router import WAIT_S, FakeReplica, Sink, answer, replica_set, routing, run
 
 
 def call(tag: str, session: str = "") -> Pending:
@@ -275,6 +275,34 @@ def test_what_an_engine_reports_it_holds_or_evicted_moves_the_index() -> None:
             await tell(replicas[1], PrefixHeld(0, removed=names[3:]), {"b": 3})
             await tell(replicas[0], PrefixHeld(0, stored=[names[:2]]), {"a": 2, "b": 3})
             await tell(replicas[1], PrefixHeld(0, cleared=True), {"a": 2})
+
+    run(main)
+
+
+def test_a_replica_that_left_the_set_stays_out_of_the_index() -> None:
+    """Its link delivers frames while its last answers drain: none may give it a bit
+    again (it was dropped when it left), and retiring its link drops whatever it has."""
+    async def main() -> None:
+        async with idle_engines("ab") as (router, replicas):
+            probe = chat(SHOP, "which are red?")
+            router.submit(probe)  # held in flight on its replica
+            home = holder(router, probe)
+            names, index = probe.prefix, router.pool.prefixes
+            assert index.matched(names) == {home: len(names)}
+            stay = next(r for r in replicas if r.name != home)
+            router.update(replica_set([router.pool.by_id[stay.name].info], 50, 100))
+            assert home not in index.bits and index.matched(names) == {}
+            for replica in replicas:  # both engines report; only `stay` is routable
+                for connection in replica.connections:
+                    connection.send(PrefixHeld(0, stored=[names[:3]]))
+            await eventually_async(lambda: index.matched(names) == {stay.name: 3}, WAIT_S,
+                                   what="the routable replica's report")
+            assert home not in index.bits
+            link = router.pool.links[home]
+            index.record(home, names)  # however it came there
+            with router.lock:
+                router.pool.retire(link)
+            assert home not in index.bits and index.matched(names) == {stay.name: 3}
 
     run(main)
 

@@ -95,6 +95,8 @@ class ReplicaPool:
         self.own_links.links.discard(link)
         if self.links.get(link.replica_id) is link:
             del self.links[link.replica_id]
+        if link.replica_id not in self.by_id:  # gone: nothing of its may stay indexed
+            self.prefixes.drop(link.replica_id)
 
     def lost(self, link: ReplicaLink) -> bool:
         """The router's link to a replica closed: whether that replica was routable."""

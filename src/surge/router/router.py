@@ -483,7 +483,11 @@ class Router:
 
     def _on_prefix(self, link: ReplicaLink, change: PrefixHeld) -> None:
         """The replica's engine cached or evicted prompts (its KV events): the index
-        follows what the engine holds, whichever router sent them."""
+        follows what the engine holds, whichever router sent them. Not a replica that
+        left the set: its link still delivers frames while its last answers drain, and
+        a bit given it then would never be freed (it was dropped when it left)."""
+        if link.replica_id not in self.pool.by_id:
+            return
         self.pool.prefixes.follow(link.replica_id, change.stored, change.removed,
                                   change.cleared)
 
