@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,6 +277,9 @@ class ReplicaSpec:
     routing_stats_timeout_s: float = 30.0
     rank: int = 0  # unique among the deployment's live replicas (ReplicaContext.rank)
     world_size: int = 1  # the deployment's target number of replicas when it was asked
+    # surge: the deployment's `autoscaling_config.objectives` as the controller sizes for
+    # them, so that an LLM replica sheds against the same targets (None: it states none)
+    objectives: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from surge.config import AutoscalingConfig
 from surge.llm.config import LLMConfig
 from surge.llm.protocol import OpenAIError
 from surge.llm.server import LLMServer
 from surge.llm.service import OpenAIService, objectives_of
+from surge.replica.context import ReplicaContext, ReplicaID, set_replica_context
 from surge.replica.stats_hooks import engine_report
 from surge.testing import MockVLLMEngine
 from tests.eventually import eventually_async
@@ -57,6 +59,27 @@ def test_objectives_come_from_the_llm_configs_autoscaling_config() -> None:
     assert objectives_of(mock_config(None)) is None
     objectives = objectives_of(mock_config({"ttft_ms": 150}))
     assert objectives is not None and (objectives.ttft_s, objectives.shed) == (0.15, True)
+    as_object = LLMConfig(model_loading_config={"model_id": "mock"},
+                          llm_engine="surge.testing:MockVLLMEngine", engine_kwargs=MOCK,
+                          deployment_config={"autoscaling_config": AutoscalingConfig(
+                              objectives={"ttft_ms": 200})})
+    objectives = objectives_of(as_object)
+    assert objectives is not None and objectives.ttft_s == 0.2
+
+
+def test_in_a_replica_the_objectives_are_its_deployments() -> None:
+    """A config file or override_serve_options may change the deployment's objectives
+    without touching the LLMConfig: the replica sheds against the deployment's (its
+    spec's), the ones its controller sizes for."""
+    context = ReplicaContext(ReplicaID("r1", "LLMServer:mock", "app"), None)
+    try:
+        set_replica_context(context, {"ttft_ms": 300, "shed": True})
+        objectives = objectives_of(mock_config({"ttft_ms": 150}))
+        assert objectives is not None and objectives.ttft_s == 0.3
+        set_replica_context(context, None)  # the deployment states none: none
+        assert objectives_of(mock_config({"ttft_ms": 150})) is None
+    finally:
+        set_replica_context(None)
 
 
 def test_a_burst_past_the_ttft_objective_is_shed_with_429_and_retry_after() -> None:

@@ -430,6 +430,26 @@ def test_only_the_replicas_own_connection_proves_it_alive() -> None:
     run(main)
 
 
+def test_a_replicas_spec_carries_its_deployments_objectives() -> None:
+    """What an LLM replica sheds against is what its controller sizes for: the
+    deployment's own `autoscaling_config.objectives`, wherever they were set."""
+    async def main() -> None:
+        h = Harness()
+        scaling = AutoscalingConfig(min_replicas=1, max_replicas=2,
+                                    objectives={"ttft_ms": 500, "shed": True})
+        await h.deploy(app(DeploymentConfig(name="Model", autoscaling_config=scaling)))
+        await h.tick()
+        spec = await h.api.rpc_replica_spec(FakePeer(), replica_id="Model-1")
+        assert spec.objectives == {"ttft_ms": 500, "shed": True}
+        await h.deploy(app(DeploymentConfig(name="Model", num_replicas=1)))
+        await h.tick()
+        replica = next(iter(h.state.replicas))
+        assert (await h.api.rpc_replica_spec(FakePeer(), replica_id=replica)).objectives \
+            is None
+
+    run(main)
+
+
 # -- autoscaling -----------------------------------------------------------------------------
 
 

@@ -292,7 +292,9 @@ class ControlApi:
                            sys_path=deployment.sys_path,
                            routing_stats_period_s=router.request_routing_stats_period_s,
                            routing_stats_timeout_s=router.request_routing_stats_timeout_s,
-                           rank=replica.rank, world_size=deployment.target)
+                           rank=replica.rank, world_size=deployment.target,
+                           objectives=None if config.autoscaling_config is None
+                           else config.autoscaling_config.objectives)
 
     async def rpc_replica_started(self, peer: Peer, replica_id: str, error: str = "",
                                   address: str = "", pid: int = 0, node_id: str = LOCAL_NODE,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -72,6 +72,7 @@ from surge.policy.llm_models import split_lora_id
 from surge.policy.llm_shedding import shed_retry_after
 from surge.policy.prefix_index import prompt_stream
 from surge.policy.prompt_names import PromptNames
+from surge.replica.context import deployment_objectives, replica_context_or_none
 
 __all__ = ["OpenAIService", "Run", "engine_error", "objectives_of"]
 
@@ -429,10 +430,16 @@ class Run:
 
 
 def objectives_of(config: LLMConfig) -> Objectives | None:
-    """The latency objectives in the LLMConfig's deployment_config (its autoscaling_config),
-    where Ray Serve LLM's users set autoscaling; None when it states none."""
-    scaling = config.deployment_config.get("autoscaling_config")
-    objectives = scaling.get("objectives") if isinstance(scaling, dict) else None
+    """The latency objectives a replica sheds against: in a replica, its deployment's
+    (the spec's: those its controller sizes for, wherever they were set); elsewhere (an
+    LLMServer in a test or a script) those in the LLMConfig's deployment_config, where
+    Ray Serve LLM's users set autoscaling. None when they state none."""
+    if replica_context_or_none() is not None:
+        objectives = deployment_objectives()
+    else:
+        scaling = config.deployment_config.get("autoscaling_config")
+        objectives = (scaling.get("objectives") if isinstance(scaling, Mapping)  # or an
+                      else getattr(scaling, "objectives", None))  # AutoscalingConfig
     return parse_objectives(objectives) if objectives is not None else None
 
 

@@ -9,15 +9,16 @@ replica's frame server sets for each request's task. Outside a request it is emp
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from surge.errors import RayServeException
 from surge.model import LOCAL_NODE
 
-__all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "RequestContext", "get_replica_context",
-           "get_request_context", "replica_context_or_none", "request_context_var",
-           "set_replica_context"]
+__all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "RequestContext",
+           "deployment_objectives", "get_replica_context", "get_request_context",
+           "replica_context_or_none", "request_context_var", "set_replica_context"]
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,22 @@ class ReplicaContext:
 
 
 _context: ReplicaContext | None = None
+_objectives: Mapping[str, Any] | None = None
 
 
-def set_replica_context(context: ReplicaContext | None) -> None:
-    global _context
-    _context = context
+def set_replica_context(context: ReplicaContext | None,
+                        objectives: Mapping[str, Any] | None = None) -> None:
+    """(`objectives`: surge's, the deployment's autoscaling objectives from its spec.)"""
+    global _context, _objectives
+    _context, _objectives = context, objectives
+
+
+def deployment_objectives() -> Mapping[str, Any] | None:
+    """surge: this replica's deployment's `autoscaling_config.objectives` as its controller
+    sizes for them (None: it states none, or this is no replica): what an LLM replica
+    sheds against, wherever they were set (the LLMConfig, a config file's override,
+    `override_serve_options`)."""
+    return _objectives
 
 
 def replica_context_or_none() -> ReplicaContext | None:

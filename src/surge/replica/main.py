@@ -122,9 +122,10 @@ class Replica:
             replica = ReplicaID(self.replica_id, spec.deployment.name, spec.deployment.app)
             context = ReplicaContext(replica, None, self.launch.node_id,
                                      ReplicaRank(spec.rank, 0, spec.rank), spec.world_size)
-            set_replica_context(context)
+            set_replica_context(context, spec.objectives)
             await self.user.construct()
-            set_replica_context(dataclasses.replace(context, servable_object=self.user.servable))
+            set_replica_context(dataclasses.replace(context, servable_object=self.user.servable),
+                                spec.objectives)
             if spec.user_config is not None:
                 if not await self.user.call_optional("reconfigure", spec.user_config):
                     raise TypeError("user_config is set but the deployment has no "
