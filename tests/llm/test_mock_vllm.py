@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from surge.codecs.kv_events import BlockStored
+from surge.codecs.kv_events import AllBlocksCleared, BlockStored
 from surge.config.schema import FieldError
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
@@ -88,6 +88,21 @@ def test_it_speaks_the_engine_protocol_and_streams_one_token_a_step() -> None:
         await e.shutdown()
 
     run(main)
+
+
+def test_batches_lost_to_the_bound_are_told_as_a_cleared_cache() -> None:
+    """A reader that fell behind lost the oldest batches (evictions among them): its
+    next read starts with AllBlocksCleared, so no index keeps what the engine evicted."""
+    async def main(e: MockVLLMEngine) -> None:
+        for n in range(3):  # a batch each: more than the 2 kept
+            await collect(e, " ".join(f"p{n}w{i}" for i in range(10)), 1, f"r{n}")
+        batches = e.kv_events()
+        assert batches[0].events == [AllBlocksCleared()]
+        assert [type(ev) for b in batches[1:] for ev in b.events] == [BlockStored] * 4
+        await collect(e, " ".join(f"p3w{i}" for i in range(10)), 1, "r3")
+        assert AllBlocksCleared() not in [ev for b in e.kv_events() for ev in b.events]
+
+    run_started(main, max_events=2)
 
 
 def test_a_repeated_prefix_is_served_from_cache_and_published_as_vllm_does() -> None:

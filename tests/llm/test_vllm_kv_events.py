@@ -39,6 +39,25 @@ def test_vllm_events_decode_with_surges_codec_both_ways() -> None:
     assert back.events[0].block_hashes == [5, 6] and back.events[1].block_hashes == [5]
 
 
+def test_batches_lost_to_the_bound_are_told_as_a_cleared_cache() -> None:
+    """A reader that fell behind lost the oldest batches (evictions among them): its
+    next read starts with AllBlocksCleared, as after a sequence gap on the socket."""
+    from surge.codecs.kv_events import AllBlocksCleared, BlockRemoved, KVEventBatch
+    from surge.llm.config import LLMConfig
+    from surge.llm.vllm_engine import MAX_EVENT_BATCHES, VLLMEngine
+
+    engine = VLLMEngine(LLMConfig(model_loading_config={"model_id": "tiny",
+                                                        "model_source": str(MODEL_CACHE)}))
+    engine._keep(KVEventBatch(1.0, [BlockRemoved([7])]))  # what the reader never sees
+    for n in range(MAX_EVENT_BATCHES):  # (the subscriber's appends, from the socket)
+        engine._keep(KVEventBatch(2.0 + n, []))
+    batches = engine.kv_events()
+    assert batches[0].events == [AllBlocksCleared()]
+    assert [b.ts for b in batches[1:]] == [2.0 + n for n in range(MAX_EVENT_BATCHES)]
+    engine._keep(KVEventBatch(9.0, []))
+    assert engine.kv_events() == [KVEventBatch(9.0, [])]  # told once
+
+
 def test_a_real_engine_tells_which_prompt_chunks_it_holds() -> None:
     from surge.llm.config import LLMConfig
     from surge.llm.service import OpenAIService

@@ -167,6 +167,7 @@ class VLLMEngine:
         self._lora_ids = itertools.count(1)  # never reused: an unloaded id may linger
         self.info = ModelInfo(max_model_len=0)
         self.events: deque[KVEventBatch] = deque(maxlen=MAX_EVENT_BATCHES)
+        self._events_lost = False  # batches fell off `events`: kv_events() clears first
         self._subscriber: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -209,10 +210,10 @@ class VLLMEngine:
                     continue
                 seq = int.from_bytes(frames[1], "big")
                 if 0 <= expected != seq:  # batches were lost: trust nothing before
-                    self.events.append(KVEventBatch(time.time(), [AllBlocksCleared()]))
+                    self._keep(KVEventBatch(time.time(), [AllBlocksCleared()]))
                 expected = seq + 1
                 try:
-                    self.events.append(decode_batch(frames[2]))
+                    self._keep(decode_batch(frames[2]))
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     log.warning("a KV event batch of vLLM's could not be read: %s", exc)
         finally:
@@ -223,7 +224,17 @@ class VLLMEngine:
         """The engine's KV event batches since the last call, oldest first."""
         batches = list(self.events)
         self.events.clear()
+        if self._events_lost:  # what the lost batches evicted is unknown: trust nothing before
+            self._events_lost = False
+            batches.insert(0, KVEventBatch(time.time(), [AllBlocksCleared()]))
         return batches
+
+    def _keep(self, batch: KVEventBatch) -> None:
+        """Buffer a batch for `kv_events`; past the bound the oldest is dropped, and the
+        reader is told its cache is unknown (as for a sequence gap)."""
+        if len(self.events) == self.events.maxlen:
+            self._events_lost = True
+        self.events.append(batch)
 
     def lora_id(self, adapter: str) -> int | None:
         """The id vLLM gave the adapter (its KV blocks carry it)."""

@@ -19,7 +19,8 @@ prompt carries token ids; output words are `t<id>`.
 Settings come from the LLMConfig's `engine_kwargs`: every field of `EngineTiming`
 (step_s, decode_s_per_seq, prefill_s_per_token, request_s, admit_s, step_jitter_s,
 max_num_seqs, max_num_batched_tokens, num_blocks, block_size, max_model_len), the
-simulator's too, and `max_events` (batches kept for a reader, oldest dropped first).
+simulator's too, and `max_events` (batches kept for a reader, oldest dropped first; the
+next read then begins with an AllBlocksCleared, as for a batch vLLM's socket lost).
 Deploy it with `engine: surge.testing:MockVLLMEngine`.
 """
 
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
-from surge.codecs.kv_events import KVEventBatch
+from surge.codecs.kv_events import AllBlocksCleared, KVEventBatch
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -67,6 +68,7 @@ class MockVLLMEngine(WordsChat):
         self.model = EngineModel(self.timing)
         self.events: deque[KVEventBatch] = deque(
             maxlen=int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
+        self._events_lost = False  # batches fell off `events`: kv_events() clears first
         self.adapters: dict[str, int] = {}  # name -> lora id
         self._lora_ids = itertools.count(1)  # never reused (vllm_engine.py): blocks stay own
         # request id -> (token or None: aborted, finished, prompt tokens cached or -1)
@@ -113,7 +115,7 @@ class MockVLLMEngine(WordsChat):
             await self._sleep_until(deadline)
             events = self.model.take_events()
             if events:
-                self.events.append(KVEventBatch(ts=time.time(), events=events))
+                self._keep(KVEventBatch(ts=time.time(), events=events))
             for seq_id, token in step.tokens:
                 queue = self._outputs.get(seq_id)
                 if queue is not None:
@@ -206,7 +208,17 @@ class MockVLLMEngine(WordsChat):
         """The KV event batches since the last call, oldest first."""
         batches = list(self.events)
         self.events.clear()
+        if self._events_lost:  # what the lost batches evicted is unknown: trust nothing before
+            self._events_lost = False
+            batches.insert(0, KVEventBatch(time.time(), [AllBlocksCleared()]))
         return batches
+
+    def _keep(self, batch: KVEventBatch) -> None:
+        """Buffer a batch for `kv_events`; past the bound the oldest is dropped, and the
+        reader is told its cache is unknown (as for a sequence gap)."""
+        if len(self.events) == self.events.maxlen:
+            self._events_lost = True
+        self.events.append(batch)
 
     async def check_health(self) -> None:
         if self._loop_task is None or self._loop_task.done():
