@@ -54,6 +54,20 @@ def test_a_burstgpt_file_reads_by_its_header_and_drops_failed_requests(tmp_path:
     ("a.csv", "Timestamp,Model\n1,x\n", r"a.csv:1: .*missing Request tokens, Response tokens"),
     ("a.csv", "Timestamp,Request tokens,Response tokens\n1,x,3\n", r"a.csv:2: not a BurstGPT"),
     ("a.txt", "", r"Mooncake JSON Lines \(.jsonl\) or BurstGPT CSV"),
+    # not finite: JSON's NaN and Infinity, 1e400 (read as infinity), a CSV's "nan"
+    ("a.jsonl", '{"timestamp": NaN, "input_length": 10, "output_length": 2}\n',
+     r"a.jsonl:1: .*a time is a finite number, got nan"),
+    ("a.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": Infinity, "input_length": 10, "output_length": 2}\n',
+     r"a.jsonl:2: .*a time is a finite number, got inf"),
+    ("a.jsonl", '{"timestamp": 0, "input_length": 1e400, "output_length": 2}\n',
+     r"a.jsonl:1: .*a token count is a finite number, got inf"),
+    ("a.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 2, "hash_ids": [1e400]}\n',
+     r"a.jsonl:1: not a Mooncake request \(cannot convert float infinity"),
+    ("a.csv", "Timestamp,Request tokens,Response tokens\nnan,1,3\n",
+     r"a.csv:2: .*a time is a finite number, got nan"),
+    ("a.csv", "Timestamp,Request tokens,Response tokens\n1,2,3\n2,inf,3\n",
+     r"a.csv:3: .*a token count is a finite number, got inf"),
 ])
 def test_a_malformed_trace_says_where(tmp_path: Path, name: str, text: str,
                                       problem: str) -> None:
@@ -61,6 +75,23 @@ def test_a_malformed_trace_says_where(tmp_path: Path, name: str, text: str,
     path.write_text(text)
     with pytest.raises(TraceError, match=problem):
         read_trace(path)
+
+
+def test_a_byte_order_mark_and_an_upper_case_suffix_are_read(tmp_path: Path) -> None:
+    burst = tmp_path / "burst.CSV"
+    burst.write_bytes("\ufeffTimestamp,Model,Request tokens,Response tokens\r\n"
+                      "5,ChatGPT,472,18\r\n".encode())
+    moon = tmp_path / "moon.jsonl"
+    moon.write_bytes('\ufeff{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                     '"hash_ids": [1]}\n'.encode())
+    assert read_trace(burst) == [TraceRequest(0.0, 472, 18)]
+    assert read_trace(moon) == [TraceRequest(0.0, 10, 1, (1,))]
+
+
+def test_a_prompt_without_hash_ids_shares_no_block_with_one_that_has_them() -> None:
+    own = prompt_words(TraceRequest(0, 512, 1), 0)  # (once seeded -1, read as 1)
+    for block in (0, 1, -1):
+        assert own != prompt_words(TraceRequest(0, 512, 1, (block,)), 1)
 
 
 def test_equal_hash_ids_make_equal_prompt_blocks() -> None:

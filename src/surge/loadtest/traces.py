@@ -106,16 +106,17 @@ class TraceRequest:
 def read_trace(path: str | Path) -> list[TraceRequest]:
     """A Mooncake `.jsonl` or a BurstGPT `.csv`, by its suffix."""
     path = Path(path)
-    if path.suffix in (".jsonl", ".json"):
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
         return read_mooncake(path)
-    if path.suffix == ".csv":
+    if suffix == ".csv":
         return read_burstgpt(path)
     raise TraceError(f"{path}: a trace is Mooncake JSON Lines (.jsonl) or BurstGPT CSV (.csv)")
 
 
 def read_mooncake(path: str | Path) -> list[TraceRequest]:
     out: list[TraceRequest] = []
-    with open(path, encoding="utf-8") as lines:
+    with open(path, encoding="utf-8-sig") as lines:  # (-sig: a byte-order mark is read)
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -123,10 +124,10 @@ def read_mooncake(path: str | Path) -> list[TraceRequest]:
             try:
                 row = json.loads(line)
                 request = TraceRequest(
-                    float(row["timestamp"]) / 1000.0, _count(row["input_length"]),
+                    _time(row["timestamp"]) / 1000.0, _count(row["input_length"]),
                     _count(row["output_length"]),
                     tuple(int(h) for h in row.get("hash_ids") or ()))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 raise TraceError(f"{where}: not a Mooncake request ({_why(exc)}); a line is "
                                  '{"timestamp": ms, "input_length": n, "output_length": n, '
                                  '"hash_ids": [...]}') from None
@@ -136,7 +137,7 @@ def read_mooncake(path: str | Path) -> list[TraceRequest]:
 
 def read_burstgpt(path: str | Path) -> list[TraceRequest]:
     out: list[TraceRequest] = []
-    with open(path, encoding="utf-8", newline="") as file:
+    with open(path, encoding="utf-8-sig", newline="") as file:
         reader = csv.DictReader(file)
         missing = [c for c in ("Timestamp", "Request tokens", "Response tokens")
                    if c not in (reader.fieldnames or ())]
@@ -145,9 +146,9 @@ def read_burstgpt(path: str | Path) -> list[TraceRequest]:
                              f"missing {', '.join(missing)}")
         for number, row in enumerate(reader, 2):
             try:
-                request = TraceRequest(float(row["Timestamp"]), _count(row["Request tokens"]),
+                request = TraceRequest(_time(row["Timestamp"]), _count(row["Request tokens"]),
                                        _count(row["Response tokens"]))
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 raise TraceError(f"{path}:{number}: not a BurstGPT request ({_why(exc)})") \
                     from None
             if request.output_length > 0:  # failed requests are logged with 0 tokens out
@@ -155,11 +156,20 @@ def read_burstgpt(path: str | Path) -> list[TraceRequest]:
     return _from_zero(out)
 
 
-def _count(value: object) -> int:
-    number = int(float(str(value)))
-    if number < 0:
-        raise ValueError(f"a token count is >= 0, got {number}")
+def _time(value: object) -> float:
+    number = float(str(value))
+    if not math.isfinite(number):  # (JSON's NaN and Infinity, a CSV's "nan")
+        raise ValueError(f"a time is a finite number, got {value}")
     return number
+
+
+def _count(value: object) -> int:
+    number = float(str(value))
+    if not math.isfinite(number):  # (1e400 reads as infinity)
+        raise ValueError(f"a token count is a finite number, got {value}")
+    if number < 0:
+        raise ValueError(f"a token count is >= 0, got {value}")
+    return int(number)
 
 
 def _why(exc: BaseException) -> str:
@@ -177,10 +187,10 @@ def _from_zero(requests: list[TraceRequest]) -> list[TraceRequest]:
 
 def prompt_words(request: TraceRequest, index: int) -> list[str]:
     """`input_length` words; equal hash ids give equal blocks. A request without hash
-    ids gets words of its own (from `index`), shared with no other."""
-    blocks = request.hash_ids or (-(index + 1),)
+    ids gets words of its own (from `index`, a string seed no block id is), shared with
+    no other."""
     words: list[str] = []
-    for block in blocks:
+    for block in request.hash_ids:
         if len(words) >= request.input_length:
             break
         words += random.Random(block).choices(VOCABULARY, k=BLOCK_TOKENS)
