@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
 from surge.loadtest.schedule import Schedule, Segment, pulse
 from surge.loadtest.stats import (
     Record,
     ReplicaSample,
+    interpolated_percentile,
     latency_key,
     merge_histograms,
     percentile,
     point_of,
     replica_points,
 )
-from surge.loadtest.summary import series, summarize
+from surge.loadtest.summary import _metric, series, summarize
 
 
 class FakeRun:
@@ -68,6 +72,29 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(histogram, 0.999) == 90.0
     assert percentile(histogram, 0.0) == 1.0
     assert percentile({}, 0.5) is None
+
+
+_SEEDED = random.Random(3)
+
+
+@pytest.mark.parametrize("seconds", [
+    [0.010, 0.020],  # vLLM's median 15 ms where the nearest rank says 10
+    [0.100, 0.100, 0.100, 1.000],
+    [0.0005, 0.001, 0.0015, 0.002],  # kept exactly (below 2.048 ms)
+    [0.042],
+    [_SEEDED.lognormvariate(-3, 1) for _ in range(257)],
+])
+def test_vllms_percentiles_interpolate_as_numpy_does(seconds: list[float]) -> None:
+    histogram = merge_histograms({latency_key(s): 1} for s in seconds)
+    kept = [latency_key(s) / 1000.0 for s in seconds]  # ms, within 0.1 %
+    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+        got = interpolated_percentile(histogram, q)
+        assert got == pytest.approx(float(np.percentile(kept, q * 100)), rel=1e-12)
+        assert got == pytest.approx(float(np.percentile(seconds, q * 100)) * 1000, rel=1e-3)
+    assert interpolated_percentile({}, 0.5) is None
+    metric = _metric("ttft", histogram)
+    assert metric["median_ttft_ms"] == round(float(np.percentile(kept, 50)), 3)
+    assert metric["p99_ttft_ms"] == round(float(np.percentile(kept, 99)), 3)
 
 
 def test_merge_histograms() -> None:

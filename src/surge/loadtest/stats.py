@@ -36,6 +36,7 @@ __all__ = [
     "Record",
     "ReplicaSample",
     "Window",
+    "interpolated_percentile",
     "latency_key",
     "mean_std",
     "merge_histograms",
@@ -98,6 +99,29 @@ def percentile(histogram: Mapping[int, int], q: float) -> float | None:
         if seen >= rank:
             return key / 1000.0
     raise AssertionError("unreachable: rank <= total")  # pragma: no cover
+
+
+def interpolated_percentile(histogram: Mapping[int, int], q: float) -> float | None:
+    """numpy.percentile's default (linear) of the kept values (q in [0, 1]), ms, as
+    `vllm bench serve` reports: the value at 0-based rank q * (n - 1), between its two
+    neighbours. A key is a value within 0.1 %, so this is numpy's answer of the exact
+    values within 0.1 %. None when empty."""
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    position = q * (total - 1)
+    lower = math.floor(position)
+    ranks = (lower, min(lower + 1, total - 1))
+    found: list[int] = []
+    seen = 0
+    for key in sorted(histogram):
+        seen += histogram[key]
+        while len(found) < 2 and seen > ranks[len(found)]:
+            found.append(key)
+        if len(found) == 2:
+            break
+    low, high = found
+    return (low + (position - lower) * (high - low)) / 1000.0
 
 
 def mean_std(histogram: Mapping[int, int]) -> tuple[float | None, float | None]:

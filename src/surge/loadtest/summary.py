@@ -21,6 +21,7 @@ from surge.loadtest.stats import (
     POINTS_PER_S,
     Record,
     ReplicaSample,
+    interpolated_percentile,
     mean_std,
     merge_histograms,
     percentile,
@@ -131,11 +132,14 @@ def _shed_summary(record: Record, streams: int) -> dict[str, Any]:
 
 
 def _metric(name: str, histogram: Mapping[int, int]) -> dict[str, float | None]:
-    """vLLM's keys for one metric: mean, median, std and the p90/p99 percentiles, ms."""
+    """vLLM's keys for one metric: mean, median, std and the p90/p99 percentiles, ms;
+    the percentiles interpolated as vLLM's (numpy's), so the two compare."""
     mean, std = mean_std(histogram)
-    return {f"mean_{name}_ms": _ms(mean), f"median_{name}_ms": _ms(percentile(histogram, 0.5)),
-            f"std_{name}_ms": _ms(std), f"p90_{name}_ms": _ms(percentile(histogram, 0.9)),
-            f"p99_{name}_ms": _ms(percentile(histogram, 0.99))}
+    return {f"mean_{name}_ms": _ms(mean),
+            f"median_{name}_ms": _ms(interpolated_percentile(histogram, 0.5)),
+            f"std_{name}_ms": _ms(std),
+            f"p90_{name}_ms": _ms(interpolated_percentile(histogram, 0.9)),
+            f"p99_{name}_ms": _ms(interpolated_percentile(histogram, 0.99))}
 
 
 @dataclass(frozen=True)
