@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from surge.policy.dispatch import (
     MATCHING_TIMEOUT_S,
     MODEL_SCAN_LIMIT,
+    SHED_HEADER,
     Answer,
     CompletionRate,
     Refusal,
@@ -21,6 +22,7 @@ from surge.policy.dispatch import (
     next_matching_due,
     queues_at_any_load,
     refuse,
+    retry_shed,
     served,
 )
 
@@ -228,3 +230,22 @@ def test_next_matching_due(queued_at: list[float], now: float,
     (None, True), (200, True), (500, True), (404, True), (429, False), (503, False)])
 def test_a_replicas_own_refusal_is_no_completion(status: int | None, expected: bool) -> None:
     assert served(status) is expected
+
+
+MARKED = [(b"content-type", b"application/json"), (SHED_HEADER, b"1")]
+
+
+@pytest.mark.parametrize(("status", "headers", "shed_before", "resendable", "replicas",
+                          "expected"), [
+    (429, MARKED, False, True, 2, True),     # a replica's engine is behind: try another
+    (429, MARKED, True, True, 2, False),     # ... once: the second shed is the answer
+    (429, MARKED, False, True, 1, False),    # ... if there is another replica
+    (429, MARKED, False, False, 2, False),   # its body went on in frames: not held
+    (429, MARKED[:1], False, True, 2, False),  # an app's own 429: its answer
+    (503, MARKED, False, True, 2, False),
+    (200, MARKED, False, True, 2, False),
+])
+def test_a_shed_is_tried_once_elsewhere(status: int, headers: list[tuple[bytes, bytes]],
+                                        shed_before: bool, resendable: bool, replicas: int,
+                                        expected: bool) -> None:
+    assert retry_shed(status, headers, shed_before, resendable, replicas) is expected

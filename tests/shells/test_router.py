@@ -25,10 +25,11 @@ from surge import testing
 from surge.errors import BackPressureError, ReplicaDiedError
 from surge.model import DeploymentId, ReplicaInfo, ReplicaSet
 from surge.policy.admission import MAX_RETRY_AFTER_S
+from surge.policy.dispatch import SHED_HEADER
 from surge.router.replica_link import Pending, Reservation
 from surge.router.router import Router
 from surge.testing import FakeClock
-from surge.transport.messages import Call, HttpStart, Message, Result
+from surge.transport.messages import Call, HttpRequest, HttpStart, Message, Result
 from tests.eventually import eventually_async
 
 DEP = DeploymentId("app", "d")
@@ -198,6 +199,66 @@ def test_a_replicas_own_429_is_delivered_but_not_counted_served() -> None:
             assert (report.arrivals, report.completions, report.rejections) == (2, 1, 0)
 
     run(main)
+
+
+class HttpShedding(FakeReplica):
+    """An LLM replica whose engine is behind: every HTTP request is shed (429), marked as
+    llm/asgi.py marks a shed (`mark=False`: an app's own 429, unmarked)."""
+
+    def __init__(self, name: str, mark: bool = True) -> None:
+        super().__init__(name)
+        self.mark = mark
+
+    def http_answer(self, request: HttpRequest) -> Message:
+        headers = [(SHED_HEADER, b"1")] if self.mark else []
+        return HttpStart(id=request.id, status=429, headers=headers, body=b"{}", more=False)
+
+
+def http_request(body: bytes, more_body: bool = False) -> Pending:
+    return Pending(HttpRequest(id=0, method="POST", path="/v1/chat/completions", query=b"",
+                               headers=[], body=body, client="", route_prefix="/",
+                               request_id="r", more_body=more_body), Sink())
+
+
+def test_a_shed_is_tried_once_on_another_replica_before_the_caller_hears_it() -> None:
+    async def main() -> None:
+        behind, free = HttpShedding("behind"), FakeReplica("free")
+        async with routing(behind, free) as router:
+            for i in range(8):  # some go to the shedding replica first: none end there
+                answer = await outcome(submitted(router, http_request(str(i).encode())))
+                assert isinstance(answer, HttpStart) and answer.status == 200
+                assert answer.body == b"free:" + str(i).encode()
+            assert behind.calls and len(free.calls) == 8
+            assert (router.completed, router.in_flight) == (8, 0)
+            report = router.load_report()
+            assert report is not None and (report.arrivals, report.completions) == (8, 8)
+
+    run(main)
+
+
+def test_a_second_shed_an_unmarked_429_or_a_streamed_body_reach_the_caller() -> None:
+    async def main() -> None:
+        first, second = HttpShedding("first"), HttpShedding("second")
+        async with routing(first, second) as router:
+            answer = await outcome(submitted(router, http_request(b"x")))
+            assert isinstance(answer, HttpStart) and answer.status == 429
+            assert len(first.calls) + len(second.calls) == 2  # tried once more, no more
+            streamed = await outcome(submitted(router, http_request(b"y", more_body=True)))
+            assert isinstance(streamed, HttpStart) and streamed.status == 429
+            assert len(first.calls) + len(second.calls) == 3  # its body is gone: no retry
+        own, free = HttpShedding("own", mark=False), FakeReplica("free")
+        async with routing(own, free) as router:
+            answers = [await outcome(submitted(router, http_request(b"z"))) for _ in range(6)]
+            assert own.calls  # an app's own 429 is its answer, never tried elsewhere
+            assert sum(isinstance(a, HttpStart) and a.status == 429 for a in answers) \
+                == len(own.calls)
+
+    run(main)
+
+
+def submitted(router: Router, pending: Pending) -> Pending:
+    router.submit(pending)
+    return pending
 
 
 def test_a_load_report_says_when_it_was_measured_and_what_it_covers() -> None:

@@ -261,6 +261,40 @@ def test_a_deployment_with_objectives_sheds_an_overload_without_them_it_queues(
     assert tpot_only.summary["llm_sim"]["shed"] == 0
 
 
+def test_a_shed_is_tried_once_on_another_replica_as_the_router_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four fixed replicas at 8 req/s against a 500 ms TTFT: a request one replica sheds
+    goes once to another (policy/dispatch.retry_shed, as router.py's _retry_shed), so
+    its caller hears 429 only when two replicas shed it."""
+    from surge.sim import llm_flow
+
+    shed_by: dict[int, list[Any]] = {}  # request -> the replicas that shed it
+    original = llm_flow.LLMFlow._shed
+
+    def spy(self: Any, request: Any, replica: Any, now: float) -> None:
+        shed_by.setdefault(request.index, []).append(replica)
+        original(self, request, replica, now)
+
+    monkeypatch.setattr(llm_flow.LLMFlow, "_shed", spy)
+    timing = {"step_s": 0.01, "decode_s_per_seq": 0.0005, "prefill_s_per_token": 0.0001,
+              "max_num_seqs": 16, "max_num_batched_tokens": 512, "num_blocks": 4096,
+              "block_size": 16, "max_model_len": 4096, "request_s": 0.003}
+    data = scenario(seed=7, **{"llm.engine": timing, "cluster.replicas_per_node": 4,
+                               "traffic.schedule": [{"rps": 8.0, "for_s": 60}],
+                               "deployment.max_ongoing_requests": 32,
+                               "deployment.autoscaling_config": {
+                                   "min_replicas": 4, "max_replicas": 4,
+                                   "target_ongoing_requests": 16,
+                                   "objectives": {"ttft_ms": 500}}})
+    run = simulate(Scenario.from_mapping(data, "x.yaml", tmp_path))
+    twice = [replicas for replicas in shed_by.values() if len(replicas) == 2]
+    assert all(len(replicas) <= 2 for replicas in shed_by.values())
+    assert twice and all(a is not b for a, b in twice)  # two replicas shed each of these
+    llm = run.summary["llm_sim"]
+    assert llm["shed"] == len(twice) < len(shed_by)  # the rest were served elsewhere
+    assert llm["served"] + llm["shed"] == run.simulation.flow.totals["arrived"]
+
+
 def test_a_replica_that_has_not_measured_its_prefill_rate_sheds_nothing(
         tmp_path: Path) -> None:
     """The 30 reach a fresh replica at once, before any report measured its prefill (the

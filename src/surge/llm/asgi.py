@@ -18,6 +18,7 @@ from surge.llm.protocol import OpenAIError
 from surge.llm.responses import DONE, encode, sse
 from surge.llm.service import OpenAIService, engine_error
 from surge.policy.admission import retry_after_header
+from surge.policy.dispatch import SHED_HEADER
 
 __all__ = ["ROUTES", "Head", "OpenAIApp", "answer", "error_head", "relative_path"]
 
@@ -36,6 +37,8 @@ ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
 
 def error_head(error: OpenAIError) -> Head:
     headers = list(JSON)
+    if error.status == 429 and error.type == "rate_limit_error":  # this engine is behind:
+        headers.append((SHED_HEADER, b"1"))  # the router tries one other replica first
     if error.retry_after_s is not None:
         # whole seconds, rounded up as the proxy's own: a client never comes back early
         headers.append((b"retry-after",

@@ -18,10 +18,14 @@ from typing import TypeVar
 
 from surge.policy.admission import DUST, admit, drain_rate
 
-__all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "REFUSED_STATUSES", "Answer",
-           "CompletionRate", "Refusal", "after_rejection", "drain", "model_settings",
-           "next_matching_due", "queues_at_any_load", "refuse", "served"]
+__all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "REFUSED_STATUSES", "SATURATION_HOLD_S",
+           "SHED_HEADER",
+           "Answer", "CompletionRate", "Refusal", "after_rejection", "drain",
+           "model_settings", "next_matching_due", "queues_at_any_load", "refuse",
+           "retry_shed", "served"]
 
+# How long a replica that rejected (or shed) is held as full if it sends nothing else.
+SATURATION_HOLD_S = 0.02
 # Until a multiplexed replica tells its own (Models frames).
 MATCHING_TIMEOUT_S = 1.0
 # Queue entries one drain looks at for a model request that can go (the rest wait).
@@ -86,6 +90,24 @@ def queues_at_any_load(queued: int, limit: int, max_wait_s: float | None,
 # A replica's own "not now" answers (an LLM replica sheds with 429 + Retry-After; an app
 # may answer 503): answered at once, so they measure no service time.
 REFUSED_STATUSES = frozenset({429, 503})
+
+
+# What an LLM replica's shed (429) carries: this replica's engine is behind, another's
+# may not be (llm/asgi.py sets it; the router tries one other replica first).
+SHED_HEADER = b"x-surge-shed"
+
+
+def retry_shed(status: int, headers: Iterable[tuple[bytes, bytes]], shed_before: bool,
+               resendable: bool, replicas: int) -> bool:
+    """Whether a replica's final answer is a shed to try once on another replica before
+    the caller hears it: a 429 marked SHED_HEADER, for a request not shed before whose
+    body the router still holds whole (not pinned to that replica, not cancelled: the
+    caller checks), while the deployment has another routable replica (of `replicas`).
+    One replica's backlog says nothing of the others': the router's choice weighs
+    sequences, the shed weighs prompt tokens, so most sheds of a deployment with room
+    elsewhere were avoidable (helper-75: 94-98% of them on 4 simulated replicas)."""
+    return (status == 429 and not shed_before and resendable and replicas > 1
+            and any(name == SHED_HEADER for name, _ in headers))
 
 
 def served(status: int | None) -> bool:

@@ -68,7 +68,7 @@ class Pending:
     """
 
     __slots__ = ("cancelled", "credits", "link", "message", "pinned", "prefix", "queued_at",
-                 "sent_at", "sink")
+                 "sent_at", "shed", "sink")
 
     # A Reservation: a slot held, nothing sent (a class attribute: every request's start
     # reads it, cheaper than an isinstance call)
@@ -86,6 +86,7 @@ class Pending:
         self.pinned = ""
         # Its prompt's chunk names (policy/prefix_index.py), read as it starts (Router._start).
         self.prefix: list[int] | None = None
+        self.shed = False  # a replica shed it once (policy/dispatch.retry_shed)
 
     def consumed(self, nbytes: int) -> None:
         """The sink has passed nbytes of this response's body on (written them to its

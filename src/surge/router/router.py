@@ -67,6 +67,7 @@ from surge.policy.admission import smoothed
 from surge.policy.arrival_jump import ArrivalWatch
 from surge.policy.dispatch import (
     MODEL_SCAN_LIMIT,
+    SATURATION_HOLD_S,
     CompletionRate,
     after_rejection,
     drain,
@@ -74,6 +75,7 @@ from surge.policy.dispatch import (
     next_matching_due,
     queues_at_any_load,
     refuse,
+    retry_shed,
     served,
 )
 from surge.policy.model_routing import ModelHeat, choose_for_model
@@ -85,14 +87,19 @@ from surge.router.pool import ReplicaPool
 from surge.router.replica_link import Pending, ReplicaLink, Reservation
 from surge.router.slots import Slot
 from surge.transport.handshake import HandshakeFailed
-from surge.transport.messages import Cancel, HttpStart, Message, PrefixHeld, Rejected
+from surge.transport.messages import (
+    Cancel,
+    HttpRequest,
+    HttpStart,
+    Message,
+    PrefixHeld,
+    Rejected,
+)
 
 __all__ = ["Router"]
 
 log = logging.getLogger("surge.router")
 
-# How long a replica that rejected is treated as full if it sends us nothing else.
-SATURATION_HOLD_S = 0.02
 
 # What policy/dispatch.drain reads of a queued request: attribute reads in C, not a
 # Python call per entry looked at.
@@ -538,12 +545,15 @@ class Router:
         model = pending.message.model_id
         if model and slot is not None:
             slot.release(model)
+        status = message.status if isinstance(message, HttpStart) else None
         if isinstance(message, Rejected):
             self._rejected(slot, pending)
+        elif status == 429 and self._retry_shed(pending, message):
+            self._rejected(slot, pending)  # its engine is behind: once on another replica
         else:  # done (policy/dispatch.Answer): its replica has room again
             if slot is not None:
                 slot.saturated = False
-            if served(message.status if isinstance(message, HttpStart) else None):
+            if served(status):
                 self.completed += 1
                 self._service_s = smoothed(self._service_s, self._now() - pending.sent_at)
             if not pending.cancelled:
@@ -554,6 +564,17 @@ class Router:
             link.lend()  # reclaimed, and all answered: its thread may read it again
         if self._queue:
             self._drain_locked()
+
+    def _retry_shed(self, pending: Pending, message: Message) -> bool:
+        assert isinstance(message, HttpStart)
+        request = pending.message
+        resendable = (isinstance(request, HttpRequest) and not request.more_body
+                      and not pending.pinned and not pending.cancelled)
+        if not retry_shed(message.status, message.headers, pending.shed, resendable,
+                          len(self.pool.routable)):
+            return False
+        pending.shed = True  # a second replica's shed reaches the caller
+        return True
 
     def _rejected(self, slot: Slot | None, pending: Pending) -> None:
         pending.link = None

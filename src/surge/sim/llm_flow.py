@@ -55,7 +55,7 @@ from surge.loadtest.stats import latency_key, percentile
 from surge.loadtest.traces import TraceRequest
 from surge.policy.arrival_jump import ArrivalWatch
 from surge.policy.autoscaling import LoadSample
-from surge.policy.dispatch import refuse
+from surge.policy.dispatch import SATURATION_HOLD_S, refuse
 from surge.policy.engine_load import EngineLoad, fresh_load
 from surge.policy.engine_routing import NO_REPLICA, choose_by_score, engine_score
 from surge.policy.llm_shedding import shed_retry_after
@@ -159,7 +159,8 @@ class LLMFlow(EventFlow):
                     self._turn = (self._turn + k + 1) % len(replicas)
                     return replica
             return None
-        in_flight = [r.in_flight for r in replicas]
+        full, now = self.max_ongoing, self._now  # a replica that shed is full a moment
+        in_flight = [full if r.saturated_until > now else r.in_flight for r in replicas]
         index = choose_by_score(in_flight, [self._score(r) for r in replicas], self.max_ongoing,
                                 self.rng)
         return None if index == NO_REPLICA else replicas[index]
@@ -209,9 +210,23 @@ class LLMFlow(EventFlow):
             self._step(replica, now)
 
     def _shed(self, request: LLMRequest, replica: LLMReplica, now: float) -> None:
-        """The replica answered 429: its slot is free, the router has its answer."""
+        """The replica answered 429: its slot is free, and the router tries the request
+        once on another replica (held as full a moment: router.SATURATION_HOLD_S) before
+        its caller has the answer (policy/dispatch.retry_shed)."""
         replica.in_flight -= 1
         self.ongoing -= 1
+        if not request.shed and sum(r.routable for r in self.replicas) > 1:
+            request.shed = True
+            replica.saturated_until = now + SATURATION_HOLD_S
+            self._now = now
+            other = self._choose()
+            if other is not None:
+                self._dispatch(request, other, now)
+            else:  # back to the queue's head, sent once a replica has room or the hold ends
+                self.waiting.appendleft(request)
+                self.queued += 1
+                self.at(now + SATURATION_HOLD_S, self._after_shed, None)
+            return
         self.shed[self.point] += 1
         self.shed_sent[request.point] += 1
         self.totals["shed"] += 1

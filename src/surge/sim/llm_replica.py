@@ -79,6 +79,7 @@ class LLMRequest:
     replica: LLMReplica | None = None
     first_at: float | None = None  # its first token
     tokens: int = 0  # output tokens so far
+    shed: bool = False  # a replica shed it once: the router tried another (retry_shed)
 
 
 @dataclass(eq=False)
@@ -86,6 +87,7 @@ class LLMReplica:
     replica_id: str
     model: EngineModel
     in_flight: int = 0  # dispatched here and not finished
+    saturated_until: float = 0.0  # it shed: the router holds it as full until then
     stepping: bool = False  # a step is under way
     routable: bool = True
     requests: dict[str, LLMRequest] = field(default_factory=dict)

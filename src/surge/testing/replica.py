@@ -5,8 +5,9 @@
 `Result` of its name and payload (`b"<name>:<payload>"`), or held until `release`
 (`hold=True`), or `Rejected` once `reject_above` calls are held; a `Cancel` ends a held
 call with a `cancelled` Failure. `drop` closes every connection (the replica died).
-It records what came (`calls`, `rejected`, `cancels`, `held`), so a test of a router
-waits on state, not on time.
+An `HttpRequest` whose body came whole is answered at once by `http_answer` (200, the
+name and the body, unless a subclass answers otherwise). It records what came (`calls`,
+`rejected`, `cancels`, `held`), so a test of a router waits on state, not on time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import asyncio
 
 from surge.model import DeploymentId, ReplicaInfo
 from surge.transport.connection import FramedProtocol
-from surge.transport.messages import Call, Cancel, Failure, Message, Rejected, Result
+from surge.transport.messages import (
+    Call,
+    Cancel,
+    Failure,
+    HttpRequest,
+    HttpStart,
+    Message,
+    Rejected,
+    Result,
+)
 
 __all__ = ["FakeReplica"]
 
@@ -59,6 +69,15 @@ class FakeReplica:
             self.held.append((connection, call))
         else:
             connection.send(self.result(call))
+
+    def on_http(self, connection: FramedProtocol, request: HttpRequest) -> None:
+        self.calls.append(request.body)
+        connection.send(self.http_answer(request))
+
+    def http_answer(self, request: HttpRequest) -> Message:
+        """The answer to a whole HTTP request (a subclass may refuse it)."""
+        return HttpStart(id=request.id, status=200, headers=[],
+                         body=self.name.encode() + b":" + request.body, more=False)
 
     def on_cancel(self, connection: FramedProtocol, cancel: Cancel) -> None:
         self.cancels.append(cancel.id)
@@ -106,6 +125,8 @@ class _Connection(FramedProtocol):
     def message_received(self, message: Message) -> None:
         if isinstance(message, Call):
             self.replica.on_call(self, message)
+        elif isinstance(message, HttpRequest):
+            self.replica.on_http(self, message)
         elif isinstance(message, Cancel):
             self.replica.on_cancel(self, message)
 
