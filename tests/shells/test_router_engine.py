@@ -285,20 +285,24 @@ def test_a_replica_that_left_the_set_stays_out_of_the_index() -> None:
     async def main() -> None:
         async with idle_engines("ab") as (router, replicas):
             probe = chat(SHOP, "which are red?")
-            router.submit(probe)  # held in flight on its replica
+            router.submit(probe)
             home = holder(router, probe)
+            link = router.pool.links[home]
             names, index = probe.prefix, router.pool.prefixes
             assert index.matched(names) == {home: len(names)}
             stay = next(r for r in replicas if r.name != home)
             router.update(replica_set([router.pool.by_id[stay.name].info], 50, 100))
             assert home not in index.bits and index.matched(names) == {}
-            for replica in replicas:  # both engines report; only `stay` is routable
-                for connection in replica.connections:
-                    connection.send(PrefixHeld(0, stored=[names[:3]]))
+            frame = PrefixHeld(0, stored=[names[:3]])
+            assert link.on_prefix is not None
+            with router.lock:  # what the departed link delivers while its answer drains
+                link.on_prefix(link, frame)
+            assert home not in index.bits
+            for connection in stay.connections:  # the routable replica's engine reports
+                connection.send(frame)
             await eventually_async(lambda: index.matched(names) == {stay.name: 3}, WAIT_S,
                                    what="the routable replica's report")
             assert home not in index.bits
-            link = router.pool.links[home]
             index.record(home, names)  # however it came there
             with router.lock:
                 router.pool.retire(link)
