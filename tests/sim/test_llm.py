@@ -332,3 +332,18 @@ def test_the_simulated_replicas_admit_by_policy_llm_shedding(
     monkeypatch.setattr(llm_flow, "shed_retry_after", lambda *_: None)  # admit all
     assert _run(_overload(tmp_path, {"ttft_ms": 500}), tmp_path).summary[
         "llm_sim"]["shed"] == 0
+
+
+def test_the_flows_percentiles_are_interpolated_as_surge_pulse_reports_vllms_keys() -> None:
+    """A simulated TTFT p50/p99 is computed as the real run's report computes it (numpy's
+    linear interpolation, `vllm bench serve`'s), so bench/llm_sim_vs_real.py compares
+    like with like: TTFTs of 10 and 20 ms have a median of 15 ms, not 10."""
+    from types import SimpleNamespace
+
+    from surge.sim.llm_flow import LLMFlow
+
+    rows = [(0.0, 0.010, -1.0, True), (0.0, 0.020, -1.0, True), (9.0, 0.5, -1.0, True)]
+    flow = SimpleNamespace(finished=rows)
+    got = LLMFlow.percentiles(flow, 1, until=5.0)  # type: ignore[arg-type]
+    assert got["p50"] == pytest.approx(15.0, rel=1e-3)
+    assert got["p99"] == pytest.approx(19.9, rel=1e-3)

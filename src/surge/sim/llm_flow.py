@@ -51,7 +51,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from surge.loadtest.stats import latency_key, percentile
+from surge.loadtest.stats import interpolated_percentile, latency_key
 from surge.loadtest.traces import TraceRequest
 from surge.policy.arrival_jump import ArrivalWatch
 from surge.policy.autoscaling import LoadSample
@@ -315,11 +315,12 @@ class LLMFlow(EventFlow):
 
     def percentiles(self, which: int, until: float | None = None) -> dict[str, float | None]:
         """p50/p90/p99 in ms of TTFT (which=1) or TPOT (2) of requests arrived before
-        `until` (all: None)."""
+        `until` (all: None), interpolated as `surge pulse` reports vLLM's keys (numpy's
+        percentile), so a simulated and a real run's figures compare."""
         values = [row[which] for row in self.finished
                   if row[which] >= 0 and (until is None or row[0] < until)]
         histogram: dict[int, int] = {}
         for v in values:
             key = latency_key(v)
             histogram[key] = histogram.get(key, 0) + 1
-        return {f"p{q}": percentile(histogram, q / 100) for q in (50, 90, 99)}
+        return {f"p{q}": interpolated_percentile(histogram, q / 100) for q in (50, 90, 99)}
