@@ -19,8 +19,7 @@ from typing import TypeVar
 from surge.policy.admission import DUST, admit, drain_rate
 
 __all__ = ["MATCHING_TIMEOUT_S", "MODEL_SCAN_LIMIT", "REFUSED_STATUSES", "SATURATION_HOLD_S",
-           "SHED_HEADER",
-           "Answer", "CompletionRate", "Refusal", "after_rejection", "drain",
+           "SHED_HEADER", "Answer", "CompletionRate", "Refusal", "after_rejection", "drain",
            "model_settings", "next_matching_due", "queues_at_any_load", "refuse",
            "retry_shed", "served"]
 

@@ -100,7 +100,6 @@ __all__ = ["Router"]
 
 log = logging.getLogger("surge.router")
 
-
 # What policy/dispatch.drain reads of a queued request: attribute reads in C, not a
 # Python call per entry looked at.
 _model_of: Callable[[Pending], str] = operator.attrgetter("message.model_id")

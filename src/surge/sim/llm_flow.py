@@ -211,7 +211,7 @@ class LLMFlow(EventFlow):
 
     def _shed(self, request: LLMRequest, replica: LLMReplica, now: float) -> None:
         """The replica answered 429: its slot is free, and the router tries the request
-        once on another replica (held as full a moment: router.SATURATION_HOLD_S) before
+        once on another replica (held as full a moment: dispatch.SATURATION_HOLD_S) before
         its caller has the answer (policy/dispatch.retry_shed)."""
         replica.in_flight -= 1
         self.ongoing -= 1
