@@ -50,7 +50,12 @@ def test_a_burstgpt_file_reads_by_its_header_and_drops_failed_requests(tmp_path:
 @pytest.mark.parametrize(("name", "text", "problem"), [
     ("a.jsonl", '{"timestamp": 1, "input_length": 5}\n', r"a.jsonl:1: .*missing 'output_length'"),
     ("a.jsonl", '{"timestamp": 1}\nnot json\n', r"a.jsonl:1: not a Mooncake request"),
-    ("a.jsonl", '{"timestamp": 1, "input_length": -5, "output_length": 1}\n', r">= 0, got -5"),
+    ("a.jsonl", '{"timestamp": 1, "input_length": -5, "output_length": 1}\n',
+     r"from 0 to 16,777,216, got -5"),
+    ("a.jsonl", '{"timestamp": 1, "input_length": 1e12, "output_length": 1}\n',
+     r"a.jsonl:1: .*a token count is from 0 to 16,777,216, got 1000000000000"),
+    ("a.csv", "Timestamp,Request tokens,Response tokens\n1,2,99999999999\n",
+     r"a.csv:2: .*from 0 to 16,777,216, got 99999999999"),
     ("a.csv", "Timestamp,Model\n1,x\n", r"a.csv:1: .*missing Request tokens, Response tokens"),
     ("a.csv", "Timestamp,Request tokens,Response tokens\n1,x,3\n", r"a.csv:2: not a BurstGPT"),
     ("a.txt", "", r"Mooncake JSON Lines \(.jsonl\) or BurstGPT CSV"),

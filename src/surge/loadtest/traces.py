@@ -34,12 +34,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BLOCK_TOKENS", "MOONCAKE_MIXES", "VOCABULARY", "ReuseShape", "TraceError",
+__all__ = ["BLOCK_TOKENS", "MAX_TOKENS", "MOONCAKE_MIXES", "VOCABULARY", "ReuseShape", "TraceError",
            "TraceRequest", "block_reuse", "burstgpt_shaped", "gamma_arrivals", "mooncake_shaped",
            "prompt_words", "read_burstgpt", "read_mooncake", "read_trace", "reuse_shape",
            "write_burstgpt", "write_mooncake"]
 
 BLOCK_TOKENS = 512  # Mooncake's tokens per hash id
+# A request's input or output tokens at most: past any model's context (the longest are
+# ~10M tokens), and a prompt that long is still made in memory.
+MAX_TOKENS = 2**24
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
                     "Log Type")
 # The words prompts are made of: 512 common lower-case English words (from BERT's
@@ -167,8 +170,8 @@ def _count(value: object) -> int:
     number = float(str(value))
     if not math.isfinite(number):  # (1e400 reads as infinity)
         raise ValueError(f"a token count is a finite number, got {value}")
-    if number < 0:
-        raise ValueError(f"a token count is >= 0, got {value}")
+    if not 0 <= number <= MAX_TOKENS:  # a prompt of 1e12 words would exhaust memory
+        raise ValueError(f"a token count is from 0 to {MAX_TOKENS:,}, got {value}")
     return int(number)
 
 
