@@ -5,7 +5,7 @@ policy/dispatch.py decides on plain data (queue or refuse, which queued requests
 what a rejection means) with the time of its one injected clock; its replicas (one link
 each, the routable ones and their load) are router/pool.py's. (It is over 500 lines
 because every way a request goes through it lives here: submitted on the loop or from a
-caller's thread, queued, reserved and dispatched, answered, rejected, lost.)
+caller's thread, queued, reserved and dispatched, answered, rejected, shed, lost.)
 
 It keeps one link per replica and counts its own in-flight requests there. A request
 goes straight to a replica with room (power of two choices); otherwise it waits in a
@@ -15,7 +15,10 @@ would wait longer than the deployment's `max_queue_wait_s` (estimated from this
 router's requests in flight and their measured service time, policy/admission.py) is
 not queued. Either way the refusal is at once, a `BackPressureError`. A replica that
 rejects (it is full because of other routers, or draining) counts as full until it
-answers again, and the request goes back to the head of the queue.
+answers again, and the request goes back to the head of the queue. So, once, does a
+request an LLM replica shed (a 429 marked `x-surge-shed`: its engine's prefill backlog
+would miss the TTFT objective) while another replica may take it (policy/dispatch.py
+`retry_shed`); a replica's own 429 or 503 is answered but is no completion (`served`).
 
 A request for a multiplexed model (`model_id`: the serve_multiplexed_model_id header or
 the handle option) is routed by policy/model_routing.py instead: to a replica that holds
