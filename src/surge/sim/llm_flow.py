@@ -323,4 +323,5 @@ class LLMFlow(EventFlow):
         for v in values:
             key = latency_key(v)
             histogram[key] = histogram.get(key, 0) + 1
-        return {f"p{q}": interpolated_percentile(histogram, q / 100) for q in (50, 90, 99)}
+        found = {q: interpolated_percentile(histogram, q / 100) for q in (50, 90, 99)}
+        return {f"p{q}": None if v is None else round(v, 3) for q, v in found.items()}
