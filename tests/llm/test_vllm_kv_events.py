@@ -48,13 +48,13 @@ def test_batches_lost_to_the_bound_are_told_as_a_cleared_cache() -> None:
 
     engine = VLLMEngine(LLMConfig(model_loading_config={"model_id": "tiny",
                                                         "model_source": str(MODEL_CACHE)}))
-    engine._keep(KVEventBatch(1.0, [BlockRemoved([7])]))  # what the reader never sees
+    engine.events.keep(KVEventBatch(1.0, [BlockRemoved([7])]))  # what the reader never sees
     for n in range(MAX_EVENT_BATCHES):  # (the subscriber's appends, from the socket)
-        engine._keep(KVEventBatch(2.0 + n, []))
+        engine.events.keep(KVEventBatch(2.0 + n, []))
     batches = engine.kv_events()
     assert batches[0].events == [AllBlocksCleared()]
     assert [b.ts for b in batches[1:]] == [2.0 + n for n in range(MAX_EVENT_BATCHES)]
-    engine._keep(KVEventBatch(9.0, []))
+    engine.events.keep(KVEventBatch(9.0, []))
     assert engine.kv_events() == [KVEventBatch(9.0, [])]  # told once
 
 

@@ -126,6 +126,22 @@ def test_kv_events_travel_in_vllms_wire_shape() -> None:
 # -- the scheduler -------------------------------------------------------------------
 
 
+def test_the_event_buffer_tells_its_reader_of_batches_lost_to_its_bound() -> None:
+    """What both engines (vLLM's and the mock) keep for their reader: past the bound the
+    oldest go, and the next take begins with AllBlocksCleared, once."""
+    from surge.codecs.kv_events import KVEventBuffer
+
+    buffer = KVEventBuffer(2)
+    buffer.keep(KVEventBatch(1.0, [BlockRemoved([7])]))
+    buffer.keep(KVEventBatch(2.0, []))
+    assert [b.ts for b in buffer.take()] == [1.0, 2.0] and len(buffer) == 0  # none lost
+    for ts in (3.0, 4.0, 5.0):  # the eviction in 3.0 is lost
+        buffer.keep(KVEventBatch(ts, [BlockRemoved([9])] if ts == 3.0 else []))
+    taken = buffer.take()
+    assert taken[0].events == [AllBlocksCleared()] and [b.ts for b in taken[1:]] == [4.0, 5.0]
+    assert buffer.take() == []  # told once
+
+
 def test_a_step_lasts_admit_s_longer_for_each_request_it_gives_a_first_token() -> None:
     m = model(admit_s=0.005, prefill_s_per_token=0.0)
     m.add("a", tuple(range(4)), max_tokens=2)

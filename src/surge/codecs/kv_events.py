@@ -10,17 +10,23 @@ field names are vLLM's (vllm/distributed/kv_events.py; those surge does not use 
 left out and ignored when read); `medium` is where the block lives ("GPU", "CPU", None:
 unspecified). Block hashes are ints (vLLM's default,
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+
+`KVEventBuffer` holds the batches an engine received for its reader (the replica's
+service), bounded: past its bound the oldest go, and the reader is told its view of the
+cache is unknown (an `AllBlocksCleared` first), as after a gap in vLLM's sequence.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import msgspec
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEventBatch",
-           "KVEventSink", "decode_batch", "encode_batch", "replay"]
+           "KVEventBuffer", "KVEventSink", "decode_batch", "encode_batch", "replay"]
 
 
 class _Event(msgspec.Struct, gc=False, tag=True):
@@ -89,3 +95,36 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 def decode_batch(data: bytes) -> KVEventBatch:
     """One published batch; raises msgspec.ValidationError/DecodeError on anything else."""
     return _DECODER.decode(data)
+
+
+class KVEventBuffer:
+    """An engine's KV event batches for its reader, oldest first, at most `maxlen`."""
+
+    __slots__ = ("_batches", "_lost")
+
+    def __init__(self, maxlen: int) -> None:
+        self._batches: deque[KVEventBatch] = deque(maxlen=maxlen)
+        self._lost = False  # batches fell off: the next take() begins with a reset
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __repr__(self) -> str:
+        return f"<KVEventBuffer {len(self._batches)}/{self._batches.maxlen} lost={self._lost}>"
+
+    def keep(self, batch: KVEventBatch) -> None:
+        """Buffer a batch; past the bound the oldest is dropped."""
+        if len(self._batches) == self._batches.maxlen:
+            self._lost = True
+        self._batches.append(batch)
+
+    def take(self) -> list[KVEventBatch]:
+        """The batches since the last call, oldest first; after a loss an
+        `AllBlocksCleared` first: what the lost batches evicted is unknown, so the reader
+        trusts nothing it held before."""
+        batches = list(self._batches)
+        self._batches.clear()
+        if self._lost:
+            self._lost = False
+            batches.insert(0, KVEventBatch(time.time(), [AllBlocksCleared()]))
+        return batches

@@ -31,13 +31,12 @@ import re
 import secrets
 import tempfile
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from surge.codecs.kv_events import AllBlocksCleared, KVEventBatch, decode_batch
+from surge.codecs.kv_events import AllBlocksCleared, KVEventBatch, KVEventBuffer, decode_batch
 from surge.errors import ConfigError
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
@@ -166,8 +165,7 @@ class VLLMEngine:
         self.adapters: dict[str, Any] = {}  # name -> LoRARequest
         self._lora_ids = itertools.count(1)  # never reused: an unloaded id may linger
         self.info = ModelInfo(max_model_len=0)
-        self.events: deque[KVEventBatch] = deque(maxlen=MAX_EVENT_BATCHES)
-        self._events_lost = False  # batches fell off `events`: kv_events() clears first
+        self.events = KVEventBuffer(MAX_EVENT_BATCHES)
         self._subscriber: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -210,10 +208,10 @@ class VLLMEngine:
                     continue
                 seq = int.from_bytes(frames[1], "big")
                 if 0 <= expected != seq:  # batches were lost: trust nothing before
-                    self._keep(KVEventBatch(time.time(), [AllBlocksCleared()]))
+                    self.events.keep(KVEventBatch(time.time(), [AllBlocksCleared()]))
                 expected = seq + 1
                 try:
-                    self._keep(decode_batch(frames[2]))
+                    self.events.keep(decode_batch(frames[2]))
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     log.warning("a KV event batch of vLLM's could not be read: %s", exc)
         finally:
@@ -222,19 +220,7 @@ class VLLMEngine:
 
     def kv_events(self) -> list[KVEventBatch]:
         """The engine's KV event batches since the last call, oldest first."""
-        batches = list(self.events)
-        self.events.clear()
-        if self._events_lost:  # what the lost batches evicted is unknown: trust nothing before
-            self._events_lost = False
-            batches.insert(0, KVEventBatch(time.time(), [AllBlocksCleared()]))
-        return batches
-
-    def _keep(self, batch: KVEventBatch) -> None:
-        """Buffer a batch for `kv_events`; past the bound the oldest is dropped, and the
-        reader is told its cache is unknown (as for a sequence gap)."""
-        if len(self.events) == self.events.maxlen:
-            self._events_lost = True
-        self.events.append(batch)
+        return self.events.take()
 
     def lora_id(self, adapter: str) -> int | None:
         """The id vLLM gave the adapter (its KV blocks carry it)."""

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
-from surge.codecs.kv_events import AllBlocksCleared, KVEventBatch
+from surge.codecs.kv_events import KVEventBatch, KVEventBuffer
 from surge.llm.config import LLMConfig
 from surge.llm.engine import (
     AdapterError,
@@ -66,9 +66,7 @@ class MockVLLMEngine(WordsChat):
         names = {f.name for f in fields(EngineTiming)}
         self.timing = EngineTiming(**{k: v for k, v in kwargs.items() if k in names})
         self.model = EngineModel(self.timing)
-        self.events: deque[KVEventBatch] = deque(
-            maxlen=int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
-        self._events_lost = False  # batches fell off `events`: kv_events() clears first
+        self.events = KVEventBuffer(int(kwargs.get("max_events", MAX_EVENT_BATCHES)))
         self.adapters: dict[str, int] = {}  # name -> lora id
         self._lora_ids = itertools.count(1)  # never reused (vllm_engine.py): blocks stay own
         # request id -> (token or None: aborted, finished, prompt tokens cached or -1)
@@ -115,7 +113,7 @@ class MockVLLMEngine(WordsChat):
             await self._sleep_until(deadline)
             events = self.model.take_events()
             if events:
-                self._keep(KVEventBatch(ts=time.time(), events=events))
+                self.events.keep(KVEventBatch(ts=time.time(), events=events))
             for seq_id, token in step.tokens:
                 queue = self._outputs.get(seq_id)
                 if queue is not None:
@@ -206,19 +204,7 @@ class MockVLLMEngine(WordsChat):
 
     def kv_events(self) -> list[KVEventBatch]:
         """The KV event batches since the last call, oldest first."""
-        batches = list(self.events)
-        self.events.clear()
-        if self._events_lost:  # what the lost batches evicted is unknown: trust nothing before
-            self._events_lost = False
-            batches.insert(0, KVEventBatch(time.time(), [AllBlocksCleared()]))
-        return batches
-
-    def _keep(self, batch: KVEventBatch) -> None:
-        """Buffer a batch for `kv_events`; past the bound the oldest is dropped, and the
-        reader is told its cache is unknown (as for a sequence gap)."""
-        if len(self.events) == self.events.maxlen:
-            self._events_lost = True
-        self.events.append(batch)
+        return self.events.take()
 
     async def check_health(self) -> None:
         if self._loop_task is None or self._loop_task.done():
