@@ -195,9 +195,12 @@ def test_a_jump_in_arrivals_is_decided_on_between_ticks(tmp_path: Path) -> None:
     times = [float(t) for t in range(20)] + [20.0, 20.004, 20.008]
     write_burstgpt([TraceRequest(t, 1000, 4) for t in times], tmp_path / "jump.csv")
 
-    def first_up(urgent: bool) -> tuple[float, int, str]:
+    def first_up(urgent: bool, decision_s: float | None = None) -> tuple[float, int, str]:
+        control: dict[str, Any] = {"urgent_decisions": urgent, "clock_offset_s": 0}
+        if decision_s is not None:  # a measured decision time (control.decision_s)
+            control["decision_s"] = decision_s
         data = scenario(**{"llm.trace": {"file": "jump.csv"}, "traffic.schedule": None,
-                           "control": {"urgent_decisions": urgent, "clock_offset_s": 0},
+                           "control": control,
                            "deployment.autoscaling_config.objectives": {"ttft_ms": 1000},
                            "deployment.autoscaling_config.min_replicas": 2})
         sim = Simulation(Scenario.from_mapping(data, "jump.yaml", tmp_path)).run()
@@ -206,6 +209,7 @@ def test_a_jump_in_arrivals_is_decided_on_between_ticks(tmp_path: Path) -> None:
 
     assert first_up(True) == (20.009, 1, "up_prefill", 4)
     assert first_up(False) == (20.2, 0, "up_prefill", 4)  # the tick after the report lag
+    assert first_up(True, decision_s=0.05)[:2] == (20.054, 1)  # as the scenario measured it
 
 
 # -- shed, do not fail (policy/llm_shedding.py at the simulated replicas) ---------------------

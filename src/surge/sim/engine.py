@@ -290,7 +290,7 @@ class Simulation:
             reached = flow.run_until(stop)
             if flow.pressure_at is not None:
                 if urgent and self._urgent_at is None:
-                    self._urgent_at = flow.pressure_at + URGENT_REPORT_DELAY_S
+                    self._urgent_at = flow.pressure_at + self.decision_delay_s
                 flow.pressure_at = None
                 if reached < stop:
                     continue
